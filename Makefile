@@ -1,0 +1,27 @@
+# Two commands set everything up on a fresh machine:
+#   make reproduce   - create .venv, install pinned packages, run the whole pipeline on CPU (quick preset)
+#   make test        - create .venv, install pinned packages, run the test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-v1
+
+.PHONY: reproduce test setup clean
+
+$(STAMP): setup.py requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+reproduce: $(STAMP)
+	$(PY) tools/run_pipeline.py --preset quick
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) data models results

@@ -1,0 +1,52 @@
+"""Shared command-line plumbing: one clear line for bad input, clean Ctrl-C, common arguments."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from .errors import UserError
+
+
+def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
+    """Run a script's main; `UserError` becomes one line on stderr and exit 2, Ctrl-C exit 130."""
+    try:
+        code = main(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: finished work is saved; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line (exit 2) without the usage dump."""
+
+    def error(self, message: str):  # noqa: D401
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def int_range(text: str, name: str) -> tuple[int, int]:
+    """Parse 'lo,hi' (lo < hi, both >= 1) for --T_range and friends."""
+    parts = text.split(",")
+    try:
+        lo, hi = (int(p) for p in parts)
+    except ValueError:
+        raise UserError(f"{name} must be two integers 'lo,hi' (e.g. 10,60), got {text!r}") from None
+    if not 1 <= lo < hi:
+        raise UserError(f"{name} must satisfy 1 <= lo < hi, got {text!r}")
+    return lo, hi
+
+
+def float_range(text: str, name: str) -> tuple[float, float]:
+    parts = text.split(",")
+    try:
+        lo, hi = (float(p) for p in parts)
+    except ValueError:
+        raise UserError(f"{name} must be two numbers 'lo,hi', got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise UserError(f"{name} must satisfy 0 <= lo <= hi, got {text!r}")
+    return lo, hi

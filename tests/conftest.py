@@ -1,0 +1,43 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neuroshard.dataset import DLRMDataset, SyntheticConfig, generate_synthetic_raw, process_raw
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def small_raw():
+    """A small synthetic dataset in the real raw format: 24 tables, batch 256."""
+    return generate_synthetic_raw(SyntheticConfig(num_tables=24, batch_size=256, seed=3, row_scale=1e-3),
+                                  progress=False)
+
+
+@pytest.fixture(scope="session")
+def small_dataset(small_raw, tmp_path_factory) -> DLRMDataset:
+    out = tmp_path_factory.mktemp("ds")
+    return process_raw(*small_raw, out_dir=out, source={"source": "test"}, progress=False)
+
+
+def run_script(script: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
+    """Run a step script as a user would; returns the finished process."""
+    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd or ROOT, timeout=600)
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Non-zero exit, no traceback, and one `error:` line naming the problem."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    for f in fragments:
+        assert f in errors[0], errors[0]
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).exists() else []

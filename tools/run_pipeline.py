@@ -1,0 +1,19 @@
+"""Run the whole pipeline (DESIGN.md §3) with a preset; resumes, skipping finished steps."""
+from __future__ import annotations
+
+from neuroshard.cli import ArgumentParser, run_main
+from neuroshard.pipeline import PRESETS, run_pipeline
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--preset", default="quick", choices=list(PRESETS))
+    p.add_argument("--work_dir", default=".", help="folder holding data/, models/ and results/")
+    p.add_argument("--force", action="store_true", help="redo steps whose outputs exist")
+    args = p.parse_args(argv)
+    run_pipeline(args.preset, args.work_dir, force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
