@@ -31,25 +31,24 @@ def parse_algs(text: str) -> list[str]:
     return list(algs)
 
 
-def make_sharder(alg: str, seed: int = 0, **context) -> Sharder:
-    """The sharder for `--alg alg`; `context` carries what some need (cost models, ...)."""
+def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, **_) -> Sharder:
+    """The sharder for `--alg alg`; neuroshard needs a `Simulator` (the pre-trained cost models)."""
     if alg == "random":
         return RandomSharder(seed)
     if alg in GREEDY_KEYS:
         return GreedySharder(alg)
-    factory = _EXTRA_SHARDERS.get(alg)
-    if factory is not None:
-        return factory(seed=seed, **context)
-    if alg in ALGORITHMS:
-        raise UserError(f"--alg {alg} is not available in this build yet")
+    if alg == "neuroshard":
+        from .search import NeuroShardSharder, SearchParams
+
+        if simulator is None:
+            raise UserError("--alg neuroshard needs the pre-trained cost models; run train_compute_cost_model.py "
+                            "and train_comm_cost_model.py, or pass --compute_model/--fw_comm_model/--bw_comm_model")
+        return NeuroShardSharder(simulator, search_params or SearchParams())
+    if alg == "torchrec":
+        from .torchrec_baseline import TorchRecSharder
+
+        return TorchRecSharder()
     raise UserError(f"unknown --alg {alg!r}; choose one of {', '.join(ALGORITHMS)}")
-
-
-_EXTRA_SHARDERS: dict[str, Callable[..., Sharder]] = {}
-
-
-def register(alg: str, factory: Callable[..., Sharder]) -> None:
-    _EXTRA_SHARDERS[alg] = factory
 
 
 @dataclass
@@ -78,19 +77,34 @@ def shard_tasks(sharder: Sharder, tasks: list[ShardingTask], num_devices: int, m
 
 
 def add_sharder_args(p) -> None:
-    """Arguments some sharders need (cost models for neuroshard)."""
+    """Arguments of the neuroshard sharder: cost models and search parameters (DESIGN.md §3.5)."""
     p.add_argument("--compute_model", default="models/compute.pt")
     p.add_argument("--fw_comm_model", default=None, help="default models/comm_<N>_fw.pt")
     p.add_argument("--bw_comm_model", default=None, help="default models/comm_<N>_bw.pt")
+    p.add_argument("--beam_width", type=int, default=3)
+    p.add_argument("--num_candidates", type=int, default=10)
+    p.add_argument("--max_splits", type=int, default=10)
+    p.add_argument("--grid_steps", type=int, default=11)
+    p.add_argument("--threshold_range", default="1.0,1.5")
 
 
-def make_sharders(algs: list[str], args, num_devices: int) -> dict[str, Sharder]:
+def load_simulator(args, num_devices: int):
+    from .simulator import Simulator
+
+    sim = Simulator.load(args.compute_model, args.fw_comm_model or f"models/comm_{num_devices}_fw.pt",
+                         args.bw_comm_model or f"models/comm_{num_devices}_bw.pt")
+    sim.check_devices(num_devices)
+    return sim
+
+
+def make_sharders(algs: list[str], args, num_devices: int, simulator=None) -> dict[str, Sharder]:
     """Build the sharders for `algs` from parsed arguments (loading cost models only when needed)."""
-    context = {}
-    if "neuroshard" in algs and "neuroshard" in _EXTRA_SHARDERS:
-        context = {"compute_model": args.compute_model,
-                   "fw_comm_model": args.fw_comm_model or f"models/comm_{num_devices}_fw.pt",
-                   "bw_comm_model": args.bw_comm_model or f"models/comm_{num_devices}_bw.pt",
-                   "num_devices": num_devices}
-    return {alg: make_sharder(alg, seed=getattr(args, "seed", 0), **(context if alg == "neuroshard" else {}))
+    from .cli import float_range
+    from .search import SearchParams
+
+    if "neuroshard" in algs and simulator is None:
+        simulator = load_simulator(args, num_devices)
+    params = SearchParams(args.beam_width, args.num_candidates, args.max_splits, args.grid_steps,
+                          float_range(args.threshold_range, "--threshold_range"))
+    return {alg: make_sharder(alg, seed=getattr(args, "seed", 0), simulator=simulator, search_params=params)
             for alg in algs}

@@ -40,21 +40,24 @@ def bench_dataset(tmp_path_factory):
                        source={"source": "test"}, progress=False)
 
 
-def _median_cost(bench, ids, dims, repeats=3):
-    return float(np.median([bench.measure(ids, dims) for _ in range(repeats)]))
+def _cost_ratio(bench, a, b, repeats=5):
+    """Median cost of shard b over shard a, measured interleaved so load bursts hit both."""
+    ca, cb = [], []
+    for _ in range(repeats):
+        ca.append(bench.measure(*a))
+        cb.append(bench.measure(*b))
+    return float(np.median(cb) / np.median(ca))
 
 
 def test_compute_cost_grows_with_pooling_dim_and_tables(bench_dataset):
     torch.set_num_threads(1)
     bench = ComputeBenchmark(bench_dataset, HW, 2048, warmup_iter=2, num_iter=7)
-    low_pf = _median_cost(bench, [0], [64])
-    high_pf = _median_cost(bench, [12], [64])
-    assert high_pf > 2 * low_pf, (low_pf, high_pf)
-    small_dim = _median_cost(bench, [12], [4])
-    assert high_pf > 1.5 * small_dim, (small_dim, high_pf)
-    one = _median_cost(bench, [0], [32])
-    twelve = _median_cost(bench, list(range(12)), [32] * 12)
-    assert twelve > 3 * one, (one, twelve)
+    pooling = _cost_ratio(bench, ([0], [64]), ([12], [64]))            # 30x the lookups
+    dim = _cost_ratio(bench, ([12], [4]), ([12], [128]))               # 32x the columns
+    tables = _cost_ratio(bench, ([0], [32]), (list(range(12)), [32] * 12))  # 12x the tables
+    print(f"ratios: pooling {pooling:.2f}, dim {dim:.2f}, tables {tables:.2f}")
+    # observed on 2 cores: pooling 5.5-7.0, dim 2.0-2.1, tables 3.8-5.4
+    assert pooling > 2.5 and dim > 1.3 and tables > 2.0, (pooling, dim, tables)
 
 
 @pytest.mark.skipif(not fbgemm_works("cpu"), reason="fbgemm-gpu-cpu not installed")

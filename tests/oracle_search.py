@@ -1,0 +1,85 @@
+"""Direct, unbatched NeuroShard search (DESIGN.md §3.5): the oracle the fast search must match.
+
+One threshold, one candidate, one device at a time, with the shared `greedy_place` and
+`Simulator.plan_cost`; the only shared conventions are those §3.5 leaves open (tie-breaking,
+rounding of predictions to 1 ns, candidate order by shard position).
+"""
+import numpy as np
+
+from neuroshard.greedy import greedy_place
+from neuroshard.plan import ShardingPlan, apply_splits, can_split
+from neuroshard.simulator import round_ms
+from neuroshard.tables import table_size_gb, with_dim
+
+
+def shard_embeddings(sim, task, shards):
+    return sim.compute.embed(with_dim(task.data_features[[s.table for s in shards]], [s.dim for s in shards]))
+
+
+def single_costs(sim, task, shards):
+    return np.array([float(round_ms(sim.compute.head(e))) for e in shard_embeddings(sim, task, shards)])
+
+
+def grid_search(sim, task, splits, N, max_mem, params):
+    shards = apply_splits(task.dims, splits)
+    emb = shard_embeddings(sim, task, shards)
+    single = single_costs(sim, task, shards)
+    sizes = np.array([table_size_gb(task.rows[s.table], s.dim) for s in shards])
+    dims = np.array([float(s.dim) for s in shards])
+    order = sorted(range(len(shards)), key=lambda i: (-single[i], i))
+
+    def device_cost(items):
+        if not items:
+            return 0.0
+        total = np.zeros(emb.shape[1])
+        for i in items:
+            total = total + emb[i]
+        return float(round_ms(sim.compute.head(total)))
+
+    best = (np.inf, None)
+    for s in params.thresholds():
+        cap = s * dims.sum() / N
+        device_of = greedy_place(order, sizes, N, max_mem, device_cost, dims=dims, max_dim_sum=cap)
+        if device_of is None:
+            continue
+        plan = _ordered_plan(N, shards, device_of, order, splits)
+        cost = sim.plan_cost(task, plan).cost_ms
+        if cost < best[0]:
+            best = (cost, device_of)
+    return best
+
+
+def _ordered_plan(N, shards, device_of, order, splits):
+    """A plan whose shard list is in placement order (the order the simulator accumulates in)."""
+    return ShardingPlan(N, [shards[i] for i in order], [device_of[i] for i in order], splits)
+
+
+def candidates(sim, task, splits, params):
+    shards = apply_splits(task.dims, splits)
+    single = single_costs(sim, task, shards)
+    sizes = [table_size_gb(task.rows[s.table], s.dim) for s in shards]
+    pos = [i for i, s in enumerate(shards) if can_split(s.dim)]
+    by_size = sorted(pos, key=lambda i: (-sizes[i], i))[:params.num_candidates]
+    by_cost = sorted(pos, key=lambda i: (-single[i], i))[:params.num_candidates]
+    return sorted(set(by_size) | set(by_cost))
+
+
+def direct_search(sim, task, N, max_mem, params):
+    cost, device_of = grid_search(sim, task, [], N, max_mem, params)
+    best = (cost, [], device_of)
+    beam = [[]]
+    for _ in range(params.max_splits):
+        scored = []
+        for splits in beam:
+            for c in candidates(sim, task, splits, params):
+                cost, device_of = grid_search(sim, task, splits + [c], N, max_mem, params)
+                scored.append((cost, len(scored), splits + [c], device_of))
+        if not scored:
+            break
+        scored.sort(key=lambda x: (x[0], x[1]))
+        if scored[0][0] < best[0]:
+            best = (scored[0][0], scored[0][2], scored[0][3])
+        beam = [x[2] for x in scored[:params.beam_width]]
+    if not np.isfinite(best[0]):
+        return None, np.inf
+    return ShardingPlan(N, apply_splits(task.dims, best[1]), list(best[2]), best[1]), best[0]
