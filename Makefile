@@ -4,14 +4,18 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v1
+STAMP := $(VENV)/.installed-v2
 
 .PHONY: reproduce test setup clean
 
-$(STAMP): setup.py requirements.txt
+$(STAMP): setup.py requirements.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	# TorchRec (baseline) without its dependency on the CUDA fbgemm-gpu; torch stays pinned
+	$(PY) -m pip install -q --no-deps torchrec==1.9.2
+	$(PY) -m pip install -q -c constraints.txt tensordict torchmetrics==1.0.3 iopath pyre-extensions \
+		typing-inspect lightning-utilities
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

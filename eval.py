@@ -11,7 +11,7 @@ from neuroshard.dataset import DLRMDataset
 from neuroshard.errors import UserError
 from neuroshard.evaluator import measure_plans, plan_device_tables
 from neuroshard.results import print_summary, summarize, write_results
-from neuroshard.sharders import add_sharder_args, make_sharders, parse_algs, shard_tasks
+from neuroshard.sharders import add_sharder_args, load_simulator, make_sharders, parse_algs, shard_tasks
 from neuroshard.tasks import load_tasks
 
 
@@ -45,12 +45,17 @@ def main(argv=None) -> int:
     if min(t.num_tables for t in tasks) < N:
         raise UserError(f"{N} ranks but a task in {args.task_path} has only "
                         f"{min(t.num_tables for t in tasks)} tables; use fewer --ndevices or larger tasks")
-    sharders = make_sharders(algs, args, N)
+    sim = None
+    if "neuroshard" in algs or Path(args.compute_model).exists():
+        sim = load_simulator(args, N)  # also scores every plan: the simulator's fidelity
+    sharders = make_sharders(algs, args, N, sim, batch)
     rows, plans = [], {}
     for alg, sharder in sharders.items():
         for i, (task, res) in enumerate(zip(tasks, shard_tasks(sharder, tasks, N, args.max_mem))):
+            sim_cost = sim.plan_cost(task, res.plan).cost_ms if sim is not None and not res.oom else float("nan")
             rows.append({"task": i, "alg": alg, "num_tables": task.num_tables, "oom": res.oom,
-                         "search_s": res.search_s, "plan": res.plan.to_dict() if res.plan else None})
+                         "search_s": res.search_s, "sim_cost_ms": sim_cost,
+                         "plan": res.plan.to_dict() if res.plan else None})
             if not res.oom:
                 plans[(alg, i)] = plan_device_tables(task, res.plan)
     print(f"measuring {len(plans)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "

@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     tasks = load_tasks(args.task_path, ds)
     sim = load_simulator(args, args.ndevices)
     rows = []
-    for alg, sharder in make_sharders(algs, args, args.ndevices, sim).items():
+    for alg, sharder in make_sharders(algs, args, args.ndevices, sim, ds.batch_size).items():
         for i, (task, res) in enumerate(zip(tasks, shard_tasks(sharder, tasks, args.ndevices, args.max_mem))):
             cost = None if res.oom else sim.plan_cost(task, res.plan, args.max_mem)
             rows.append({"task": i, "alg": alg, "num_tables": task.num_tables, "oom": cost is None,

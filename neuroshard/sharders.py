@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -31,7 +31,7 @@ def parse_algs(text: str) -> list[str]:
     return list(algs)
 
 
-def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, **_) -> Sharder:
+def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, batch_size: int = 4096) -> Sharder:
     """The sharder for `--alg alg`; neuroshard needs a `Simulator` (the pre-trained cost models)."""
     if alg == "random":
         return RandomSharder(seed)
@@ -47,7 +47,7 @@ def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, **
     if alg == "torchrec":
         from .torchrec_baseline import TorchRecSharder
 
-        return TorchRecSharder()
+        return TorchRecSharder(batch_size)
     raise UserError(f"unknown --alg {alg!r}; choose one of {', '.join(ALGORITHMS)}")
 
 
@@ -97,7 +97,7 @@ def load_simulator(args, num_devices: int):
     return sim
 
 
-def make_sharders(algs: list[str], args, num_devices: int, simulator=None) -> dict[str, Sharder]:
+def make_sharders(algs: list[str], args, num_devices: int, simulator=None, batch_size: int = 4096) -> dict[str, Sharder]:
     """Build the sharders for `algs` from parsed arguments (loading cost models only when needed)."""
     from .cli import float_range
     from .search import SearchParams
@@ -106,5 +106,6 @@ def make_sharders(algs: list[str], args, num_devices: int, simulator=None) -> di
         simulator = load_simulator(args, num_devices)
     params = SearchParams(args.beam_width, args.num_candidates, args.max_splits, args.grid_steps,
                           float_range(args.threshold_range, "--threshold_range"))
-    return {alg: make_sharder(alg, seed=getattr(args, "seed", 0), simulator=simulator, search_params=params)
+    return {alg: make_sharder(alg, seed=getattr(args, "seed", 0), simulator=simulator, search_params=params,
+                              batch_size=batch_size)
             for alg in algs}
