@@ -29,24 +29,22 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def int_range(text: str, name: str) -> tuple[int, int]:
-    """Parse 'lo,hi' (lo < hi, both >= 1) for --T_range and friends."""
-    parts = text.split(",")
+def _pair(text: str, name: str, kind: type, lowest: float, strict: bool):
     try:
-        lo, hi = (int(p) for p in parts)
+        lo, hi = (kind(p) for p in text.split(","))
     except ValueError:
-        raise UserError(f"{name} must be two integers 'lo,hi' (e.g. 10,60), got {text!r}") from None
-    if not 1 <= lo < hi:
-        raise UserError(f"{name} must satisfy 1 <= lo < hi, got {text!r}")
+        raise UserError(f"{name} must be two {kind.__name__} values 'lo,hi' (e.g. 10,60), got {text!r}") from None
+    if lo < lowest or hi < lo or (strict and hi == lo):
+        rel = "<" if strict else "<="
+        raise UserError(f"{name} must satisfy {lowest:g} <= lo {rel} hi, got {text!r}")
     return lo, hi
+
+
+def int_range(text: str, name: str) -> tuple[int, int]:
+    """Parse 'lo,hi' with 1 <= lo < hi (--T_range and friends)."""
+    return _pair(text, name, int, 1, strict=True)
 
 
 def float_range(text: str, name: str) -> tuple[float, float]:
-    parts = text.split(",")
-    try:
-        lo, hi = (float(p) for p in parts)
-    except ValueError:
-        raise UserError(f"{name} must be two numbers 'lo,hi', got {text!r}") from None
-    if not 0 <= lo <= hi:
-        raise UserError(f"{name} must satisfy 0 <= lo <= hi, got {text!r}")
-    return lo, hi
+    """Parse 'lo,hi' with 0 <= lo <= hi (--sleep_range, --threshold_range)."""
+    return _pair(text, name, float, 0.0, strict=False)
