@@ -8,6 +8,7 @@ delay), so a rank that arrives early pays for waiting and the straggler does not
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -133,8 +134,8 @@ def collect_comm_samples(out_path, N: int, data_size: int, batch_size: int, devi
     if not todo:
         return {"measured": 0, "total": len(store.samples), "samples_per_min": float("nan")}
     t0 = time.perf_counter()
-    bar = tqdm(total=len(todo), desc=f"comm samples ({N} ranks, {device})", disable=in_torchrun() and
-               int(__import__('os').environ.get("RANK", 0)) != 0)
+    writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
+    bar = tqdm(total=len(todo), desc=f"comm samples ({N} ranks, {device})", disable=not writer)
 
     def on_message(sample):
         store.add(sample)
@@ -144,7 +145,7 @@ def collect_comm_samples(out_path, N: int, data_size: int, batch_size: int, devi
         run_ranks(comm_rank, N, (todo, sample_args, batch_size, device, warmup, iters), on_message, device, gpu_ids)
     finally:
         bar.close()
-        if not in_torchrun() or int(__import__('os').environ.get("RANK", 0)) == 0:
+        if writer:
             store.save()
     elapsed = time.perf_counter() - t0
     return {"measured": len(todo), "total": len(store.samples), "samples_per_min": 60 * len(todo) / elapsed}
