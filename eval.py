@@ -11,7 +11,8 @@ from neuroshard.dataset import DLRMDataset
 from neuroshard.errors import UserError
 from neuroshard.evaluator import measure_plans, plan_device_tables
 from neuroshard.results import print_summary, summarize, write_results
-from neuroshard.sharders import add_sharder_args, load_simulator, make_sharders, parse_algs, shard_tasks
+from neuroshard.sharders import (add_sharder_args, load_simulator, make_sharders, model_paths, parse_algs,
+                                 shard_rows)
 from neuroshard.tasks import load_tasks
 
 
@@ -46,18 +47,14 @@ def main(argv=None) -> int:
         raise UserError(f"{N} ranks but a task in {args.task_path} has only "
                         f"{min(t.num_tables for t in tasks)} tables; use fewer --ndevices or larger tasks")
     sim = None
-    if "neuroshard" in algs or Path(args.compute_model).exists():
+    if "neuroshard" in algs or all(Path(p).exists() for p in model_paths(args, N)):
         sim = load_simulator(args, N)  # also scores every plan: the simulator's fidelity
-    sharders = make_sharders(algs, args, N, sim, batch)
     rows, plans = [], {}
-    for alg, sharder in sharders.items():
-        for i, (task, res) in enumerate(zip(tasks, shard_tasks(sharder, tasks, N, args.max_mem))):
-            sim_cost = sim.plan_cost(task, res.plan).cost_ms if sim is not None and not res.oom else float("nan")
-            rows.append({"task": i, "alg": alg, "num_tables": task.num_tables, "oom": res.oom,
-                         "search_s": res.search_s, "sim_cost_ms": sim_cost,
-                         "plan": res.plan.to_dict() if res.plan else None})
-            if not res.oom:
-                plans[(alg, i)] = plan_device_tables(task, res.plan)
+    for row, task, res in shard_rows(make_sharders(algs, args, N, sim, batch), tasks, N, args.max_mem):
+        row["sim_cost_ms"] = sim.plan_cost(task, res.plan).cost_ms if sim is not None and not res.oom else float("nan")
+        rows.append(row)
+        if not res.oom:
+            plans[(row["alg"], row["task"])] = plan_device_tables(task, res.plan)
     print(f"measuring {len(plans)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
           f"{args.warmup_iter} warm-up + {args.num_iter} timed iterations)")
     with tqdm(total=len(plans), desc="plans") as bar:

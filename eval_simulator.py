@@ -6,7 +6,7 @@ from pathlib import Path
 from neuroshard.cli import ArgumentParser, run_main
 from neuroshard.dataset import DLRMDataset
 from neuroshard.results import print_summary, summarize, write_results
-from neuroshard.sharders import add_sharder_args, load_simulator, make_sharders, parse_algs, shard_tasks
+from neuroshard.sharders import add_sharder_args, load_simulator, make_sharders, parse_algs, shard_rows
 from neuroshard.tasks import load_tasks
 
 
@@ -26,14 +26,13 @@ def main(argv=None) -> int:
     tasks = load_tasks(args.task_path, ds)
     sim = load_simulator(args, args.ndevices)
     rows = []
-    for alg, sharder in make_sharders(algs, args, args.ndevices, sim, ds.batch_size).items():
-        for i, (task, res) in enumerate(zip(tasks, shard_tasks(sharder, tasks, args.ndevices, args.max_mem))):
-            cost = None if res.oom else sim.plan_cost(task, res.plan, args.max_mem)
-            rows.append({"task": i, "alg": alg, "num_tables": task.num_tables, "oom": cost is None,
-                         "cost_ms": cost.cost_ms if cost else float("nan"), "search_s": res.search_s,
-                         "splits": len(res.plan.splits) if res.plan else 0,
-                         "compute_ms": cost.compute_ms if cost else None, "fw_ms": cost.fw_ms if cost else None,
-                         "bw_ms": cost.bw_ms if cost else None, "plan": res.plan.to_dict() if res.plan else None})
+    sharders = make_sharders(algs, args, args.ndevices, sim, ds.batch_size)
+    for row, task, res in shard_rows(sharders, tasks, args.ndevices, args.max_mem):
+        cost = None if res.oom else sim.plan_cost(task, res.plan, args.max_mem)
+        row.update(oom=cost is None, cost_ms=cost.cost_ms if cost else float("nan"),
+                   compute_ms=cost.compute_ms if cost else None, fw_ms=cost.fw_ms if cost else None,
+                   bw_ms=cost.bw_ms if cost else None)
+        rows.append(row)
     out = Path(args.results_csv or f"results/sim_{args.alg.replace(',', '+')}.csv")
     write_results(out, rows, ndevices=args.ndevices, max_mem_gb=args.max_mem, seed=args.seed,
                   task_path=str(args.task_path), dataset=str(ds.path), compute_model=args.compute_model,

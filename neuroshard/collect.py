@@ -32,9 +32,10 @@ class SampleFile:
             self.samples = old["samples"]
         self.meta["provenance"] = provenance()
 
-    @property
-    def next_index(self) -> int:
-        return 1 + max((s["index"] for s in self.samples), default=-1)
+    def missing_indices(self, data_size: int) -> list[int]:
+        """Sample indices still to measure for the file to hold `data_size` samples."""
+        start = 1 + max((s["index"] for s in self.samples), default=-1)
+        return list(range(start, start + max(0, data_size - len(self.samples))))
 
     def add(self, sample: dict) -> None:
         self.samples.append(sample)

@@ -129,8 +129,7 @@ def collect_comm_samples(out_path, N: int, data_size: int, batch_size: int, devi
             "warmup_iter": warmup, "num_iter": iters, **sample_args}
     store = SampleFile(out_path, COMM_DATA_KIND, meta,
                        must_match=("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range"))
-    start = store.next_index
-    todo = list(range(start, start + max(0, data_size - len(store.samples))))
+    todo = store.missing_indices(data_size)
     if not todo:
         return {"measured": 0, "total": len(store.samples), "samples_per_min": float("nan")}
     t0 = time.perf_counter()

@@ -107,8 +107,7 @@ def collect_compute_samples(out_path, dataset: DLRMDataset, hw: Hardware, data_s
     store = SampleFile(out_path, COMPUTE_DATA_KIND, meta,
                        must_match=("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb",
                                    "max_tables", "max_dim"))
-    start = store.next_index
-    todo = list(range(start, start + max(0, data_size - len(store.samples))))
+    todo = store.missing_indices(data_size)
     if not todo:
         return {"measured": 0, "total": len(store.samples), "samples_per_min": float("nan")}
     ctx = mp.get_context("spawn")

@@ -191,8 +191,10 @@ def generate_synthetic_raw(cfg: SyntheticConfig, progress: bool = True):
 
 def process_raw(indices: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                 out_dir: str | Path, source: dict[str, Any], progress: bool = True) -> "DLRMDataset":
-    """Compute per-table features and write the processed dataset folder."""
-    indices, offsets, lengths = validate_raw((indices, offsets, lengths), source.get("data", "<data>"))
+    """Compute per-table features and write the processed dataset folder.
+
+    Inputs come from `load_raw` (validated there) or `generate_synthetic_raw` (valid by construction).
+    """
     T, B = lengths.shape
     out_dir = Path(out_dir)
     ind_np, off_np, len_np = indices.numpy(), offsets.numpy(), lengths.numpy()

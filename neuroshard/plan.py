@@ -20,10 +20,6 @@ class Shard:
     col_start: int  # first column of the slice
     dim: int        # number of columns
 
-    @property
-    def cols(self) -> tuple[int, int]:
-        return self.col_start, self.col_start + self.dim
-
 
 def can_split(dim: int) -> bool:
     """A shard may be split when half its dim is still divisible by 4."""
@@ -51,9 +47,6 @@ class ShardingPlan:
     shards: list[Shard]
     device_of: list[int]
     splits: list[int] = field(default_factory=list)
-
-    def device_shards(self, r: int) -> list[Shard]:
-        return [s for s, d in zip(self.shards, self.device_of) if d == r]
 
     def per_device(self) -> list[list[Shard]]:
         out: list[list[Shard]] = [[] for _ in range(self.num_devices)]

@@ -76,6 +76,15 @@ def shard_tasks(sharder: Sharder, tasks: list[ShardingTask], num_devices: int, m
             for t in tqdm(tasks, desc=f"shard ({sharder.name})", disable=not progress, leave=False)]
 
 
+def shard_rows(sharders: dict[str, Sharder], tasks: list[ShardingTask], num_devices: int, max_mem_gb: float):
+    """Shard every task with every sharder: (base result row, task, result) per (algorithm, task)."""
+    for alg, sharder in sharders.items():
+        for i, (task, res) in enumerate(zip(tasks, shard_tasks(sharder, tasks, num_devices, max_mem_gb))):
+            row = {"task": i, "alg": alg, "num_tables": task.num_tables, "oom": res.oom, "search_s": res.search_s,
+                   "splits": len(res.plan.splits) if res.plan else 0, "plan": res.plan.to_dict() if res.plan else None}
+            yield row, task, res
+
+
 def add_sharder_args(p) -> None:
     """Arguments of the neuroshard sharder: cost models and search parameters (DESIGN.md §3.5)."""
     p.add_argument("--compute_model", default="models/compute.pt")
@@ -88,11 +97,16 @@ def add_sharder_args(p) -> None:
     p.add_argument("--threshold_range", default="1.0,1.5")
 
 
+def model_paths(args, num_devices: int) -> tuple[str, str, str]:
+    """Compute, forward-comm and backward-comm model paths (comm defaults depend on the device count)."""
+    return (args.compute_model, args.fw_comm_model or f"models/comm_{num_devices}_fw.pt",
+            args.bw_comm_model or f"models/comm_{num_devices}_bw.pt")
+
+
 def load_simulator(args, num_devices: int):
     from .simulator import Simulator
 
-    sim = Simulator.load(args.compute_model, args.fw_comm_model or f"models/comm_{num_devices}_fw.pt",
-                         args.bw_comm_model or f"models/comm_{num_devices}_bw.pt")
+    sim = Simulator.load(*model_paths(args, num_devices))
     sim.check_devices(num_devices)
     return sim
 

@@ -115,6 +115,10 @@ def test_scripted_pipeline_trains_and_shards(small_dataset, tmp_path):
     r = run_script("eval.py", *m, "--alg", "neuroshard", "--results_csv", tmp_path / "e.csv", *common)
     assert r.returncode == 0, r.stderr
     assert "Valid 3 / 3" in r.stdout
+    # a baseline-only measurement needs no comm models, even where a compute model exists
+    r = run_script("eval.py", "--compute_model", models / "compute.pt", *m[6:], "--alg", "dim_greedy",
+                   "--results_csv", tmp_path / "b.csv", *common)
+    assert r.returncode == 0, r.stderr
     # models for 2 devices refuse a 4-device run
     r = run_script("eval_simulator.py", *m[:-4], "--ndevices", "4", "--max_mem", "0.01", "--alg", "neuroshard")
     assert_clean_error(r, "trained for 2 devices")
