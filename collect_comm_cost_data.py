@@ -5,13 +5,8 @@ as one rank of the launched group instead (rank 0 writes the file).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-from neuroshard.backends import resolve_device
-from neuroshard.cli import ArgumentParser, float_range, int_range, run_main
-from neuroshard.comm_bench import collect_comm_samples
-from neuroshard.errors import UserError
-from neuroshard.launch import in_torchrun
+from neuroshard.core.cli import ArgumentParser, parse_gpu_devices, run_main
+from neuroshard.hardware.collect import collect_comm
 
 
 def main(argv=None) -> int:
@@ -28,24 +23,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--out_dir", default="data/cost_data")
-    args = p.parse_args(argv)
-    device = resolve_device(args.device, args.gpu_devices)
-    gpu_ids = [int(g) for g in args.gpu_devices.split(",")] if args.gpu_devices else None
-    N = len(gpu_ids) if gpu_ids else args.ndevices
-    if in_torchrun():
-        import os
-        N = int(os.environ["WORLD_SIZE"])
-    if N < 2:
-        raise UserError("--ndevices must be >= 2 (an all-to-all needs peers)")
-    if args.batch_size % N:
-        raise UserError(f"--batch_size {args.batch_size} is not divisible by {N} ranks")
-    T_range = int_range(args.T_range, "--T_range")
-    sleep_range = float_range(args.sleep_range, "--sleep_range")
-    out = Path(args.out_dir) / f"comm_cost_data_{N}.pkl"
-    print(f"{N} ranks on {device}, batch {args.batch_size} -> {out}")
-    rep = collect_comm_samples(out, N, args.data_size, args.batch_size, device, args.seed, T_range, args.max_dim,
-                               sleep_range, args.warmup_iter, args.num_iter, gpu_ids)
-    print(f"measured {rep['measured']} samples ({rep['samples_per_min']:.1f} samples/min); {out} holds {rep['total']}")
+    a = p.parse_args(argv)
+    collect_comm(a.out_dir, a.ndevices, a.data_size, a.T_range, a.sleep_range, a.max_dim, a.batch_size,
+                       a.warmup_iter, a.num_iter, a.seed, a.device, parse_gpu_devices(a.gpu_devices))
     return 0
 
 

@@ -1,13 +1,8 @@
 """Step 5: shard every task with an algorithm and score the plans with the cost models (DESIGN.md §3.4)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from neuroshard.cli import ArgumentParser, run_main
-from neuroshard.dataset import DLRMDataset
-from neuroshard.results import print_summary, summarize, write_results
-from neuroshard.sharders import add_sharder_args, load_simulator, make_sharders, parse_algs, shard_rows
-from neuroshard.tasks import load_tasks
+from neuroshard.core.cli import ArgumentParser, add_sharder_args, run_main, search_params
+from neuroshard.experiments.evaluate import eval_simulator
 
 
 def main(argv=None) -> int:
@@ -20,28 +15,9 @@ def main(argv=None) -> int:
     p.add_argument("--results_csv", default=None, help="default results/sim_<alg>.csv")
     p.add_argument("--seed", type=int, default=0)
     add_sharder_args(p)
-    args = p.parse_args(argv)
-    algs = parse_algs(args.alg)
-    ds = DLRMDataset.load(args.data_dir)
-    tasks = load_tasks(args.task_path, ds)
-    sim = load_simulator(args, args.ndevices)
-    rows = []
-    sharders = make_sharders(algs, args, args.ndevices, sim, ds.batch_size)
-    for row, task, res in shard_rows(sharders, tasks, args.ndevices, args.max_mem):
-        cost = None if res.oom else sim.plan_cost(task, res.plan, args.max_mem)
-        row.update(oom=cost is None, cost_ms=cost.cost_ms if cost else float("nan"),
-                   compute_ms=cost.compute_ms if cost else None, fw_ms=cost.fw_ms if cost else None,
-                   bw_ms=cost.bw_ms if cost else None)
-        rows.append(row)
-    out = Path(args.results_csv or f"results/sim_{args.alg.replace(',', '+')}.csv")
-    write_results(out, rows, ndevices=args.ndevices, max_mem_gb=args.max_mem, seed=args.seed,
-                  task_path=str(args.task_path), dataset=str(ds.path), compute_model=args.compute_model,
-                  model_hardware={k: sim.compute.meta.get(k) for k in ("device", "backend", "batch_size")})
-    summary = summarize(rows, "cost_ms")
-    print_summary(summary, f"simulated cost ({len(tasks)} tasks, {args.ndevices} devices, {args.max_mem} GB) -> {out}")
-    for s in summary:
-        print(f"{s['alg']}: average cost {s['mean_cost_ms']:.3f} ms  Valid {s['valid']} / {s['total']}  "
-              f"mean search {s['mean_search_s']:.4f} s")
+    a = p.parse_args(argv)
+    eval_simulator(a.data_dir, a.task_path, a.alg, a.ndevices, a.max_mem, a.results_csv, a.seed, a.compute_model,
+                   a.fw_comm_model, a.bw_comm_model, search=search_params(a))
     return 0
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuroshard.cli import ArgumentParser, run_main
-from neuroshard.cost_models import train_comm_models
-from neuroshard.train_cli import add_training_args, training_kwargs
+from neuroshard.core.cli import ArgumentParser, add_training_args, comm_model_paths, run_main, training_kwargs
+from neuroshard.core.errors import check_int
+from neuroshard.models.training import train_comm_models
 
 
 def main(argv=None) -> int:
@@ -15,11 +15,11 @@ def main(argv=None) -> int:
     p.add_argument("--fw_out_path", default=None, help="default models/comm_<N>_fw.pt")
     p.add_argument("--bw_out_path", default=None, help="default models/comm_<N>_bw.pt")
     add_training_args(p, epochs=300)
-    args = p.parse_args(argv)
-    kw = training_kwargs(args)
-    N = args.ndevices
-    train_comm_models(Path(args.data_dir) / f"comm_cost_data_{N}.pkl", args.fw_out_path or f"models/comm_{N}_fw.pt",
-                      args.bw_out_path or f"models/comm_{N}_bw.pt", args.epochs, args.num_samples, **kw)
+    a = p.parse_args(argv)
+    N = check_int("--ndevices", a.ndevices, 2, 4096)
+    fw, bw = comm_model_paths("models", N)
+    train_comm_models(Path(a.data_dir) / f"comm_cost_data_{N}.pkl", a.fw_out_path or fw, a.bw_out_path or bw,
+                      **training_kwargs(a))
     return 0
 
 

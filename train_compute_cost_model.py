@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuroshard.cli import ArgumentParser, run_main
-from neuroshard.cost_models import train_compute_model
-from neuroshard.dataset import DLRMDataset
-from neuroshard.train_cli import add_training_args, training_kwargs
+from neuroshard.core.cli import ArgumentParser, add_training_args, run_main, training_kwargs
+from neuroshard.models.training import train_compute_model
 
 
 def main(argv=None) -> int:
@@ -15,10 +13,8 @@ def main(argv=None) -> int:
     p.add_argument("--dataset_dir", default="data/dlrm_datasets", help="processed dataset the samples came from")
     p.add_argument("--out_path", default="models/compute.pt")
     add_training_args(p, epochs=300)
-    args = p.parse_args(argv)
-    kw = training_kwargs(args)
-    train_compute_model(Path(args.data_dir) / "compute_cost_data.pkl", DLRMDataset.load(args.dataset_dir),
-                        args.out_path, args.epochs, args.num_samples, **kw)
+    a = p.parse_args(argv)
+    train_compute_model(Path(a.data_dir) / "compute_cost_data.pkl", a.dataset_dir, a.out_path, **training_kwargs(a))
     return 0
 
 

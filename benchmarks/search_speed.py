@@ -16,12 +16,13 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.cost_models import CommCostModel, ComputeCostModel  # noqa: E402
-from neuroshard.dataset import DLRMDataset  # noqa: E402
-from neuroshard.search import NeuroShardSharder  # noqa: E402
-from neuroshard.simulator import Simulator  # noqa: E402
-from neuroshard.tables import dim_choices, table_size_gb  # noqa: E402
-from neuroshard.tasks import ShardingTask  # noqa: E402
+from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.data.dataset import DLRMDataset  # noqa: E402
+from neuroshard.data.features import dim_choices, table_size_gb  # noqa: E402
+from neuroshard.data.tasks import ShardingTask  # noqa: E402
+from neuroshard.models.cost_models import CommCostModel, ComputeCostModel  # noqa: E402
+from neuroshard.sharding.search import NeuroShardSharder  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 
 def simulator(n: int, compute_path: Path) -> Simulator:
@@ -47,7 +48,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     algs = {"neuroshard": lambda n: NeuroShardSharder(simulator(n, Path(args.compute_model)))}
     if not args.skip_torchrec:
-        from neuroshard.torchrec_baseline import TorchRecSharder
+        from neuroshard.sharding.torchrec_baseline import TorchRecSharder
 
         algs["torchrec"] = lambda n: TorchRecSharder(ds.batch_size)
     cases = [(T, n) for n in (4, 8) for T in (10, 20, 30, 40, 50, 60) for _ in range(args.tasks_per_size)] + [(856, 16)]
@@ -58,7 +59,7 @@ def main() -> None:
         mem = max(table_size_gb(task.rows, task.dims).sum() / n * 1.3, task.sizes_gb().max())
         for alg in algs:
             t0 = time.perf_counter()
-            plan = sharders[(alg, n)](task, n, mem)
+            plan = sharders[(alg, n)](task, Cluster(n, mem))
             rows.append({"alg": alg, "tables": T, "devices": n, "seconds": time.perf_counter() - t0,
                          "planned": plan is not None})
             print(f"{alg:<11} {T:>4} tables {n:>2} devices {rows[-1]['seconds']:8.3f} s", flush=True)

@@ -37,6 +37,6 @@ class AnalyticComm:
 
 
 def analytic_simulator(N):
-    from neuroshard.simulator import Simulator
+    from neuroshard.sharding.simulator import Simulator
 
     return Simulator(AnalyticCompute(), AnalyticComm(N, "fw"), AnalyticComm(N, "bw"))

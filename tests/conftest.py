@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neuroshard.dataset import DLRMDataset, SyntheticConfig, generate_synthetic_raw, process_raw
+from neuroshard.data.dataset import DLRMDataset, process_raw
+from neuroshard.data.synthetic import SyntheticConfig, generate_synthetic_raw
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,3 +42,41 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *fragments: str) -> No
 
 def files_under(path: Path) -> list[Path]:
     return sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).exists() else []
+
+
+# ----------------------------------------------------------------------------- hostile pickles
+
+class MarkerPayload:
+    """Unpickling this runs `touch MARKER` through os.system: a loader that runs code creates the file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+class TorchBytesPayload:
+    """The same payload hidden behind torch.storage._load_from_bytes (a torch.load without weights_only)."""
+
+    def __init__(self, marker):
+        import io
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(MarkerPayload(marker), buf)
+        self.data = buf.getvalue()
+
+    def __reduce__(self):
+        import torch.storage
+
+        return (torch.storage._load_from_bytes, (self.data,))
+
+
+def hostile_objects(marker):
+    """Objects whose unpickling would create `marker`, wrapped as a plausible artifact."""
+    return [MarkerPayload(marker), {"kind": "x", "meta": {"evil": TorchBytesPayload(marker)}},
+            {"tasks": [MarkerPayload(marker)]}]

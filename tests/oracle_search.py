@@ -6,10 +6,10 @@ rounding of predictions to 1 ns, candidate order by shard position).
 """
 import numpy as np
 
-from neuroshard.greedy import greedy_place
-from neuroshard.plan import ShardingPlan, apply_splits, can_split
-from neuroshard.simulator import round_ms
-from neuroshard.tables import table_size_gb, with_dim
+from neuroshard.sharding.greedy import greedy_place
+from neuroshard.sharding.plan import ShardingPlan, apply_splits, can_split
+from neuroshard.sharding.simulator import round_ms
+from neuroshard.data.features import table_size_gb, with_dim
 
 
 def shard_embeddings(sim, task, shards):
@@ -64,7 +64,8 @@ def candidates(sim, task, splits, params):
     return sorted(set(by_size) | set(by_cost))
 
 
-def direct_search(sim, task, N, max_mem, params):
+def direct_search(sim, task, cluster, params):
+    N, max_mem = cluster.num_devices, cluster.max_mem_gb
     cost, device_of = grid_search(sim, task, [], N, max_mem, params)
     best = (cost, [], device_of)
     beam = [[]]

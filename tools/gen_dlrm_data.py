@@ -1,10 +1,8 @@
 """Step 1: raw DLRM dataset (real file or synthetic) -> processed dataset folder."""
 from __future__ import annotations
 
-import time
-
-from neuroshard.cli import ArgumentParser, run_main
-from neuroshard.dataset import SyntheticConfig, generate_synthetic_raw, load_raw, process_raw, save_raw
+from neuroshard.core.cli import ArgumentParser, run_main
+from neuroshard.data.dataset import build_dataset
 
 
 def main(argv=None) -> int:
@@ -19,27 +17,9 @@ def main(argv=None) -> int:
     p.add_argument("--row_scale", type=float, default=1.0,
                    help="synthetic: multiply row counts (e.g. 0.01 for small machines)")
     p.add_argument("--save_raw", default=None, help="synthetic: also write the raw tuple here (.pt / .pt.gz)")
-    args = p.parse_args(argv)
-    if args.data is None and not args.synthetic:
-        p.error("pass --data PATH (a raw DLRM dataset) or --synthetic")
-
-    t0 = time.perf_counter()
-    if args.synthetic:
-        cfg = SyntheticConfig(num_tables=args.num_tables, batch_size=args.batch_size, seed=args.seed,
-                              row_scale=args.row_scale)
-        print(f"generating synthetic DLRM data: {cfg.num_tables} tables, batch {cfg.batch_size}, seed {cfg.seed}, "
-              f"row_scale {cfg.row_scale}")
-        raw = generate_synthetic_raw(cfg)
-        if args.save_raw:
-            print(f"raw dataset written to {save_raw(args.save_raw, *raw)}")
-        source = {"source": "synthetic", "synthetic_config": cfg.__dict__, "seed": args.seed}
-    else:
-        print(f"loading {args.data}")
-        raw = load_raw(args.data)
-        source = {"source": "file", "data": str(args.data), "seed": args.seed}
-    ds = process_raw(*raw, out_dir=args.out_dir, source=source)
-    print(ds.summary())
-    print(f"processed dataset written to {ds.path} in {time.perf_counter() - t0:.1f} s")
+    a = p.parse_args(argv)
+    build_dataset(a.out_dir, data=a.data, synthetic=a.synthetic, num_tables=a.num_tables, batch_size=a.batch_size,
+                  row_scale=a.row_scale, seed=a.seed, save_raw_path=a.save_raw)
     return 0
 
 

@@ -1,12 +1,8 @@
 """Step 2: draw sharding tasks (lists of dataset tables with dims) from a processed dataset."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from neuroshard.cli import ArgumentParser, int_range, run_main
-from neuroshard.dataset import DLRMDataset
-from neuroshard.errors import UserError
-from neuroshard.tasks import generate_tasks, save_tasks
+from neuroshard.core.cli import ArgumentParser, run_main
+from neuroshard.data.tasks import make_task_file
 
 
 def main(argv=None) -> int:
@@ -19,19 +15,8 @@ def main(argv=None) -> int:
     p.add_argument("--data_dir", default="data/dlrm_datasets", help="processed dataset folder")
     p.add_argument("--out_dir", default="data/tasks")
     p.add_argument("--split", default="test", help="file name: OUT_DIR/SPLIT.pkl (e.g. train, test)")
-    args = p.parse_args(argv)
-    T_range = int_range(args.T_range, "--T_range")
-    if args.data_size < 1:
-        raise UserError("--data_size must be >= 1")
-    if args.max_dim < 4 or args.max_dim % 4:
-        raise UserError(f"--max_dim must be a positive multiple of 4, got {args.max_dim}")
-    if not args.max_mem > 0:
-        raise UserError("--max_mem must be > 0")
-    ds = DLRMDataset.load(args.data_dir)
-    tasks = generate_tasks(ds, args.data_size, T_range, args.max_mem, args.max_dim, args.seed)
-    path = save_tasks(Path(args.out_dir) / f"{args.split}.pkl", tasks, ds, seed=args.seed, T_range=T_range,
-                      max_mem_gb=args.max_mem, max_dim=args.max_dim)
-    print(f"wrote {len(tasks)} tasks ({T_range[0]}-{T_range[1] - 1} tables, <= {args.max_mem} GB each) to {path}")
+    a = p.parse_args(argv)
+    make_task_file(a.data_dir, a.out_dir, a.split, a.data_size, a.T_range, a.max_mem, a.max_dim, a.seed)
     return 0
 
 

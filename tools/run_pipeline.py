@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from neuroshard.cli import ArgumentParser, run_main
-from neuroshard.pipeline import PRESETS, run_pipeline
+from neuroshard.core.cli import ArgumentParser, run_main
+from neuroshard.experiments.pipeline import PRESETS, run_pipeline
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,112 @@
+"""`--alg torchrec`: TorchRec's `EmbeddingShardingPlanner`, the planner users run today (DESIGN.md §3.6).
+
+The task's tables are built on the `meta` device (no memory is allocated) with their rows, dims and
+pooling factors; every table may go table-wise or column-wise with column blocks down to 4 columns
+(`min_partition=4`; TorchRec's default block of 128 would make every table here table-wise). The
+topology has N devices with `hbm_cap` = our per-device memory, no storage reservation, and the
+`fused` kernel only (all weights in device memory, as in our plans; UVM caching would bypass the cap). TorchRec's
+plan is converted into ours (column shards -> halving splits), so the simulator and eval.py score it
+like any other plan. When TorchRec finds no plan that fits, the task is out of memory.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..core.errors import PlanError, UserError
+from ..core.types import Cluster
+from ..data.tasks import ShardingTask
+from .plan import ShardingPlan, apply_splits
+
+INSTALL_HINT = ("TorchRec is not installed; install it without replacing torch: "
+                "pip install --no-deps torchrec==1.9.2 && pip install -c constraints.txt tensordict "
+                "torchmetrics==1.0.3 iopath pyre-extensions typing-inspect lightning-utilities (make setup does this)")
+
+
+def _import():
+    try:
+        import torchrec  # noqa: F401
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+        from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+        from torchrec.distributed.types import ShardingType
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    except Exception as e:
+        raise UserError(f"{INSTALL_HINT} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    return locals()
+
+
+def splits_for_column_shards(dims, column_shards: dict[int, list[tuple[int, int, int]]]):
+    """Halving splits that cut each table into TorchRec's column shards, and each shard's device.
+
+    `column_shards[t]` lists (col_offset, width, rank) of table t; widths are equal (TorchRec's
+    column-wise shards of one table have one width), so log2(dim / width) rounds of halving give them.
+    """
+    splits: list[int] = []
+    shards = apply_splits(dims, [])
+    for t, pieces in sorted(column_shards.items()):
+        width = pieces[0][1]
+        k = int(dims[t]) // width
+        if k * width != int(dims[t]) or k & (k - 1):
+            raise PlanError(f"table {t}: column shards of width {width} are not halvings of dim {dims[t]}")
+        while k > 1:
+            for i in [i for i, s in enumerate(shards) if s.table == t]:
+                splits.append(i)
+                shards = apply_splits(dims, splits)
+            k //= 2
+    device_of = []
+    for s in shards:
+        ranks = {off: r for off, w, r in column_shards.get(s.table, [])}
+        device_of.append(ranks[s.col_start])
+    return shards, device_of, splits
+
+
+class TorchRecSharder:
+    name = "torchrec"
+
+    def __init__(self, batch_size: int = 4096):
+        self.tr = _import()
+        self.batch_size = batch_size
+
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None:
+        import torch
+
+        num_devices, max_mem_gb = cluster.num_devices, cluster.max_mem_gb
+        tr = self.tr
+        ST = tr["ShardingType"]
+        configs = [tr["EmbeddingBagConfig"](name=f"t{i}", embedding_dim=int(d), num_embeddings=int(r),
+                                            feature_names=[f"f{i}"])
+                   for i, (d, r) in enumerate(zip(task.dims, task.rows))]
+        ebc = tr["EmbeddingBagCollection"](tables=configs, device=torch.device("meta"))
+        constraints = {f"t{i}": tr["ParameterConstraints"](
+            sharding_types=[ST.TABLE_WISE.value, ST.COLUMN_WISE.value], min_partition=4,
+            compute_kernels=[tr["EmbeddingComputeKernel"].FUSED.value],
+            pooling_factors=[max(float(pf), 1e-3)]) for i, pf in enumerate(task.pooling_factors)}
+        topology = tr["Topology"](world_size=num_devices, compute_device="cuda", hbm_cap=int(max_mem_gb * 2**30),
+                                  local_world_size=num_devices)
+        planner = tr["EmbeddingShardingPlanner"](
+            topology=topology, batch_size=self.batch_size, constraints=constraints, debug=False,
+            storage_reservation=tr["FixedPercentageStorageReservation"](percentage=0.0))
+        try:
+            plan = planner.plan(ebc, [tr["EmbeddingBagCollectionSharder"]()])
+        except Exception as e:  # TorchRec's PlannerError: no plan within the memory cap
+            if "PlannerError" in type(e).__name__ or "insufficient" in str(e).lower():
+                return None
+            raise
+        module_plan = next(iter(plan.plan.values()))
+        column_shards: dict[int, list[tuple[int, int, int]]] = {}
+        for name, ps in module_plan.items():
+            t = int(name[1:])
+            if ps.sharding_type == ST.TABLE_WISE.value:
+                column_shards[t] = [(0, int(task.dims[t]), int(ps.ranks[0]))]
+            elif ps.sharding_type == ST.COLUMN_WISE.value:
+                column_shards[t] = sorted((int(m.shard_offsets[1]), int(m.shard_sizes[1]), int(m.placement.rank()))
+                                          for m in ps.sharding_spec.shards)
+            else:
+                raise PlanError(f"TorchRec chose {ps.sharding_type} for table {t}, which the constraints exclude")
+        shards, device_of, splits = splits_for_column_shards(task.dims, column_shards)
+        return ShardingPlan(num_devices, shards, device_of, splits)

@@ -1,0 +1,112 @@
+"""Artifacts: plain-data pickles that cannot run code, atomic writes, append-only locked logs."""
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.core.artifacts import (RecordLog, atomic_write_pickle, decode, encode, load_pickle, load_torch,
+                                       read_record_log)
+from neuroshard.core.errors import UserError
+
+from conftest import MarkerPayload, hostile_objects
+
+
+def test_plain_data_arrays_and_tensors_round_trip(tmp_path):
+    obj = {"a": [1, 2.5, "x", (3, None)], "arr": np.arange(6, dtype=np.float32).reshape(2, 3),
+           "t": torch.arange(4), "s": {1, 2}, "np_scalar": np.float64(1.5), "b": b"\x00\x01"}
+    atomic_write_pickle(tmp_path / "ok.pkl", obj)
+    back = load_pickle(tmp_path / "ok.pkl")
+    assert back["a"] == obj["a"] and back["s"] == {1, 2} and back["b"] == b"\x00\x01"
+    assert np.array_equal(back["arr"], obj["arr"]) and back["arr"].dtype == np.float32
+    assert torch.equal(back["t"], obj["t"]) and back["np_scalar"] == 1.5
+    # the stored pickle references no global at all
+    raw = (tmp_path / "ok.pkl").read_bytes()
+    assert b"numpy" not in raw and b"torch" not in raw
+
+
+def test_object_arrays_are_never_stored_or_loaded():
+    with pytest.raises(TypeError):
+        encode(np.array([object()], dtype=object))
+    with pytest.raises(pickle.UnpicklingError):
+        decode({"__ndarray__": ("|O", (1,), b"\x00" * 8)})
+
+
+@pytest.mark.parametrize("which", range(3))
+def test_hostile_pickle_runs_no_code(tmp_path, which):
+    marker = tmp_path / "marker"
+    with open(tmp_path / "bad.pkl", "wb") as f:
+        pickle.dump(hostile_objects(marker)[which], f)
+    with pytest.raises(UserError, match="not a safe neuroshard"):
+        load_pickle(tmp_path / "bad.pkl")
+    assert not marker.exists()
+
+
+def test_hostile_torch_file_runs_no_code(tmp_path):
+    marker = tmp_path / "marker"
+    torch.save({"kind": "compute_cost_model", "state_dict": MarkerPayload(marker)}, tmp_path / "m.pt")
+    with pytest.raises(UserError, match="not a loadable"):
+        load_torch(tmp_path / "m.pt", "cost model")
+    assert not marker.exists()
+
+
+def test_failed_write_keeps_the_old_file(tmp_path):
+    atomic_write_pickle(tmp_path / "x.pkl", {"old": 1})
+    with pytest.raises(TypeError):
+        atomic_write_pickle(tmp_path / "x.pkl", {"new": object()})
+    assert load_pickle(tmp_path / "x.pkl") == {"old": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pkl"]
+
+
+def test_record_log_appends_resumes_and_drops_a_cut_frame(tmp_path):
+    path = tmp_path / "log.pkl"
+    with RecordLog(path, "k", {"a": 1}, ("a",)) as log:
+        for i in range(3):
+            log.append({"index": i, "x": np.full(2, i)})
+    size = path.stat().st_size
+    with open(path, "ab") as f:  # a kill in the middle of a write: half a frame
+        f.write(pickle.dumps({"index": 3})[:7])
+    meta, records = read_record_log(path, "k", "log")
+    assert meta == {"a": 1} and [r["index"] for r in records] == [0, 1, 2]
+    with RecordLog(path, "k", {"a": 1}, ("a",)) as log:  # reopening drops the cut frame, then appends
+        assert path.stat().st_size == size
+        log.append({"index": 3, "x": np.full(2, 3)})
+    assert [r["index"] for r in read_record_log(path, "k", "log")[1]] == [0, 1, 2, 3]
+
+
+def test_record_log_refuses_a_second_writer_and_other_settings(tmp_path):
+    path = tmp_path / "log.pkl"
+    first = RecordLog(path, "k", {"a": 1}, ("a",))
+    first.append({"index": 0})
+    with pytest.raises(UserError, match="being written by another process"):
+        RecordLog(path, "k", {"a": 1}, ("a",))
+    first.close()
+    with pytest.raises(UserError, match="a=1"):
+        RecordLog(path, "k", {"a": 2}, ("a",))
+    with RecordLog(path, "k", {"a": 2}, ("a",), restart_on_mismatch=True) as log:
+        assert log.records == []
+    assert read_record_log(path, "k", "log") == ({"a": 2}, [])
+
+
+def test_header_only_log_never_blocks_a_corrected_run(tmp_path):
+    path = tmp_path / "log.pkl"
+    RecordLog(path, "k", {"a": 1}, ("a",)).close()  # a run that failed before its first record
+    with RecordLog(path, "k", {"a": 2}, ("a",)) as log:
+        log.append({"index": 0})
+    assert read_record_log(path, "k", "log")[0] == {"a": 2}
+
+
+def test_hostile_frame_in_a_record_log_runs_no_code(tmp_path):
+    marker = tmp_path / "marker"
+    path = tmp_path / "log.pkl"
+    with RecordLog(path, "k", {}, ()) as log:
+        log.append({"index": 0})
+    with open(path, "ab") as f:
+        pickle.dump(MarkerPayload(marker), f)
+    with pytest.raises(UserError, match="not a safe"):
+        read_record_log(path, "k", "log")
+    with pytest.raises(UserError, match="not a safe"):
+        RecordLog(path, "k", {}, ())
+    assert not marker.exists()
+    assert os.path.getsize(path) > 0  # refused, not truncated

@@ -1,0 +1,151 @@
+"""Raw format I/O, processing, synthetic statistics and bad input of tools/gen_dlrm_data.py."""
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.core.errors import UserError
+from neuroshard.data.dataset import DLRMDataset, process_raw
+from neuroshard.data.raw import load_raw, save_raw
+from neuroshard.data.synthetic import PUBLISHED_REUSE_UNIQUE_SHARE, SyntheticConfig, generate_synthetic_raw
+from neuroshard.data.features import table_data_features
+
+from conftest import assert_clean_error, files_under, run_script
+
+
+@pytest.mark.parametrize("name", ["raw.pt", "raw.pt.gz"])
+def test_raw_round_trip_and_processing(small_raw, tmp_path, name):
+    path = save_raw(tmp_path / name, *small_raw)
+    if name.endswith(".gz"):
+        assert gzip.open(path).read(2)  # really gzip
+    indices, offsets, lengths = load_raw(path)
+    for a, b in zip((indices, offsets, lengths), small_raw):
+        assert torch.equal(a, b)
+    ds = process_raw(indices, offsets, lengths, tmp_path / "out", source={"data": str(path)}, progress=False)
+    T, B = lengths.shape
+    assert (ds.num_tables, ds.batch_size) == (T, B)
+    for t in (0, 7, T - 1):
+        ids = indices[offsets[t * B]: offsets[(t + 1) * B]].numpy()
+        assert np.allclose(ds.features[t], table_data_features(ids, lengths[t].numpy()))
+        got_ids, got_off = ds.table_bags(t, batch_size=10)
+        want = indices[offsets[t * B]: offsets[t * B + 10]]
+        assert torch.equal(got_ids, want) and got_off[0] == 0 and got_off[-1] == want.numel()
+        assert torch.equal(got_off[1:] - got_off[:-1], lengths[t, :10])
+
+
+def test_script_processes_real_format_file(small_raw, tmp_path):
+    raw = save_raw(tmp_path / "raw.pt.gz", *small_raw)
+    proc = run_script("tools/gen_dlrm_data.py", "--data", raw, "--out_dir", tmp_path / "ds")
+    assert proc.returncode == 0, proc.stderr
+    assert "total-variation distance" in proc.stdout
+    assert DLRMDataset.load(tmp_path / "ds").num_tables == small_raw[2].shape[0]
+
+
+def test_synthetic_statistics_at_defaults():
+    """856 tables at batch 4096 follow the published statistics (DESIGN.md §2.1)."""
+    indices, offsets, lengths = generate_synthetic_raw(SyntheticConfig(), progress=False)
+    T, B = lengths.shape
+    assert (T, B) == (856, 4096)
+    pf = lengths.double().mean(dim=1).numpy()
+    assert abs(pf.mean() - 15.81) / 15.81 < 0.10
+    assert (pf <= 1).sum() >= 20
+    per_bin = np.zeros(17)
+    rows = np.zeros(T)
+    for t in range(T):
+        ids = indices[offsets[t * B]: offsets[(t + 1) * B]].numpy()
+        f = table_data_features(ids, lengths[t].numpy())
+        rows[t] = f[0]
+        per_bin += f[2:] * (np.unique(ids).size if ids.size else 0)
+    hist = per_bin / per_bin.sum()
+    assert 0.5 * np.abs(hist - PUBLISHED_REUSE_UNIQUE_SHARE).sum() < 0.10
+    assert np.log10(rows.max() / rows.min()) >= 4
+
+
+def test_synthetic_is_seeded():
+    a = generate_synthetic_raw(SyntheticConfig(num_tables=5, batch_size=64, seed=1), progress=False)
+    b = generate_synthetic_raw(SyntheticConfig(num_tables=5, batch_size=64, seed=1), progress=False)
+    c = generate_synthetic_raw(SyntheticConfig(num_tables=5, batch_size=64, seed=2), progress=False)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], c[0])
+
+
+def _bad_file_cases(small_raw, tmp_path):
+    indices, offsets, lengths = small_raw
+    B = lengths.shape[1]
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    bad_off = offsets.clone()
+    bad_off[3 * B + 5:] += 1  # table 3 gets one lookup more than its lengths say
+    torch.save((indices, bad_off, lengths), tmp_path / "offsets.pt")
+    neg = indices.clone()
+    t = 5
+    neg[offsets[t * B]] = -4
+    torch.save((neg, offsets, lengths), tmp_path / "neg.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"not a torch file")
+    neg_len = lengths.clone()
+    neg_len[2, 0], neg_len[2, 1] = -1, lengths[2, 1] + lengths[2, 0] + 1  # offsets stay consistent
+    neg_off = torch.zeros_like(offsets)
+    neg_off[1:] = torch.cumsum(neg_len.reshape(-1), 0)
+    torch.save((indices, neg_off, neg_len), tmp_path / "neglen.pt")
+    torch.save((indices.double(), offsets, lengths), tmp_path / "float.pt")
+    empty = torch.zeros(0, B, dtype=torch.int64)
+    torch.save((torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), empty), tmp_path / "empty.pt")
+    return [("list.pt", "tuple (indices, offsets, lengths)"), ("offsets.pt", "table 3"),
+            ("neg.pt", "negative ids in table 5"), ("garbage.pt", "not a torch.save'd"),
+            ("missing.pt", "not found"), ("neglen.pt", "negative lengths in table 2"),
+            ("float.pt", "indices must be an integer tensor"), ("empty.pt", "no tables")]
+
+
+def test_bad_input_gets_one_clear_line_and_overwrites_nothing(small_raw, small_dataset, tmp_path):
+    import shutil
+
+    out = tmp_path / "existing"
+    shutil.copytree(small_dataset.path, out)
+    before = {p.name: p.read_bytes() for p in files_under(out)}
+    for name, fragment in _bad_file_cases(small_raw, tmp_path):
+        proc = run_script("tools/gen_dlrm_data.py", "--data", tmp_path / name, "--out_dir", out)
+        assert_clean_error(proc, fragment)
+        assert {p.name: p.read_bytes() for p in files_under(out)} == before, name
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".existing")], "staging folder left behind"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--num_tables", "0"], "--num_tables"), (["--batch_size", "-5"], "--batch_size"),
+    (["--row_scale", "0"], "--row_scale"), (["--row_scale", "nan"], "--row_scale"), (["--seed", "-1"], "--seed")])
+def test_bad_synthetic_settings_touch_nothing(tmp_path, args, fragment):
+    proc = run_script("tools/gen_dlrm_data.py", "--synthetic", "--out_dir", tmp_path / "out", *args)
+    assert_clean_error(proc, fragment)
+    assert files_under(tmp_path) == []
+
+
+def test_regenerating_replaces_the_dataset_whole(small_raw, tmp_path):
+    first = process_raw(*small_raw, out_dir=tmp_path / "d", source={"source": "a"}, progress=False)
+    indices, offsets, lengths = small_raw
+    second = process_raw(indices[: int(offsets[5 * lengths.shape[1]])], offsets[: 5 * lengths.shape[1] + 1],
+                         lengths[:5], out_dir=tmp_path / "d", source={"source": "b"}, progress=False)
+    assert first.num_tables == 24 and second.num_tables == 5
+    assert DLRMDataset.load(tmp_path / "d").bags()["offsets"].numel() == 5 * lengths.shape[1] + 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_unwritable_output_folder(small_raw, tmp_path):
+    raw = save_raw(tmp_path / "raw.pt", *small_raw)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_script("tools/gen_dlrm_data.py", "--data", raw, "--out_dir", blocker / "sub")
+    assert_clean_error(proc, "cannot write")
+
+
+def test_processed_folder_check(tmp_path):
+    with pytest.raises(Exception, match="not a processed DLRM dataset"):
+        DLRMDataset.load(tmp_path)
+
+
+def test_a_folder_of_other_files_is_never_replaced(small_raw, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="other files"):
+        process_raw(*small_raw, out_dir=out, source={"source": "t"}, progress=False)
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]

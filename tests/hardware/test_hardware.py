@@ -1,0 +1,240 @@
+"""Real measurements on tiny tables: compute benchmark, backends, all-to-all, evaluator, collectors."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.hardware.backends import FbgemmTBE, Hardware, TorchFusedEmbeddingBag, fbgemm_works, resolve_hardware
+from neuroshard.core.artifacts import read_record_log
+from neuroshard.hardware.collect import load_cost_data, missing_indices
+from neuroshard.hardware.comm_bench import COMM_DATA_KIND
+from neuroshard.hardware.comm_bench import layouts_rank
+from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmark
+from neuroshard.data.dataset import process_raw
+from neuroshard.hardware.launch import run_processes
+
+from conftest import ROOT, assert_clean_error, run_script
+
+HW = resolve_hardware("cpu", "auto")
+
+
+def _raw(pfs, rows, B, seed=0):
+    """Raw dataset with constant per-table pooling factors and uniform ids."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(pfs, dtype=torch.int64)[:, None].repeat(1, B)
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths.reshape(-1), 0)
+    ids = torch.cat([torch.randint(0, r, (int(l.sum()),), generator=g) for r, l in zip(rows, lengths)])
+    return ids, offsets, lengths
+
+
+@pytest.fixture(scope="module")
+def bench_dataset(tmp_path_factory):
+    # tables 0..11: pooling 2, table 12: pooling 60; all 20,000 rows
+    pfs = [2] * 12 + [60]
+    return process_raw(*_raw(pfs, [20000] * 13, 2048), out_dir=tmp_path_factory.mktemp("bench"),
+                       source={"source": "test"}, progress=False)
+
+
+def _cost_ratio(bench, a, b, repeats=5):
+    """Median cost of shard b over shard a, measured interleaved so load bursts hit both."""
+    ca, cb = [], []
+    for _ in range(repeats):
+        ca.append(bench.measure(*a))
+        cb.append(bench.measure(*b))
+    return float(np.median(cb) / np.median(ca))
+
+
+def test_compute_cost_grows_with_pooling_dim_and_tables(bench_dataset):
+    torch.set_num_threads(1)
+    bench = ComputeBenchmark(bench_dataset, HW, 2048, warmup_iter=2, num_iter=7)
+    pooling = _cost_ratio(bench, ([0], [64]), ([12], [64]))            # 30x the lookups
+    dim = _cost_ratio(bench, ([12], [4]), ([12], [128]))               # 32x the columns
+    tables = _cost_ratio(bench, ([0], [32]), (list(range(12)), [32] * 12))  # 12x the tables
+    print(f"ratios: pooling {pooling:.2f}, dim {dim:.2f}, tables {tables:.2f}")
+    # observed on 2 cores: pooling 5.5-7.0, dim 2.0-2.1, tables 3.8-5.4
+    assert pooling > 2.5 and dim > 1.3 and tables > 2.0, (pooling, dim, tables)
+
+
+@pytest.mark.skipif(not fbgemm_works("cpu"), reason="fbgemm-gpu-cpu not installed")
+def test_fbgemm_and_torch_backends_agree(bench_dataset):
+    specs = [(20000, 16), (20000, 8), (20000, 16), (20000, 4)]
+    bench = ComputeBenchmark(bench_dataset, HW, 64, flush=False)
+    ids, offsets = bench.inputs([0, 1, 12, 3])
+    fb, pt = FbgemmTBE(specs, "cpu"), TorchFusedEmbeddingBag(specs, "cpu")
+    with torch.no_grad():
+        for a, b in zip(fb.weights(), pt.weights()):
+            a.copy_(b)
+    pf, pp = fb.prepare(ids, offsets), pt.prepare(ids, offsets)
+    out_fb, out_pt = fb.forward(pf), pt.forward(pp)
+    assert out_fb.shape == (64, 44)
+    assert torch.allclose(out_fb, out_pt, atol=1e-5)
+    grad = torch.randn_like(out_fb)
+    fb.train_step(pf, grad)
+    pt.train_step(pp, grad)
+    for a, b in zip(fb.weights(), pt.weights()):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def _layouts(world, layouts, batch=1024, warmup=2, iters=5):
+    got = {}
+    run_processes(layouts_rank, world, (layouts, batch, "cpu", warmup, iters), lambda m: got.__setitem__(m[0], m[1:]),
+                  group_device="cpu")
+    return [got[i] for i in range(len(layouts))]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_to_all_runs_and_straggler_delay_is_not_counted(world):
+    dims = [64] * world
+    delays = [0.0] * world
+    delays[-1] = 20.0  # the last rank arrives 20 ms late
+    (fw0, bw0), (fw1, bw1) = _layouts(world, [(dims, [0.0] * world), (dims, delays)])
+    for x in (fw0, bw0, fw1, bw1):
+        assert np.all(np.isfinite(x)) and np.all(x > 0)
+    # the straggler does not pay its own delay ...
+    assert fw1[-1] < fw0[-1] + 10, (fw0, fw1)
+    # ... the others wait for it
+    assert np.all(fw1[:-1] > 10), fw1
+
+
+def test_rank_failure_is_reported():
+    from neuroshard.core.errors import UserError
+
+    with pytest.raises(UserError, match="rank"):
+        _layouts(2, [([64, 64, 64], [0.0, 0.0, 0.0])])  # 3 dim sums on 2 ranks: the ranks fail
+
+
+def test_eval_measures_every_baseline(small_dataset, tmp_path):
+    from neuroshard.data.tasks import save_tasks
+
+    tasks = [{"table_ids": np.array([0, 1, 2, 3, 4]), "dims": np.array([8, 16, 32, 4, 8])},
+             {"table_ids": np.array([5, 6, 7, 8]), "dims": np.array([16, 16, 4, 8])}]
+    save_tasks(tmp_path / "t.pkl", tasks, small_dataset)
+    csv_path = tmp_path / "eval.csv"
+    proc = run_script("eval.py", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
+                      "--alg", "random,dim_greedy,size_greedy,lookup_greedy,size_lookup_greedy",
+                      "--ndevices", "2", "--max_mem", "1", "--warmup_iter", "1", "--num_iter", "3",
+                      "--results_csv", csv_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Valid 2 / 2" in proc.stdout
+    rows = list(csv.DictReader(open(csv_path)))
+    assert len(rows) == 10
+    for r in rows:
+        for key in ("compute_ms", "fw_ms", "bw_ms"):
+            vals = [float(x) for x in r[key].split(";")]
+            assert len(vals) == 2 and all(np.isfinite(v) for v in vals)
+        assert all(float(x) > 0 for x in r["fw_ms"].split(";") + r["bw_ms"].split(";"))
+        assert float(r["cost_ms"]) > 0
+    assert (tmp_path / "eval.csv.meta.json").exists()
+
+
+def test_eval_bad_input(small_dataset, tmp_path):
+    from neuroshard.data.tasks import save_tasks
+
+    save_tasks(tmp_path / "t.pkl", [{"table_ids": np.array([0, 1, 2]), "dims": np.array([8, 8, 8])}], small_dataset)
+    base = ["--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl", "--num_iter", "1"]
+    assert_clean_error(run_script("eval.py", *base, "--alg", "nope"), "unknown --alg")
+    assert_clean_error(run_script("eval.py", *base, "--alg", "random", "--ndevices", "4"), "only 3 tables")
+    assert_clean_error(run_script("eval.py", *base, "--alg", "random", "--batch_size", "100000"), "--batch_size")
+    if not torch.cuda.is_available():
+        assert_clean_error(run_script("eval.py", *base, "--alg", "random", "--gpu_devices", "0"), "CUDA")
+    assert_clean_error(run_script("eval.py", "--data_dir", tmp_path, "--alg", "random"), "not a processed")
+    other = process_raw(*_raw([1, 2, 3], [100] * 3, 8), tmp_path / "other", {"source": "t"}, progress=False)
+    assert_clean_error(run_script("eval.py", "--data_dir", other.path, "--task_path", tmp_path / "t.pkl",
+                                  "--alg", "random"), "another dataset")
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _interrupt_after(args, path, kind, min_samples, extra_wait_s=0.0):
+    """Start a collector, Ctrl-C it (SIGINT to its process group) once `path` holds `min_samples`."""
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if path.exists() and len(read_record_log(path, kind, "x")[1]) >= min_samples:
+            break
+        time.sleep(0.2)
+    time.sleep(extra_wait_s)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    deadline = time.time() + 20
+    while _group_alive(proc.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(proc.pid), "worker processes left behind"
+    return err
+
+
+def test_missing_indices_fill_holes():
+    records = [{"index": i} for i in (0, 1, 3, 7, 12)]
+    assert missing_indices(records, 10) == [2, 4, 5, 6, 8, 9]
+    assert missing_indices(records, 2) == []
+
+
+@pytest.mark.parametrize("extra_wait_s", [0.0, 0.7])
+def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, extra_wait_s):
+    out = tmp_path / "cc"
+    args = [sys.executable, str(ROOT / "collect_compute_cost_data.py"), "--dataset_dir", str(small_dataset.path),
+            "--out_dir", str(out), "--max_mem", "0.01", "--workers", "2", "--num_iter", "2", "--warmup_iter", "1"]
+    path = out / "compute_cost_data.pkl"
+    err = _interrupt_after(args + ["--data_size", "100000"], path, COMPUTE_DATA_KIND, 3, extra_wait_s)
+    assert "finished work is saved" in err
+    saved = load_cost_data(path, COMPUTE_DATA_KIND)[1]
+    assert len(saved) >= 3 and all(s["cost_ms"] > 0 for s in saved)
+    # resume: exactly the missing indices are measured, so the file holds 0..target-1 with no holes
+    target = max(s["index"] for s in saved) + 4
+    done = subprocess.run(args + ["--data_size", str(target)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    samples = load_cost_data(path, COMPUTE_DATA_KIND)[1]
+    assert [s["index"] for s in samples] == list(range(target))
+    # a run with other settings refuses to mix into the file, and leaves it as it was
+    bad = subprocess.run(args[:-6] + ["--max_mem", "0.02", "--data_size", "5"], capture_output=True, text=True)
+    assert_clean_error(bad, "max_mem_gb")
+    assert len(load_cost_data(path, COMPUTE_DATA_KIND)[1]) == target
+
+
+def test_second_collector_on_one_file_is_refused(small_dataset, tmp_path):
+    from neuroshard.core.artifacts import RecordLog
+
+    path = tmp_path / "compute_cost_data.pkl"
+    with RecordLog(path, COMPUTE_DATA_KIND, {}, ()):  # another collector holds the file
+        proc = run_script("collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", tmp_path,
+                          "--max_mem", "0.01", "--data_size", "2")
+    assert_clean_error(proc, "being written by another process")
+
+
+def test_comm_collection_interrupt_and_resume(tmp_path):
+    args = [sys.executable, str(ROOT / "collect_comm_cost_data.py"), "--out_dir", str(tmp_path), "--ndevices", "2",
+            "--batch_size", "512", "--T_range", "3,6", "--sleep_range", "1,3", "--num_iter", "2", "--warmup_iter", "1"]
+    path = tmp_path / "comm_cost_data_2.pkl"
+    _interrupt_after(args + ["--data_size", "100000"], path, COMM_DATA_KIND, 2, 0.3)
+    saved = load_cost_data(path, COMM_DATA_KIND)[1]
+    target = max(s["index"] for s in saved) + 3
+    done = subprocess.run(args + ["--data_size", str(target)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [s["index"] for s in load_cost_data(path, COMM_DATA_KIND)[1]] == list(range(target))
+
+
+def test_comm_collection(tmp_path):
+    proc = run_script("collect_comm_cost_data.py", "--out_dir", tmp_path, "--ndevices", "2", "--data_size", "3",
+                      "--batch_size", "512", "--T_range", "3,6", "--sleep_range", "1,3", "--num_iter", "2",
+                      "--warmup_iter", "1")
+    assert proc.returncode == 0, proc.stderr
+    _, samples = load_cost_data(tmp_path / "comm_cost_data_2.pkl", "neuroshard.comm_cost_data")
+    assert len(samples) == 3
+    for s in samples:
+        assert s["fw_ms"].shape == (2,) and np.all(s["bw_ms"] > 0) and s["delays_ms"].min() == 0
+    assert_clean_error(run_script("collect_comm_cost_data.py", "--ndevices", "3", "--batch_size", "512",
+                                  "--out_dir", tmp_path), "divisible")

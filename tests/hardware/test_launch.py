@@ -1,0 +1,64 @@
+"""Process launch faults: errors reach the parent with the right rank, signals are named, a killed
+parent leaves no worker alive, and Ctrl-C keeps results already sent."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from neuroshard.core.errors import UserError
+from neuroshard.hardware.launch import run_processes
+
+import launch_workers as w
+
+
+def test_exception_in_a_rank_reaches_the_parent_with_its_rank():
+    with pytest.raises(UserError) as e:
+        run_processes(w.fail_on_rank_1, 3, (), print, group_device="cpu")
+    assert "rank 1 failed: ValueError: boom on rank 1" in str(e.value)
+
+
+def test_rank_killed_by_a_signal_is_named():
+    with pytest.raises(UserError, match="rank 2 was killed by SIGKILL"):
+        run_processes(w.killed_rank_2, 3, (), print, group_device="cpu")
+
+
+def test_ctrl_c_keeps_every_result_already_sent():
+    got = []
+
+    def on_message(msg):
+        got.append(msg)
+        if len(got) == 1:
+            raise KeyboardInterrupt  # Ctrl-C while the other results are still in the pipe
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_processes(w.emit_then_sleep, 2, (5,), on_message, what="worker")
+    assert sorted(got) == [(r, i) for r in range(2) for i in range(5)]
+    assert time.monotonic() - t0 < 30  # the sleeping workers were terminated
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_killed_parent_leaves_no_worker_alive():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    parent = subprocess.Popen([sys.executable, w.__file__, "3"], stdout=subprocess.PIPE, text=True, env=env)
+    pids = [int(parent.stdout.readline()) for _ in range(3)]
+    assert all(_alive(p) for p in pids)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "workers outlived their parent"

@@ -1,0 +1,168 @@
+"""Cost models: known costs recovered, save/load round trip, device checks, and the scripted pipeline."""
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
+from neuroshard.core.errors import UserError
+from neuroshard.models.trainer import regression_metrics
+
+from conftest import assert_clean_error, run_script
+
+
+def _linear_compute_data(n=1500, seed=0):
+    rng = np.random.default_rng(seed)
+    T = 6
+    feats = np.zeros((n, T, 20), np.float32)
+    feats[..., 0] = rng.choice([4, 8, 16, 32, 64, 128], (n, T))
+    feats[..., 1] = rng.uniform(100, 1e5, (n, T))
+    feats[..., 2] = rng.uniform(0, 30, (n, T))
+    feats[..., 3:] = rng.dirichlet(np.ones(17), (n, T))
+    counts = rng.integers(1, T + 1, n)
+    mask = (np.arange(T)[None] < counts[:, None]).astype(np.float32)
+    per_table = 0.02 * feats[..., 0] + 0.1 * feats[..., 2] + 1e-5 * feats[..., 1] + 0.5
+    y = (per_table * mask).sum(1).astype(np.float32)
+    return feats, mask, y
+
+
+def test_compute_model_recovers_a_known_linear_cost():
+    feats, mask, y = _linear_compute_data()
+    model = ComputeCostModel()
+    report = model.fit((feats, mask), y, epochs=200, batch_size=64, seed=0, progress=False)
+    assert report["test"]["mape"] < 0.05, report["test"]
+    assert report["test"]["r2"] > 0.98
+
+
+def test_comm_model_recovers_a_known_linear_cost():
+    rng = np.random.default_rng(1)
+    N, n = 4, 1500
+    dims = rng.integers(0, 600, (n, N)).astype(np.float32)
+    delays = rng.uniform(0, 20, (n, N)).astype(np.float32)
+    y = (0.01 * dims + 0.002 * dims.sum(1, keepdims=True) + 0.3 * (delays.max(1, keepdims=True) - delays) + 1)
+    model = CommCostModel(N, "fw")
+    report = model.fit((np.concatenate([dims, delays], 1),), y.astype(np.float32), epochs=200, batch_size=64,
+                       progress=False)
+    assert report["test"]["mape"] < 0.05, report["test"]
+
+
+def test_save_load_round_trip(tmp_path):
+    feats, mask, y = _linear_compute_data(200)
+    model = ComputeCostModel({"device": "cpu", "backend": "fbgemm"})
+    model.fit((feats, mask), y, epochs=3, progress=False)
+    model.save(tmp_path / "c.pt")
+    back = ComputeCostModel.load(tmp_path / "c.pt")
+    assert np.array_equal(model.predict(feats, mask), back.predict(feats, mask))
+    assert back.meta["backend"] == "fbgemm" and "metrics" in back.meta
+    comm = CommCostModel(3, "bw", {"device": "cpu"})
+    comm.save(tmp_path / "b.pt")
+    back = CommCostModel.load(tmp_path / "b.pt")
+    x = np.random.default_rng(0).uniform(0, 100, (5, 3))
+    assert np.array_equal(comm.predict(x), back.predict(x)) and back.num_devices == 3
+    with pytest.raises(UserError, match="not a compute_cost_model"):
+        ComputeCostModel.load(tmp_path / "b.pt")
+
+
+def test_weights_load_refuses_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"kind": "compute_cost_model", "meta": {}, "state_dict": {}, "x": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(UserError, match="not a loadable"):
+        ComputeCostModel.load(tmp_path / "evil.pt")
+
+
+def test_comm_model_refuses_other_device_count():
+    model = CommCostModel(4, "bw")
+    with pytest.raises(UserError, match="trained for 4 devices"):
+        model.predict(np.zeros((2, 2)))
+
+
+def test_metrics_by_hand():
+    m = regression_metrics(np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0, 2.0]))
+    assert m["mse"] == pytest.approx(4 / 3)
+    assert m["mape"] == pytest.approx(1 / 3)
+    assert m["spearman"] == pytest.approx(np.corrcoef([1, 2, 3], [1, 2.5, 2.5])[0, 1])
+
+
+def test_scripted_pipeline_trains_and_shards(small_dataset, tmp_path):
+    """collect -> train -> eval_simulator -> eval with --alg neuroshard, all through the scripts."""
+    from neuroshard.data.tasks import generate_tasks, save_tasks
+
+    cost = tmp_path / "cost"
+    common = ["--num_iter", "2", "--warmup_iter", "1"]
+    r = run_script("collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", cost,
+                   "--data_size", "40", "--max_mem", "0.005", "--max_tables", "5", *common)
+    assert r.returncode == 0, r.stderr
+    r = run_script("collect_comm_cost_data.py", "--out_dir", cost, "--ndevices", "2", "--data_size", "20",
+                   "--batch_size", "256", "--T_range", "3,8", "--sleep_range", "1,4", *common)
+    assert r.returncode == 0, r.stderr
+    models = tmp_path / "models"
+    r = run_script("train_compute_cost_model.py", "--data_dir", cost, "--dataset_dir", small_dataset.path,
+                   "--out_path", models / "compute.pt", "--epochs", "20")
+    assert r.returncode == 0, r.stderr
+    assert "Spearman" in r.stdout and "MAPE" in r.stdout
+    r = run_script("train_comm_cost_model.py", "--data_dir", cost, "--ndevices", "2", "--epochs", "20",
+                   "--fw_out_path", models / "fw.pt", "--bw_out_path", models / "bw.pt")
+    assert r.returncode == 0, r.stderr
+    save_tasks(tmp_path / "t.pkl", generate_tasks(small_dataset, 3, (3, 7), 0.01, 32, seed=0), small_dataset)
+    m = ["--compute_model", models / "compute.pt", "--fw_comm_model", models / "fw.pt",
+         "--bw_comm_model", models / "bw.pt", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
+         "--ndevices", "2", "--max_mem", "0.01"]
+    r = run_script("eval_simulator.py", *m, "--alg", "neuroshard,dim_greedy", "--results_csv", tmp_path / "s.csv")
+    assert r.returncode == 0, r.stderr
+    assert "neuroshard: average cost" in r.stdout and "Valid 3 / 3" in r.stdout
+    r = run_script("eval.py", *m, "--alg", "neuroshard", "--results_csv", tmp_path / "e.csv", *common)
+    assert r.returncode == 0, r.stderr
+    assert "Valid 3 / 3" in r.stdout
+    # a baseline-only measurement needs no comm models, even where a compute model exists
+    r = run_script("eval.py", "--compute_model", models / "compute.pt", *m[6:], "--alg", "dim_greedy",
+                   "--results_csv", tmp_path / "b.csv", *common)
+    assert r.returncode == 0, r.stderr
+    # models for 2 devices refuse a 4-device run
+    r = run_script("eval_simulator.py", *m[:-4], "--ndevices", "4", "--max_mem", "0.01", "--alg", "neuroshard")
+    assert_clean_error(r, "trained for 2 devices")
+    r = run_script("eval_simulator.py", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
+                   "--compute_model", tmp_path / "missing.pt", "--alg", "neuroshard")
+    assert_clean_error(r, "not found")
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    model = ComputeCostModel({"device": "cpu"})
+    with torch.no_grad():
+        model.net.head[2].weight[0, 0] = float("nan")
+    model.save(tmp_path / "nan.pt")
+    with pytest.raises(UserError, match="non-finite weights"):
+        ComputeCostModel.load(tmp_path / "nan.pt")
+
+
+def test_wrong_shapes_are_refused(tmp_path):
+    torch.save({"kind": "comm_cost_model", "meta": {"ndevices": 4, "direction": "fw"},
+                "state_dict": CommCostModel(2, "fw").net.state_dict()}, tmp_path / "x.pt")
+    with pytest.raises(UserError, match="does not hold the weights"):
+        CommCostModel.load(tmp_path / "x.pt")
+
+
+def test_models_are_checked_against_each_other_and_the_dataset(tmp_path):
+    from neuroshard.sharding.simulator import Simulator
+
+    meta = {"device": "cpu", "batch_size": 256, "dataset_fingerprint": "abc"}
+    ComputeCostModel(dict(meta)).save(tmp_path / "c.pt")
+    CommCostModel(2, "fw", dict(meta)).save(tmp_path / "fw.pt")
+    CommCostModel(2, "bw", dict(meta)).save(tmp_path / "bw.pt")
+    CommCostModel(3, "bw", dict(meta)).save(tmp_path / "bw3.pt")
+    CommCostModel(2, "bw", {**meta, "batch_size": 512}).save(tmp_path / "bw512.pt")
+    with pytest.raises(UserError, match="is the backward comm model"):
+        Simulator.load(tmp_path / "c.pt", tmp_path / "bw.pt", tmp_path / "bw.pt")
+    with pytest.raises(UserError, match="is the forward comm model"):
+        Simulator.load(tmp_path / "c.pt", tmp_path / "fw.pt", tmp_path / "fw.pt")
+    with pytest.raises(UserError, match="forward comm model is for 2 devices, backward for 3"):
+        Simulator.load(tmp_path / "c.pt", tmp_path / "fw.pt", tmp_path / "bw3.pt")
+    with pytest.raises(UserError, match="different batch sizes"):
+        Simulator.load(tmp_path / "c.pt", tmp_path / "fw.pt", tmp_path / "bw512.pt")
+    sim = Simulator.load(tmp_path / "c.pt", tmp_path / "fw.pt", tmp_path / "bw.pt")
+    sim.check_dataset("abc", 256)
+    with pytest.raises(UserError, match="another dataset"):
+        sim.check_dataset("other", 256)
+    with pytest.raises(UserError, match="trained at batch 256"):
+        sim.check_dataset("abc", 128)

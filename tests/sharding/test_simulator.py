@@ -1,0 +1,127 @@
+"""The simulator (DESIGN.md §3.4) against costs worked out by hand.
+
+The three networks get hand-set weights so that, through the z-normalisation (mean 1, std 2 on
+every input) and the ReLUs, they compute exactly:
+    per table      0.01 * dim + 0.1 * pooling + 0.5;  a device's compute = sum over its tables + 0.2
+    backward r     0.3 + 0.002 * dimsum_r + 0.001 * sum_q dimsum_q
+    forward r      1.0 + 0.003 * dimsum_r + 0.25 * sum_q delay_q - 0.5 * delay_r
+so every term of §3.4 (compute per device, an empty device costing 0, the backward model on dim
+sums, the delays d_r = (compute_r + bw_r) - min, the forward model on dim sums + delays, the max
+over devices of the sum) changes the numbers below if it is broken.
+"""
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.core.types import Cluster
+from neuroshard.data.tasks import ShardingTask
+from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
+from neuroshard.sharding.plan import ShardingPlan, apply_splits
+from neuroshard.sharding.simulator import Simulator
+
+MEAN, STD = 1.0, 2.0
+
+
+def _passthrough(linear: torch.nn.Linear, n: int, first: bool) -> None:
+    """Copy the first n inputs to the first n outputs (undoing the normalisation on the first layer)."""
+    linear.weight.zero_()
+    linear.bias.zero_()
+    for i in range(n):
+        linear.weight[i, i] = STD if first else 1.0
+        linear.bias[i] = MEAN if first else 0.0
+
+
+@torch.no_grad()
+def hand_compute_model() -> ComputeCostModel:
+    m = ComputeCostModel({"device": "hand"})
+    m.net.x_mean.fill_(MEAN)
+    m.net.x_std.fill_(STD)
+    l1, l2 = m.net.table_net[0], m.net.table_net[2]
+    _passthrough(l1, 3, first=True)                   # units: dim, row, pooling
+    l2.weight.zero_()
+    l2.bias.zero_()
+    l2.weight[0, 0], l2.weight[0, 2], l2.bias[0] = 0.01, 0.1, 0.5
+    h1, h2 = m.net.head[0], m.net.head[2]
+    _passthrough(h1, 1, first=False)
+    h2.weight.zero_()
+    h2.weight[0, 0], h2.bias[0] = 1.0, 0.2
+    return m
+
+
+@torch.no_grad()
+def hand_comm_model(N: int, direction: str) -> CommCostModel:
+    m = CommCostModel(N, direction, {"device": "hand"})
+    n_in = 2 * N if direction == "fw" else N
+    m.net.x_mean.fill_(MEAN)
+    m.net.x_std.fill_(STD)
+    layers = [l for l in m.net.mlp if isinstance(l, torch.nn.Linear)]
+    for k, l in enumerate(layers[:-1]):
+        _passthrough(l, n_in, first=k == 0)
+    last = layers[-1]
+    last.weight.zero_()
+    for r in range(N):
+        if direction == "bw":
+            last.bias[r] = 0.3
+            last.weight[r, :N] = 0.001
+            last.weight[r, r] += 0.002
+        else:
+            last.bias[r] = 1.0
+            last.weight[r, r] = 0.003
+            last.weight[r, N:] = 0.25
+            last.weight[r, N + r] -= 0.5
+    return m
+
+
+def _task():
+    feats = np.zeros((3, 19))
+    feats[:, 0] = [1000, 2000, 500]   # rows
+    feats[:, 1] = [2.0, 10.0, 1.0]    # pooling factors
+    return ShardingTask(np.arange(3), np.array([8, 16, 4]), feats)
+
+
+def _sim(N):
+    return Simulator(hand_compute_model(), hand_comm_model(N, "fw"), hand_comm_model(N, "bw"))
+
+
+def test_two_devices_by_hand():
+    task = _task()
+    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 1, 0])
+    cost = _sim(2).plan_cost(task, plan)
+    # compute: dev0 = (0.08+0.2+0.5) + (0.04+0.1+0.5) + 0.2 = 1.62; dev1 = (0.16+1.0+0.5) + 0.2 = 1.86
+    assert cost.compute_ms == pytest.approx([1.62, 1.86], abs=1e-6)
+    # backward on dim sums [12, 16] (total 28): 0.3 + 0.002 d + 0.028
+    assert cost.bw_ms == pytest.approx([0.352, 0.360], abs=1e-6)
+    # ready = [1.972, 2.220] -> delays [0, 0.248]; fw = 1 + 0.003 d + 0.25 * 0.248 - 0.5 * delay
+    assert cost.fw_ms == pytest.approx([1.098, 0.986], abs=1e-6)
+    assert cost.per_device_ms == pytest.approx([3.070, 3.206], abs=1e-6)
+    assert cost.cost_ms == pytest.approx(3.206, abs=1e-6) and cost.critical_device == 1
+
+
+def test_empty_device_and_straggler_delays_by_hand():
+    task = _task()
+    plan = ShardingPlan(3, apply_splits(task.dims, []), [0, 1, 0])  # device 2 holds nothing
+    cost = _sim(3).plan_cost(task, plan)
+    assert cost.compute_ms == pytest.approx([1.62, 1.86, 0.0], abs=1e-6)
+    assert cost.bw_ms == pytest.approx([0.352, 0.360, 0.328], abs=1e-6)
+    # ready = [1.972, 2.220, 0.328] -> delays [1.644, 1.892, 0] (sum 3.536)
+    assert cost.fw_ms == pytest.approx([1.098, 0.986, 1.884], abs=1e-6)
+    assert cost.per_device_ms == pytest.approx([3.070, 3.206, 2.212], abs=1e-6)
+    assert cost.cost_ms == pytest.approx(3.206, abs=1e-6)
+
+
+def test_column_split_costs_by_hand():
+    task = _task()
+    # table 1 (dim 16) split into two halves of 8, one on each device
+    plan = ShardingPlan(2, apply_splits(task.dims, [1]), [0, 0, 1, 1])
+    cost = _sim(2).plan_cost(task, plan)
+    # dev0: table0 (0.78) + half of table1 (0.08+1.0+0.5) + 0.2 = 2.56; dev1: table2 (0.64) + half (1.58) + 0.2
+    assert cost.compute_ms == pytest.approx([2.56, 2.42], abs=1e-6)
+    assert plan.device_dim_sums().tolist() == [16, 12]
+
+
+def test_out_of_memory_plan_is_never_scored():
+    task = _task()
+    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 0, 0])
+    size = task.sizes_gb().sum()
+    assert _sim(2).plan_cost(task, plan, Cluster(2, size * 0.99)) is None
+    assert _sim(2).plan_cost(task, plan, Cluster(2, size)) is not None

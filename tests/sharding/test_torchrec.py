@@ -1,0 +1,64 @@
+"""TorchRec's planner as a baseline: plan conversion, completeness, memory, column splits."""
+import numpy as np
+
+from neuroshard.core.errors import PlanError
+from neuroshard.core.types import Cluster
+import pytest
+
+from neuroshard.sharding.plan import check_complete, fits_memory
+from neuroshard.data.tasks import ShardingTask
+from neuroshard.sharding.torchrec_baseline import splits_for_column_shards
+
+torchrec = pytest.importorskip("torchrec")
+from neuroshard.sharding.torchrec_baseline import TorchRecSharder  # noqa: E402
+
+
+def _task(rows, dims, pf):
+    f = np.zeros((len(rows), 19))
+    f[:, 0], f[:, 1] = rows, pf
+    return ShardingTask(np.arange(len(rows)), np.array(dims), f)
+
+
+def test_column_shards_become_halving_splits():
+    dims = [128, 8, 16]
+    shards, device_of, splits = splits_for_column_shards(
+        dims, {0: [(0, 32, 0), (32, 32, 1), (64, 32, 2), (96, 32, 3)], 1: [(0, 8, 2)], 2: [(0, 8, 1), (8, 8, 0)]})
+    placed = {(s.table, s.col_start, s.dim): d for s, d in zip(shards, device_of)}
+    assert placed == {(0, 0, 32): 0, (0, 32, 32): 1, (0, 64, 32): 2, (0, 96, 32): 3, (1, 0, 8): 2,
+                      (2, 0, 8): 1, (2, 8, 8): 0}
+    assert len(splits) == 3 + 1
+    with pytest.raises(PlanError):
+        splits_for_column_shards([96], {0: [(0, 32, 0), (32, 32, 1), (64, 32, 2)]})  # thirds are not halvings
+
+
+def test_torchrec_plans_are_complete_and_fit_memory():
+    rng = np.random.default_rng(0)
+    sharder = TorchRecSharder(batch_size=4096)
+    planned = 0
+    for _ in range(6):
+        T = int(rng.integers(6, 15))
+        task = _task(np.exp(rng.uniform(np.log(1e3), np.log(1e6), T)).round(), rng.choice([8, 16, 32, 64, 128], T),
+                     rng.lognormal(1.5, 1, T))
+        mem = task.sizes_gb().sum() / 4 * 1.5
+        plan = sharder(task, Cluster(4, mem))
+        if plan is None:
+            continue
+        planned += 1
+        check_complete(task, plan)
+        assert fits_memory(task, plan, Cluster(4, mem))
+    assert planned >= 4
+
+
+def test_dim_128_table_splits_when_it_must():
+    # one 1 GB dim-128 table and three small ones; devices of 0.6 GB: only column shards fit
+    task = _task([2e6, 1000, 1000, 1000], [128, 8, 8, 8], [100, 1, 1, 1])
+    mem = task.sizes_gb()[0] * 0.6
+    plan = TorchRecSharder(batch_size=4096)(task, Cluster(4, mem))
+    assert plan is not None and plan.splits
+    check_complete(task, plan)
+    assert fits_memory(task, plan, Cluster(4, mem))
+    big = [s for s in plan.shards if s.table == 0]
+    assert len(big) > 1 and len({d for s, d in zip(plan.shards, plan.device_of) if s.table == 0}) > 1
+    # with room for it, the same table stays whole
+    roomy = TorchRecSharder(batch_size=4096)(task, Cluster(4, task.sizes_gb()[0] * 1.2))
+    assert len([s for s in roomy.shards if s.table == 0]) == 1
