@@ -50,18 +50,19 @@ class SyntheticConfig:
         return self
 
 
-def _count_sampler(rng: np.random.Generator):
-    """Per-id access counts whose histogram matches the published reuse histogram.
+def _count_sampler(rng: np.random.Generator, unique_share: np.ndarray | None = None):
+    """Per-id access counts whose reuse histogram is `unique_share` (share of unique ids per bin).
 
-    A bin j is chosen with probability proportional to (share of lookups in j) / (mean count in j),
-    i.e. the published share of unique ids, including the tail bins that round to 0 in the unique
-    histogram but carry ~25% of lookups; then a count within the bin, log-uniform.
+    By default the published histogram: a bin j is chosen with probability proportional to (share
+    of lookups in j) / (mean count in j), i.e. the published share of unique ids, including the
+    tail bins that round to 0 in the unique histogram but carry ~25% of lookups. A count within
+    the bin is then drawn log-uniform.
     """
     lo = np.array([1.0, 2.0] + [2.0 ** (j - 1) for j in range(2, NUM_BINS)])  # exclusive lower bound (bins>=2)
     span = np.ones(NUM_BINS)
     span[-1] = 3.0  # bin 16: (2^15, 2^18]
     mean = np.where(np.arange(NUM_BINS) < 2, lo, lo * (2.0 ** span - 1) / (span * math.log(2)) + 0.5)
-    p = PUBLISHED_REUSE_LOOKUP_SHARE / mean
+    p = PUBLISHED_REUSE_LOOKUP_SHARE / mean if unique_share is None else np.asarray(unique_share, np.float64)
     p = p / p.sum()
 
     def sample(n: int) -> np.ndarray:
@@ -72,6 +73,57 @@ def _count_sampler(rng: np.random.Generator):
         return c.astype(np.int64)
 
     return sample, float((p * mean).sum())
+
+
+def _table_ids(rng: np.random.Generator, L: int, R: int, sample_counts, mean_count: float) -> np.ndarray:
+    """L lookups into R rows whose per-id access counts come from `sample_counts`, shuffled."""
+    counts = np.empty(0, dtype=np.int64)
+    while counts.sum() < L:
+        counts = np.concatenate([counts, sample_counts(int(L / mean_count * 1.2) + 16)])
+    cum = np.cumsum(counts)
+    n = int(np.searchsorted(cum, L)) + 1 if L else 0
+    counts = counts[:n]
+    if n:
+        counts[-1] -= cum[n - 1] - L
+    # Distinct rows while the table has room; beyond that, extra ids collide (merge) like hashing does.
+    if n <= R:
+        id_rows = rng.choice(R, n, replace=False)
+    else:
+        id_rows = np.concatenate([rng.permutation(R), rng.integers(0, R, n - R)])
+    table_ids = np.repeat(id_rows, counts)
+    rng.shuffle(table_ids)
+    return table_ids
+
+
+def _raw(ids: list[np.ndarray], lengths: np.ndarray):
+    T, B = lengths.shape
+    indices = torch.from_numpy(np.concatenate(ids) if ids else np.empty(0, np.int64))
+    lengths_t = torch.from_numpy(lengths)
+    offsets = torch.zeros(T * B + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths_t.reshape(-1), 0)
+    return indices, offsets, lengths_t
+
+
+def synthesize_tables(rows, pooling_factors, unique_shares, batch_size: int, seed: int = 0,
+                      progress: bool = True):
+    """Raw `(indices, offsets, lengths)` for given tables: per-sample lookups Poisson(pooling factor),
+    ids following each table's reuse histogram, and the last row read once so `row` is the real one."""
+    rng = np.random.default_rng(seed)
+    rows = np.asarray(rows, dtype=np.int64)
+    pf = np.asarray(pooling_factors, dtype=np.float64)
+    lengths = rng.poisson(np.repeat(pf[:, None], batch_size, axis=1)).astype(np.int64)
+    ids = []
+    for t in tqdm(range(len(rows)), desc="synthesize ids", disable=not progress, leave=False):
+        L = int(lengths[t].sum())
+        if L == 0:
+            ids.append(np.empty(0, dtype=np.int64))
+            continue
+        share = np.asarray(unique_shares[t], np.float64)
+        sample_counts, mean_count = _count_sampler(rng, share if share.sum() > 0 else None)
+        table_ids = _table_ids(rng, L, int(rows[t]), sample_counts, mean_count)
+        table_ids[rng.integers(L)] = rows[t] - 1
+        ids.append(table_ids)
+    return _raw(ids, lengths)
 
 
 def generate_synthetic_raw(cfg: SyntheticConfig, progress: bool = True):
@@ -92,30 +144,6 @@ def generate_synthetic_raw(cfg: SyntheticConfig, progress: bool = True):
     lengths = rng.poisson(rate).astype(np.int64)
 
     sample_counts, mean_count = _count_sampler(rng)
-    ids = []
-    for t in tqdm(range(T), desc="generate tables", disable=not progress, leave=False):
-        L = int(lengths[t].sum())
-        counts = np.empty(0, dtype=np.int64)
-        while counts.sum() < L:
-            counts = np.concatenate([counts, sample_counts(int(L / mean_count * 1.2) + 16)])
-        cum = np.cumsum(counts)
-        n = int(np.searchsorted(cum, L)) + 1 if L else 0
-        counts = counts[:n]
-        if n:
-            counts[-1] -= cum[n - 1] - L
-        # Distinct rows while the table has room; beyond that, extra ids collide (merge) like hashing does.
-        R = int(rows[t])
-        if n <= R:
-            id_rows = rng.choice(R, n, replace=False)
-        else:
-            id_rows = np.concatenate([rng.permutation(R), rng.integers(0, R, n - R)])
-        table_ids = np.repeat(id_rows, counts)
-        rng.shuffle(table_ids)
-        ids.append(table_ids)
-    indices = torch.from_numpy(np.concatenate(ids) if ids else np.empty(0, np.int64))
-    lengths_t = torch.from_numpy(lengths)
-    offsets = torch.zeros(T * B + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths_t.reshape(-1), 0)
-    return indices, offsets, lengths_t
-
-
+    ids = [_table_ids(rng, int(lengths[t].sum()), int(rows[t]), sample_counts, mean_count)
+           for t in tqdm(range(T), desc="generate tables", disable=not progress, leave=False)]
+    return _raw(ids, lengths)

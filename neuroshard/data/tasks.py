@@ -26,6 +26,7 @@ class ShardingTask:
     table_ids: np.ndarray     # [T] int, ids into the dataset
     dims: np.ndarray          # [T] int
     data_features: np.ndarray  # [T, 19]
+    num_rows: np.ndarray | None = None  # real row counts, where they differ from the feature max(100, rows)
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -38,7 +39,8 @@ class ShardingTask:
 
     @property
     def rows(self) -> np.ndarray:
-        return self.data_features[:, 0]
+        """Row counts of the tables (memory, operators); the `row` feature unless real counts are given."""
+        return self.data_features[:, 0] if self.num_rows is None else self.num_rows
 
     @property
     def pooling_factors(self) -> np.ndarray:

@@ -37,8 +37,11 @@ class Hardware:
     backend: str  # "fbgemm" or "torch"
 
     def describe(self) -> dict[str, str]:
+        from .timing import flush_bytes
+
         name = torch.cuda.get_device_name() if self.device == "cuda" else _cpu_name()
-        return {"device": self.device, "backend": self.backend, "device_name": name}
+        return {"device": self.device, "backend": self.backend, "device_name": name,
+                "cache_flush_mb": flush_bytes(self.device) >> 20}
 
 
 def _cpu_name() -> str:

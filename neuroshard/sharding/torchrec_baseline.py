@@ -1,12 +1,19 @@
 """`--alg torchrec`: TorchRec's `EmbeddingShardingPlanner`, the planner users run today (DESIGN.md §3.6).
 
 The task's tables are built on the `meta` device (no memory is allocated) with their rows, dims and
-pooling factors; every table may go table-wise or column-wise with column blocks down to 4 columns
-(`min_partition=4`; TorchRec's default block of 128 would make every table here table-wise). The
-topology has N devices with `hbm_cap` = our per-device memory, no storage reservation, and the
-`fused` kernel only (all weights in device memory, as in our plans; UVM caching would bypass the cap). TorchRec's
-plan is converted into ours (column shards -> halving splits), so the simulator and eval.py score it
-like any other plan. When TorchRec finds no plan that fits, the task is out of memory.
+pooling factors, and the planner gets the run's real batch size; every table may go table-wise or
+column-wise with column blocks down to 4 columns (`min_partition=4`; TorchRec's default block of 128
+would make every table here table-wise). The topology has N devices with `hbm_cap` = our per-device
+memory, no storage reservation, and the `fused` kernel only (all weights in device memory, as in
+our plans; UVM caching would bypass the cap).
+
+Same memory model as every other algorithm: TorchRec's own storage estimator also budgets input and
+output buffers (which dominate on small devices: it refused tasks that fill a tenth of the devices),
+so the planner runs with `WeightsOnlyStorage` in its place — a shard costs rows x cols x 4 bytes of
+device memory, nothing else — next to TorchRec's default performance estimator, which still ranks
+the proposals. TorchRec's plan is converted into ours (column shards -> halving splits), so the
+simulator and eval.py score it like any other plan. When TorchRec finds no plan, the task is out of
+memory.
 """
 from __future__ import annotations
 
@@ -29,6 +36,10 @@ def _import():
         import torchrec  # noqa: F401
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+        from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+        from torchrec.distributed.planner.types import Storage
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.embedding_types import EmbeddingComputeKernel
         from torchrec.distributed.types import ShardingType
@@ -38,6 +49,26 @@ def _import():
         raise UserError(f"{INSTALL_HINT} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     return locals()
+
+
+def fbytes(max_mem_gb: float) -> int:
+    """A device's memory in bytes, with the tolerance every other memory check uses."""
+    from ..core.types import MEM_TOL_GB
+
+    return int((max_mem_gb + MEM_TOL_GB) * 2**30)
+
+
+class WeightsOnlyStorage:
+    """A TorchRec storage estimator that counts only a shard's weights (rows x cols x 4 bytes)."""
+
+    def __init__(self, storage_cls):
+        self.storage_cls = storage_cls
+
+    def estimate(self, sharding_options, sharder_data_map=None) -> None:
+        for option in sharding_options:
+            for shard in option.shards:
+                rows, cols = shard.size
+                shard.storage = self.storage_cls(hbm=int(rows) * int(cols) * 4, ddr=0)
 
 
 def splits_for_column_shards(dims, column_shards: dict[int, list[tuple[int, int, int]]]):
@@ -86,11 +117,16 @@ class TorchRecSharder:
             sharding_types=[ST.TABLE_WISE.value, ST.COLUMN_WISE.value], min_partition=4,
             compute_kernels=[tr["EmbeddingComputeKernel"].FUSED.value],
             pooling_factors=[max(float(pf), 1e-3)]) for i, pf in enumerate(task.pooling_factors)}
-        topology = tr["Topology"](world_size=num_devices, compute_device="cuda", hbm_cap=int(max_mem_gb * 2**30),
+        topology = tr["Topology"](world_size=num_devices, compute_device="cuda", hbm_cap=fbytes(max_mem_gb),
                                   local_world_size=num_devices)
+        estimators = [tr["EmbeddingPerfEstimatorFactory"].create(tr["DEFAULT_PERF_ESTIMATOR"], topology=topology,
+                                                                 constraints=constraints),
+                      WeightsOnlyStorage(tr["Storage"])]
+        enumerator = tr["EmbeddingEnumerator"](topology=topology, batch_size=self.batch_size, constraints=constraints,
+                                               estimator=estimators)
         planner = tr["EmbeddingShardingPlanner"](
             topology=topology, batch_size=self.batch_size, constraints=constraints, debug=False,
-            storage_reservation=tr["FixedPercentageStorageReservation"](percentage=0.0))
+            enumerator=enumerator, storage_reservation=tr["FixedPercentageStorageReservation"](percentage=0.0))
         try:
             plan = planner.plan(ebc, [tr["EmbeddingBagCollectionSharder"]()])
         except Exception as e:  # TorchRec's PlannerError: no plan within the memory cap

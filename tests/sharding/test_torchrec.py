@@ -62,3 +62,24 @@ def test_dim_128_table_splits_when_it_must():
     # with room for it, the same table stays whole
     roomy = TorchRecSharder(batch_size=4096)(task, Cluster(4, task.sizes_gb()[0] * 1.2))
     assert len([s for s in roomy.shards if s.table == 0]) == 1
+
+
+@pytest.mark.parametrize("fill", [0.1, 0.5, 0.9])
+def test_memory_feasible_small_device_tasks_are_planned(fill):
+    """Same memory model as every other algorithm: only weights count. On small devices TorchRec's own
+    estimator budgets I/O buffers of the batch (here ~0.03 GB a table) and refused tasks filling 10%."""
+    rng = np.random.default_rng(1)
+    T = 24
+    task = _task(rng.integers(1000, 20000, T), rng.choice([4, 8, 16, 32, 64], T), rng.uniform(1, 40, T))
+    mem = task.sizes_gb().sum() / 4 / fill
+    assert greedy_fits(task, 4, mem)  # memory-feasible by the plain rows x dim x 4 accounting
+    plan = TorchRecSharder(batch_size=65536)(task, Cluster(4, mem))
+    assert plan is not None, f"TorchRec refused a task filling {fill:.0%} of the devices"
+    check_complete(task, plan)
+    assert fits_memory(task, plan, Cluster(4, mem))
+
+
+def greedy_fits(task, n, mem):
+    from neuroshard.sharding.registry import make_sharder, shard_task
+
+    return not shard_task(make_sharder("size_greedy"), task, Cluster(n, mem)).oom
