@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v2
+STAMP := $(VENV)/.installed-v3
 
 .PHONY: reproduce test setup clean
 
@@ -16,6 +16,8 @@ $(STAMP): setup.py requirements.txt constraints.txt
 	$(PY) -m pip install -q --no-deps torchrec==1.9.2
 	$(PY) -m pip install -q -c constraints.txt tensordict torchmetrics==1.0.3 iopath pyre-extensions \
 		typing-inspect lightning-utilities
+	# MovieLens-100K ships inside recbole's wheel; only its data files are read (never imported)
+	$(PY) -m pip install -q --no-deps recbole==1.2.1
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

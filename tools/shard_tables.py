@@ -32,4 +32,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="interrupted: nothing was written")

@@ -15,7 +15,11 @@ from typing import Callable, Sequence
 from .errors import UserError
 
 
-def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
+RESUMABLE = "interrupted: finished work is saved; rerun the same command to resume"
+
+
+def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
+             interrupted: str = RESUMABLE) -> None:
     """Run a script's main; `UserError` becomes one line on stderr and exit 2, Ctrl-C exit 130."""
     try:
         code = main(argv)
@@ -23,7 +27,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted: finished work is saved; rerun the same command to resume", file=sys.stderr)
+        print(interrupted, file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)
 

@@ -22,6 +22,9 @@ CASES = {
     "eval_simulator.py": [
         ("--ndevices", "0"), ("--max_mem", "0"), ("--beam_width", "0"), ("--grid_steps", "0"), ("--max_splits", "-1"),
         ("--threshold_range", "0.5,1"), ("--num_candidates", "0"), ("--seed", "-1")],
+    "tools/train_dlrm.py": [("--steps", "0"), ("--batch_size", "130"), ("--dp_keep", "0"), ("--mp_keep", "2"),
+                            ("--dp_refresh", "0"), ("--ndevices", "1"), ("--emb_dim", "6")],
+    "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--beam_width", "0")],
     "eval.py": [("--num_iter", "0"), ("--warmup_iter", "-1"), ("--batch_size", "0"), ("--ndevices", "1"),
                 ("--max_mem", "-3"), ("--gpu_devices", "a,b")],
 }
@@ -35,6 +38,11 @@ def _base(script, ds, tmp_path):
         return ["--out_dir", out, "--batch_size", "512"]
     if script.startswith("train_compute"):
         return ["--data_dir", out, "--dataset_dir", ds.path, "--out_path", out / "m.pt"]
+    if script == "tools/train_dlrm.py":
+        return ["--results_csv", out / "dct.csv"]
+    if script == "tools/shard_tables.py":
+        (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\nx,10,8,1\n")
+        return ["--tables", tmp_path / "t.csv", "--out", out / "plan.json", "--alg", "dim_greedy"]
     if script.startswith("train_comm"):
         return ["--data_dir", out, "--fw_out_path", out / "fw.pt", "--bw_out_path", out / "bw.pt"]
     save_tasks(tmp_path / "t.pkl", [{"table_ids": np.arange(6), "dims": np.full(6, 8)}], ds)
