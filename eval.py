@@ -17,7 +17,9 @@ def main(argv=None) -> int:
     p.add_argument("--max_mem", type=float, default=4.0, help="memory of one device, GB")
     p.add_argument("--batch_size", type=int, default=None, help="first B samples of the dataset batch (default all)")
     p.add_argument("--warmup_iter", type=int, default=10)
-    p.add_argument("--num_iter", type=int, default=100)
+    p.add_argument("--num_iter", type=int, default=100, help="timed iterations of a plan, over all rounds")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="each task's plans are measured interleaved in this many rounds; cost = median round")
     p.add_argument("--results_csv", default=None, help="default results/eval_<alg>.csv")
     p.add_argument("--seed", type=int, default=0)
     add_hardware_args(p)
@@ -25,7 +27,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     eval_hardware(a.data_dir, a.task_path, a.alg, a.ndevices, a.max_mem, a.batch_size, a.warmup_iter, a.num_iter,
                   a.results_csv, a.device, a.backend, a.gpu_devices, a.seed, a.compute_model, a.fw_comm_model,
-                  a.bw_comm_model, search=search_params(a))
+                  a.bw_comm_model, search=search_params(a), rounds=a.rounds)
     return 0
 
 

@@ -30,9 +30,12 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=512)
     p.add_argument("--seeds", type=int, default=3, help="seeds of every mode (spread of the runs)")
     p.add_argument("--out_dir", default="results")
+    p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
     a = p.parse_args()
     out = Path(a.out_dir)
     csv = out / f"dct_{a.dataset}.csv"
+    if a.report_only:
+        return report(pd.read_csv(csv), out, a)
     csv.unlink(missing_ok=True)
     runs = []
     for seed in range(a.seeds):
@@ -42,7 +45,16 @@ def main() -> None:
             print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}  step {r['step_ms']:.2f} ms  "
                   f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
             runs.append(r)
-    df = pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in runs])
+    report(pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]), out, a)
+
+
+def markdown(df: pd.DataFrame) -> list[str]:
+    cols = list(df.columns)
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
+        "| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+
+
+def report(df: pd.DataFrame, out: Path, a) -> None:
     base = df[df.dct == "none"]
     rows = []
     for dct, g in df.groupby("dct", sort=False):
@@ -58,12 +70,13 @@ def main() -> None:
             "step (ms)": f"{g.step_ms.median():.2f}", "compute": f"{g.compute_ms.median():.2f}",
             "MP comm": f"{g.mp_comm_ms.median():.2f}", "DP comm": f"{g.dp_comm_ms.median():.2f}"})
     table = pd.DataFrame(rows)
-    md = [f"# DCT on {a.dataset}: {a.ndevices} gloo ranks, {a.steps} steps, batch {a.batch_size}, {a.seeds} seeds", "",
+    r0 = df.iloc[0]
+    md = [f"# DCT on {r0.dataset}: {r0.ndevices} gloo ranks, {r0.steps} steps, batch {r0.batch_size}, "
+          f"{df.seed.nunique()} seeds", "",
           "Bytes are those handed to the collectives per step, summed over ranks; times are medians per step "
-          "(ms, averaged over ranks, first 10% of steps skipped).", "",
-          table.to_markdown(index=False) if hasattr(table, "to_markdown") else table.to_string(index=False), ""]
-    atomic_write_text(out / f"dct_{a.dataset}.md", "\n".join(md))
-    atomic_write_bytes(out / f"dct_{a.dataset}.png", plot(df))
+          "(ms, averaged over ranks, first 10% of steps skipped), median over seeds.", "", *markdown(table), ""]
+    atomic_write_text(out / f"dct_{r0.dataset}.md", "\n".join(md))
+    atomic_write_bytes(out / f"dct_{r0.dataset}.png", plot(df))
     print("\n".join(md))
 
 

@@ -25,7 +25,7 @@ from ..data.tasks import ShardingTask, load_tasks
 from ..sharding.registry import make_sharders, parse_algs, shard_rows
 from ..sharding.search import SearchParams
 from ..sharding.simulator import Simulator
-from .results import print_summary, summarize, write_results
+from .results import print_paired, print_summary, summarize, write_results
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
 
@@ -85,13 +85,15 @@ def eval_simulator(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl
     for s in summary:
         print(f"{s['alg']}: average cost {s['mean_cost_ms']:.3f} ms  Valid {s['valid']} / {s['total']}  "
               f"mean search {s['mean_search_s']:.4f} s")
+    print_paired(rows, "cost_ms")
     return rows
 
 
 def eval_hardware(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl", alg="neuroshard", ndevices=4,
                   max_mem=4.0, batch_size=None, warmup_iter=10, num_iter=100, results_csv=None, device="auto",
                   backend="auto", gpu_devices=None, seed=0, compute_model=None, fw_comm_model=None,
-                  bw_comm_model=None, models_dir="models", search: SearchParams = SearchParams()) -> list[dict]:
+                  bw_comm_model=None, models_dir="models", search: SearchParams = SearchParams(),
+                  rounds: int = 5) -> list[dict]:
     """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
     from ..hardware.backends import resolve_hardware
     from ..hardware.evaluator import measure_plans, plan_device_tables
@@ -103,6 +105,7 @@ def eval_hardware(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl"
     cluster = Cluster(N, max_mem).need_peers()
     check_int("--warmup_iter", warmup_iter, 0, 100_000)
     check_int("--num_iter", num_iter, 1, 100_000)
+    check_int("--rounds", rounds, 1, 1000)
     check_int("--seed", seed, 0)
     ds, batch, tasks = _load_inputs(data_dir, task_path, cluster, batch_size)
     if batch % N:
@@ -117,37 +120,44 @@ def eval_hardware(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl"
         if not res.oom:
             plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
     settings = {**hw.describe(), "batch_size": batch, "ndevices": N, "max_mem_gb": float(max_mem),
-                "warmup_iter": warmup_iter, "num_iter": num_iter, "dataset_fingerprint": ds.fingerprint,
+                "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds,
+                "dataset_fingerprint": ds.fingerprint,
                 "tasks_fingerprint": _tasks_fingerprint(tasks)}
     progress_path = out.with_name(out.name + ".progress.pkl")
     log = RecordLog(progress_path, EVAL_PROGRESS_KIND, {**settings, "provenance": provenance()}, tuple(settings),
                     "eval progress log", restart_on_mismatch=True)
     measured: dict[tuple, Cost] = {}
+    spreads: dict[tuple, list[float]] = {}
     try:
         for r in log.records:
             key = (r["alg"], r["task"])
             if key in plans and json.dumps(plans[key][1]) == json.dumps(r["plan"]):
                 measured[key] = Cost(r["compute_ms"], r["fw_ms"], r["bw_ms"])
+                spreads[key] = r["round_costs"]
         todo = {k: v[0] for k, v in plans.items() if k not in measured}
-        print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
-              f"{warmup_iter} warm-up + {num_iter} timed iterations)"
+        print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, each task's plans "
+              f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
               + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
 
-        def on_result(key, cost: Cost):
+        def on_result(key, cost: Cost, round_costs):
             log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": cost.compute_ms,
-                        "fw_ms": cost.fw_ms, "bw_ms": cost.bw_ms})
+                        "fw_ms": cost.fw_ms, "bw_ms": cost.bw_ms, "round_costs": list(round_costs)})
             measured[key] = cost
+            spreads[key] = list(round_costs)
             bar.update()
 
         with tqdm(total=len(todo), desc="plans") as bar:
-            measure_plans(ds, hw, batch, todo, N, warmup_iter, num_iter, on_result=on_result, gpu_ids=gpu_ids)
+            measure_plans(ds, hw, batch, todo, N, warmup_iter, num_iter, on_result=on_result, gpu_ids=gpu_ids,
+                          rounds=rounds, group_of=lambda key: key[1])
     finally:
         log.close()
     for r in rows:
         m = measured.get((r["alg"], r["task"]))
         r["cost_ms"] = m.cost_ms if m else float("nan")
         if m:
-            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms)
+            rc = np.array(spreads.get((r["alg"], r["task"]), [m.cost_ms]))
+            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc,
+                     spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
                   models=[str(p) for p in paths] if sim else None, search=search.__dict__)
     progress_path.unlink(missing_ok=True)  # the CSV now holds every result
@@ -155,4 +165,5 @@ def eval_hardware(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl"
     print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")
     for s in summary:
         print(f"{s['alg']}: average cost {s['mean_cost_ms']:.3f} ms  Valid {s['valid']} / {s['total']}")
+    print_paired(rows, "cost_ms")
     return rows

@@ -19,13 +19,15 @@ PRESETS = {
     "quick": {
         "num_tables": 856, "batch_size": 4096, "row_scale": 0.01, "task_max_mem": 0.15, "max_mem": 0.04,
         "T_range": "10,30", "num_train_tasks": 20, "num_test_tasks": 20, "ndevices": [4],
-        "compute_samples": 800, "compute_workers": 2, "comm_samples": 300, "epochs": 500, "eval_warmup": 5, "eval_iters": 20,
+        "compute_samples": 800, "compute_workers": 1, "comm_samples": 300, "epochs": 500, "eval_warmup": 3, "eval_iters": 25,
+        "eval_rounds": 5,
     },
     # The paper's sizes, for machines with GPUs (pass --gpu_devices) and the memory to match.
     "paper": {
         "num_tables": 856, "batch_size": 65536, "row_scale": 1.0, "task_max_mem": 15.0, "max_mem": 4.0,
         "T_range": "10,60", "num_train_tasks": 100, "num_test_tasks": 100, "ndevices": [4, 8],
         "compute_samples": 5000, "compute_workers": None, "comm_samples": 1000, "epochs": 1000, "eval_warmup": 10, "eval_iters": 100,
+        "eval_rounds": 5,
     },
 }
 
@@ -90,7 +92,7 @@ def build_steps(preset: str, work: Path, gpu_devices: str | None = None) -> list
         tm_kw = dict(fw_out_path=fw, bw_out_path=bw, epochs=P["epochs"])
         sim_kw = dict(**task_kw, **model_kw, alg="all", results_csv=results / f"sim_{N}.csv")
         ev_kw = dict(**task_kw, **model_kw, alg="all", results_csv=results / f"eval_{N}.csv",
-                     warmup_iter=P["eval_warmup"], num_iter=P["eval_iters"])
+                     warmup_iter=P["eval_warmup"], num_iter=P["eval_iters"], rounds=P.get("eval_rounds", 1))
         steps += [
             Step(f"3 comm cost data ({N} devices)", _cmd("collect_comm_cost_data.py", **cm_kw, gpu_devices=gpu_devices),
                  lambda kw=cm_kw: collect_comm(**kw, gpu_ids=gpu_ids), redo_removes=[cost / f"comm_cost_data_{N}.pkl"]),

@@ -166,14 +166,14 @@ def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, sim, 
         if r.plan is not None and not r.oom:
             plans[h] = r.plan
     hists = tl.task.data_features[:, 2:]
-    print(f"\nmeasuring {len(plans)} plans on synthesised ids (batch {batch}, {hw.backend}/{hw.device}, "
-          f"{warmup} warm-up + {iters} timed iterations)")
+    print(f"\nmeasuring {len(plans)} plans on synthesised ids (batch {batch}, {hw.backend}/{hw.device}, interleaved "
+          f"in 5 rounds of {warmup} warm-up + {max(1, iters // 5)} timed iterations; cost = median round)")
     with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
         raw = synthesize_tables(tl.rows, tl.task.pooling_factors, hists, batch, seed)
         ds = process_raw(*raw, out_dir=Path(tmp) / "ds", source={"source": "table list", "tables": tl.source})
         task = ShardingTask.from_dataset(ds, np.arange(len(tl.names)), tl.task.dims)
         measured = measure_plans(ds, hw, batch, {a: plan_device_tables(task, p) for a, p in plans.items()},
-                                 cluster.num_devices, warmup, iters)
+                                 cluster.num_devices, warmup, iters, rounds=5, group_of=lambda key: 0)
     best_h = min((a for a in measured if a != alg), key=lambda a: measured[a].cost_ms, default=None)
     for a, c in measured.items():
         mark = "" if best_h is None or a == best_h else (

@@ -57,6 +57,26 @@ def summarize(rows: list[dict], cost_key: str) -> list[dict]:
     return out
 
 
+def print_paired(rows: list[dict], cost_key: str) -> list[dict]:
+    """Print NeuroShard's paired comparison with every other algorithm (when NeuroShard ran)."""
+    from .stats import paired_table, strongest
+
+    table = paired_table(rows, cost_key)
+    if not table:
+        return table
+    print(f"\nneuroshard vs each algorithm, paired on the tasks both solved ({cost_key}; ratio < 1: neuroshard "
+          "cheaper; 95% bootstrap CI)")
+    print(f"{'vs':<20} {'tasks':>5} {'ratio':>7} {'95% CI':>17} {'W/T/L':>10} {'valid ours/theirs':>18}")
+    for t in table:
+        print(f"{t['vs']:<20} {t['n']:>5} {t['ratio']:>7.3f} [{t['ci_lo']:.3f}, {t['ci_hi']:.3f}]".ljust(53)
+              + f"{t['wins']}/{t['ties']}/{t['losses']}".rjust(10) + f"{t['valid_ours']}/{t['valid_theirs']}".rjust(19))
+    best = strongest(table)
+    if best:
+        print(f"headline: vs the best other algorithm ({best['vs']}) neuroshard's paired cost ratio is "
+              f"{best['ratio']:.3f} [{best['ci_lo']:.3f}, {best['ci_hi']:.3f}] over {best['n']} tasks")
+    return table
+
+
 def print_summary(summary: list[dict], title: str) -> None:
     print(title)
     n_common = summary[0]["num_common"] if summary else 0

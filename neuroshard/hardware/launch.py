@@ -83,9 +83,21 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def pin_to_core(rank: int) -> None:
+    """With NEUROSHARD_PIN=1, pin a CPU rank/worker to core `rank % cores`. Off by default: measured
+    with benchmarks/comm_repeatability.py (4 gloo ranks, 2 cores), pinning doubled the run-to-run
+    spread of all-to-all times (median 49% vs 24%) and made them slower."""
+    if os.environ.get("NEUROSHARD_PIN") != "1" or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
 def _entry(rank, world, parent_pid, port, group_device, gpu_ids, fn, args, q):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     die_with_parent(parent_pid)
+    if group_device in (None, "cpu") and not gpu_ids:
+        pin_to_core(rank)
     try:
         if group_device is not None:
             import torch.distributed as dist

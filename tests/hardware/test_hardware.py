@@ -238,3 +238,17 @@ def test_comm_collection(tmp_path):
         assert s["fw_ms"].shape == (2,) and np.all(s["bw_ms"] > 0) and s["delays_ms"].min() == 0
     assert_clean_error(run_script("collect_comm_cost_data.py", "--ndevices", "3", "--batch_size", "512",
                                   "--out_dir", tmp_path), "divisible")
+
+
+def test_interleaved_rounds_report_the_median_round(small_dataset):
+    from neuroshard.hardware.evaluator import measure_plans
+
+    plans = {("a", 0): [[(0, 8)], [(1, 16)]], ("b", 0): [[(0, 8), (1, 16)], []], ("a", 1): [[(2, 4)], [(3, 4)]]}
+    got = {}
+    measure_plans(small_dataset, HW, 256, plans, 2, warmup=1, iters=6, rounds=3, group_of=lambda k: k[1],
+                  on_result=lambda key, cost, rounds: got.__setitem__(key, (cost, rounds)))
+    assert set(got) == set(plans)
+    for key, (cost, rounds) in got.items():
+        assert len(rounds) == 3 and all(r > 0 for r in rounds)
+        assert cost.cost_ms == pytest.approx(sorted(rounds)[1])   # the median round's cost
+    assert got[("b", 0)][0].compute_ms[1] == 0.0                  # an empty device computes nothing
