@@ -130,6 +130,8 @@ def load_torch(path: str | os.PathLike, what: str) -> Any:
 
 def _atomic(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; name a file to write (e.g. {path / 'out'})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -140,7 +142,10 @@ def _atomic(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None])
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise UserError(f"cannot write {path}: {e.strerror}; choose another output path") from None
     except BaseException:
         try:
             os.unlink(tmp)
@@ -148,6 +153,12 @@ def _atomic(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None])
             pass
         raise
     return path
+
+
+def check_output_file(path, flag: str) -> None:
+    """Refuse, before any work, an output path that names a folder."""
+    if path is not None and str(path) and Path(path).is_dir():
+        raise UserError(f"{flag} {path} is a folder; name a file to write")
 
 
 def atomic_write_pickle(path: str | os.PathLike, obj: Any) -> Path:

@@ -122,7 +122,7 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
                 defaulted.append(name)
         size_gb = n_rows * dim * 4 / 2**30
         if max_mem_gb is not None:
-            smallest = dim
+            smallest = int(dim)
             while smallest % 8 == 0:
                 smallest //= 2
             if n_rows * smallest * 4 / 2**30 > max_mem_gb + 1e-9:

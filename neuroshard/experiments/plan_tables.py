@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.artifacts import atomic_write_text, provenance
+from ..core.artifacts import atomic_write_text, check_output_file, provenance
 from ..core.cli import model_paths
 from ..core.errors import UserError, check_int
 from ..core.types import Cluster, Cost
@@ -101,6 +101,8 @@ def shard_tables(tables=None, ids=None, dims=None, ndevices: int = 4, max_mem: f
         check_int("--num_iter", num_iter, 1, 100_000)
         cluster.need_peers()
     check_int("--seed", seed, 0)
+    check_output_file(out, "--out")
+    check_output_file(torchrec_plan, "--torchrec_plan")
     tl = load_table_list(tables, max_mem) if tables is not None else tables_from_ids(ids, dims, max_mem)
     paths = model_paths(compute_model, fw_comm_model, bw_comm_model, models_dir, ndevices)
     sim = _simulator(paths, ndevices, required=alg == "neuroshard")

@@ -229,7 +229,10 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     from ..hardware.launch import run_processes
     from .data import load_data
 
+    from ..core.artifacts import check_output_file
+
     cfg.check()
+    check_output_file(results_csv, "--results_csv")
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.cli import model_paths

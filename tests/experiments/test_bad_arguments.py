@@ -56,3 +56,17 @@ def test_bad_number_is_refused_before_any_file(small_dataset, tmp_path, script, 
     assert_clean_error(proc, arg.split("=")[0] if arg != "--batch_size" or script != "collect_comm_cost_data.py"
                        else "--batch_size")
     assert files_under(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("script,flag", [("tools/shard_tables.py", "--out"), ("tools/shard_tables.py", "--torchrec_plan"),
+                                         ("tools/train_dlrm.py", "--results_csv"), ("eval_simulator.py", "--results_csv"),
+                                         ("eval.py", "--results_csv")])
+def test_output_path_that_is_a_folder_is_refused_first(small_dataset, tmp_path, script, flag):
+    base = [str(a) for a in _base(script, small_dataset, tmp_path)]
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    if flag in base:
+        base = base[:base.index(flag)] + base[base.index(flag) + 2:]
+    proc = run_script(script, *base, flag, folder)
+    assert_clean_error(proc, flag, "is a folder")
+    assert files_under(tmp_path / "out") == [] and list(folder.iterdir()) == []
