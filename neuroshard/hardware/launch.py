@@ -12,13 +12,15 @@ Faults:
 - every worker dies with its parent (Linux parent-death signal plus a watchdog thread), so a
   killed parent leaves no worker behind;
 - on Ctrl-C the parent (workers ignore SIGINT) first takes what is already in the pipe, so every
-  finished result is kept, then terminates the workers and waits for them.
+  finished result is kept, then terminates the workers and waits for them. SIGINT is held back while
+  a message is being read and handled, so a Ctrl-C never cuts a message in half.
 Under `torchrun` (several machines), `run_processes` runs this process's rank in-process instead
 and only rank 0's messages reach the handler.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_mod
 import signal
 import socket
@@ -28,6 +30,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
+from ..core.artifacts import deferred_interrupts
 from ..core.errors import UserError
 
 WorkerFn = Callable[..., None]  # fn(rank, world_size, emit, *args)
@@ -186,10 +189,11 @@ def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[A
         for p in procs:
             p.start()
         while len(finished) < world:
-            try:
-                handle(q.get(timeout=0.2))
-            except queue_mod.Empty:
-                pass
+            with deferred_interrupts():  # a Ctrl-C waits until this message is read whole and handled
+                try:
+                    handle(q.get(timeout=0.2))
+                except queue_mod.Empty:
+                    pass
             broken = errors or any(p.exitcode not in (None, 0) for p in procs)
             if broken and failed_at is None:
                 failed_at = time.monotonic()
@@ -222,9 +226,12 @@ def _drain(q, handle) -> None:
     deadline = time.monotonic() + DRAIN_S
     try:
         while time.monotonic() < deadline:
-            try:
-                handle(q.get(timeout=0.1))
-            except queue_mod.Empty:
-                continue
+            with deferred_interrupts():
+                try:
+                    handle(q.get(timeout=0.1))
+                except queue_mod.Empty:
+                    continue
+                except (EOFError, OSError, ValueError, pickle.UnpicklingError):  # a message cut short: stop
+                    return
     except KeyboardInterrupt:
         pass
