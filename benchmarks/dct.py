@@ -19,7 +19,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
-from neuroshard.training.train import TrainConfig, append_result, train_dlrm  # noqa: E402
+from neuroshard.training.train import TrainConfig, train_dlrm  # noqa: E402
 
 
 def main() -> None:

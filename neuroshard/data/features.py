@@ -70,6 +70,15 @@ def table_size_gb(rows, dim) -> np.ndarray | float:
     return np.asarray(rows, dtype=np.float64) * np.asarray(dim, dtype=np.float64) * BYTES_PER_PARAM / 2**30
 
 
+def check_max_dim(max_dim) -> int:
+    """`--max_dim` from user input: one of the dim set (DESIGN.md §2.4), else a `UserError`."""
+    from ..core.errors import UserError, check_int
+
+    if check_int("--max_dim", max_dim, 4, 128) not in DIM_CHOICES:
+        raise UserError(f"--max_dim must be one of {', '.join(map(str, sorted(DIM_CHOICES)))}, got {max_dim}")
+    return int(max_dim)
+
+
 def dim_choices(max_dim: int) -> list[int]:
     """Dims a task may assign: start at max_dim, halve while divisible by 4 (DESIGN.md §2.4)."""
     dims, d = [], int(max_dim)

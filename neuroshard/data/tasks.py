@@ -14,7 +14,7 @@ from tqdm import tqdm
 from ..core.artifacts import atomic_write_pickle, load_pickle, provenance
 from ..core.errors import UserError, check_float, check_int
 from .dataset import DLRMDataset
-from .features import DIM_CHOICES, dim_choices, table_size_gb, with_dim
+from .features import DIM_CHOICES, check_max_dim, dim_choices, table_size_gb, with_dim
 
 TASKS_KIND = "neuroshard.tasks"
 
@@ -139,8 +139,7 @@ def make_task_file(data_dir: str | Path, out_dir: str | Path, split: str = "test
     check_int("--T_range upper bound", T_range[1], 2, 100_000)
     check_float("--max_mem", max_mem, 0.0, lo_open=True)
     check_int("--seed", seed, 0)
-    if check_int("--max_dim", max_dim, 4, 128) % 4 or max_dim not in DIM_CHOICES:
-        raise UserError(f"--max_dim must be one of {', '.join(map(str, sorted(DIM_CHOICES)))}, got {max_dim}")
+    check_max_dim(max_dim)
     if not split or any(c in split for c in "/\\") or split.startswith("."):
         raise UserError(f"--split must be a plain file name such as train or test, got {split!r}")
     ds = DLRMDataset.load(data_dir)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, check_output_file, provenance
 from ..core.cli import model_paths, parse_gpu_devices
-from ..core.errors import UserError, check_float, check_int
+from ..core.errors import UserError, check_int
 from ..core.types import Cluster, Cost
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
@@ -46,8 +46,7 @@ def _simulator(paths, ds: DLRMDataset, batch: int, N: int, required: bool) -> Si
     if not required and not all(p.exists() for p in paths):
         return None
     try:
-        sim = Simulator.load(*paths)
-        sim.check_devices(N)
+        sim = Simulator.load(*paths, num_devices=N)
         sim.check_dataset(ds.fingerprint, batch)
     except UserError as e:
         if required:

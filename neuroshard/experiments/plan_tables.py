@@ -43,9 +43,7 @@ def _simulator(paths, N: int, required: bool) -> Simulator | None:
         if required:
             raise UserError(f"cost models not found: {', '.join(missing)}; {_models_hint(N)}")
         return None
-    sim = Simulator.load(*paths)
-    sim.check_devices(N)
-    return sim
+    return Simulator.load(*paths, num_devices=N)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:

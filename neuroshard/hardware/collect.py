@@ -19,7 +19,7 @@ from ..core.artifacts import RecordLog, provenance, read_record_log
 from ..core.cli import float_range, int_range
 from ..core.errors import UserError, check_float, check_int
 from ..data.dataset import DLRMDataset
-from ..data.features import DIM_CHOICES
+from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
 from .comm_bench import COMM_DATA_KIND, comm_rank
 from .compute_bench import COMPUTE_DATA_KIND, compute_worker
@@ -41,12 +41,6 @@ def load_cost_data(path: str | Path, kind: str) -> tuple[dict, list[dict]]:
     """(meta, samples sorted by index) of a cost-data file."""
     meta, samples = read_record_log(path, kind, "cost data file")
     return meta, sorted(samples, key=lambda s: s["index"])
-
-
-def _check_max_dim(max_dim: int) -> int:
-    if check_int("--max_dim", max_dim, 4, 128) not in DIM_CHOICES:
-        raise UserError(f"--max_dim must be one of {', '.join(map(str, sorted(DIM_CHOICES)))}, got {max_dim}")
-    return max_dim
 
 
 def _check_iters(warmup_iter: int, num_iter: int) -> None:
@@ -92,7 +86,7 @@ def collect_compute(dataset_dir: str | Path = "data/dlrm_datasets", out_dir: str
     workers = (os.cpu_count() or 1) if workers is None else check_int("--workers", workers, 1, 1024)
     check_int("--max_tables", max_tables, 1, 1000)
     check_float("--max_mem", max_mem, 0.0, lo_open=True)
-    _check_max_dim(max_dim)
+    check_max_dim(max_dim)
     _check_iters(warmup_iter, num_iter)
     check_int("--seed", seed, 0)
     hw = resolve_hardware(device, backend, gpu_ids)
@@ -130,7 +124,7 @@ def collect_comm(out_dir: str | Path = "data/cost_data", ndevices: int = 4, data
     T_range = int_range(T_range, "--T_range")
     sleep_range = float_range(sleep_range, "--sleep_range")
     check_float("--sleep_range upper bound", sleep_range[1], 0.0, 10_000.0)
-    _check_max_dim(max_dim)
+    check_max_dim(max_dim)
     _check_iters(warmup_iter, num_iter)
     check_int("--seed", seed, 0)
     if check_int("--batch_size", batch_size, 1, 1 << 24) % N:

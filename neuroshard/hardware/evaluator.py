@@ -10,7 +10,6 @@ cost is max_r (compute_r + fw_r + bw_r).
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from ..core.types import Cost

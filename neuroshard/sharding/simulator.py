@@ -55,11 +55,15 @@ class Simulator:
         self.num_devices = fw.num_devices
 
     @classmethod
-    def load(cls, compute_path, fw_path, bw_path) -> "Simulator":
+    def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None) -> "Simulator":
+        """The three models from disk; with `num_devices`, refused unless trained for that many devices."""
         from ..models.cost_models import CommCostModel, ComputeCostModel
 
-        return cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
-                   CommCostModel.load_direction(bw_path, "bw"))
+        sim = cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
+                  CommCostModel.load_direction(bw_path, "bw"))
+        if num_devices is not None:
+            sim.check_devices(num_devices)
+        return sim
 
     def check_dataset(self, fingerprint: str, batch_size: int) -> None:
         """Refuse models trained on another dataset or batch than the tasks are measured with."""

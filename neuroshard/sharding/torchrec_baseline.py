@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 
 from ..core.errors import PlanError, UserError
 from ..core.types import Cluster

@@ -101,7 +101,7 @@ def load_movielens(train_share: float = 0.8) -> CTRData:
              for r in inter]
     order = sorted(range(len(inter)), key=lambda i: (inter[i][3], i))  # time-ordered, ties by file order
     inter = [inter[i] for i in order]
-    n, n_train = len(inter), int(len(inter) * train_share)
+    n_train = int(len(inter) * train_share)
     hu, users = _read_tsv(d / "ml-100k.user")
     cu = {k: i for i, k in enumerate(hu)}
     user = {r[cu["user_id"]]: r for r in users}

@@ -90,9 +90,8 @@ def dct_hook(state: DCTState, bucket) -> torch.futures.Future[torch.Tensor]:
         n = int(c.item())
         out.index_add_(0, i[:n].long(), v[:n])
     if state.error_feedback:
-        sent = torch.zeros_like(g)
-        sent[idx.long()] = vals
-        state.residual[b] = g - sent
+        g[idx.long()] = 0  # g is this hook's own copy: what stays is what was not sent
+        state.residual[b] = g
     buf = bucket.buffer()
     buf.copy_(out)
     return _done(buf)

@@ -17,7 +17,6 @@ slice of the test set and the parent computes AUC and log loss.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import tempfile
 import time
@@ -112,7 +111,6 @@ def shard_training_tables(data, cfg: TrainConfig, simulator=None) -> list[list[t
 # ----------------------------------------------------------------------------- one rank
 
 def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank_shards) -> None:
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .data import CTRData
@@ -122,7 +120,6 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     cfg = TrainConfig(**cfg_dict)
     data = CTRData(**torch.load(data_path, weights_only=True))
     T, D, B = len(data.num_rows), cfg.emb_dim, cfg.batch_size
-    bn = B // world
     stats = CommStats()
     torch.manual_seed(cfg.seed)
     dense_arch = DenseArch(data.dense.shape[1], T, D)
@@ -150,12 +147,12 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
             full[t] = s
         return full
 
-    def forward(idx):
-        pooled = emb(sparse_for(idx), len(idx))
-        recv = pooled_all_to_all(pooled, widths, stats, mp_keep)
-        local = idx[rank * bn:(rank + 1) * bn]
-        x, _, y = data.batch(local, [])
-        return model(x, assemble(recv, rank_shards, bn, T, D)), y
+    def forward(idx, dense_model, comm_stats):
+        """Logits and labels of this rank's slice of the global batch `idx` (len divisible by world)."""
+        b = len(idx) // world
+        recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep)
+        x, _, y = data.batch(idx[rank * b:(rank + 1) * b], [])
+        return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
 
     for step in range(cfg.steps):
         if pos + B > data.num_train:
@@ -164,7 +161,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         pos += B
         stats.reset()
         t0 = time.perf_counter()
-        logit, y = forward(idx)
+        logit, y = forward(idx, model, stats)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
         opt_dense.zero_grad()
         if opt_emb:
@@ -188,12 +185,8 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     with torch.no_grad():
         for start in range(0, len(test) - world + 1, B):
             idx = test[start:start + B]
-            idx = idx[: len(idx) - len(idx) % world]
-            bn_eval = len(idx) // world
-            pooled = emb(sparse_for(idx), len(idx))
-            recv = pooled_all_to_all(pooled, widths, CommStats(), mp_keep)
-            x, _, y = data.batch(idx[rank * bn_eval:(rank + 1) * bn_eval], [])
-            preds.append(torch.sigmoid(model.module(x, assemble(recv, rank_shards, bn_eval, T, D))))
+            logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
+            preds.append(torch.sigmoid(logit))
             labels.append(y)
     emit(("done", rank, torch.cat(preds).tolist(), torch.cat(labels).tolist(), per_step,
           state.refreshed_at if state else [], losses))
@@ -226,10 +219,10 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
     from tqdm import tqdm
 
+    from ..core.artifacts import check_output_file
     from ..hardware.launch import run_processes
     from .data import load_data
-
-    from ..core.artifacts import check_output_file
+    from .dlrm import DenseArch
 
     cfg.check()
     check_output_file(results_csv, "--results_csv")
@@ -239,8 +232,7 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         from ..sharding.simulator import Simulator
 
         paths = model_paths(*(models or (None, None, None)), "models", cfg.ndevices)
-        simulator = Simulator.load(*paths)
-        simulator.check_devices(cfg.ndevices)
+        simulator = Simulator.load(*paths, num_devices=cfg.ndevices)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     rank_shards = shard_training_tables(data, cfg, simulator)
     losses: dict[int, dict[int, float]] = {}
@@ -271,12 +263,11 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     wall = time.perf_counter() - t0
     preds = [p for r in range(cfg.ndevices) for p in done[r][0]]
     labels = [y for r in range(cfg.ndevices) for y in done[r][1]]
-    steps = [np.array(done[r][2]) for r in range(cfg.ndevices)]  # [steps, 5] per rank
-    per = np.mean(np.stack(steps), axis=0)                      # averaged over ranks
+    steps = np.stack([np.array(done[r][2]) for r in range(cfg.ndevices)])  # [ranks, steps, 5]
+    per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
-    dense_params = sum(p.numel() for p in __import__("neuroshard.training.dlrm", fromlist=["DenseArch"]).DenseArch(
-        data.dense.shape[1], len(data.num_rows), cfg.emb_dim).parameters())
+    dense_params = sum(p.numel() for p in DenseArch(data.dense.shape[1], len(data.num_rows), cfg.emb_dim).parameters())
     result = {
         "dataset": cfg.dataset, "dct": cfg.dct, "ndevices": cfg.ndevices, "alg": cfg.alg, "steps": cfg.steps,
         "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep, "dp_refresh": cfg.dp_refresh,
@@ -284,8 +275,8 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         "test_auc": auc(preds, labels), "test_logloss": log_loss(preds, labels), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
         "compute_ms": 1e3 * (med(0) - med(1) - med(2)),
-        "mp_bytes_per_step": float(np.mean(np.stack(steps)[:, :, 3].sum(axis=0))),
-        "dp_bytes_per_step": float(np.mean(np.stack(steps)[:, :, 4].sum(axis=0))),
+        "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
+        "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,
         "loss_curve": json.dumps({s: float(np.mean(list(v.values()))) for s, v in sorted(losses.items())}),
         "tau_refreshes": len(done[0][3]),
