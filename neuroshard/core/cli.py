@@ -2,17 +2,16 @@
 
 - `run_main`: a `UserError` becomes one `error:` line and exit 2; Ctrl-C exits 130.
 - `ArgumentParser`: bad arguments give one line, not a usage dump.
-- Parsers of `lo,hi` ranges and of `--gpu_devices`; default model file names.
-- Argument groups shared by several scripts (hardware, training, sharding algorithms).
+- Parsers of the text users type: `lo,hi` ranges, comma-separated lists.
+- `step_parser` / `config_from_args`: a step's flags are the fields of its config (core/config.py).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import UserError
+from .errors import UserError, check_range
 
 
 RESUMABLE = "interrupted: finished work is saved; rerun the same command to resume"
@@ -42,99 +41,116 @@ class ArgumentParser(argparse.ArgumentParser):
 
 # ----------------------------------------------------------------------------- value parsers
 
-def _pair(text: str, name: str, kind: type, lowest: float, strict: bool):
-    import math
-
+def _pair(text, name: str, kind: type, lowest: float, strict: bool):
+    if isinstance(text, (tuple, list)):
+        text = ",".join(map(str, text))
     try:
         lo, hi = (kind(p) for p in str(text).split(","))
     except ValueError:
         raise UserError(f"{name} must be two {kind.__name__} values 'lo,hi' (e.g. 10,60), got {text!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo < lowest or hi < lo or (strict and hi == lo):
-        rel = "<" if strict else "<="
-        raise UserError(f"{name} must satisfy {lowest:g} <= lo {rel} hi, got {text!r}")
-    return lo, hi
+    return check_range(name, (lo, hi), lowest, strict)
 
 
 def int_range(text, name: str) -> tuple[int, int]:
     """Parse 'lo,hi' (or a pair) with 1 <= lo < hi (--T_range and friends)."""
-    if isinstance(text, (tuple, list)):
-        text = ",".join(map(str, text))
     return _pair(text, name, int, 1, strict=True)
 
 
 def float_range(text, name: str) -> tuple[float, float]:
     """Parse 'lo,hi' (or a pair) with 0 <= lo <= hi (--sleep_range, --threshold_range)."""
-    if isinstance(text, (tuple, list)):
-        text = ",".join(map(str, text))
     return _pair(text, name, float, 0.0, strict=False)
 
 
-def parse_gpu_devices(text: str | None) -> list[int] | None:
-    """`--gpu_devices 0,1,3` -> [0, 1, 3] (distinct ids >= 0); None when not given."""
-    if text is None or str(text).strip() == "":
-        return None
+def int_list(text, name: str) -> tuple[int, ...]:
+    """Parse '0,1,3' or '64' (or a sequence) into a tuple of ints (--gpu_devices, --dims)."""
+    if isinstance(text, (tuple, list)):
+        text = ",".join(map(str, text))
     try:
-        ids = [int(g) for g in str(text).split(",")]
+        return tuple(int(p) for p in str(text).split(","))
     except ValueError:
-        raise UserError(f"--gpu_devices must be comma-separated GPU ids such as 0,1,2,3, got {text!r}") from None
-    if min(ids) < 0 or len(set(ids)) != len(ids):
-        raise UserError(f"--gpu_devices must list distinct GPU ids >= 0, got {text!r}")
-    return ids
+        raise UserError(f"{name} must be comma-separated integers such as 0,1,2,3, got {text!r}") from None
 
 
-# ----------------------------------------------------------------------------- file naming
-
-def comm_model_paths(models_dir: str | Path, num_devices: int) -> tuple[Path, Path]:
-    """Default forward and backward comm model files for `num_devices` devices."""
-    d = Path(models_dir)
-    return d / f"comm_{num_devices}_fw.pt", d / f"comm_{num_devices}_bw.pt"
-
-
-def model_paths(compute_model, fw_comm_model, bw_comm_model, models_dir: str | Path,
-                num_devices: int) -> tuple[Path, Path, Path]:
-    """Compute, forward-comm and backward-comm model paths; defaults under `models_dir`."""
-    fw, bw = comm_model_paths(models_dir, num_devices)
-    return (Path(compute_model or Path(models_dir) / "compute.pt"), Path(fw_comm_model or fw),
-            Path(bw_comm_model or bw))
+def str_list(text, name: str) -> tuple[str, ...]:
+    """Parse 'a,b' into ('a', 'b') (--alg); empty entries are refused."""
+    if isinstance(text, (tuple, list)):
+        return tuple(map(str, text))
+    parts = tuple(p.strip() for p in str(text).split(","))
+    if not all(parts):
+        raise UserError(f"{name} has an empty entry: {text!r}")
+    return parts
 
 
-# ----------------------------------------------------------------------------- shared argument groups
-
-def add_hardware_args(p) -> None:
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--backend", default="auto", help="auto, fbgemm or torch")
-    p.add_argument("--gpu_devices", default=None, help="comma-separated GPU ids, one rank/worker each (CUDA)")
+PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "str_list": str_list}
 
 
-def add_training_args(p, epochs: int) -> None:
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--train_ratio", type=float, default=0.8)
-    p.add_argument("--valid_ratio", type=float, default=0.1)
-    p.add_argument("--batch_size", type=int, default=512)
-    p.add_argument("--num_samples", type=int, default=None, help="use the first N samples (default all)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+# ----------------------------------------------------------------------------- configs as flags
+
+def _field_types(cls) -> dict:
+    import typing
+
+    return typing.get_type_hints(cls)
 
 
-def training_kwargs(args) -> dict:
-    return {"epochs": args.epochs, "num_samples": args.num_samples, "batch_size": args.batch_size, "lr": args.lr,
-            "train_ratio": args.train_ratio, "valid_ratio": args.valid_ratio, "seed": args.seed}
+def _scalar(tp):
+    """int / float / str for `int`, `int | None`, ...; None for anything else."""
+    import typing
+
+    if tp in (int, float, str, bool):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 and args[0] in (int, float, str, bool) else None
 
 
-def add_sharder_args(p) -> None:
-    """Arguments of the neuroshard sharder: cost models and search parameters (DESIGN.md §3.5)."""
-    p.add_argument("--compute_model", default="models/compute.pt")
-    p.add_argument("--fw_comm_model", default=None, help="default models/comm_<N>_fw.pt")
-    p.add_argument("--bw_comm_model", default=None, help="default models/comm_<N>_bw.pt")
-    p.add_argument("--beam_width", type=int, default=3)
-    p.add_argument("--num_candidates", type=int, default=10)
-    p.add_argument("--max_splits", type=int, default=10)
-    p.add_argument("--grid_steps", type=int, default=11)
-    p.add_argument("--threshold_range", default="1.0,1.5")
+def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
+    """One flag per field of the config class `cls` (nested configs add theirs), defaults from `cls`."""
+    from dataclasses import MISSING, fields, is_dataclass
+
+    types = _field_types(cls)
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        tp = types[f.name]
+        if is_dataclass(tp):
+            add_config_args(p, tp, skip)
+            continue
+        md = f.metadata
+        default = f.default if f.default is not MISSING else f.default_factory()
+        flags = [f"--{f.name}", *md.get("aliases", ())]
+        help_ = md.get("help", "")
+        if md.get("parse"):
+            shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else default
+            p.add_argument(*flags, dest=f.name, default=None, help=f"{help_} (default {shown})".strip())
+        elif _scalar(tp) is bool:
+            p.add_argument(*flags, dest=f.name, action="store_true", help=help_)
+        else:
+            p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default, help=help_)
 
 
-def search_params(args):
-    from ..sharding.search import SearchParams
+def config_from_args(cls, args, **overrides):
+    """The config `cls` from parsed arguments: text fields parsed, absent ones at their defaults."""
+    from dataclasses import fields, is_dataclass
 
-    return SearchParams.checked(args.beam_width, args.num_candidates, args.max_splits, args.grid_steps,
-                                float_range(args.threshold_range, "--threshold_range"))
+    types = _field_types(cls)
+    kw = {}
+    for f in fields(cls):
+        tp = types[f.name]
+        if f.name in overrides:
+            kw[f.name] = overrides[f.name]
+        elif is_dataclass(tp):
+            kw[f.name] = config_from_args(tp, args)
+        elif hasattr(args, f.name):
+            value = getattr(args, f.name)
+            parse = f.metadata.get("parse")
+            if parse and value is not None:
+                value = PARSERS[parse](value, f"--{f.name}")
+            if value is not None or not parse:
+                kw[f.name] = value
+    return cls(**kw)
+
+
+def step_parser(cls, doc: str | None = None, skip: Sequence[str] = ()) -> "ArgumentParser":
+    """The argument parser of a step whose flags are the fields of the config class `cls`."""
+    p = ArgumentParser(description=doc or cls.__doc__)
+    add_config_args(p, cls, skip)
+    return p

@@ -28,6 +28,21 @@ def check_int(name: str, value, lo: int | None = None, hi: int | None = None) ->
     return value
 
 
+def check_range(name: str, pair, lowest: float, strict: bool) -> tuple:
+    """A finite (lo, hi) with lowest <= lo <= hi (lo < hi when `strict`), else a `UserError`."""
+    import math
+
+    try:
+        lo, hi = pair
+        ok = math.isfinite(lo) and math.isfinite(hi)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be a pair lo,hi, got {pair!r}") from None
+    if not ok or lo < lowest or hi < lo or (strict and hi == lo):
+        rel = "<" if strict else "<="
+        raise UserError(f"{name} must satisfy {lowest:g} <= lo {rel} hi, got {lo},{hi}")
+    return lo, hi
+
+
 def check_float(name: str, value, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
                 hi_open: bool = False) -> float:
     """`value` as a finite float within the range (open ends where asked), else a `UserError`."""

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.artifacts import atomic_torch_save, atomic_write_pickle, load_pickle, provenance
+from ..core.config import DatasetConfig
 from ..core.errors import UserError
 from .features import DATA_FEATURE_NAMES, NUM_BINS, reuse_bin, table_data_features, table_size_gb
 from .synthetic import PUBLISHED_MEAN_POOLING, PUBLISHED_REUSE_UNIQUE_SHARE
@@ -210,29 +211,30 @@ class DLRMDataset:
 
 # ----------------------------------------------------------------------------- the data step
 
-def build_dataset(out_dir: str | Path, data: str | Path | None = None, synthetic: bool = False,
-                  num_tables: int = 856, batch_size: int = 4096, row_scale: float = 1.0, seed: int = 0,
-                  save_raw_path: str | Path | None = None, progress: bool = True) -> DLRMDataset:
-    """Step 1: a raw dataset file (`data`) or a synthetic one -> processed dataset folder `out_dir`."""
+def build_dataset(cfg: DatasetConfig, progress: bool = True) -> DLRMDataset:
+    """Step 1: a raw dataset file (`cfg.data`) or a synthetic one -> processed dataset folder `cfg.out_dir`."""
     from .raw import load_raw, save_raw
     from .synthetic import SyntheticConfig, generate_synthetic_raw
 
-    if (data is None) == (not synthetic):
+    cfg.check()
+    if cfg.data is None and not cfg.synthetic:
         raise UserError("pass exactly one of --data PATH (a raw DLRM dataset) or --synthetic")
+    data, seed = cfg.data, cfg.seed
     t0 = time.perf_counter()
-    if synthetic:
-        cfg = SyntheticConfig(num_tables=num_tables, batch_size=batch_size, seed=seed, row_scale=row_scale).check()
-        print(f"generating synthetic DLRM data: {cfg.num_tables} tables, batch {cfg.batch_size}, seed {cfg.seed}, "
-              f"row_scale {cfg.row_scale}")
-        raw = generate_synthetic_raw(cfg, progress=progress)
-        if save_raw_path:
-            print(f"raw dataset written to {save_raw(save_raw_path, *raw)}")
-        source = {"source": "synthetic", "synthetic_config": dict(cfg.__dict__), "seed": seed}
+    if cfg.synthetic:
+        syn = SyntheticConfig(num_tables=cfg.num_tables, batch_size=cfg.batch_size, seed=seed,
+                              row_scale=cfg.row_scale).check()
+        print(f"generating synthetic DLRM data: {syn.num_tables} tables, batch {syn.batch_size}, seed {syn.seed}, "
+              f"row_scale {syn.row_scale}")
+        raw = generate_synthetic_raw(syn, progress=progress)
+        if cfg.save_raw:
+            print(f"raw dataset written to {save_raw(cfg.save_raw, *raw)}")
+        source = {"source": "synthetic", "synthetic_config": dict(syn.__dict__), "seed": seed}
     else:
         print(f"loading {data}")
         raw = load_raw(data)  # validated before anything is written
         source = {"source": "file", "data": str(data), "seed": seed}
-    ds = process_raw(*raw, out_dir=out_dir, source=source, progress=progress)
+    ds = process_raw(*raw, out_dir=cfg.out_dir, source=source, progress=progress)
     print(ds.summary())
     print(f"processed dataset written to {ds.path} in {time.perf_counter() - t0:.1f} s")
     return ds

@@ -142,16 +142,13 @@ def load_table_list(path: str | Path, max_mem_gb: float | None = None) -> TableL
     return parse_table_rows(_rows_from_file(path), max_mem_gb, str(path))
 
 
-def tables_from_ids(path: str | Path, dims_text: str, max_mem_gb: float | None = None) -> TableList:
+def tables_from_ids(path: str | Path, dims: list[int], max_mem_gb: float | None = None) -> TableList:
     """Tables from real ids (raw DLRM format) with user-given dims (one per table, or one for all)."""
     from .raw import load_raw
 
     indices, offsets, lengths = load_raw(path)
     T, B = lengths.shape
-    try:
-        dims = [int(d) for d in str(dims_text).split(",")]
-    except ValueError:
-        raise UserError(f"--dims must be comma-separated whole numbers, got {dims_text!r}") from None
+    dims = list(dims)
     if len(dims) == 1:
         dims = dims * T
     if len(dims) != T:

@@ -12,7 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..core.artifacts import atomic_write_pickle, load_pickle, provenance
-from ..core.errors import UserError, check_float, check_int
+from ..core.config import TasksConfig
+from ..core.errors import UserError
 from .dataset import DLRMDataset
 from .features import DIM_CHOICES, check_max_dim, dim_choices, table_size_gb, with_dim
 
@@ -129,22 +130,14 @@ def load_tasks(path: str | Path, ds: DLRMDataset) -> list[ShardingTask]:
     return tasks
 
 
-def make_task_file(data_dir: str | Path, out_dir: str | Path, split: str = "test", data_size: int = 100,
-                   T_range=(10, 60), max_mem: float = 15.0, max_dim: int = 128, seed: int = 0) -> Path:
-    """Step 2: draw `data_size` tasks from a processed dataset into OUT_DIR/SPLIT.pkl."""
-    from ..core.cli import int_range
-
-    T_range = int_range(T_range, "--T_range")
-    check_int("--data_size", data_size, 1, 1_000_000)
-    check_int("--T_range upper bound", T_range[1], 2, 100_000)
-    check_float("--max_mem", max_mem, 0.0, lo_open=True)
-    check_int("--seed", seed, 0)
-    check_max_dim(max_dim)
-    if not split or any(c in split for c in "/\\") or split.startswith("."):
-        raise UserError(f"--split must be a plain file name such as train or test, got {split!r}")
-    ds = DLRMDataset.load(data_dir)
-    tasks = generate_tasks(ds, data_size, T_range, max_mem, max_dim, seed)
-    path = save_tasks(Path(out_dir) / f"{split}.pkl", tasks, ds, seed=seed, T_range=T_range,
+def make_task_file(cfg: TasksConfig) -> Path:
+    """Step 2: draw `cfg.data_size` tasks from a processed dataset into OUT_DIR/SPLIT.pkl."""
+    cfg.check()
+    check_max_dim(cfg.max_dim)
+    T_range, max_mem, max_dim, seed = tuple(cfg.T_range), cfg.max_mem, cfg.max_dim, cfg.seed
+    ds = DLRMDataset.load(cfg.data_dir)
+    tasks = generate_tasks(ds, cfg.data_size, T_range, max_mem, max_dim, seed)
+    path = save_tasks(Path(cfg.out_dir) / f"{cfg.split}.pkl", tasks, ds, seed=seed, T_range=T_range,
                       max_mem_gb=max_mem, max_dim=max_dim)
     print(f"wrote {len(tasks)} tasks ({T_range[0]}-{T_range[1] - 1} tables, <= {max_mem} GB each) to {path}")
     return path

@@ -17,13 +17,12 @@ import numpy as np
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, check_output_file, provenance
-from ..core.cli import model_paths, parse_gpu_devices
-from ..core.errors import UserError, check_int
+from ..core.config import EvalConfig, EvalSimConfig
+from ..core.errors import UserError
 from ..core.types import Cluster, Cost
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
-from ..sharding.registry import make_sharders, parse_algs, shard_rows
-from ..sharding.search import SearchParams
+from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
 from ..sharding.simulator import Simulator
 from .results import print_paired, print_summary, summarize, write_results
 
@@ -65,17 +64,16 @@ def _tasks_fingerprint(tasks: list[ShardingTask]) -> str:
     return h.hexdigest()[:16]
 
 
-def eval_simulator(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl", alg="neuroshard", ndevices=4,
-                   max_mem=4.0, results_csv=None, seed=0, compute_model=None, fw_comm_model=None,
-                   bw_comm_model=None, models_dir="models", search: SearchParams = SearchParams()) -> list[dict]:
+def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     """Step 5: simulated cost of every (task, algorithm) plan -> results CSV."""
-    algs = parse_algs(alg)
-    out = Path(results_csv or f"results/sim_{'+'.join(algs)}.csv")
+    cfg.check()
+    algs = expand_algs(cfg.alg)
+    out = Path(cfg.results_csv or f"results/sim_{algs_file_tag(algs)}.csv")
     check_output_file(out, "--results_csv")
+    ndevices, max_mem, seed, search, task_path = cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
     cluster = Cluster(ndevices, max_mem)
-    check_int("--seed", seed, 0)
-    ds, batch, tasks = _load_inputs(data_dir, task_path, cluster, None)
-    paths = model_paths(compute_model, fw_comm_model, bw_comm_model, models_dir, ndevices)
+    ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
+    paths = cfg.models.paths(ndevices)
     sim = _simulator(paths, ds, batch, ndevices, required=True)
     rows = []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
@@ -97,30 +95,25 @@ def eval_simulator(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl
     return rows
 
 
-def eval_hardware(data_dir="data/dlrm_datasets", task_path="data/tasks/test.pkl", alg="neuroshard", ndevices=4,
-                  max_mem=4.0, batch_size=None, warmup_iter=10, num_iter=100, results_csv=None, device="auto",
-                  backend="auto", gpu_devices=None, seed=0, compute_model=None, fw_comm_model=None,
-                  bw_comm_model=None, models_dir="models", search: SearchParams = SearchParams(),
-                  rounds: int = 5) -> list[dict]:
+def eval_hardware(cfg: EvalConfig) -> list[dict]:
     """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
     from ..hardware.backends import resolve_hardware
     from ..hardware.evaluator import measure_plans, plan_device_tables
 
-    algs = parse_algs(alg)
-    out = Path(results_csv or f"results/eval_{'+'.join(algs)}.csv")
+    cfg.check()
+    algs = expand_algs(cfg.alg)
+    out = Path(cfg.results_csv or f"results/eval_{algs_file_tag(algs)}.csv")
     check_output_file(out, "--results_csv")
-    gpu_ids = parse_gpu_devices(gpu_devices)
-    hw = resolve_hardware(device, backend, gpu_ids)
-    N = len(gpu_ids) if gpu_ids else ndevices
-    cluster = Cluster(N, max_mem).need_peers()
-    check_int("--warmup_iter", warmup_iter, 0, 100_000)
-    check_int("--num_iter", num_iter, 1, 100_000)
-    check_int("--rounds", rounds, 1, 1000)
-    check_int("--seed", seed, 0)
-    ds, batch, tasks = _load_inputs(data_dir, task_path, cluster, batch_size)
+    gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
+    hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
+    N = cfg.hardware.num_ranks(cfg.ndevices)
+    cluster = Cluster(N, cfg.max_mem).need_peers()
+    max_mem, seed, search, task_path = cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
+    warmup_iter, num_iter, rounds = cfg.warmup_iter, cfg.num_iter, cfg.rounds
+    ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, cfg.batch_size)
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
-    paths = model_paths(compute_model, fw_comm_model, bw_comm_model, models_dir, N)
+    paths = cfg.models.paths(N)
     sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs)  # also scores every plan: fidelity
     rows, plans = [], {}
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):

@@ -16,17 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from ..core.artifacts import atomic_write_text, check_output_file, provenance
-from ..core.cli import model_paths
-from ..core.errors import UserError, check_int
+from ..core.config import ShardTablesConfig
+from ..core.errors import UserError
 from ..core.types import Cluster, Cost
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..sharding.plan import ShardingPlan
-from ..sharding.registry import ALGORITHMS, BASELINES, make_sharder, shard_task
-from ..sharding.search import SearchParams
+from ..sharding.plan_file import PLAN_KIND
+from ..sharding.registry import BASELINES, expand_algs, make_sharder, shard_task
 from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
 
-PLAN_KIND = "neuroshard.plan"
 MEASURE_LIMIT_GB = 4.0  # --measure allocates every table: refuse more than this in total
 HEURISTICS = [a for a in BASELINES if a != "random"]
 
@@ -82,27 +81,23 @@ def table_report(tl: TableList, plan: ShardingPlan) -> str:
     return _table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows)
 
 
-def shard_tables(tables=None, ids=None, dims=None, ndevices: int = 4, max_mem: float = 4.0, alg: str = "neuroshard",
-                 out="plan.json", compute_model=None, fw_comm_model=None, bw_comm_model=None, models_dir="models",
-                 torchrec_plan=None, measure: bool = False, warmup_iter: int = 10, num_iter: int = 100,
-                 device: str = "auto", backend: str = "auto", seed: int = 0,
-                 search: SearchParams = SearchParams()) -> dict:
+def shard_tables(cfg: ShardTablesConfig) -> dict:
+    """Plan the user's tables with `cfg.alg`, print the plan, write it (and optionally measure it)."""
+    cfg.check()
+    alg, ndevices, max_mem, seed, search = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search
     cluster = Cluster(ndevices, max_mem)
-    if alg not in ALGORITHMS:
-        raise UserError(f"unknown --alg {alg!r}; choose one of {', '.join(ALGORITHMS)}")
-    if (tables is None) == (ids is None):
-        raise UserError("pass exactly one of --tables FILE (CSV or JSON table list) or --ids FILE (raw DLRM ids)")
-    if ids is not None and dims is None:
-        raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
-    if measure:
-        check_int("--warmup_iter", warmup_iter, 0, 100_000)
-        check_int("--num_iter", num_iter, 1, 100_000)
+    if alg == "all" or expand_algs([alg]) != [alg]:
+        raise UserError(f"--alg takes one algorithm here, got {alg!r}")
+    if cfg.measure:
         cluster.need_peers()
-    check_int("--seed", seed, 0)
+    out, torchrec_plan = cfg.out, cfg.torchrec_plan
     check_output_file(out, "--out")
     check_output_file(torchrec_plan, "--torchrec_plan")
-    tl = load_table_list(tables, max_mem) if tables is not None else tables_from_ids(ids, dims, max_mem)
-    paths = model_paths(compute_model, fw_comm_model, bw_comm_model, models_dir, ndevices)
+    if cfg.tables is not None:
+        tl = load_table_list(cfg.tables, max_mem)
+    else:
+        tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
+    paths = cfg.models.paths(ndevices)
     sim = _simulator(paths, ndevices, required=alg == "neuroshard")
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
     print(f"{len(tl.names)} tables from {tl.source}, {tl.task.total_size_gb():.4f} GB in all; "
@@ -131,9 +126,8 @@ def shard_tables(tables=None, ids=None, dims=None, ndevices: int = 4, max_mem: f
               "provenance": provenance(source=tl.source, models=[str(p) for p in paths] if sim else None,
                                        seed=seed, search=search.__dict__)}
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
-    if measure:
-        report["measured"] = measure_user_plan(tl, plan, cluster, sim, search, batch, warmup_iter, num_iter,
-                                               device, backend, seed, alg)
+    if cfg.measure:
+        report["measured"] = measure_user_plan(tl, plan, cluster, batch, cfg)
         record["measured"] = {k: v.cost_ms for k, v in report["measured"].items()}
     atomic_write_text(out, json.dumps(record, indent=1, default=str))
     print(f"\nplan written to {out}")
@@ -145,8 +139,8 @@ def shard_tables(tables=None, ids=None, dims=None, ndevices: int = 4, max_mem: f
     return report
 
 
-def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, sim, search, batch: int, warmup: int,
-                      iters: int, device: str, backend: str, seed: int, alg: str) -> dict[str, Cost]:
+def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, batch: int,
+                      cfg: ShardTablesConfig) -> dict[str, Cost]:
     """Measure `plan` and the greedy heuristics' plans on synthesised ids of the user's tables."""
     from ..data.dataset import process_raw
     from ..data.synthetic import synthesize_tables
@@ -159,7 +153,9 @@ def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, sim, 
                         f"than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
     if batch % cluster.num_devices:
         raise UserError(f"the cost models' batch {batch} is not divisible by {cluster.num_devices} devices")
-    hw = resolve_hardware(device, backend)
+    alg, seed, warmup, iters = cfg.alg, cfg.seed, cfg.warmup_iter, cfg.num_iter
+    gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
+    hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     plans = {alg: plan}
     for h in HEURISTICS:
         r = shard_task(make_sharder(h, seed), tl.task, cluster)

@@ -16,8 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, provenance, read_record_log
-from ..core.cli import float_range, int_range
-from ..core.errors import UserError, check_float, check_int
+from ..core.config import CommCollectConfig, ComputeCollectConfig
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
@@ -41,11 +40,6 @@ def load_cost_data(path: str | Path, kind: str) -> tuple[dict, list[dict]]:
     """(meta, samples sorted by index) of a cost-data file."""
     meta, samples = read_record_log(path, kind, "cost data file")
     return meta, sorted(samples, key=lambda s: s["index"])
-
-
-def _check_iters(warmup_iter: int, num_iter: int) -> None:
-    check_int("--warmup_iter", warmup_iter, 0, 100_000)
-    check_int("--num_iter", num_iter, 1, 100_000)
 
 
 def _collect(log: RecordLog, todo: list[int], desc: str, run, writer: bool = True) -> dict:
@@ -76,30 +70,24 @@ def _report(measured: int, total: int, per_min: float, path: Path) -> dict:
     return {"measured": measured, "total": total, "samples_per_min": per_min, "path": path}
 
 
-def collect_compute(dataset_dir: str | Path = "data/dlrm_datasets", out_dir: str | Path = "data/cost_data",
-                    data_size: int = 1000, workers: int | None = None, max_tables: int = 15, max_mem: float = 4.0,
-                    max_dim: int = 128, batch_size: int | None = None, warmup_iter: int = 5, num_iter: int = 10,
-                    seed: int = 0, device: str = "auto", backend: str = "auto",
-                    gpu_ids: list[int] | None = None) -> dict:
-    """Measure compute-cost samples until OUT_DIR/compute_cost_data.pkl holds `data_size`."""
-    check_int("--data_size", data_size, 1, 10_000_000)
-    workers = (os.cpu_count() or 1) if workers is None else check_int("--workers", workers, 1, 1024)
-    check_int("--max_tables", max_tables, 1, 1000)
-    check_float("--max_mem", max_mem, 0.0, lo_open=True)
-    check_max_dim(max_dim)
-    _check_iters(warmup_iter, num_iter)
-    check_int("--seed", seed, 0)
-    hw = resolve_hardware(device, backend, gpu_ids)
-    ds = DLRMDataset.load(dataset_dir)
-    batch = ds.check_batch(batch_size)
-    sample_args = {"seed": seed, "max_tables": max_tables, "max_mem_gb": max_mem, "max_dim": max_dim}
+def collect_compute(cfg: ComputeCollectConfig) -> dict:
+    """Measure compute-cost samples until OUT_DIR/compute_cost_data.pkl holds `cfg.data_size`."""
+    cfg.check()
+    check_max_dim(cfg.max_dim)
+    hwc = cfg.hardware
+    gpu_ids = list(hwc.gpu_devices) if hwc.gpu_devices else None
+    warmup_iter, num_iter, seed = cfg.warmup_iter, cfg.num_iter, cfg.seed
+    hw = resolve_hardware(hwc.device, hwc.backend, gpu_ids)
+    ds = DLRMDataset.load(cfg.dataset_dir)
+    batch = ds.check_batch(cfg.batch_size)
+    sample_args = {"seed": seed, "max_tables": cfg.max_tables, "max_mem_gb": cfg.max_mem, "max_dim": cfg.max_dim}
     meta = {**hw.describe(), "batch_size": batch, "dataset_fingerprint": ds.fingerprint,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "provenance": provenance()}
-    path = Path(out_dir) / "compute_cost_data.pkl"
-    n_workers = len(gpu_ids) if gpu_ids else workers
+    path = Path(cfg.out_dir) / "compute_cost_data.pkl"
+    n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
     print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
     log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file")
-    todo = missing_indices(log.records, data_size)
+    todo = missing_indices(log.records, cfg.data_size)
     if not todo:
         log.close()
         return _report(0, len(log.records), float("nan"), path)
@@ -111,34 +99,26 @@ def collect_compute(dataset_dir: str | Path = "data/dlrm_datasets", out_dir: str
     return rep
 
 
-def collect_comm(out_dir: str | Path = "data/cost_data", ndevices: int = 4, data_size: int = 1000,
-                 T_range=(10, 60), sleep_range=(1.0, 20.0), max_dim: int = 128, batch_size: int = 4096,
-                 warmup_iter: int = 5, num_iter: int = 10, seed: int = 0, device: str = "auto",
-                 gpu_ids: list[int] | None = None) -> dict:
-    """Measure all-to-all samples on N ranks until OUT_DIR/comm_cost_data_<N>.pkl holds `data_size`."""
-    N = len(gpu_ids) if gpu_ids else ndevices
+def collect_comm(cfg: CommCollectConfig) -> dict:
+    """Measure all-to-all samples on N ranks until OUT_DIR/comm_cost_data_<N>.pkl holds `cfg.data_size`."""
+    gpu_ids = list(cfg.gpu_devices) if cfg.gpu_devices else None
+    N = len(gpu_ids) if gpu_ids else cfg.ndevices
     if in_torchrun():
         N = int(os.environ["WORLD_SIZE"])
-    check_int("--ndevices", N, 2, 1024)
-    check_int("--data_size", data_size, 1, 10_000_000)
-    T_range = int_range(T_range, "--T_range")
-    sleep_range = float_range(sleep_range, "--sleep_range")
-    check_float("--sleep_range upper bound", sleep_range[1], 0.0, 10_000.0)
-    check_max_dim(max_dim)
-    _check_iters(warmup_iter, num_iter)
-    check_int("--seed", seed, 0)
-    if check_int("--batch_size", batch_size, 1, 1 << 24) % N:
-        raise UserError(f"--batch_size {batch_size} is not divisible by {N} ranks; use a multiple of {N}")
-    dev = resolve_device(device, gpu_ids)
+    cfg.check(N)
+    check_max_dim(cfg.max_dim)
+    warmup_iter, num_iter, seed, batch_size = cfg.warmup_iter, cfg.num_iter, cfg.seed, cfg.batch_size
+    T_range, sleep_range, max_dim = cfg.T_range, cfg.sleep_range, cfg.max_dim
+    dev = resolve_device(cfg.device, gpu_ids)
     sample_args = {"seed": seed, "T_range": tuple(T_range), "max_dim": max_dim, "sleep_range": tuple(sleep_range)}
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "provenance": provenance()}
-    path = Path(out_dir) / f"comm_cost_data_{N}.pkl"
+    path = Path(cfg.out_dir) / f"comm_cost_data_{N}.pkl"
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
     print(f"{N} ranks on {dev}, batch {batch_size} -> {path}")
     if writer:
         log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file")
-        todo = missing_indices(log.records, data_size)
+        todo = missing_indices(log.records, cfg.data_size)
     else:  # other torchrun ranks learn the indices from rank 0 below
         log, todo = None, None
     if in_torchrun():

@@ -73,6 +73,28 @@ class ShardingPlan:
                 "devices": [[(int(s.table), int(s.col_start), int(s.dim)) for s in dev] for dev in self.per_device()]}
 
 
+def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> ShardingPlan:
+    """The plan whose shards are exactly the column slices `slices[t]` = [(col_offset, width, device)]
+    of each table t (a table without an entry stays whole, on the device of its one slice), reached
+    by halving splits in rounds: every shard of a table that is not one of its slices is halved, until
+    all are. A slice that halving cannot reach (e.g. 48 columns of 128) is a `PlanError`."""
+    splits: list[int] = []
+    shards = apply_splits(dims, [])
+    for t in sorted(slices):
+        want = {(int(off), int(w)) for off, w, _ in slices[t]}
+        while todo := [i for i, s in enumerate(shards) if s.table == t and (s.col_start, s.dim) not in want]:
+            for i in todo:
+                if not can_split(shards[i].dim):
+                    raise PlanError(f"table {t}: the column slices {sorted(want)} are not halvings of dim {dims[t]}")
+                splits.append(i)
+                shards = apply_splits(dims, splits)
+    rank = {(t, int(off)): int(r) for t, pieces in slices.items() for off, _, r in pieces}
+    missing = [s.table for s in shards if (s.table, s.col_start) not in rank]
+    if missing:
+        raise PlanError(f"table {missing[0]} has no device")
+    return ShardingPlan(num_devices, shards, [rank[(s.table, s.col_start)] for s in shards], splits)
+
+
 def check_complete(task: ShardingTask, plan: ShardingPlan) -> None:
     """Raise `PlanError` unless every column of every table is placed exactly once on a real device."""
     if len(plan.shards) != len(plan.device_of):

@@ -23,15 +23,28 @@ class Sharder(Protocol):
     def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None: ...
 
 
-def parse_algs(text: str) -> list[str]:
-    """`--alg` value: one name, a comma-separated list, or `all`."""
-    algs = ALGORITHMS if text == "all" else [a.strip() for a in str(text).split(",") if a.strip()]
-    if not algs:
-        raise UserError(f"--alg is empty; choose one of {', '.join(ALGORITHMS)} or all")
+def expand_algs(algs) -> list[str]:
+    """The algorithms named: names from `ALGORITHMS`, `all` (every one of them), or `plan:FILE`."""
+    names: list[str] = []
     for a in algs:
-        if a not in ALGORITHMS:
-            raise UserError(f"unknown --alg {a!r}; choose one of {', '.join(ALGORITHMS)} or all")
-    return list(dict.fromkeys(algs))
+        if a == "all":
+            names += ALGORITHMS
+        elif a in ALGORITHMS or (a.startswith("plan:") and len(a) > 5):
+            names.append(a)
+        else:
+            raise UserError(f"unknown --alg {a!r}; choose one of {', '.join(ALGORITHMS)}, all, or plan:FILE")
+    if not names:
+        raise UserError(f"--alg is empty; choose one of {', '.join(ALGORITHMS)}, all, or plan:FILE")
+    return list(dict.fromkeys(names))
+
+
+def algs_file_tag(algs: list[str]) -> str:
+    """`algs` as part of a file name: `a+b`, a plan:FILE as plan-<file stem>, nothing but [A-Za-z0-9_.+-]."""
+    import re
+    from pathlib import Path
+
+    tag = "+".join(f"plan-{Path(a[5:]).stem}" if a.startswith("plan:") else a for a in algs)
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", tag)
 
 
 def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, batch_size: int = 4096) -> Sharder:
@@ -41,7 +54,8 @@ def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, ba
     if alg in GREEDY_KEYS:
         return GreedySharder(alg)
     if alg == "neuroshard":
-        from .search import NeuroShardSharder, SearchParams
+        from ..core.config import SearchParams
+        from .search import NeuroShardSharder
 
         if simulator is None:
             raise UserError("--alg neuroshard needs the pre-trained cost models; run train_compute_cost_model.py "
@@ -51,7 +65,11 @@ def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, ba
         from .torchrec_baseline import TorchRecSharder
 
         return TorchRecSharder(batch_size)
-    raise UserError(f"unknown --alg {alg!r}; choose one of {', '.join(ALGORITHMS)}")
+    if alg.startswith("plan:") and len(alg) > 5:
+        from .plan_file import PlanFileSharder
+
+        return PlanFileSharder(alg[5:])
+    raise UserError(f"unknown --alg {alg!r}; choose one of {', '.join(ALGORITHMS)} or plan:FILE")
 
 
 def make_sharders(algs: list[str], simulator=None, search_params=None, batch_size: int = 4096,

@@ -19,44 +19,15 @@ return exactly the same plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import UserError, check_int
+from ..core.config import SearchParams
 from ..core.types import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import table_size_gb, with_dim
 from ..data.tasks import ShardingTask
 from .plan import ShardingPlan, apply_splits, can_split
 from .simulator import Simulator
-
-
-@dataclass(frozen=True)
-class SearchParams:
-    beam_width: int = 3
-    num_candidates: int = 10
-    max_splits: int = 10
-    grid_steps: int = 11
-    threshold_range: tuple[float, float] = (1.0, 1.5)
-
-    @classmethod
-    def checked(cls, beam_width: int, num_candidates: int, max_splits: int, grid_steps: int,
-                threshold_range: tuple[float, float]) -> "SearchParams":
-        """Parameters from user input, range-checked (`threshold_range` already parsed, lo <= hi)."""
-        check_int("--beam_width", beam_width, 1, 100)
-        check_int("--num_candidates", num_candidates, 1, 1000)
-        check_int("--max_splits", max_splits, 0, 1000)
-        check_int("--grid_steps", grid_steps, 1, 1000)
-        lo, hi = threshold_range
-        if lo < 1.0:
-            raise UserError(f"--threshold_range must start at >= 1.0 (a dim-sum cap below the mean cannot place "
-                            f"every table), got {lo:g},{hi:g}")
-        if grid_steps > 1 and lo == hi:
-            raise UserError("--threshold_range lo == hi needs --grid_steps 1")
-        return cls(beam_width, num_candidates, max_splits, grid_steps, (float(lo), float(hi)))
-
-    def thresholds(self) -> np.ndarray:
-        return np.linspace(self.threshold_range[0], self.threshold_range[1], self.grid_steps)
 
 
 class ShardTable:

@@ -23,7 +23,7 @@ import logging
 from ..core.errors import PlanError, UserError
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
-from .plan import ShardingPlan, apply_splits
+from .plan import ShardingPlan, plan_from_slices
 
 INSTALL_HINT = ("TorchRec is not installed; install it without replacing torch: "
                 "pip install --no-deps torchrec==1.9.2 && pip install -c constraints.txt tensordict "
@@ -68,31 +68,6 @@ class WeightsOnlyStorage:
             for shard in option.shards:
                 rows, cols = shard.size
                 shard.storage = self.storage_cls(hbm=int(rows) * int(cols) * 4, ddr=0)
-
-
-def splits_for_column_shards(dims, column_shards: dict[int, list[tuple[int, int, int]]]):
-    """Halving splits that cut each table into TorchRec's column shards, and each shard's device.
-
-    `column_shards[t]` lists (col_offset, width, rank) of table t; widths are equal (TorchRec's
-    column-wise shards of one table have one width), so log2(dim / width) rounds of halving give them.
-    """
-    splits: list[int] = []
-    shards = apply_splits(dims, [])
-    for t, pieces in sorted(column_shards.items()):
-        width = pieces[0][1]
-        k = int(dims[t]) // width
-        if k * width != int(dims[t]) or k & (k - 1):
-            raise PlanError(f"table {t}: column shards of width {width} are not halvings of dim {dims[t]}")
-        while k > 1:
-            for i in [i for i, s in enumerate(shards) if s.table == t]:
-                splits.append(i)
-                shards = apply_splits(dims, splits)
-            k //= 2
-    device_of = []
-    for s in shards:
-        ranks = {off: r for off, w, r in column_shards.get(s.table, [])}
-        device_of.append(ranks[s.col_start])
-    return shards, device_of, splits
 
 
 class TorchRecSharder:
@@ -143,5 +118,4 @@ class TorchRecSharder:
                                           for m in ps.sharding_spec.shards)
             else:
                 raise PlanError(f"TorchRec chose {ps.sharding_type} for table {t}, which the constraints exclude")
-        shards, device_of, splits = splits_for_column_shards(task.dims, column_shards)
-        return ShardingPlan(num_devices, shards, device_of, splits)
+        return plan_from_slices(task.dims, num_devices, column_shards)

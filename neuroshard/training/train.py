@@ -228,10 +228,11 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     check_output_file(results_csv, "--results_csv")
     simulator = None
     if cfg.alg == "neuroshard":
-        from ..core.cli import model_paths
+        from ..core.config import CostModelFiles
         from ..sharding.simulator import Simulator
 
-        paths = model_paths(*(models or (None, None, None)), "models", cfg.ndevices)
+        compute, fw, bw = models or (None, None, None)
+        paths = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw).paths(cfg.ndevices)
         simulator = Simulator.load(*paths, num_devices=cfg.ndevices)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     rank_shards = shard_training_tables(data, cfg, simulator)

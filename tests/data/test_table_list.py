@@ -77,13 +77,13 @@ def test_tables_from_real_ids(small_raw, tmp_path):
     from neuroshard.data.features import table_data_features
 
     save_raw(tmp_path / "ids.pt", *small_raw)
-    tl = tables_from_ids(tmp_path / "ids.pt", "32")
+    tl = tables_from_ids(tmp_path / "ids.pt", [32])
     indices, offsets, lengths = (x.numpy() for x in small_raw)
     B = lengths.shape[1]
     want = table_data_features(indices[offsets[3 * B]: offsets[4 * B]], lengths[3])
     assert np.allclose(tl.task.data_features[3], want) and tl.task.dims.tolist() == [32] * 24
     with pytest.raises(UserError, match="gives 2 dims but"):
-        tables_from_ids(tmp_path / "ids.pt", "32,64")
+        tables_from_ids(tmp_path / "ids.pt", [32, 64])
 
 
 def test_script_refuses_bad_rows_without_writing(tmp_path):

@@ -5,9 +5,8 @@ from neuroshard.core.errors import PlanError
 from neuroshard.core.types import Cluster
 import pytest
 
-from neuroshard.sharding.plan import check_complete, fits_memory
+from neuroshard.sharding.plan import apply_splits, check_complete, fits_memory, plan_from_slices
 from neuroshard.data.tasks import ShardingTask
-from neuroshard.sharding.torchrec_baseline import splits_for_column_shards
 
 torchrec = pytest.importorskip("torchrec")
 from neuroshard.sharding.torchrec_baseline import TorchRecSharder  # noqa: E402
@@ -21,14 +20,25 @@ def _task(rows, dims, pf):
 
 def test_column_shards_become_halving_splits():
     dims = [128, 8, 16]
-    shards, device_of, splits = splits_for_column_shards(
-        dims, {0: [(0, 32, 0), (32, 32, 1), (64, 32, 2), (96, 32, 3)], 1: [(0, 8, 2)], 2: [(0, 8, 1), (8, 8, 0)]})
-    placed = {(s.table, s.col_start, s.dim): d for s, d in zip(shards, device_of)}
+    plan = plan_from_slices(
+        dims, 4, {0: [(0, 32, 0), (32, 32, 1), (64, 32, 2), (96, 32, 3)], 1: [(0, 8, 2)], 2: [(0, 8, 1), (8, 8, 0)]})
+    placed = {(s.table, s.col_start, s.dim): d for s, d in zip(plan.shards, plan.device_of)}
     assert placed == {(0, 0, 32): 0, (0, 32, 32): 1, (0, 64, 32): 2, (0, 96, 32): 3, (1, 0, 8): 2,
                       (2, 0, 8): 1, (2, 8, 8): 0}
-    assert len(splits) == 3 + 1
+    assert len(plan.splits) == 3 + 1
+    assert apply_splits(dims, plan.splits) == plan.shards
     with pytest.raises(PlanError):
-        splits_for_column_shards([96], {0: [(0, 32, 0), (32, 32, 1), (64, 32, 2)]})  # thirds are not halvings
+        plan_from_slices([96], 3, {0: [(0, 32, 0), (32, 32, 1), (64, 32, 2)]})  # thirds are not halvings
+
+
+def test_unequal_halvings_as_neuroshard_makes_them():
+    """128 -> 64 + 32 + 32 (a NeuroShard plan) is reached by halving the first half only."""
+    plan = plan_from_slices([128, 16], 2, {0: [(0, 64, 1), (64, 32, 0), (96, 32, 1)], 1: [(0, 16, 0)]})
+    placed = {(s.table, s.col_start, s.dim): d for s, d in zip(plan.shards, plan.device_of)}
+    assert placed == {(0, 0, 64): 1, (0, 64, 32): 0, (0, 96, 32): 1, (1, 0, 16): 0}
+    assert len(plan.splits) == 2
+    with pytest.raises(PlanError):
+        plan_from_slices([128], 2, {0: [(0, 48, 0), (48, 80, 1)]})
 
 
 def test_torchrec_plans_are_complete_and_fit_memory():
