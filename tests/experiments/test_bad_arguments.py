@@ -21,10 +21,12 @@ CASES = {
     "train_comm_cost_model.py": [("--ndevices", "1"), ("--epochs", "-2"), ("--lr", "inf")],
     "eval_simulator.py": [
         ("--ndevices", "0"), ("--max_mem", "0"), ("--beam_width", "0"), ("--grid_steps", "0"), ("--max_splits", "-1"),
-        ("--threshold_range", "0.5,1"), ("--num_candidates", "0"), ("--seed", "-1")],
+        ("--threshold_range", "0.5,1"), ("--num_candidates", "0"), ("--seed", "-1"), ("--alg", "a,,b"),
+        ("--alg", "nope"), ("--alg", "plan:"), ("--threshold_range", "1,inf")],
     "tools/train_dlrm.py": [("--steps", "0"), ("--batch_size", "130"), ("--dp_keep", "0"), ("--mp_keep", "2"),
                             ("--dp_refresh", "0"), ("--ndevices", "1"), ("--emb_dim", "6")],
-    "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--beam_width", "0")],
+    "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--beam_width", "0"), ("--alg", "all"),
+                              ("--gpu_devices", "0,0")],
     "eval.py": [("--num_iter", "0"), ("--warmup_iter", "-1"), ("--batch_size", "0"), ("--ndevices", "1"),
                 ("--max_mem", "-3"), ("--gpu_devices", "a,b")],
 }

@@ -1,0 +1,156 @@
+"""Every command-line helper of neuroshard (the only module of the package that imports argparse).
+
+- `run_main`: a `UserError` becomes one `error:` line and exit 2; Ctrl-C exits 130.
+- `ArgumentParser`: bad arguments give one line, not a usage dump.
+- Parsers of the text users type: `lo,hi` ranges, comma-separated lists.
+- `step_parser` / `config_from_args`: a step's flags are the fields of its config (core/config.py).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from .errors import UserError, check_range
+
+
+RESUMABLE = "interrupted: finished work is saved; rerun the same command to resume"
+
+
+def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
+             interrupted: str = RESUMABLE) -> None:
+    """Run a script's main; `UserError` becomes one line on stderr and exit 2, Ctrl-C exit 130."""
+    try:
+        code = main(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line (exit 2) without the usage dump."""
+
+    def error(self, message: str):  # noqa: D401
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+# ----------------------------------------------------------------------------- value parsers
+
+def _pair(text, name: str, kind: type, lowest: float, strict: bool):
+    if isinstance(text, (tuple, list)):
+        text = ",".join(map(str, text))
+    try:
+        lo, hi = (kind(p) for p in str(text).split(","))
+    except ValueError:
+        raise UserError(f"{name} must be two {kind.__name__} values 'lo,hi' (e.g. 10,60), got {text!r}") from None
+    return check_range(name, (lo, hi), lowest, strict)
+
+
+def int_range(text, name: str) -> tuple[int, int]:
+    """Parse 'lo,hi' (or a pair) with 1 <= lo < hi (--T_range and friends)."""
+    return _pair(text, name, int, 1, strict=True)
+
+
+def float_range(text, name: str) -> tuple[float, float]:
+    """Parse 'lo,hi' (or a pair) with 0 <= lo <= hi (--sleep_range, --threshold_range)."""
+    return _pair(text, name, float, 0.0, strict=False)
+
+
+def int_list(text, name: str) -> tuple[int, ...]:
+    """Parse '0,1,3' or '64' (or a sequence) into a tuple of ints (--gpu_devices, --dims)."""
+    if isinstance(text, (tuple, list)):
+        text = ",".join(map(str, text))
+    try:
+        return tuple(int(p) for p in str(text).split(","))
+    except ValueError:
+        raise UserError(f"{name} must be comma-separated integers such as 0,1,2,3, got {text!r}") from None
+
+
+def str_list(text, name: str) -> tuple[str, ...]:
+    """Parse 'a,b' into ('a', 'b') (--alg); empty entries are refused."""
+    if isinstance(text, (tuple, list)):
+        return tuple(map(str, text))
+    parts = tuple(p.strip() for p in str(text).split(","))
+    if not all(parts):
+        raise UserError(f"{name} has an empty entry: {text!r}")
+    return parts
+
+
+PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "str_list": str_list}
+
+
+# ----------------------------------------------------------------------------- configs as flags
+
+def _field_types(cls) -> dict:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def _scalar(tp):
+    """int / float / str for `int`, `int | None`, ...; None for anything else."""
+    import typing
+
+    if tp in (int, float, str, bool):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 and args[0] in (int, float, str, bool) else None
+
+
+def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
+    """One flag per field of the config class `cls` (nested configs add theirs), defaults from `cls`."""
+    from dataclasses import MISSING, fields, is_dataclass
+
+    types = _field_types(cls)
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        tp = types[f.name]
+        if is_dataclass(tp):
+            add_config_args(p, tp, skip)
+            continue
+        md = f.metadata
+        default = f.default if f.default is not MISSING else f.default_factory()
+        flags = [f"--{f.name}", *md.get("aliases", ())]
+        help_ = md.get("help", "")
+        if md.get("parse"):
+            shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else default
+            p.add_argument(*flags, dest=f.name, default=None, help=f"{help_} (default {shown})".strip())
+        elif _scalar(tp) is bool:
+            p.add_argument(*flags, dest=f.name, action="store_true", help=help_)
+        else:
+            p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default, help=help_)
+
+
+def config_from_args(cls, args, **overrides):
+    """The config `cls` from parsed arguments: text fields parsed, absent ones at their defaults."""
+    from dataclasses import fields, is_dataclass
+
+    types = _field_types(cls)
+    kw = {}
+    for f in fields(cls):
+        tp = types[f.name]
+        if f.name in overrides:
+            kw[f.name] = overrides[f.name]
+        elif is_dataclass(tp):
+            kw[f.name] = config_from_args(tp, args)
+        elif hasattr(args, f.name):
+            value = getattr(args, f.name)
+            parse = f.metadata.get("parse")
+            if parse and value is not None:
+                value = PARSERS[parse](value, f"--{f.name}")
+            if value is not None or not parse:
+                kw[f.name] = value
+    return cls(**kw)
+
+
+def step_parser(cls, doc: str | None = None, skip: Sequence[str] = ()) -> "ArgumentParser":
+    """The argument parser of a step whose flags are the fields of the config class `cls`."""
+    p = ArgumentParser(description=doc or cls.__doc__)
+    add_config_args(p, cls, skip)
+    return p

@@ -1,0 +1,401 @@
+"""Typed configs of the pipeline steps: one dataclass per step, whose fields are the step's flags.
+
+The defaults live here and only here. Scripts build their argument parsers from these classes
+(`core.cli.add_config_args`) and hand the library one config (`core.cli.config_from_args`); the
+library's step functions take the config, never flag strings. Field metadata:
+- `help`: the flag's help text;
+- `parse`: the name of a `core.cli` text parser for fields a user gives as text on the command line
+  (`int_range` for "10,60", `float_range`, `int_list` for "0,1,3" or "64,32", `str_list` for
+  "neuroshard,dim_greedy"); the config itself always holds the parsed value;
+- `aliases`: extra spellings of the flag.
+A field whose type is itself a config (hardware, cost-model files, search parameters) adds its
+fields as flags of the step. `check()` range-checks a config and returns it; error messages name
+the flag, which is also the field's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError, check_float, check_int, check_range
+
+
+def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = ()):
+    """A config field that is also a command-line flag."""
+    md = {"help": help, "parse": parse, "aliases": aliases}
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=md)
+    return field(default=default, metadata=md)
+
+
+def check_iters(warmup_iter: int, num_iter: int) -> None:
+    check_int("--warmup_iter", warmup_iter, 0, 100_000)
+    check_int("--num_iter", num_iter, 1, 100_000)
+
+
+# ----------------------------------------------------------------------------- shared groups
+
+@dataclass
+class HardwareConfig:
+    """Where costs are measured (DESIGN.md §4)."""
+    device: str = flag("auto", "auto, cpu or cuda")
+    backend: str = flag("auto", "auto, fbgemm or torch")
+    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids, one rank/worker each (CUDA)",
+                                               parse="int_list")
+
+    def check(self) -> "HardwareConfig":
+        if self.gpu_devices is not None:
+            ids = list(self.gpu_devices)
+            if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+                raise UserError(f"--gpu_devices must list distinct GPU ids >= 0, got {self.gpu_devices!r}")
+        return self
+
+    def num_ranks(self, ndevices: int) -> int:
+        """Ranks of a run: one per GPU id when given, else `ndevices` CPU processes."""
+        return len(self.gpu_devices) if self.gpu_devices else ndevices
+
+
+@dataclass
+class CostModelFiles:
+    """The three pre-trained cost models (DESIGN.md §3.3)."""
+    compute_model: str = flag("models/compute.pt")
+    fw_comm_model: str | None = flag(None, "default models/comm_<N>_fw.pt")
+    bw_comm_model: str | None = flag(None, "default models/comm_<N>_bw.pt")
+
+    def paths(self, num_devices: int) -> tuple[Path, Path, Path]:
+        fw, bw = comm_model_paths("models", num_devices)
+        return Path(self.compute_model), Path(self.fw_comm_model or fw), Path(self.bw_comm_model or bw)
+
+
+def comm_model_paths(models_dir: str | Path, num_devices: int) -> tuple[Path, Path]:
+    """Default forward and backward comm model files for `num_devices` devices."""
+    d = Path(models_dir)
+    return d / f"comm_{num_devices}_fw.pt", d / f"comm_{num_devices}_bw.pt"
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """NeuroShard's search parameters (DESIGN.md §3.5, the paper's values)."""
+    beam_width: int = flag(3)
+    num_candidates: int = flag(10)
+    max_splits: int = flag(10)
+    grid_steps: int = flag(11)
+    threshold_range: tuple[float, float] = flag((1.0, 1.5), "dim-sum caps of the grid search: lo,hi",
+                                                parse="float_range")
+
+    def check(self) -> "SearchParams":
+        check_range("--threshold_range", self.threshold_range, 0.0, strict=False)
+        check_int("--beam_width", self.beam_width, 1, 100)
+        check_int("--num_candidates", self.num_candidates, 1, 1000)
+        check_int("--max_splits", self.max_splits, 0, 1000)
+        check_int("--grid_steps", self.grid_steps, 1, 1000)
+        lo, hi = self.threshold_range
+        if lo < 1.0:
+            raise UserError(f"--threshold_range must start at >= 1.0 (a dim-sum cap below the mean cannot place "
+                            f"every table), got {lo:g},{hi:g}")
+        if self.grid_steps > 1 and lo == hi:
+            raise UserError("--threshold_range lo == hi needs --grid_steps 1")
+        return self
+
+    def thresholds(self):
+        import numpy as np
+
+        return np.linspace(self.threshold_range[0], self.threshold_range[1], self.grid_steps)
+
+
+@dataclass
+class FitConfig:
+    """How a cost model is trained (DESIGN.md §3.3)."""
+    epochs: int = flag(300)
+    train_ratio: float = flag(0.8)
+    valid_ratio: float = flag(0.1)
+    batch_size: int = flag(512)
+    num_samples: int | None = flag(None, "use the first N samples (default all)")
+    lr: float = flag(1e-3)
+    seed: int = flag(0)
+
+    def check(self, min_samples: int = 10) -> "FitConfig":
+        check_int("--epochs", self.epochs, 1, 1_000_000)
+        check_int("--batch_size", self.batch_size, 1, 1 << 24)
+        check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
+        check_float("--train_ratio", self.train_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_float("--valid_ratio", self.valid_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.train_ratio + self.valid_ratio >= 1:
+            raise UserError("--train_ratio + --valid_ratio must be < 1 (the rest is the test split)")
+        check_int("--seed", self.seed, 0)
+        if self.num_samples is not None:
+            check_int("--num_samples", self.num_samples, min_samples)
+        return self
+
+
+# ----------------------------------------------------------------------------- steps 1-2: data
+
+@dataclass
+class DatasetConfig:
+    """Step 1 (tools/gen_dlrm_data.py): raw DLRM dataset (real file or synthetic) -> processed dataset."""
+    data: str | None = flag(None, "raw dataset (.pt or .pt.gz), e.g. fbgemm_t856_bs65536.pt")
+    synthetic: bool = flag(False, "generate a DLRM-like raw dataset instead")
+    out_dir: str = flag("data/dlrm_datasets", aliases=("--out-dir",))
+    seed: int = flag(0)
+    num_tables: int = flag(856, "synthetic: number of tables")
+    batch_size: int = flag(4096, "synthetic: samples in the batch")
+    row_scale: float = flag(1.0, "synthetic: multiply row counts (e.g. 0.01 for small machines)")
+    save_raw: str | None = flag(None, "synthetic: also write the raw tuple here (.pt / .pt.gz)")
+
+    def check(self) -> "DatasetConfig":
+        if self.data is not None and self.synthetic:
+            raise UserError("pass either --data FILE or --synthetic, not both")
+        return self
+
+
+@dataclass
+class TasksConfig:
+    """Step 2 (tools/gen_tasks.py): draw sharding tasks from a processed dataset into OUT_DIR/SPLIT.pkl."""
+    seed: int = flag(0)
+    data_size: int = flag(100, "number of tasks")
+    T_range: tuple[int, int] = flag((10, 60), "tables per task: lo,hi (hi exclusive)", parse="int_range")
+    max_mem: float = flag(15.0, "total size budget of a task, GB")
+    max_dim: int = flag(128, "dims drawn from max_dim, max_dim/2, ... (divisible by 4)")
+    data_dir: str = flag("data/dlrm_datasets", "processed dataset folder")
+    out_dir: str = flag("data/tasks")
+    split: str = flag("test", "file name: OUT_DIR/SPLIT.pkl (e.g. train, test)")
+
+    def check(self) -> "TasksConfig":
+        check_range("--T_range", self.T_range, 1, strict=True)
+        check_int("--data_size", self.data_size, 1, 1_000_000)
+        check_int("--T_range upper bound", self.T_range[1], 2, 100_000)
+        check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
+        check_int("--seed", self.seed, 0)
+        if not self.split or any(c in self.split for c in "/\\") or self.split.startswith("."):
+            raise UserError(f"--split must be a plain file name such as train or test, got {self.split!r}")
+        return self
+
+
+# ----------------------------------------------------------------------------- step 3: cost data
+
+@dataclass
+class ComputeCollectConfig:
+    """Step 3a (collect_compute_cost_data.py): compute cost of random shards (DESIGN.md §3.1)."""
+    data_size: int = flag(1000, "samples the output file should hold")
+    workers: int | None = flag(None, "CPU worker processes, one thread each (default: CPU count)")
+    max_tables: int = flag(15)
+    max_mem: float = flag(4.0, "GB per shard")
+    max_dim: int = flag(128)
+    dataset_dir: str = flag("data/dlrm_datasets")
+    out_dir: str = flag("data/cost_data")
+    batch_size: int | None = flag(None, "first B samples of the dataset batch (default all)")
+    warmup_iter: int = flag(5)
+    num_iter: int = flag(10)
+    seed: int = flag(0)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+
+    def check(self) -> "ComputeCollectConfig":
+        check_int("--data_size", self.data_size, 1, 10_000_000)
+        if self.workers is not None:
+            check_int("--workers", self.workers, 1, 1024)
+        check_int("--max_tables", self.max_tables, 1, 1000)
+        check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
+        check_iters(self.warmup_iter, self.num_iter)
+        check_int("--seed", self.seed, 0)
+        self.hardware.check()
+        return self
+
+
+@dataclass
+class CommCollectConfig:
+    """Step 3b (collect_comm_cost_data.py): all-to-all costs for dim layouts and delays (DESIGN.md §3.2)."""
+    data_size: int = flag(1000, "samples the output file should hold")
+    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids, one rank each (CUDA)", parse="int_list")
+    ndevices: int = flag(4, "number of ranks (CPU processes)")
+    T_range: tuple[int, int] = flag((10, 60), parse="int_range")
+    sleep_range: tuple[float, float] = flag((1.0, 20.0), "straggler spread range, ms", parse="float_range")
+    max_dim: int = flag(128)
+    batch_size: int = flag(4096, "global batch (divisible by the number of ranks)")
+    warmup_iter: int = flag(5)
+    num_iter: int = flag(10)
+    seed: int = flag(0)
+    device: str = flag("auto")
+    out_dir: str = flag("data/cost_data")
+
+    def check(self, num_ranks: int) -> "CommCollectConfig":
+        HardwareConfig(gpu_devices=self.gpu_devices).check()
+        check_int("--ndevices", num_ranks, 2, 1024)
+        check_int("--data_size", self.data_size, 1, 10_000_000)
+        check_range("--T_range", self.T_range, 1, strict=True)
+        check_range("--sleep_range", self.sleep_range, 0.0, strict=False)
+        check_float("--sleep_range upper bound", self.sleep_range[1], 0.0, 10_000.0)
+        check_iters(self.warmup_iter, self.num_iter)
+        check_int("--seed", self.seed, 0)
+        if check_int("--batch_size", self.batch_size, 1, 1 << 24) % num_ranks:
+            raise UserError(f"--batch_size {self.batch_size} is not divisible by {num_ranks} ranks; "
+                            f"use a multiple of {num_ranks}")
+        return self
+
+
+# ----------------------------------------------------------------------------- step 4: cost models
+
+@dataclass
+class TrainComputeConfig:
+    """Step 4a (train_compute_cost_model.py): pre-train the compute cost model."""
+    data_dir: str = flag("data/cost_data", "folder with compute_cost_data.pkl")
+    dataset_dir: str = flag("data/dlrm_datasets", "processed dataset the samples came from")
+    out_path: str = flag("models/compute.pt")
+    fit: FitConfig = field(default_factory=FitConfig)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir) / "compute_cost_data.pkl"
+
+
+@dataclass
+class TrainCommConfig:
+    """Step 4b (train_comm_cost_model.py): pre-train the forward and backward comm cost models."""
+    data_dir: str = flag("data/cost_data", "folder with comm_cost_data_<N>.pkl")
+    ndevices: int = flag(4)
+    fw_out_path: str | None = flag(None, "default models/comm_<N>_fw.pt")
+    bw_out_path: str | None = flag(None, "default models/comm_<N>_bw.pt")
+    fit: FitConfig = field(default_factory=FitConfig)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir) / f"comm_cost_data_{self.ndevices}.pkl"
+
+    def out_paths(self) -> tuple[Path, Path]:
+        fw, bw = comm_model_paths("models", self.ndevices)
+        return Path(self.fw_out_path or fw), Path(self.bw_out_path or bw)
+
+
+# ----------------------------------------------------------------------------- steps 5-6: evaluation
+
+@dataclass
+class EvalSimConfig:
+    """Step 5 (eval_simulator.py): shard every task with each algorithm, score the plans with the cost models."""
+    data_dir: str = flag("data/dlrm_datasets", "processed dataset")
+    task_path: str = flag("data/tasks/test.pkl")
+    alg: tuple[str, ...] = flag(("neuroshard",), "algorithm, comma-separated list, all, or plan:FILE",
+                                parse="str_list")
+    ndevices: int = flag(4)
+    max_mem: float = flag(4.0, "memory of one device, GB")
+    results_csv: str | None = flag(None, "default results/sim_<alg>.csv")
+    seed: int = flag(0)
+    models: CostModelFiles = field(default_factory=CostModelFiles)
+    search: SearchParams = field(default_factory=SearchParams)
+
+    def check(self) -> "EvalSimConfig":
+        check_int("--seed", self.seed, 0)
+        self.search.check()
+        return self
+
+
+@dataclass
+class EvalConfig:
+    """Step 6 (eval.py): shard every task with each algorithm, then measure the plans on hardware."""
+    data_dir: str = flag("data/dlrm_datasets", "processed dataset")
+    task_path: str = flag("data/tasks/test.pkl")
+    alg: tuple[str, ...] = flag(("neuroshard",), "algorithm, comma-separated list, all, or plan:FILE",
+                                parse="str_list")
+    ndevices: int = flag(4, "ranks (CPU processes) when not on GPUs")
+    max_mem: float = flag(4.0, "memory of one device, GB")
+    batch_size: int | None = flag(None, "first B samples of the dataset batch (default all)")
+    warmup_iter: int = flag(10)
+    num_iter: int = flag(100, "timed iterations of a plan, over all rounds")
+    rounds: int = flag(5, "each task's plans are measured interleaved in this many rounds; cost = median round")
+    results_csv: str | None = flag(None, "default results/eval_<alg>.csv")
+    seed: int = flag(0)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    models: CostModelFiles = field(default_factory=CostModelFiles)
+    search: SearchParams = field(default_factory=SearchParams)
+
+    def check(self) -> "EvalConfig":
+        check_iters(self.warmup_iter, self.num_iter)
+        check_int("--rounds", self.rounds, 1, 1000)
+        check_int("--seed", self.seed, 0)
+        self.hardware.check()
+        self.search.check()
+        return self
+
+
+# ----------------------------------------------------------------------------- a user's own tables
+
+@dataclass
+class ShardTablesConfig:
+    """tools/shard_tables.py: a user's table list (or real ids) in, a sharding plan out."""
+    tables: str | None = flag(None, "CSV or JSON: name,rows,dim,pooling_factor[,bin_0..bin_16]")
+    ids: str | None = flag(None, "real ids in the raw DLRM format (.pt / .pt.gz); needs --dims")
+    dims: tuple[int, ...] | None = flag(None, "with --ids: one dim per table (comma-separated) or one for all",
+                                        parse="int_list")
+    ndevices: int = flag(4)
+    max_mem: float = flag(4.0, "memory per device, GB")
+    alg: str = flag("neuroshard", "any sharding algorithm (default neuroshard), or plan:FILE")
+    out: str = flag("plan.json")
+    torchrec_plan: str | None = flag(None, "also write the plan as a TorchRec ShardingPlan (JSON)")
+    measure: bool = flag(False, "measure the plan and the heuristics' plans on hardware")
+    warmup_iter: int = flag(10)
+    num_iter: int = flag(100)
+    seed: int = flag(0)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    models: CostModelFiles = field(default_factory=CostModelFiles)
+    search: SearchParams = field(default_factory=SearchParams)
+
+    def check(self) -> "ShardTablesConfig":
+        if (self.tables is None) == (self.ids is None):
+            raise UserError("pass exactly one of --tables FILE (CSV or JSON table list) or --ids FILE (raw DLRM ids)")
+        if self.ids is not None and self.dims is None:
+            raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
+        if self.measure:
+            check_iters(self.warmup_iter, self.num_iter)
+        check_int("--seed", self.seed, 0)
+        self.hardware.check()
+        self.search.check()
+        return self
+
+
+# ----------------------------------------------------------------------------- the whole pipeline
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of one end-to-end pipeline run (tools/run_pipeline.py --preset)."""
+    num_tables: int
+    batch_size: int
+    row_scale: float
+    task_max_mem: float
+    max_mem: float
+    T_range: tuple[int, int]
+    num_train_tasks: int
+    num_test_tasks: int
+    ndevices: tuple[int, ...]
+    compute_samples: int
+    compute_workers: int | None
+    comm_samples: int
+    epochs: int
+    eval_warmup: int
+    eval_iters: int
+    eval_rounds: int
+
+
+PRESETS = {
+    # CPU, 2 cores, ~11 minutes: rows scaled by 0.01 and budgets scaled alike (4 GB -> 0.04 GB).
+    "quick": Preset(num_tables=856, batch_size=4096, row_scale=0.01, task_max_mem=0.15, max_mem=0.04,
+                    T_range=(10, 30), num_train_tasks=20, num_test_tasks=20, ndevices=(4,), compute_samples=800,
+                    compute_workers=1, comm_samples=300, epochs=500, eval_warmup=3, eval_iters=25, eval_rounds=5),
+    # The paper's sizes, for machines with GPUs (pass --gpu_devices) and the memory to match.
+    "paper": Preset(num_tables=856, batch_size=65536, row_scale=1.0, task_max_mem=15.0, max_mem=4.0,
+                    T_range=(10, 60), num_train_tasks=100, num_test_tasks=100, ndevices=(4, 8), compute_samples=5000,
+                    compute_workers=None, comm_samples=1000, epochs=1000, eval_warmup=10, eval_iters=100,
+                    eval_rounds=5),
+}
+
+
+@dataclass
+class PipelineConfig:
+    """tools/run_pipeline.py: every step of DESIGN.md §3 with a preset; resumes, skipping finished steps."""
+    preset: str = flag("quick", "quick (CPU, minutes) or paper (the paper's sizes, GPUs)")
+    work_dir: str = flag(".", "folder holding data/, models/ and results/")
+    force: bool = flag(False, "redo every step")
+    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids (CUDA runs)", parse="int_list")
+
+    def check(self) -> "PipelineConfig":
+        if self.preset not in PRESETS:
+            raise UserError(f"unknown --preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        HardwareConfig(gpu_devices=self.gpu_devices).check()
+        return self

@@ -1,0 +1,61 @@
+"""The small types that flow between the pipeline's stages.
+
+- `Cluster`: the devices a plan is for (count and memory per device, GB).
+- `Cost`: per-device compute, forward and backward all-to-all costs (ms) of one plan, simulated or
+  measured alike; the plan's cost is the slowest device's total.
+- `MEM_TOL_GB`: the one tolerance every memory check uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UserError, check_float, check_int
+
+MEM_TOL_GB = 1e-9
+COST_DECIMALS = 6  # costs are rounded to 1 ns so that equal sums compare equal whatever the order
+
+
+def round_ms(x):
+    return np.round(x, COST_DECIMALS)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    num_devices: int
+    max_mem_gb: float
+
+    def __post_init__(self):
+        check_int("--ndevices", self.num_devices, 1, 4096)
+        check_float("--max_mem", self.max_mem_gb, 0.0, lo_open=True)
+
+    def fits(self, mem_gb) -> np.ndarray | bool:
+        """Whether memory use (GB, any shape) is within a device's capacity."""
+        return np.asarray(mem_gb) <= self.max_mem_gb + MEM_TOL_GB
+
+    def need_peers(self) -> "Cluster":
+        if self.num_devices < 2:
+            raise UserError("--ndevices must be >= 2 (an all-to-all needs peers)")
+        return self
+
+
+@dataclass
+class Cost:
+    """Per-device costs of one plan (ms). `per_device_ms` = compute + bw + fw; `cost_ms` its max."""
+
+    compute_ms: np.ndarray
+    fw_ms: np.ndarray
+    bw_ms: np.ndarray
+
+    @property
+    def per_device_ms(self) -> np.ndarray:
+        return np.asarray(self.compute_ms) + np.asarray(self.bw_ms) + np.asarray(self.fw_ms)
+
+    @property
+    def cost_ms(self) -> float:
+        return float(round_ms(self.per_device_ms.max()))
+
+    @property
+    def critical_device(self) -> int:
+        return int(np.argmax(self.per_device_ms))

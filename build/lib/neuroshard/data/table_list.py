@@ -1,0 +1,164 @@
+"""A user's own tables: a table list (CSV or JSON) or real ids -> a `ShardingTask` with names.
+
+Table list columns (CSV header or JSON keys, one table per row/object):
+    name, rows, dim, pooling_factor            required
+    bin_0 .. bin_16                            optional reuse histogram (DESIGN.md §2.2): share of the
+                                               table's unique ids read c times, c in (2^(j-1), 2^j]
+A table without reuse statistics gets `DEFAULT_REUSE_HISTOGRAM` — the published histogram of the
+DLRM dataset (DESIGN.md §2.1), renormalised to sum to 1 — and the tools say so. The feature `row`
+is max(100, rows), as for dataset tables. Every bad row is answered with one line naming the row
+(its line in a CSV, its position in a JSON list) and the problem.
+
+`--ids FILE` takes real ids in the raw DLRM format instead (DESIGN.md §2.1): rows, pooling factors
+and reuse histograms are computed from the ids exactly as for a dataset, dims come from the user.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import UserError
+from .features import MIN_ROWS, NUM_BINS, table_data_features
+from .synthetic import PUBLISHED_REUSE_UNIQUE_SHARE
+from .tasks import ShardingTask
+
+REQUIRED = ("name", "rows", "dim", "pooling_factor")
+BIN_COLUMNS = tuple(f"bin_{j}" for j in range(NUM_BINS))
+DEFAULT_REUSE_HISTOGRAM = PUBLISHED_REUSE_UNIQUE_SHARE / PUBLISHED_REUSE_UNIQUE_SHARE.sum()
+MAX_DIM = 4096
+HIST_TOL = 0.01
+
+
+@dataclass
+class TableList:
+    """The user's tables as a task, with their names and which got the default reuse histogram."""
+
+    names: list[str]
+    rows: np.ndarray          # the tables' real row counts (the feature `row` is max(100, rows))
+    task: ShardingTask
+    defaulted_reuse: list[str]
+    source: str
+
+
+def _rows_from_file(path: Path) -> list[tuple[str, dict]]:
+    """(where, row dict) per table of a CSV or JSON table list."""
+    if not path.is_file():
+        raise UserError(f"--tables file not found: {path}; pass a CSV or JSON table list (see README)")
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    if path.suffix.lower() == ".json":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") from None
+        if isinstance(obj, dict):
+            obj = obj.get("tables")
+        if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
+            raise UserError(f"{path}: expected a JSON list of tables (objects with {', '.join(REQUIRED)}) "
+                            'or {"tables": [...]}')
+        return [(f"{path} table {i + 1}", r) for i, r in enumerate(obj)]
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None:
+        raise UserError(f"{path}: empty table list; write a header line {','.join(REQUIRED)} and one line per table")
+    missing = [c for c in REQUIRED if c not in [f.strip() for f in reader.fieldnames]]
+    if missing:
+        raise UserError(f"{path}: header lacks column {missing[0]!r}; the header must name {', '.join(REQUIRED)}")
+    rows = []
+    for line, r in enumerate(reader, start=2):
+        rows.append((f"{path} line {line}", {(k or "").strip(): v for k, v in r.items()}))
+    return rows
+
+
+def _number(where: str, r: dict, key: str) -> float:
+    v = r.get(key)
+    if v is None or (isinstance(v, str) and not v.strip()):
+        raise UserError(f"{where}: missing {key}; every table needs {', '.join(REQUIRED)}")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {key} must be a number, got {v!r}") from None
+    if not math.isfinite(x):
+        raise UserError(f"{where}: {key} must be finite, got {v!r}")
+    return x
+
+
+def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, source: str) -> TableList:
+    """Validate table rows and build the task (features: row, pooling factor, reuse histogram)."""
+    if not rows:
+        raise UserError(f"{source}: no tables; add one line (or object) per table")
+    names, n_rows_all, dims, feats, defaulted, seen = [], [], [], [], [], {}
+    for where, r in rows:
+        name = str(r.get("name") or "").strip()
+        if not name:
+            raise UserError(f"{where}: missing name; every table needs {', '.join(REQUIRED)}")
+        if name in seen:
+            raise UserError(f"{where}: duplicate table name {name!r} (also at {seen[name]}); names must be unique")
+        seen[name] = where
+        n_rows, dim, pf = (_number(where, r, k) for k in ("rows", "dim", "pooling_factor"))
+        if n_rows < 1 or not n_rows.is_integer():
+            raise UserError(f"{where}: rows must be a whole number >= 1, got {r.get('rows')!r}")
+        if not dim.is_integer() or dim < 4 or dim % 4 or dim > MAX_DIM:
+            raise UserError(f"{where}: dim must be a multiple of 4 between 4 and {MAX_DIM}, got {r.get('dim')!r}")
+        if pf < 0:
+            raise UserError(f"{where}: pooling_factor must be >= 0 (mean lookups per sample), got {r.get('pooling_factor')!r}")
+        given = [c for c in BIN_COLUMNS if r.get(c) not in (None, "")]
+        if given and len(given) != NUM_BINS:
+            absent = [c for c in BIN_COLUMNS if c not in given]
+            raise UserError(f"{where}: reuse histogram incomplete ({absent[0]} missing); give all of bin_0..bin_16 "
+                            "or none")
+        if given:
+            hist = np.array([_number(where, r, c) for c in BIN_COLUMNS])
+            if (hist < 0).any() or (hist > 1).any() or abs(hist.sum() - 1) > HIST_TOL and hist.sum() != 0:
+                raise UserError(f"{where}: bin_0..bin_16 must be shares in [0, 1] that sum to 1, "
+                                f"got sum {hist.sum():.3f}")
+        else:
+            hist = np.zeros(NUM_BINS) if pf == 0 else DEFAULT_REUSE_HISTOGRAM
+            if pf > 0:
+                defaulted.append(name)
+        size_gb = n_rows * dim * 4 / 2**30
+        if max_mem_gb is not None:
+            smallest = int(dim)
+            while smallest % 8 == 0:
+                smallest //= 2
+            if n_rows * smallest * 4 / 2**30 > max_mem_gb + 1e-9:
+                raise UserError(f"{where}: table {name!r} ({size_gb:.3f} GB) does not fit a device of {max_mem_gb} GB "
+                                f"even split into column shards of {smallest}; raise --max_mem or shrink the table")
+        names.append(name)
+        n_rows_all.append(int(n_rows))
+        dims.append(int(dim))
+        feats.append(np.concatenate([[max(MIN_ROWS, n_rows), pf], hist]))
+    rows = np.array(n_rows_all, dtype=np.int64)
+    task = ShardingTask(np.arange(len(names)), np.array(dims, dtype=np.int64), np.array(feats, dtype=np.float64), rows)
+    return TableList(names, rows, task, defaulted, source)
+
+
+def load_table_list(path: str | Path, max_mem_gb: float | None = None) -> TableList:
+    path = Path(path)
+    return parse_table_rows(_rows_from_file(path), max_mem_gb, str(path))
+
+
+def tables_from_ids(path: str | Path, dims: list[int], max_mem_gb: float | None = None) -> TableList:
+    """Tables from real ids (raw DLRM format) with user-given dims (one per table, or one for all)."""
+    from .raw import load_raw
+
+    indices, offsets, lengths = load_raw(path)
+    T, B = lengths.shape
+    dims = list(dims)
+    if len(dims) == 1:
+        dims = dims * T
+    if len(dims) != T:
+        raise UserError(f"--dims gives {len(dims)} dims but {path} has {T} tables; give one per table or one for all")
+    ind, off, lens = indices.numpy(), offsets.numpy(), lengths.numpy()
+    rows = []
+    for t in range(T):
+        f = table_data_features(ind[off[t * B]: off[(t + 1) * B]], lens[t])
+        r = {"name": f"table_{t}", "rows": f[0], "dim": dims[t], "pooling_factor": f[1]}
+        if f[1] > 0:
+            r.update({c: v for c, v in zip(BIN_COLUMNS, f[2:])})
+        rows.append((f"{path} table {t}", r))
+    return parse_table_rows(rows, max_mem_gb, str(path))

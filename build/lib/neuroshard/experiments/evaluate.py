@@ -1,0 +1,171 @@
+"""Steps 5 and 6: shard every task with each algorithm, then score the plans with the simulator
+(`eval_simulator`, DESIGN.md §3.4) or measure them on hardware (`eval_hardware`, §3.7).
+
+`eval_hardware` appends every measured plan to a progress log beside the results CSV
+(`<csv>.progress.pkl`) the moment it is measured; an interrupted run resumes with the plans not
+measured yet (a plan is re-measured only if the algorithm now gives another plan). A progress log
+of a run with other settings is started anew. Both write one CSV row per (task, algorithm) plus a
+provenance sidecar.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..core.artifacts import RecordLog, check_output_file, provenance
+from ..core.config import EvalConfig, EvalSimConfig
+from ..core.errors import UserError
+from ..core.types import Cluster, Cost
+from ..data.dataset import DLRMDataset
+from ..data.tasks import ShardingTask, load_tasks
+from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
+from ..sharding.simulator import Simulator
+from .results import print_paired, print_summary, summarize, write_results
+
+EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
+
+
+def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
+    ds = DLRMDataset.load(data_dir)
+    batch = ds.check_batch(batch_size)
+    tasks = load_tasks(task_path, ds)
+    if min(t.num_tables for t in tasks) < cluster.num_devices:
+        raise UserError(f"{cluster.num_devices} devices but a task in {task_path} has only "
+                        f"{min(t.num_tables for t in tasks)} tables; use fewer --ndevices or larger tasks")
+    return ds, batch, tasks
+
+
+def _simulator(paths, ds: DLRMDataset, batch: int, N: int, required: bool) -> Simulator | None:
+    """The cost models; when only baselines run they just add each plan's simulated cost, so models
+    that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
+    if not required and not all(p.exists() for p in paths):
+        return None
+    try:
+        sim = Simulator.load(*paths, num_devices=N)
+        sim.check_dataset(ds.fingerprint, batch)
+    except UserError as e:
+        if required:
+            raise
+        print(f"note: no simulated costs in the results: {e}")
+        return None
+    return sim
+
+
+def _tasks_fingerprint(tasks: list[ShardingTask]) -> str:
+    h = hashlib.sha1()
+    for t in tasks:
+        h.update(np.ascontiguousarray(t.table_ids).tobytes())
+        h.update(np.ascontiguousarray(t.dims).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
+    """Step 5: simulated cost of every (task, algorithm) plan -> results CSV."""
+    cfg.check()
+    algs = expand_algs(cfg.alg)
+    out = Path(cfg.results_csv or f"results/sim_{algs_file_tag(algs)}.csv")
+    check_output_file(out, "--results_csv")
+    ndevices, max_mem, seed, search, task_path = cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
+    cluster = Cluster(ndevices, max_mem)
+    ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
+    paths = cfg.models.paths(ndevices)
+    sim = _simulator(paths, ds, batch, ndevices, required=True)
+    rows = []
+    for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
+        cost = None if res.oom else sim.plan_cost(task, res.plan, cluster)
+        row.update(oom=cost is None, cost_ms=cost.cost_ms if cost else float("nan"),
+                   compute_ms=cost.compute_ms if cost else None, fw_ms=cost.fw_ms if cost else None,
+                   bw_ms=cost.bw_ms if cost else None)
+        rows.append(row)
+    write_results(out, rows, ndevices=ndevices, max_mem_gb=max_mem, seed=seed, batch_size=batch,
+                  task_path=str(task_path), dataset=str(ds.path), models=[str(p) for p in paths],
+                  model_hardware={k: sim.compute.meta.get(k) for k in ("device", "backend", "batch_size")},
+                  search=search.__dict__)
+    summary = summarize(rows, "cost_ms")
+    print_summary(summary, f"simulated cost ({len(tasks)} tasks, {ndevices} devices, {max_mem} GB) -> {out}")
+    for s in summary:
+        print(f"{s['alg']}: average cost {s['mean_cost_ms']:.3f} ms  Valid {s['valid']} / {s['total']}  "
+              f"mean search {s['mean_search_s']:.4f} s")
+    print_paired(rows, "cost_ms")
+    return rows
+
+
+def eval_hardware(cfg: EvalConfig) -> list[dict]:
+    """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
+    from ..hardware.backends import resolve_hardware
+    from ..hardware.evaluator import measure_plans, plan_device_tables
+
+    cfg.check()
+    algs = expand_algs(cfg.alg)
+    out = Path(cfg.results_csv or f"results/eval_{algs_file_tag(algs)}.csv")
+    check_output_file(out, "--results_csv")
+    gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
+    hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
+    N = cfg.hardware.num_ranks(cfg.ndevices)
+    cluster = Cluster(N, cfg.max_mem).need_peers()
+    max_mem, seed, search, task_path = cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
+    warmup_iter, num_iter, rounds = cfg.warmup_iter, cfg.num_iter, cfg.rounds
+    ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, cfg.batch_size)
+    if batch % N:
+        raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
+    paths = cfg.models.paths(N)
+    sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs)  # also scores every plan: fidelity
+    rows, plans = [], {}
+    for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
+        row["sim_cost_ms"] = sim.plan_cost(task, res.plan).cost_ms if sim is not None and not res.oom else float("nan")
+        rows.append(row)
+        if not res.oom:
+            plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
+    settings = {**hw.describe(), "batch_size": batch, "ndevices": N, "max_mem_gb": float(max_mem),
+                "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds,
+                "dataset_fingerprint": ds.fingerprint,
+                "tasks_fingerprint": _tasks_fingerprint(tasks)}
+    progress_path = out.with_name(out.name + ".progress.pkl")
+    log = RecordLog(progress_path, EVAL_PROGRESS_KIND, {**settings, "provenance": provenance()}, tuple(settings),
+                    "eval progress log", restart_on_mismatch=True)
+    measured: dict[tuple, Cost] = {}
+    spreads: dict[tuple, list[float]] = {}
+    try:
+        for r in log.records:
+            key = (r["alg"], r["task"])
+            if key in plans and json.dumps(plans[key][1]) == json.dumps(r["plan"]):
+                measured[key] = Cost(r["compute_ms"], r["fw_ms"], r["bw_ms"])
+                spreads[key] = r["round_costs"]
+        todo = {k: v[0] for k, v in plans.items() if k not in measured}
+        print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, each task's plans "
+              f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
+              + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
+
+        def on_result(key, cost: Cost, round_costs):
+            log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": cost.compute_ms,
+                        "fw_ms": cost.fw_ms, "bw_ms": cost.bw_ms, "round_costs": list(round_costs)})
+            measured[key] = cost
+            spreads[key] = list(round_costs)
+            bar.update()
+
+        with tqdm(total=len(todo), desc="plans") as bar:
+            measure_plans(ds, hw, batch, todo, N, warmup_iter, num_iter, on_result=on_result, gpu_ids=gpu_ids,
+                          rounds=rounds, group_of=lambda key: key[1])
+    finally:
+        log.close()
+    for r in rows:
+        m = measured.get((r["alg"], r["task"]))
+        r["cost_ms"] = m.cost_ms if m else float("nan")
+        if m:
+            rc = np.array(spreads.get((r["alg"], r["task"]), [m.cost_ms]))
+            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc,
+                     spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
+    write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
+                  models=[str(p) for p in paths] if sim else None, search=search.__dict__)
+    progress_path.unlink(missing_ok=True)  # the CSV now holds every result
+    summary = summarize(rows, "cost_ms")
+    print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")
+    for s in summary:
+        print(f"{s['alg']}: average cost {s['mean_cost_ms']:.3f} ms  Valid {s['valid']} / {s['total']}")
+    print_paired(rows, "cost_ms")
+    return rows

@@ -1,0 +1,140 @@
+"""The end-to-end pipeline of DESIGN.md §3 as resumable steps (used by tools/run_pipeline.py).
+
+Each step calls the package function behind one of the numbered scripts with the preset's
+arguments (the equivalent command is printed). A step whose outputs exist is skipped (`force`
+redoes it); the collectors always run but continue their files up to the target sample count, and
+eval resumes from its progress log, so an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..core.config import (PRESETS, CommCollectConfig, ComputeCollectConfig, CostModelFiles, DatasetConfig,
+                           EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig, TasksConfig,
+                           TrainCommConfig, TrainComputeConfig)
+
+@dataclass
+class Step:
+    name: str
+    command: str                       # the equivalent shell command, for the log
+    run: Callable[[], object]          # calls the package
+    outputs: list[Path] = field(default_factory=list)   # skipped when all exist
+    redo_removes: list[Path] = field(default_factory=list)
+
+    def done(self) -> bool:
+        return bool(self.outputs) and all(p.exists() for p in self.outputs)
+
+
+def _cmd(script: str, cfg) -> str:
+    """The shell command that runs `script` with the flags of `cfg` that differ from their defaults."""
+    from dataclasses import fields, is_dataclass
+
+    def flags(c) -> list[str]:
+        out = []
+        default = type(c)()
+        for f in fields(c):
+            v, d = getattr(c, f.name), getattr(default, f.name)
+            if is_dataclass(v):
+                out += flags(v)
+            elif v != d and v is not None and v is not False:
+                text = ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+                out.append(f"--{f.name}" if v is True else f"--{f.name} {text}")
+        return out
+
+    return " ".join(["python", script, *flags(cfg)])
+
+
+def build_steps(cfg: PipelineConfig) -> list[Step]:
+    from ..data.dataset import build_dataset
+    from ..data.tasks import make_task_file
+    from ..hardware.collect import collect_comm, collect_compute
+    from ..models.training import train_comm_models, train_compute_model
+    from .evaluate import eval_hardware, eval_simulator
+
+    P = PRESETS[cfg.check().preset]
+    gpus = cfg.gpu_devices
+    work = Path(cfg.work_dir)
+    data, tasks, cost, models, results = (work / "data/dlrm_datasets", work / "data/tasks", work / "data/cost_data",
+                                          work / "models", work / "results")
+    fit = FitConfig(epochs=P.epochs)
+    data_cfg = DatasetConfig(out_dir=str(data), synthetic=True, num_tables=P.num_tables, batch_size=P.batch_size,
+                             row_scale=P.row_scale, seed=0)
+    steps = [Step("1 data", _cmd("tools/gen_dlrm_data.py", data_cfg), lambda: build_dataset(data_cfg),
+                  [data / "tables.pkl"])]
+    for split, seed in (("train", 1), ("test", 2)):
+        tc = TasksConfig(data_dir=str(data), out_dir=str(tasks), split=split,
+                         data_size=getattr(P, f"num_{split}_tasks"), T_range=P.T_range, max_mem=P.task_max_mem,
+                         seed=seed)
+        steps.append(Step(f"2 tasks ({split})", _cmd("tools/gen_tasks.py", tc), lambda tc=tc: make_task_file(tc),
+                          [tasks / f"{split}.pkl"]))
+    cc = ComputeCollectConfig(dataset_dir=str(data), out_dir=str(cost), data_size=P.compute_samples,
+                              max_mem=P.max_mem, workers=P.compute_workers, hardware=HardwareConfig(gpu_devices=gpus))
+    compute_model = models / "compute.pt"
+    tc = TrainComputeConfig(data_dir=str(cost), dataset_dir=str(data), out_path=str(compute_model), fit=fit)
+    steps += [
+        Step("3 compute cost data", _cmd("collect_compute_cost_data.py", cc), lambda: collect_compute(cc),
+             redo_removes=[cost / "compute_cost_data.pkl"]),
+        Step("4 compute cost model", _cmd("train_compute_cost_model.py", tc), lambda: train_compute_model(tc),
+             [compute_model]),
+    ]
+    for N in P.ndevices:
+        fw, bw = models / f"comm_{N}_fw.pt", models / f"comm_{N}_bw.pt"
+        files = CostModelFiles(str(compute_model), str(fw), str(bw))
+        task_kw = dict(data_dir=str(data), task_path=str(tasks / "test.pkl"), ndevices=N, max_mem=P.max_mem,
+                       alg=("all",), models=files)
+        cm = CommCollectConfig(out_dir=str(cost), ndevices=N, data_size=P.comm_samples, batch_size=P.batch_size,
+                               T_range=P.T_range, gpu_devices=gpus)
+        tm = TrainCommConfig(data_dir=str(cost), ndevices=N, fw_out_path=str(fw), bw_out_path=str(bw), fit=fit)
+        sim = EvalSimConfig(**task_kw, results_csv=str(results / f"sim_{N}.csv"))
+        ev = EvalConfig(**task_kw, results_csv=str(results / f"eval_{N}.csv"), warmup_iter=P.eval_warmup,
+                        num_iter=P.eval_iters, rounds=P.eval_rounds, hardware=HardwareConfig(gpu_devices=gpus))
+        steps += [
+            Step(f"3 comm cost data ({N} devices)", _cmd("collect_comm_cost_data.py", cm),
+                 lambda cm=cm: collect_comm(cm), redo_removes=[cost / f"comm_cost_data_{N}.pkl"]),
+            Step(f"4 comm cost models ({N} devices)", _cmd("train_comm_cost_model.py", tm),
+                 lambda tm=tm: train_comm_models(tm), [fw, bw]),
+            Step(f"5 simulate all algorithms ({N} devices)", _cmd("eval_simulator.py", sim),
+                 lambda sim=sim: eval_simulator(sim), [results / f"sim_{N}.csv"]),
+            Step(f"6 measure all algorithms ({N} devices)", _cmd("eval.py", ev),
+                 lambda ev=ev: eval_hardware(ev), [results / f"eval_{N}.csv"]),
+        ]
+    return steps
+
+
+def run_pipeline(cfg: PipelineConfig, command: str = "") -> Path:
+    steps = build_steps(cfg)
+    work, preset, force = Path(cfg.work_dir), cfg.preset, cfg.force
+    t_start = time.perf_counter()
+    for i, step in enumerate(steps, 1):
+        tag = f"[{i}/{len(steps) + 1}] {step.name}"
+        if force:
+            for p in step.outputs + step.redo_removes:
+                p.unlink(missing_ok=True)
+        elif step.done():
+            print(f"{tag}: outputs exist, skipped (--force redoes it)")
+            continue
+        print(f"{tag}: {step.command}", flush=True)
+        t0 = time.perf_counter()
+        step.run()
+        print(f"{tag}: done in {time.perf_counter() - t0:.1f} s", flush=True)
+    from .report import write_report
+
+    P = PRESETS[preset]
+    sections = [{"ndevices": N, "sim_csv": work / f"results/sim_{N}.csv", "eval_csv": work / f"results/eval_{N}.csv",
+                 "models": {"compute": work / "models/compute.pt", f"comm fw ({N})": work / f"models/comm_{N}_fw.pt",
+                            f"comm bw ({N})": work / f"models/comm_{N}_bw.pt"}} for N in P.ndevices]
+    import json
+
+    hw = json.loads((work / f"results/eval_{P.ndevices[0]}.csv.meta.json").read_text())
+    meta = {"preset": preset, "device": hw.get("device"), "backend": hw.get("backend"),
+            "device_name": hw.get("device_name"), "batch": P.batch_size, "max_mem_gb": P.max_mem,
+            "row_scale": P.row_scale, "test tasks": P.num_test_tasks, "T_range": ",".join(map(str, P.T_range)),
+            "eval iterations": f"{P.eval_warmup}+{P.eval_iters}"}
+    out = write_report(work / "results", sections, command or f"python tools/run_pipeline.py --preset {preset}", meta)
+    print(f"[{len(steps) + 1}/{len(steps) + 1}] report: {out} (+ summary.csv, summary.png) "
+          f"— pipeline took {time.perf_counter() - t_start:.0f} s")
+    print(out.read_text())
+    return out

@@ -1,0 +1,152 @@
+"""Step 3: collect compute-cost and communication-cost samples on hardware (DESIGN.md §3.1–3.2).
+
+A cost-data file is an append-only `RecordLog`: a header with what produced the samples (hardware,
+batch, dataset, settings), then one record per measured sample, written the moment the sample is
+finished. Sample i is drawn deterministically from (seed, i), so a run with `data_size` D makes
+the file hold samples 0..D-1: a re-run measures exactly the missing indices (interrupted runs
+leave no holes), a file made with other settings is refused (never mixed), and a second collector
+on the same file is refused while the first runs.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..core.artifacts import RecordLog, provenance, read_record_log
+from ..core.config import CommCollectConfig, ComputeCollectConfig
+from ..data.dataset import DLRMDataset
+from ..data.features import check_max_dim
+from .backends import Hardware, resolve_device, resolve_hardware
+from .comm_bench import COMM_DATA_KIND, comm_rank
+from .compute_bench import COMPUTE_DATA_KIND, compute_worker
+from .launch import in_torchrun, run_processes
+
+COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
+                      "max_dim", "warmup_iter", "num_iter")
+COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
+                   "num_iter")
+
+
+def missing_indices(records: list[dict], data_size: int) -> list[int]:
+    """Indices in 0..data_size-1 that the file does not hold yet."""
+    have = {int(r["index"]) for r in records}
+    return [i for i in range(data_size) if i not in have]
+
+
+def load_cost_data(path: str | Path, kind: str) -> tuple[dict, list[dict]]:
+    """(meta, samples sorted by index) of a cost-data file."""
+    meta, samples = read_record_log(path, kind, "cost data file")
+    return meta, sorted(samples, key=lambda s: s["index"])
+
+
+def _collect(log: RecordLog, todo: list[int], desc: str, run, writer: bool = True) -> dict:
+    """Run `run(on_message)` and append every emitted sample to `log`; returns a small report."""
+    t0, first = time.perf_counter(), None
+    bar = tqdm(total=len(todo), desc=desc, disable=not writer)
+
+    def on_message(sample):
+        nonlocal first
+        if first is None:  # start the clock at the first result: process start-up is not throughput
+            first = time.perf_counter()
+        log.append(sample)
+        bar.update()
+
+    try:
+        run(on_message)
+    finally:
+        bar.close()
+        log.close()
+    done = len(todo)
+    elapsed = time.perf_counter() - (first or t0)
+    return _report(done, len(log.records), 60 * (done - 1) / elapsed if done > 1 and elapsed > 0 else float("nan"),
+                   log.path)
+
+
+def _report(measured: int, total: int, per_min: float, path: Path) -> dict:
+    print(f"measured {measured} samples ({per_min:.1f} samples/min); {path} holds {total}")
+    return {"measured": measured, "total": total, "samples_per_min": per_min, "path": path}
+
+
+def collect_compute(cfg: ComputeCollectConfig) -> dict:
+    """Measure compute-cost samples until OUT_DIR/compute_cost_data.pkl holds `cfg.data_size`."""
+    cfg.check()
+    check_max_dim(cfg.max_dim)
+    hwc = cfg.hardware
+    gpu_ids = list(hwc.gpu_devices) if hwc.gpu_devices else None
+    warmup_iter, num_iter, seed = cfg.warmup_iter, cfg.num_iter, cfg.seed
+    hw = resolve_hardware(hwc.device, hwc.backend, gpu_ids)
+    ds = DLRMDataset.load(cfg.dataset_dir)
+    batch = ds.check_batch(cfg.batch_size)
+    sample_args = {"seed": seed, "max_tables": cfg.max_tables, "max_mem_gb": cfg.max_mem, "max_dim": cfg.max_dim}
+    meta = {**hw.describe(), "batch_size": batch, "dataset_fingerprint": ds.fingerprint,
+            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "provenance": provenance()}
+    path = Path(cfg.out_dir) / "compute_cost_data.pkl"
+    n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
+    print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
+    log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file")
+    todo = missing_indices(log.records, cfg.data_size)
+    if not todo:
+        log.close()
+        return _report(0, len(log.records), float("nan"), path)
+    n_workers = min(n_workers, len(todo))
+    args = (str(ds.path), hw, batch, warmup_iter, num_iter, todo, sample_args)
+    rep = _collect(log, todo, f"compute samples ({hw.backend}/{hw.device}, {n_workers} workers)",
+                   lambda on_message: run_processes(compute_worker, n_workers, args, on_message,
+                                                    gpu_ids=gpu_ids, what="worker"))
+    return rep
+
+
+def collect_comm(cfg: CommCollectConfig) -> dict:
+    """Measure all-to-all samples on N ranks until OUT_DIR/comm_cost_data_<N>.pkl holds `cfg.data_size`."""
+    gpu_ids = list(cfg.gpu_devices) if cfg.gpu_devices else None
+    N = len(gpu_ids) if gpu_ids else cfg.ndevices
+    if in_torchrun():
+        N = int(os.environ["WORLD_SIZE"])
+    cfg.check(N)
+    check_max_dim(cfg.max_dim)
+    warmup_iter, num_iter, seed, batch_size = cfg.warmup_iter, cfg.num_iter, cfg.seed, cfg.batch_size
+    T_range, sleep_range, max_dim = cfg.T_range, cfg.sleep_range, cfg.max_dim
+    dev = resolve_device(cfg.device, gpu_ids)
+    sample_args = {"seed": seed, "T_range": tuple(T_range), "max_dim": max_dim, "sleep_range": tuple(sleep_range)}
+    meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
+            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "provenance": provenance()}
+    path = Path(cfg.out_dir) / f"comm_cost_data_{N}.pkl"
+    writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
+    print(f"{N} ranks on {dev}, batch {batch_size} -> {path}")
+    if writer:
+        log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file")
+        todo = missing_indices(log.records, cfg.data_size)
+    else:  # other torchrun ranks learn the indices from rank 0 below
+        log, todo = None, None
+    if in_torchrun():
+        todo = _broadcast_todo(todo, dev)
+    if not todo:
+        if log is not None:
+            log.close()
+        return _report(0, len(log.records) if log else 0, float("nan"), path)
+    args = (todo, sample_args, batch_size, dev, warmup_iter, num_iter)
+    run = lambda on_message: run_processes(comm_rank, N, args, on_message, group_device=dev, gpu_ids=gpu_ids)  # noqa
+    if log is None:
+        run(lambda _: None)
+        return {"measured": len(todo), "total": 0, "samples_per_min": float("nan"), "path": path}
+    return _collect(log, todo, f"comm samples ({N} ranks, {dev})", run)
+
+
+def _broadcast_todo(todo, device: str):
+    """Under torchrun, rank 0 (which holds the file) tells every rank which indices to measure."""
+    import torch.distributed as dist
+
+    from .launch import init_group
+
+    if not dist.is_initialized():
+        init_group(device, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, None)
+    import torch
+
+    n = torch.tensor([len(todo) if todo is not None else 0], dtype=torch.int64)
+    dist.broadcast(n, src=0)
+    t = torch.tensor(todo if todo is not None else [0] * int(n), dtype=torch.int64)
+    dist.broadcast(t, src=0)
+    return t.tolist()

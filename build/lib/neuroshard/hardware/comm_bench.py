@@ -1,0 +1,114 @@
+"""All-to-all costs (DESIGN.md §3.2): forward all-to-all of pooled embeddings and backward
+all-to-all of their gradients, per rank, with straggler delays.
+
+Rank r holds pooled embeddings [B, dim_sum_r] for the global batch and sends each peer its slice
+[B/N, dim_sum_r]; it receives [B/N, dim_sum_q] from every peer q. The backward all-to-all sends the
+gradients back the other way. Forward costs are measured from the moment the rank starts (after its
+delay), so a rank that arrives early pays for waiting and the straggler does not pay its own delay.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..data.features import dim_choices
+
+COMM_DATA_KIND = "neuroshard.comm_cost_data"
+
+
+class AllToAll:
+    """Buffers and split sizes of one rank's forward and backward all-to-all."""
+
+    def __init__(self, dim_sums, batch_size: int, rank: int, device: str):
+        N = len(dim_sums)
+        bn = batch_size // N
+        d = [int(x) for x in dim_sums]
+        self.device = device
+        self.fw_in = torch.randn(bn * N * d[rank], device=device)
+        self.fw_out = torch.empty(bn * sum(d), device=device)
+        self.fw_in_splits, self.fw_out_splits = [bn * d[rank]] * N, [bn * x for x in d]
+        self.bw_in = torch.randn(bn * sum(d), device=device)
+        self.bw_out = torch.empty(bn * N * d[rank], device=device)
+        self.bw_in_splits, self.bw_out_splits = self.fw_out_splits, self.fw_in_splits
+
+    def forward(self):
+        dist.all_to_all_single(self.fw_out, self.fw_in, self.fw_out_splits, self.fw_in_splits)
+
+    def backward(self):
+        dist.all_to_all_single(self.bw_out, self.bw_in, self.bw_out_splits, self.bw_in_splits)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_collective(fn, device: str, delay_ms: float, warmup: int, iters: int) -> float:
+    """Median ms of `fn` on this rank, started `delay_ms` after a barrier, delay not counted."""
+    times = []
+    for i in range(warmup + iters):
+        _sync(device)
+        dist.barrier()
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1e3)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def gather_floats(values, device: str) -> list[list[float]]:
+    """All ranks' float lists, [world][len]."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.cpu().tolist() for o in out]
+
+
+def sample_comm(index: int, seed: int, N: int, T_range, max_dim: int, sleep_range) -> tuple[np.ndarray, np.ndarray]:
+    """Dim sums from a randomised greedy split of a random task, and per-rank delays (ms)."""
+    rng = np.random.default_rng([seed, index])
+    T = int(rng.integers(*T_range))
+    dims = rng.choice(dim_choices(max_dim), T)
+    p = rng.random()
+    dim_sums = np.zeros(N, dtype=np.int64)
+    for d in dims:
+        r = int(rng.integers(N)) if rng.random() < p else int(np.argmin(dim_sums))
+        dim_sums[r] += d
+    spread = rng.uniform(*sleep_range)
+    delays = rng.uniform(0, spread, N)
+    return dim_sums, delays - delays.min()
+
+
+def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str, warmup: int, iters: int):
+    """Every rank's (forward ms, backward ms) for one layout; call on all ranks together."""
+    a2a = AllToAll(dim_sums, batch_size, rank, device)
+    bw = timed_collective(a2a.backward, device, 0.0, warmup, iters)
+    fw = timed_collective(a2a.forward, device, float(delays_ms[rank]), warmup, iters)
+    costs = gather_floats([fw, bw], device)
+    return np.array([c[0] for c in costs]), np.array([c[1] for c in costs])
+
+
+def layouts_rank(rank: int, world: int, emit, layouts, batch_size: int, device: str, warmup: int,
+                 iters: int) -> None:
+    """Rank function measuring given (dim_sums, delays) layouts; rank 0 emits (i, fw, bw)."""
+    for i, (dim_sums, delays) in enumerate(layouts):
+        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters)
+        if rank == 0:
+            emit((i, fw, bw))
+
+
+def comm_rank(rank: int, world: int, emit, indices: list[int], sample_args: dict, batch_size: int, device: str,
+              warmup: int, iters: int) -> None:
+    """Rank function of the comm collector: measure each sample, rank 0 emits the per-rank costs."""
+    for index in indices:
+        dim_sums, delays = sample_comm(index, N=world, **sample_args)
+        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters)
+        if rank == 0:
+            emit({"index": index, "dim_sums": dim_sums, "delays_ms": delays, "fw_ms": fw, "bw_ms": bw})

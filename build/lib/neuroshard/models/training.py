@@ -1,0 +1,80 @@
+"""Step 4: pre-train the cost models from collected cost-data files (DESIGN.md §3.3).
+
+Both drivers check their inputs before training (sample files of the right kind, collected on the
+dataset given, enough samples, valid training settings) and write the model atomically.
+"""
+from __future__ import annotations
+
+
+from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig
+from ..core.errors import UserError, check_int
+from ..data.dataset import DLRMDataset
+from ..hardware.collect import load_cost_data
+from ..hardware.comm_bench import COMM_DATA_KIND
+from ..hardware.compute_bench import COMPUTE_DATA_KIND
+from .cost_models import CommCostModel, ComputeCostModel, comm_training_arrays, compute_training_arrays, model_meta
+
+MIN_SAMPLES = 10
+
+
+def _samples(path, kind: str, num_samples: int | None) -> tuple[dict, list[dict]]:
+    meta, samples = load_cost_data(path, kind)
+    samples = samples[:num_samples] if num_samples else samples
+    if len(samples) < MIN_SAMPLES:
+        raise UserError(f"{path} holds {len(samples)} samples; at least {MIN_SAMPLES} are needed to train "
+                        "(collect more with --data_size)")
+    return meta, samples
+
+
+def _print_metrics(name: str, report: dict) -> None:
+    m = report["test"]
+    n = report["num_samples"]
+    print(f"{name}: test MSE {m['mse']:.4g}  MAPE {100 * m['mape']:.2f}%  R² {m['r2']:.4f}  Spearman {m['spearman']:.4f}"
+          f"  (train/valid/test {n['train']}/{n['valid']}/{n['test']}, best valid MSE {report['best_valid_mse']:.4g})")
+
+
+def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
+    """Step 4a: fit the compute cost model on OUT_DIR's compute samples; writes `cfg.out_path`."""
+    fit = cfg.fit.check(MIN_SAMPLES)
+    data_path = cfg.data_path
+    dataset = DLRMDataset.load(cfg.dataset_dir)
+    meta, samples = _samples(data_path, COMPUTE_DATA_KIND, fit.num_samples)
+    if meta.get("dataset_fingerprint") != dataset.fingerprint:
+        raise UserError(f"{data_path} was measured on another dataset than {dataset.path}; "
+                        "pass the matching --dataset_dir")
+    feats, mask, y = compute_training_arrays(samples, dataset.features)
+    kw = _fit_kwargs(fit)
+    model = ComputeCostModel(model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw))
+    report = model.fit((feats, mask), y, epochs=fit.epochs, **kw)
+    _print_metrics(f"compute model ({meta['backend']}/{meta['device']})", report)
+    model.save(cfg.out_path)
+    print(f"saved {cfg.out_path}")
+    return model
+
+
+def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostModel]:
+    """Step 4b: fit the forward and backward comm cost models on the N-device comm samples."""
+    fit = cfg.fit.check(MIN_SAMPLES)
+    check_int("--ndevices", cfg.ndevices, 2, 4096)
+    fw_out_path, bw_out_path = cfg.out_paths()
+    if fw_out_path.resolve() == bw_out_path.resolve():
+        raise UserError("--fw_out_path and --bw_out_path are the same file; give each model its own path")
+    data_path = cfg.data_path
+    meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples)
+    N = int(meta["ndevices"])
+    kw = _fit_kwargs(fit)
+    models = []
+    for direction, out in (("fw", fw_out_path), ("bw", bw_out_path)):
+        x, y = comm_training_arrays(samples, direction)
+        model = CommCostModel(N, direction, model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw))
+        report = model.fit((x,), y, epochs=fit.epochs, **kw)
+        _print_metrics(f"{direction} comm model ({N} devices, {meta['device']})", report)
+        model.save(out)
+        print(f"saved {out}")
+        models.append(model)
+    return models[0], models[1]
+
+
+def _fit_kwargs(fit: FitConfig) -> dict:
+    return {"batch_size": fit.batch_size, "lr": fit.lr, "train_ratio": fit.train_ratio,
+            "valid_ratio": fit.valid_ratio, "seed": fit.seed}

@@ -1,0 +1,118 @@
+"""Sharding plans: column splits plus a device for every shard, and their validation.
+
+A task's tables start as one shard each, `Shard(table, col_start=0, dim)`. A column split of shard
+i halves it in place and appends its twin (same table, rows and ids; the other half of the
+columns), so `splits` — the shard positions split, in order — reproduce the shard list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.errors import PlanError
+from ..core.types import Cluster
+from ..data.features import table_size_gb
+from ..data.tasks import ShardingTask
+
+
+@dataclass(frozen=True)
+class Shard:
+    table: int      # position of the table in its task
+    col_start: int  # first column of the slice
+    dim: int        # number of columns
+
+
+def can_split(dim: int) -> bool:
+    """A shard may be split when half its dim is still divisible by 4."""
+    return dim % 8 == 0
+
+
+def apply_splits(dims, splits) -> list[Shard]:
+    """Shard list after applying `splits` (shard positions) to one-shard-per-table."""
+    shards = [Shard(t, 0, int(d)) for t, d in enumerate(dims)]
+    for i in splits:
+        s = shards[i]
+        if not can_split(s.dim):
+            raise PlanError(f"shard {i} (table {s.table}, dim {s.dim}) cannot be split: dim/2 not divisible by 4")
+        half = s.dim // 2
+        shards[i] = Shard(s.table, s.col_start, half)
+        shards.append(Shard(s.table, s.col_start + half, half))
+    return shards
+
+
+@dataclass
+class ShardingPlan:
+    """Which device owns each shard of a task."""
+
+    num_devices: int
+    shards: list[Shard]
+    device_of: list[int]
+    splits: list[int] = field(default_factory=list)
+
+    def per_device(self) -> list[list[Shard]]:
+        out: list[list[Shard]] = [[] for _ in range(self.num_devices)]
+        for s, d in zip(self.shards, self.device_of):
+            out[d].append(s)
+        return out
+
+    def device_mem_gb(self, task: ShardingTask) -> np.ndarray:
+        mem = np.zeros(self.num_devices)
+        for s, d in zip(self.shards, self.device_of):
+            mem[d] += table_size_gb(task.rows[s.table], s.dim)
+        return mem
+
+    def device_dim_sums(self) -> np.ndarray:
+        dims = np.zeros(self.num_devices, dtype=np.int64)
+        for s, d in zip(self.shards, self.device_of):
+            dims[d] += s.dim
+        return dims
+
+    def to_dict(self) -> dict:
+        return {"num_devices": int(self.num_devices), "splits": [int(i) for i in self.splits],
+                "devices": [[(int(s.table), int(s.col_start), int(s.dim)) for s in dev] for dev in self.per_device()]}
+
+
+def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> ShardingPlan:
+    """The plan whose shards are exactly the column slices `slices[t]` = [(col_offset, width, device)]
+    of each table t (a table without an entry stays whole, on the device of its one slice), reached
+    by halving splits in rounds: every shard of a table that is not one of its slices is halved, until
+    all are. A slice that halving cannot reach (e.g. 48 columns of 128) is a `PlanError`."""
+    splits: list[int] = []
+    shards = apply_splits(dims, [])
+    for t in sorted(slices):
+        want = {(int(off), int(w)) for off, w, _ in slices[t]}
+        while todo := [i for i, s in enumerate(shards) if s.table == t and (s.col_start, s.dim) not in want]:
+            for i in todo:
+                if not can_split(shards[i].dim):
+                    raise PlanError(f"table {t}: the column slices {sorted(want)} are not halvings of dim {dims[t]}")
+                splits.append(i)
+                shards = apply_splits(dims, splits)
+    rank = {(t, int(off)): int(r) for t, pieces in slices.items() for off, _, r in pieces}
+    missing = [s.table for s in shards if (s.table, s.col_start) not in rank]
+    if missing:
+        raise PlanError(f"table {missing[0]} has no device")
+    return ShardingPlan(num_devices, shards, [rank[(s.table, s.col_start)] for s in shards], splits)
+
+
+def check_complete(task: ShardingTask, plan: ShardingPlan) -> None:
+    """Raise `PlanError` unless every column of every table is placed exactly once on a real device."""
+    if len(plan.shards) != len(plan.device_of):
+        raise PlanError(f"{len(plan.shards)} shards but {len(plan.device_of)} devices: every shard needs one device")
+    bad = [d for d in plan.device_of if not 0 <= d < plan.num_devices]
+    if bad:
+        raise PlanError(f"device {bad[0]} out of range 0..{plan.num_devices - 1}")
+    cover = [np.zeros(int(d), dtype=np.int64) for d in task.dims]
+    for s in plan.shards:
+        if not 0 <= s.table < task.num_tables:
+            raise PlanError(f"shard of unknown table {s.table}")
+        if not (s.dim > 0 and s.col_start >= 0 and s.col_start + s.dim <= task.dims[s.table]):
+            raise PlanError(f"bad column slice {s} of table {s.table} (dim {task.dims[s.table]})")
+        cover[s.table][s.col_start: s.col_start + s.dim] += 1
+    for t, c in enumerate(cover):
+        if not np.all(c == 1):
+            raise PlanError(f"table {t}: columns not placed exactly once")
+
+
+def fits_memory(task: ShardingTask, plan: ShardingPlan, cluster: Cluster) -> bool:
+    return bool(np.all(cluster.fits(plan.device_mem_gb(task))))

@@ -1,0 +1,156 @@
+"""NeuroShard search (DESIGN.md §3.5): beam search over column splits, greedy grid search over
+table-wise placements, every candidate scored by the simulator.
+
+- Column split: a shard of dim d becomes d/2 plus a twin of d/2 (same rows, ids and features),
+  allowed while d/2 is divisible by 4.
+- Grid search: for each threshold s in `grid_steps` values of `threshold_range`, shards sorted by
+  predicted single-shard compute cost (largest first) go to the device with the lowest current
+  predicted compute cost (tie: less memory, then lower id) among devices with memory room whose dim
+  sum stays <= s * total_dim / N; the device's cost is re-predicted on its new set. Complete
+  placements are scored by the simulator; the best one wins.
+- Beam search: width k; each state is expanded by splitting one candidate shard (union of the
+  `num_candidates` largest and most expensive splittable shards); the k best new states go on;
+  the best plan seen at any depth (including no split) is returned.
+
+Speed: every (state, candidate, threshold) greedy of one depth runs in lockstep on numpy arrays,
+and a device's prediction is updated incrementally (its embedding sum plus the new shard's, then the
+small head network). tests/oracle_search.py is the direct, one-at-a-time implementation; both
+return exactly the same plan.
+"""
+from __future__ import annotations
+
+
+import numpy as np
+
+from ..core.config import SearchParams
+from ..core.types import MEM_TOL_GB, Cluster, round_ms
+from ..data.features import table_size_gb, with_dim
+from ..data.tasks import ShardingTask
+from .plan import ShardingPlan, apply_splits, can_split
+from .simulator import Simulator
+
+
+class ShardTable:
+    """Embeddings, single-shard costs and sizes of every (table, dim) a search can produce."""
+
+    def __init__(self, sim: Simulator, task: ShardingTask):
+        keys = []
+        for t, d in enumerate(task.dims):
+            d = int(d)
+            keys.append((t, d))
+            while can_split(d):
+                d //= 2
+                keys.append((t, d))
+        self.index = {k: i for i, k in enumerate(keys)}
+        tables = np.array([k[0] for k in keys])
+        dims = np.array([k[1] for k in keys])
+        self.emb = sim.compute.embed(with_dim(task.data_features[tables], dims))
+        self.single_cost = round_ms(sim.compute.head(self.emb))
+        self.size = table_size_gb(task.rows[tables], dims)
+        self.dim = dims.astype(np.float64)
+
+
+def candidate_shards(shard_keys: list[tuple[int, int]], st: ShardTable, num_candidates: int) -> list[int]:
+    """Union of the largest and the most expensive splittable shards, by shard position."""
+    pos = [i for i, (_, d) in enumerate(shard_keys) if can_split(d)]
+    if not pos:
+        return []
+    idx = np.array([st.index[shard_keys[i]] for i in pos])
+    by_size = np.argsort(-st.size[idx], kind="stable")[:num_candidates]
+    by_cost = np.argsort(-st.single_cost[idx], kind="stable")[:num_candidates]
+    return sorted({pos[j] for j in np.concatenate([by_size, by_cost])})
+
+
+def split_keys(shard_keys: list[tuple[int, int]], i: int) -> list[tuple[int, int]]:
+    t, d = shard_keys[i]
+    out = list(shard_keys)
+    out[i] = (t, d // 2)
+    out.append((t, d // 2))
+    return out
+
+
+def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[int, int]]], cluster: Cluster,
+                      params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
+    """Best grid-search placement of each shard list (all of one length).
+
+    Returns costs [E] (inf where no threshold gives a complete placement) and assignments [E, L].
+    """
+    N, max_mem_gb, thresholds = cluster.num_devices, cluster.max_mem_gb, params.thresholds()
+    G, E, L = len(thresholds), len(states), len(states[0])
+    item = np.array([[st.index[k] for k in s] for s in states])            # [E, L] -> ShardTable row
+    order = np.argsort(-st.single_cost[item], axis=1, kind="stable")       # [E, L] shard positions
+    total_dim = st.dim[item].sum(axis=1)                                   # [E]
+    cap = (thresholds[None, :] * total_dim[:, None] / N).reshape(-1)       # [R]
+    R = E * G
+    exp_of = np.repeat(np.arange(E), G)
+    emb_sum = np.zeros((R, N, st.emb.shape[1]))
+    cost = np.zeros((R, N))
+    mem = np.zeros((R, N))
+    dsum = np.zeros((R, N))
+    count = np.zeros((R, N), dtype=np.int64)
+    alive = np.ones(R, dtype=bool)
+    assign = np.full((R, L), -1)
+    rows = np.arange(R)
+    for k in range(L):
+        pos = order[exp_of, k]
+        it = item[exp_of, pos]
+        sz, dm = st.size[it], st.dim[it]
+        ok = (mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB) & (dsum + dm[:, None] <= cap[:, None] + MEM_TOL_GB)
+        ok &= alive[:, None]
+        alive &= ok.any(axis=1)
+        c = np.where(ok, cost, np.inf)
+        tie = ok & (c == c.min(axis=1, keepdims=True))
+        m = np.where(tie, mem, np.inf)
+        tie &= m == m.min(axis=1, keepdims=True)
+        dev = tie.argmax(axis=1)
+        r, d = rows[alive], dev[alive]
+        if len(r) == 0:
+            break
+        emb_sum[r, d] = emb_sum[r, d] + st.emb[it[r]]
+        mem[r, d] += sz[r]
+        dsum[r, d] += dm[r]
+        count[r, d] += 1
+        cost[r, d] = sim.set_cost(emb_sum[r, d], count[r, d])
+        assign[r, pos[r]] = d
+    total = np.full(R, np.inf)
+    if alive.any():
+        total[alive] = sim.total_cost(cost[alive], dsum[alive])[0]
+    total = total.reshape(E, G)
+    best_g = total.argmin(axis=1)  # first threshold among equals
+    best = total[np.arange(E), best_g]
+    return best, assign.reshape(E, G, L)[np.arange(E), best_g]
+
+
+def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster,
+                      params: SearchParams = SearchParams()) -> ShardingPlan | None:
+    sim.check_devices(cluster.num_devices)
+    st = ShardTable(sim, task)
+    base = [(t, int(d)) for t, d in enumerate(task.dims)]
+    cost, assign = grid_search_batch(sim, st, [base], cluster, params)
+    best = (cost[0], [], assign[0])
+    beam = [([], base)]
+    for _ in range(params.max_splits):
+        expansions = [(splits + [c], split_keys(keys, c))
+                      for splits, keys in beam for c in candidate_shards(keys, st, params.num_candidates)]
+        if not expansions:
+            break
+        costs, assigns = grid_search_batch(sim, st, [e[1] for e in expansions], cluster, params)
+        ranked = np.argsort(costs, kind="stable")  # by cost, then generation order
+        for j in ranked[:1]:
+            if costs[j] < best[0]:
+                best = (costs[j], expansions[j][0], assigns[j])
+        beam = [expansions[j] for j in ranked[:params.beam_width]]
+    if not np.isfinite(best[0]):
+        return None
+    return ShardingPlan(cluster.num_devices, apply_splits(task.dims, best[1]), [int(x) for x in best[2]],
+                        list(best[1]))
+
+
+class NeuroShardSharder:
+    name = "neuroshard"
+
+    def __init__(self, sim: Simulator, params: SearchParams = SearchParams()):
+        self.sim, self.params = sim, params
+
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None:
+        return neuroshard_search(self.sim, task, cluster, self.params)

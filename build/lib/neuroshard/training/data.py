@@ -1,0 +1,201 @@
+"""Training data for hybrid-parallel DLRM training (DESIGN.md §5, §7).
+
+A `CTRData` holds dense features [n, d], one multi-hot sparse feature per embedding table (CSR:
+`ids[t]`, `offsets[t]` of length n + 1) and binary labels, split into a fixed train and test part.
+
+- MovieLens-100K, read from the files that ship inside the `recbole` wheel (found with
+  `importlib.util.find_spec`, never imported). Label: rating >= 4. Sparse features: user id, item id,
+  age bucket, gender, occupation, zip prefix (first 2 characters), genres (multi-hot), release
+  year. Dense features: log(1 + user's train ratings), log(1 + item's train ratings), age / 100,
+  (release year - 1900) / 100, each from the training part only. Split: time-ordered, the first 80%
+  of ratings by timestamp train, the last 20% test (ties by file order).
+- Synthetic: tables with Zipf-like ids and Poisson pooling, Gaussian dense features, and labels
+  drawn from a fixed random teacher DLRM (same architecture, its own seed), so the problem is
+  learnable and large enough to make communication matter.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.errors import UserError
+
+ML_FILES = ("ml-100k.inter", "ml-100k.user", "ml-100k.item")
+ML_TABLES = ["user_id", "item_id", "age_bucket", "gender", "occupation", "zip_prefix", "genres", "release_year"]
+
+
+@dataclass
+class CTRData:
+    name: str
+    table_names: list[str]
+    num_rows: list[int]
+    dense: torch.Tensor               # [n, d] float32
+    ids: list[torch.Tensor]           # per table, int64 ids of all samples
+    offsets: list[torch.Tensor]       # per table, [n + 1]
+    labels: torch.Tensor              # [n] float32 in {0, 1}
+    num_train: int
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
+    def batch(self, idx: torch.Tensor, tables=None):
+        """Dense [b, d], per table (ids, bag offsets) and labels of samples `idx`."""
+        sparse = []
+        for t in (range(len(self.ids)) if tables is None else tables):
+            off = self.offsets[t]
+            lo, hi = off[idx], off[idx + 1]
+            lens = hi - lo
+            bag = torch.zeros(len(idx), dtype=torch.int64)
+            bag[1:] = torch.cumsum(lens, 0)[:-1]
+            pos = torch.repeat_interleave(lo - bag, lens) + torch.arange(int(lens.sum()))
+            sparse.append((self.ids[t][pos], bag))
+        return self.dense[idx], sparse, self.labels[idx]
+
+    def table_stats(self):
+        """(rows, pooling factors, per-table (ids, lengths)) over the training part, for sharding."""
+        out = []
+        for t in range(len(self.ids)):
+            off = self.offsets[t][: self.num_train + 1]
+            out.append((self.ids[t][: int(off[-1])].numpy(), (off[1:] - off[:-1]).numpy()))
+        return out
+
+
+def _csr(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    lens = torch.tensor([len(x) for x in lists], dtype=torch.int64)
+    off = torch.zeros(len(lists) + 1, dtype=torch.int64)
+    off[1:] = torch.cumsum(lens, 0)
+    return torch.tensor([i for x in lists for i in x], dtype=torch.int64), off
+
+
+def movielens_dir() -> Path:
+    spec = importlib.util.find_spec("recbole")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("MovieLens-100K ships in the recbole wheel, which is not installed; "
+                        "pip install --no-deps recbole (make setup does this)")
+    d = Path(list(spec.submodule_search_locations)[0]) / "dataset_example" / "ml-100k"
+    if not all((d / f).is_file() for f in ML_FILES):
+        raise UserError(f"{d} lacks the MovieLens-100K files ({', '.join(ML_FILES)}); reinstall recbole")
+    return d
+
+
+def _read_tsv(path: Path) -> tuple[list[str], list[list[str]]]:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    header = [h.split(":")[0] for h in lines[0].split("\t")]
+    return header, [line.split("\t") for line in lines[1:] if line.strip()]
+
+
+def _vocab(values) -> dict:
+    return {v: i for i, v in enumerate(sorted(set(values)))}
+
+
+def load_movielens(train_share: float = 0.8) -> CTRData:
+    d = movielens_dir()
+    h, inter = _read_tsv(d / "ml-100k.inter")
+    col = {k: i for i, k in enumerate(h)}
+    inter = [(r[col["user_id"]], r[col["item_id"]], float(r[col["rating"]]), float(r[col["timestamp"]]))
+             for r in inter]
+    order = sorted(range(len(inter)), key=lambda i: (inter[i][3], i))  # time-ordered, ties by file order
+    inter = [inter[i] for i in order]
+    n_train = int(len(inter) * train_share)
+    hu, users = _read_tsv(d / "ml-100k.user")
+    cu = {k: i for i, k in enumerate(hu)}
+    user = {r[cu["user_id"]]: r for r in users}
+    hi, items = _read_tsv(d / "ml-100k.item")
+    ci = {k: i for i, k in enumerate(hi)}
+    item = {r[ci["item_id"]]: r for r in items}
+
+    def age(u):
+        return int(user[u][cu["age"]])
+
+    def year(i):
+        y = item.get(i, [""] * len(hi))[ci["release_year"]] if i in item else ""
+        return int(y) if y.strip().isdigit() else 0
+
+    def genres(i):
+        return item[i][ci["class"]].split() if i in item and len(item[i]) > ci["class"] else []
+
+    buckets = [0, 18, 25, 35, 45, 50, 56]
+    feats = {
+        "user_id": [u for u, _, _, _ in inter],
+        "item_id": [i for _, i, _, _ in inter],
+        "age_bucket": [sum(age(u) >= b for b in buckets) for u, _, _, _ in inter],
+        "gender": [user[u][cu["gender"]] for u, _, _, _ in inter],
+        "occupation": [user[u][cu["occupation"]] for u, _, _, _ in inter],
+        "zip_prefix": [user[u][cu["zip_code"]][:2] for u, _, _, _ in inter],
+        "release_year": [year(i) for _, i, _, _ in inter],
+    }
+    ids, offsets, num_rows = [], [], []
+    for name in ML_TABLES:
+        if name == "genres":
+            lists = [genres(i) for _, i, _, _ in inter]
+            vocab = _vocab(g for gl in lists for g in gl)
+            t_ids, t_off = _csr([[vocab[g] for g in gl] for gl in lists])
+        else:
+            vocab = _vocab(feats[name])
+            t_ids, t_off = _csr([[vocab[v]] for v in feats[name]])
+        ids.append(t_ids)
+        offsets.append(t_off)
+        num_rows.append(len(vocab))
+    train_user = np.bincount(ids[0][:n_train].numpy(), minlength=num_rows[0])
+    train_item = np.bincount(ids[1][:n_train].numpy(), minlength=num_rows[1])
+    dense = np.stack([np.log1p(train_user[ids[0].numpy()]), np.log1p(train_item[ids[1].numpy()]),
+                      np.array([age(u) for u, _, _, _ in inter]) / 100.0,
+                      (np.array([year(i) or 1990 for _, i, _, _ in inter]) - 1900) / 100.0], axis=1)
+    labels = torch.tensor([1.0 if r >= 4 else 0.0 for _, _, r, _ in inter])
+    return CTRData("movielens", ML_TABLES, num_rows, torch.tensor(dense, dtype=torch.float32), ids, offsets, labels,
+                   n_train)
+
+
+def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: int = 13, emb_dim: int = 16,
+                   seed: int = 0, teacher_seed: int = 1234, test_share: float = 0.1,
+                   max_rows: int = 200_000) -> CTRData:
+    """Synthetic CTR data whose labels come from a fixed random teacher DLRM (rows log-uniform in
+    [min(1000, max_rows), max_rows], Zipf ids, Poisson pooling)."""
+    from .dlrm import DenseArch
+
+    rng = np.random.default_rng(seed)
+    lo = min(1e3, max_rows)
+    rows = np.round(np.exp(rng.uniform(np.log(lo), np.log(max_rows), num_tables))).astype(int)
+    pf = rng.uniform(1, 8, num_tables)
+    ids, offsets = [], []
+    for t in range(num_tables):
+        lens = np.maximum(rng.poisson(pf[t], num_samples), 1)
+        ranks = rng.zipf(1.2, int(lens.sum())) - 1
+        perm = rng.permutation(rows[t])
+        ids.append(torch.from_numpy(perm[ranks % rows[t]].astype(np.int64)))
+        off = np.zeros(num_samples + 1, dtype=np.int64)
+        off[1:] = np.cumsum(lens)
+        offsets.append(torch.from_numpy(off))
+    dense = torch.from_numpy(rng.standard_normal((num_samples, dense_dim)).astype(np.float32))
+    g = torch.Generator().manual_seed(teacher_seed)
+    teacher_tables = [torch.randn(int(r), emb_dim, generator=g) * 0.5 for r in rows]
+    torch.manual_seed(teacher_seed)
+    teacher = DenseArch(dense_dim, num_tables, emb_dim, bottom=(32,), top=(32,))
+    names = [f"t{t}" for t in range(num_tables)]
+    data = CTRData("synthetic", names, [int(r) for r in rows], dense, ids, offsets,
+                   torch.zeros(num_samples), int(num_samples * (1 - test_share)))
+    logits = []
+    with torch.no_grad():
+        for start in range(0, num_samples, 8192):
+            idx = torch.arange(start, min(num_samples, start + 8192))
+            x, sparse, _ = data.batch(idx)
+            emb = torch.stack([torch.nn.functional.embedding_bag(i, w, o, mode="sum")
+                               for (i, o), w in zip(sparse, teacher_tables)], dim=1)
+            logits.append(teacher(x, emb))
+    logit = torch.cat(logits)
+    logit = (logit - logit.mean()) / (logit.std() + 1e-6) * 2.0
+    data.labels = torch.bernoulli(torch.sigmoid(logit), generator=torch.Generator().manual_seed(seed)).float()
+    return data
+
+
+def load_data(name: str, seed: int = 0, num_samples: int | None = None, max_rows: int | None = None) -> CTRData:
+    if name == "movielens":
+        return load_movielens()
+    if name == "synthetic":
+        return make_synthetic(num_samples or 200_000, seed=seed, max_rows=max_rows or 200_000)
+    raise UserError(f"--dataset must be movielens or synthetic, got {name!r}")

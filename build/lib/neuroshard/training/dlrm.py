@@ -1,0 +1,215 @@
+"""The DLRM of hybrid-parallel training (DESIGN.md §5): embeddings model-parallel, MLPs data-parallel.
+
+- `DenseArch`: bottom MLP on dense features -> dot interaction of it with every table's pooled
+  embedding (all of one dim D) -> top MLP on [bottom output, upper-triangle dot products] -> logit.
+  Trained data-parallel under DDP.
+- `ShardedEmbeddings`: the column shards a sharding plan gives this rank, one `EmbeddingBag` each,
+  initialised from the full table's deterministic init (so every placement starts from the same
+  model). Its forward pools them for the *global* batch: [B, W_r], W_r = sum of its shard widths.
+- `pooled_all_to_all`: the forward all-to-all of pooled embeddings (each rank gets its slice of the
+  batch from every rank) and, in backward, the all-to-all of their gradients. With `mp_keep` < 1
+  it is DCT-MP: per sample, only the `k = max(1, floor(mp_keep * W_r))` largest-magnitude entries of
+  a rank's pooled embedding are sent (values plus column indices, a fixed count per sample so
+  `all_to_all_single` keeps fixed sizes), and the backward sends only those entries' gradients; every
+  other entry is zero on the receiver and gets zero gradient.
+- `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
+Every collective records the bytes of the tensors it is given (`CommStats`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class CommStats:
+    """Bytes passed to collectives and seconds spent in them, per kind ("mp", "dp")."""
+
+    bytes: dict = field(default_factory=lambda: {"mp": 0, "dp": 0})
+    seconds: dict = field(default_factory=lambda: {"mp": 0.0, "dp": 0.0})
+
+    def add(self, kind: str, nbytes: int, seconds: float) -> None:
+        self.bytes[kind] += int(nbytes)
+        self.seconds[kind] += seconds
+
+    def reset(self) -> None:
+        self.bytes = {"mp": 0, "dp": 0}
+        self.seconds = {"mp": 0.0, "dp": 0.0}
+
+
+def nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _mlp(sizes, final_relu=True) -> nn.Sequential:
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or final_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DenseArch(nn.Module):
+    def __init__(self, dense_dim: int, num_tables: int, emb_dim: int, bottom=(64, 32), top=(64, 32)):
+        super().__init__()
+        self.bottom = _mlp([dense_dim, *bottom, emb_dim])
+        F = num_tables + 1
+        self.register_buffer("triu", torch.triu_indices(F, F, offset=1), persistent=False)
+        self.top = _mlp([emb_dim + F * (F - 1) // 2, *top, 1], final_relu=False)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """dense [b, d], emb [b, T, D] -> logits [b]."""
+        z = self.bottom(dense)
+        feats = torch.cat([z.unsqueeze(1), emb], dim=1)
+        dots = torch.bmm(feats, feats.transpose(1, 2))[:, self.triu[0], self.triu[1]]
+        return self.top(torch.cat([z, dots], dim=1)).squeeze(-1)
+
+
+def table_init(rows: int, dim: int, table: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 100_003 + table)
+    return (torch.rand(rows, dim, generator=g) * 2 - 1) / dim ** 0.5
+
+
+class ShardedEmbeddings(nn.Module):
+    """This rank's column shards: [(table, col_start, width)], in plan order."""
+
+    def __init__(self, shards: list[tuple[int, int, int]], num_rows: list[int], emb_dim: int, seed: int):
+        super().__init__()
+        self.shards = shards
+        self.bags = nn.ModuleList()
+        for t, c, w in shards:
+            bag = nn.EmbeddingBag(num_rows[t], w, mode="sum")
+            with torch.no_grad():
+                bag.weight.copy_(table_init(num_rows[t], emb_dim, t, seed)[:, c:c + w])
+            self.bags.append(bag)
+
+    @property
+    def width(self) -> int:
+        return sum(w for _, _, w in self.shards)
+
+    def forward(self, sparse, batch: int) -> torch.Tensor:
+        """sparse: per table (ids, bag offsets) of the global batch -> [B, W_r]."""
+        if not self.shards:
+            return torch.zeros(batch, 0, requires_grad=True)
+        return torch.cat([bag(*sparse[t]) for bag, (t, _, _) in zip(self.bags, self.shards)], dim=1)
+
+
+def index_dtype(width: int) -> torch.dtype:
+    """Smallest index type gloo's all_to_all carries for column indices below `width`."""
+    return torch.uint8 if width <= 256 else torch.int32
+
+
+class _AllToAll(torch.autograd.Function):
+    """Dense forward all-to-all of pooled embeddings; its gradients go back in backward."""
+
+    @staticmethod
+    def forward(ctx, pooled, widths, stats):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        bn = pooled.shape[0] // world
+        send = pooled.reshape(world, bn, -1).contiguous()  # rows of rank j's samples
+        recv = torch.empty(sum(widths) * bn, dtype=pooled.dtype)
+        t0 = time.perf_counter()
+        dist.all_to_all_single(recv, send.reshape(-1), [bn * w for w in widths], [bn * widths[rank]] * world)
+        stats.add("mp", nbytes(send), time.perf_counter() - t0)
+        ctx.widths, ctx.stats, ctx.bn = widths, stats, bn
+        return recv
+
+    @staticmethod
+    def backward(ctx, grad):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        widths, bn = ctx.widths, ctx.bn
+        out = torch.empty(world * bn * widths[rank], dtype=grad.dtype)
+        grad = grad.contiguous()
+        t0 = time.perf_counter()
+        dist.all_to_all_single(out, grad, [bn * widths[rank]] * world, [bn * w for w in widths])
+        ctx.stats.add("mp", nbytes(grad), time.perf_counter() - t0)
+        return out.reshape(world * bn, widths[rank]), None, None
+
+
+def _keep_count(width: int, keep: float) -> int:
+    return 0 if width == 0 else min(width, max(1, int(keep * width)))
+
+
+class _TopKAllToAll(torch.autograd.Function):
+    """DCT-MP: per sample, the k largest-magnitude entries (values + indices) go forward; backward
+    returns only those entries' gradients."""
+
+    @staticmethod
+    def forward(ctx, pooled, widths, keep, stats):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        B, W = pooled.shape
+        bn = B // world
+        ks = [_keep_count(w, keep) for w in widths]
+        k = ks[rank]
+        idx = pooled.abs().topk(k, dim=1, sorted=False).indices if k else torch.zeros(B, 0, dtype=torch.int64)
+        vals = pooled.gather(1, idx).contiguous()
+        itype = index_dtype(max(widths))
+        send_idx = idx.to(itype).contiguous()
+        recv_v = torch.empty(bn * sum(ks), dtype=pooled.dtype)
+        recv_i = torch.empty(bn * sum(ks), dtype=itype)
+        in_splits, out_splits = [bn * k] * world, [bn * x for x in ks]
+        t0 = time.perf_counter()
+        dist.all_to_all_single(recv_v, vals.reshape(-1), out_splits, in_splits)
+        dist.all_to_all_single(recv_i, send_idx.reshape(-1), out_splits, in_splits)
+        stats.add("mp", nbytes(vals, send_idx), time.perf_counter() - t0)
+        # scatter every peer's entries into its dense [bn, W_q] block
+        dense, pos, recv_idx = [], 0, []
+        for q, (w, kq) in enumerate(zip(widths, ks)):
+            v = recv_v[pos: pos + bn * kq].reshape(bn, kq)
+            i = recv_i[pos: pos + bn * kq].reshape(bn, kq).long()
+            dense.append(torch.zeros(bn, w, dtype=pooled.dtype).scatter(1, i, v))
+            recv_idx.append(i)
+            pos += bn * kq
+        ctx.save_for_backward(idx)
+        ctx.recv_idx, ctx.widths, ctx.ks, ctx.stats, ctx.bn, ctx.W = recv_idx, widths, ks, stats, bn, W
+        return torch.cat([d.reshape(-1) for d in dense])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (idx,) = ctx.saved_tensors
+        world, rank = dist.get_world_size(), dist.get_rank()
+        widths, ks, bn = ctx.widths, ctx.ks, ctx.bn
+        pieces, pos = [], 0
+        for w, kq, i in zip(widths, ks, ctx.recv_idx):  # only the gradients of the entries received
+            g = grad[pos: pos + bn * w].reshape(bn, w)
+            pieces.append(g.gather(1, i).reshape(-1))
+            pos += bn * w
+        send = torch.cat(pieces).contiguous()
+        k = ks[rank]
+        out = torch.empty(world * bn * k, dtype=grad.dtype)
+        t0 = time.perf_counter()
+        dist.all_to_all_single(out, send, [bn * k] * world, [bn * x for x in ks])
+        ctx.stats.add("mp", nbytes(send), time.perf_counter() - t0)
+        g_pooled = torch.zeros(world * bn, ctx.W, dtype=grad.dtype).scatter(1, idx, out.reshape(world * bn, k))
+        return g_pooled, None, None, None
+
+
+def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None):
+    """[B, W_r] on every rank -> flat received pieces ([B/N, W_q] from each rank q, in rank order).
+
+    `mp_keep` None: the dense all-to-all; a number (1.0 included): DCT-MP's top-k all-to-all."""
+    if mp_keep is not None:
+        return _TopKAllToAll.apply(pooled, widths, mp_keep, stats)
+    return _AllToAll.apply(pooled, widths, stats)
+
+
+def assemble(received: torch.Tensor, rank_shards: list[list[tuple[int, int, int]]], bn: int, num_tables: int,
+             emb_dim: int) -> torch.Tensor:
+    """Flat received pieces -> [B/N, T, D]: every column shard put back at its table and columns."""
+    pos = 0
+    cols = []
+    for shards in rank_shards:
+        w_q = sum(w for _, _, w in shards)
+        block = received[pos: pos + bn * w_q].reshape(bn, w_q)
+        c0 = 0
+        for t, c, w in shards:
+            cols.append((t, c, w, block[:, c0:c0 + w]))
+            c0 += w
+        pos += bn * w_q
+    pieces = sorted(cols, key=lambda x: (x[0], x[1]))
+    return torch.stack([torch.cat([p for tt, _, _, p in pieces if tt == t], dim=1) for t in range(num_tables)], dim=1)

@@ -1,0 +1,303 @@
+"""Hybrid-parallel DLRM training with optional DCT compression (tools/train_dlrm.py).
+
+The parent loads the data, shards the embedding tables with any `--alg` (the task is built from
+the training ids: rows, pooling factors and reuse histograms, every table at `emb_dim`), writes the
+data once to a temporary `torch.save` file (ranks read it with `weights_only=True`), and spawns N
+ranks. Each rank trains:
+    pooled = its column shards pooled for the global batch      [B, W_r]
+    recv   = forward all-to-all (dense, or DCT-MP top-k)        [B/N, sum_q W_q]
+    emb    = the pieces put back per table                      [B/N, T, D]
+    loss   = BCE(DenseArch(dense[local], emb), y[local])        DenseArch under DDP (dense or DCT-DP hook)
+    backward: DDP's gradient communication for the MLPs, the backward all-to-all for the embeddings.
+Every global batch is drawn from one seeded permutation, so all ranks agree on it. Per step the
+ranks record the bytes handed to each collective, the seconds spent in them and the step's wall
+time; rank 0's progress reaches a tqdm bar in the parent. At the end every rank predicts its
+slice of the test set and the parent computes AUC and log loss.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.errors import UserError, check_float, check_int
+
+DCT_MODES = ("none", "dp", "mp", "both")
+
+
+@dataclass
+class TrainConfig:
+    dataset: str = "movielens"
+    ndevices: int = 4
+    alg: str = "size_lookup_greedy"
+    steps: int = 1000
+    batch_size: int = 512
+    dct: str = "none"
+    dp_keep: float = 0.01
+    dp_refresh: int = 100
+    mp_keep: float = 0.05
+    error_feedback: bool = True
+    emb_dim: int = 16
+    lr: float = 1e-3
+    emb_lr: float = 0.5
+    seed: int = 0
+    max_mem: float = 4.0
+    log_every: int = 10
+    num_samples: int | None = None  # synthetic only
+    max_rows: int | None = None     # synthetic only: rows of the largest table
+
+    def check(self) -> "TrainConfig":
+        if self.dataset not in ("movielens", "synthetic"):
+            raise UserError(f"--dataset must be movielens or synthetic, got {self.dataset!r}")
+        if self.dct not in DCT_MODES:
+            raise UserError(f"--dct must be one of {', '.join(DCT_MODES)}, got {self.dct!r}")
+        check_int("--ndevices", self.ndevices, 2, 64)
+        check_int("--steps", self.steps, 1, 10_000_000)
+        check_int("--batch_size", self.batch_size, self.ndevices, 1 << 20)
+        if self.batch_size % self.ndevices:
+            raise UserError(f"--batch_size {self.batch_size} is not divisible by {self.ndevices} ranks")
+        check_float("--dp_keep", self.dp_keep, 0.0, 1.0, lo_open=True)
+        check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
+        check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
+        check_int("--emb_dim", self.emb_dim, 4, 1024)
+        if self.emb_dim % 4:
+            raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
+        check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
+        check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
+        check_int("--seed", self.seed, 0)
+        check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
+        check_int("--log_every", self.log_every, 1, 1_000_000)
+        if self.num_samples is not None:
+            check_int("--num_samples", self.num_samples, 1000, 100_000_000)
+        if self.max_rows is not None:
+            check_int("--max_rows", self.max_rows, 10, 100_000_000)
+        return self
+
+    @property
+    def uses_dp(self) -> bool:
+        return self.dct in ("dp", "both")
+
+    @property
+    def uses_mp(self) -> bool:
+        return self.dct in ("mp", "both")
+
+
+# ----------------------------------------------------------------------------- sharding the tables
+
+def shard_training_tables(data, cfg: TrainConfig, simulator=None) -> list[list[tuple[int, int, int]]]:
+    """Per rank, its (table, col_start, width) shards, from `--alg` on the training tables."""
+    from ..core.types import Cluster
+    from ..data.features import table_data_features
+    from ..data.tasks import ShardingTask
+    from ..sharding.registry import make_sharder, shard_task
+
+    feats = np.stack([table_data_features(ids, lens) for ids, lens in data.table_stats()])
+    rows = np.array(data.num_rows, dtype=np.int64)
+    task = ShardingTask(np.arange(len(rows)), np.full(len(rows), cfg.emb_dim), feats, rows)
+    cluster = Cluster(cfg.ndevices, cfg.max_mem)
+    res = shard_task(make_sharder(cfg.alg, cfg.seed, simulator, batch_size=cfg.batch_size), task, cluster)
+    if res.plan is None or res.oom:
+        raise UserError(f"--alg {cfg.alg} found no plan for the tables within {cfg.ndevices} x {cfg.max_mem} GB; "
+                        "raise --max_mem")
+    return [[(s.table, s.col_start, s.dim) for s in dev] for dev in res.plan.per_device()]
+
+
+# ----------------------------------------------------------------------------- one rank
+
+def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank_shards) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .data import CTRData
+    from .dct import DCTState, dct_hook, dense_hook
+    from .dlrm import CommStats, DenseArch, ShardedEmbeddings, assemble, pooled_all_to_all
+
+    cfg = TrainConfig(**cfg_dict)
+    data = CTRData(**torch.load(data_path, weights_only=True))
+    T, D, B = len(data.num_rows), cfg.emb_dim, cfg.batch_size
+    stats = CommStats()
+    torch.manual_seed(cfg.seed)
+    dense_arch = DenseArch(data.dense.shape[1], T, D)
+    model = DDP(dense_arch)
+    if cfg.uses_dp:
+        state = DCTState(cfg.dp_keep, cfg.dp_refresh, cfg.error_feedback, stats)
+        model.register_comm_hook(state, dct_hook)
+    else:
+        state = None
+        model.register_comm_hook(stats, dense_hook)
+    emb = ShardedEmbeddings(rank_shards[rank], data.num_rows, D, cfg.seed)
+    widths = [sum(w for _, _, w in s) for s in rank_shards]
+    my_tables = sorted({t for t, _, _ in rank_shards[rank]})
+    opt_dense = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
+    mp_keep = cfg.mp_keep if cfg.uses_mp else None
+    perm_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    order = torch.randperm(data.num_train, generator=perm_gen)
+    pos, losses, per_step = 0, [], []
+
+    def sparse_for(idx):
+        _, sp, _ = data.batch(idx, my_tables)
+        full = [None] * T
+        for t, s in zip(my_tables, sp):
+            full[t] = s
+        return full
+
+    def forward(idx, dense_model, comm_stats):
+        """Logits and labels of this rank's slice of the global batch `idx` (len divisible by world)."""
+        b = len(idx) // world
+        recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep)
+        x, _, y = data.batch(idx[rank * b:(rank + 1) * b], [])
+        return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
+
+    for step in range(cfg.steps):
+        if pos + B > data.num_train:
+            order, pos = torch.randperm(data.num_train, generator=perm_gen), 0
+        idx = order[pos:pos + B]
+        pos += B
+        stats.reset()
+        t0 = time.perf_counter()
+        logit, y = forward(idx, model, stats)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
+        opt_dense.zero_grad()
+        if opt_emb:
+            opt_emb.zero_grad()
+        loss.backward()
+        if opt_emb:
+            for p in emb.parameters():  # each rank's loss is a mean over its B/N samples: average over ranks
+                if p.grad is not None:
+                    p.grad.div_(world)
+            opt_emb.step()
+        opt_dense.step()
+        per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
+                         stats.bytes["mp"], stats.bytes["dp"]))
+        losses.append(float(loss.detach()))
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            emit(("loss", rank, step + 1, float(np.mean(losses[-cfg.log_every:]))))
+    # test predictions: this rank's slice of each global test batch
+    test = torch.arange(data.num_train, data.num_samples)
+    preds, labels = [], []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(test) - world + 1, B):
+            idx = test[start:start + B]
+            logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
+            preds.append(torch.sigmoid(logit))
+            labels.append(y)
+    emit(("done", rank, torch.cat(preds).tolist(), torch.cat(labels).tolist(), per_step,
+          state.refreshed_at if state else [], losses))
+
+
+# ----------------------------------------------------------------------------- metrics and the driver
+
+def auc(scores, labels) -> float:
+    from scipy.stats import rankdata
+
+    scores, labels = np.asarray(scores), np.asarray(labels)
+    pos = labels == 1
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def log_loss(scores, labels) -> float:
+    p = np.clip(np.asarray(scores, np.float64), 1e-7, 1 - 1e-7)
+    y = np.asarray(labels, np.float64)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=None, progress: bool = True,
+               data=None) -> dict:
+    """Train on `cfg.ndevices` ranks; returns (and appends to `results_csv`) the run's measurements.
+
+    `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
+    from tqdm import tqdm
+
+    from ..core.artifacts import check_output_file
+    from ..hardware.launch import run_processes
+    from .data import load_data
+    from .dlrm import DenseArch
+
+    cfg.check()
+    check_output_file(results_csv, "--results_csv")
+    simulator = None
+    if cfg.alg == "neuroshard":
+        from ..core.config import CostModelFiles
+        from ..sharding.simulator import Simulator
+
+        compute, fw, bw = models or (None, None, None)
+        paths = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw).paths(cfg.ndevices)
+        simulator = Simulator.load(*paths, num_devices=cfg.ndevices)
+    data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
+    rank_shards = shard_training_tables(data, cfg, simulator)
+    losses: dict[int, dict[int, float]] = {}
+    done: dict[int, tuple] = {}
+    bar = tqdm(total=cfg.steps, desc=f"train DLRM ({cfg.dataset}, {cfg.ndevices} ranks, dct {cfg.dct})",
+               disable=not progress)
+
+    def on_message(msg):
+        if msg[0] == "loss":
+            _, rank, step, value = msg
+            losses.setdefault(step, {})[rank] = value
+            if len(losses[step]) == cfg.ndevices:
+                bar.update(step - bar.n)
+                bar.set_postfix(loss=f"{np.mean(list(losses[step].values())):.4f}", refresh=False)
+        else:
+            done[msg[1]] = msg[2:]
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
+        path = Path(tmp) / "data.pt"
+        torch.save({k: getattr(data, k) for k in ("name", "table_names", "num_rows", "dense", "ids", "offsets",
+                                                  "labels", "num_train")}, path)
+        try:
+            run_processes(train_rank, cfg.ndevices, (str(path), asdict(cfg), rank_shards), on_message,
+                          group_device="cpu")
+        finally:
+            bar.close()
+    wall = time.perf_counter() - t0
+    preds = [p for r in range(cfg.ndevices) for p in done[r][0]]
+    labels = [y for r in range(cfg.ndevices) for y in done[r][1]]
+    steps = np.stack([np.array(done[r][2]) for r in range(cfg.ndevices)])  # [ranks, steps, 5]
+    per = steps.mean(axis=0)                                     # averaged over ranks
+    skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
+    med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
+    dense_params = sum(p.numel() for p in DenseArch(data.dense.shape[1], len(data.num_rows), cfg.emb_dim).parameters())
+    result = {
+        "dataset": cfg.dataset, "dct": cfg.dct, "ndevices": cfg.ndevices, "alg": cfg.alg, "steps": cfg.steps,
+        "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep, "dp_refresh": cfg.dp_refresh,
+        "mp_keep": cfg.mp_keep, "error_feedback": cfg.error_feedback,
+        "test_auc": auc(preds, labels), "test_logloss": log_loss(preds, labels), "num_test": len(labels),
+        "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
+        "compute_ms": 1e3 * (med(0) - med(1) - med(2)),
+        "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
+        "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
+        "dense_params": dense_params, "wall_s": wall,
+        "loss_curve": json.dumps({s: float(np.mean(list(v.values()))) for s, v in sorted(losses.items())}),
+        "tau_refreshes": len(done[0][3]),
+    }
+    if results_csv:
+        append_result(results_csv, result)
+    # for callers (tests, benchmarks), not the CSV: exact per-rank losses, predictions, threshold refreshes
+    result.update(_preds=preds, _refreshed_at=done[0][3], _losses=[done[r][4] for r in range(cfg.ndevices)])
+    return result
+
+
+def append_result(path, row: dict) -> None:
+    """Add one row to a results CSV (rewritten atomically) with a provenance sidecar."""
+    import pandas as pd
+
+    from ..core.artifacts import atomic_write_text, provenance
+
+    path = Path(path)
+    old = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    df = pd.concat([old, pd.DataFrame([row])], ignore_index=True)
+    atomic_write_text(path, df.to_csv(index=False))
+    atomic_write_text(path.with_name(path.name + ".meta.json"),
+                      json.dumps(provenance(device="cpu", backend="gloo"), indent=2, default=str))

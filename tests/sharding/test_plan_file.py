@@ -1,0 +1,123 @@
+"""--alg plan:FILE: a plan the user already has (plan.json or a TorchRec spec) is applied, scored and
+measured like any algorithm's plan; a file that is not a complete plan for the task gets one line."""
+import json
+
+import numpy as np
+import pytest
+
+from neuroshard.core.config import ShardTablesConfig
+from neuroshard.core.errors import UserError
+from neuroshard.core.types import Cluster
+from neuroshard.data.table_list import load_table_list
+from neuroshard.experiments.plan_tables import shard_tables
+from neuroshard.sharding.plan import ShardingPlan, apply_splits, check_complete
+from neuroshard.sharding.plan_file import PlanFileSharder, read_plan_file
+from neuroshard.sharding.registry import algs_file_tag, expand_algs, make_sharder
+from neuroshard.sharding.torchrec_export import plan_spec
+
+from analytic_models import analytic_simulator
+from conftest import assert_clean_error, run_script
+
+TABLES = "name,rows,dim,pooling_factor\nuser_id,20000,64,1\nitem_id,50000,128,1\ncategory,1000,16,3.5\n" \
+         "history,30000,64,25\ntags,2000,32,8\ngeo,500,8,1\n"
+
+
+def _placed(plan: ShardingPlan) -> set:
+    return {(s.table, s.col_start, s.dim, d) for s, d in zip(plan.shards, plan.device_of)}
+
+
+@pytest.fixture()
+def tables(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    return tmp_path / "t.csv", load_table_list(tmp_path / "t.csv")
+
+
+@pytest.mark.parametrize("alg", ["size_lookup_greedy", "dim_greedy"])
+def test_plan_json_and_torchrec_spec_give_back_the_same_plan(tables, tmp_path, alg):
+    path, tl = tables
+    cfg = ShardTablesConfig(tables=str(path), ndevices=2, max_mem=0.025, alg=alg, out=str(tmp_path / "plan.json"),
+                            torchrec_plan=str(tmp_path / "tr.json"), models=_no_models(tmp_path))
+    made = shard_tables(cfg)["plan"]
+    for f in ("plan.json", "tr.json"):
+        got = make_sharder(f"plan:{tmp_path / f}")(tl.task, Cluster(2, 0.025))
+        check_complete(tl.task, got)
+        assert _placed(got) == _placed(made)
+        assert apply_splits(tl.task.dims, got.splits) == got.shards
+
+
+def _no_models(tmp_path):
+    from neuroshard.core.config import CostModelFiles
+
+    return CostModelFiles(str(tmp_path / "none.pt"), str(tmp_path / "none_fw.pt"), str(tmp_path / "none_bw.pt"))
+
+
+def test_unequal_column_shards_and_the_simulated_cost_survive_the_round_trip(tables, tmp_path):
+    _, tl = tables
+    # item_id (128) -> 64 + 32 + 32 on three devices, history (64) -> 32 + 32: a NeuroShard-shaped plan
+    shards = apply_splits(tl.task.dims, [1, 6, 3])
+    plan = ShardingPlan(3, shards, [0, 1, 2, 0, 1, 2, 2, 0, 1][: len(shards)], [1, 6, 3])
+    check_complete(tl.task, plan)
+    (tmp_path / "p.json").write_text(json.dumps(plan_spec(tl.names, tl.rows, tl.task.dims, plan)))
+    got = PlanFileSharder(tmp_path / "p.json")(tl.task, Cluster(3, 1.0))
+    assert _placed(got) == _placed(plan)
+    sim = analytic_simulator(3)
+    assert sim.plan_cost(tl.task, got).cost_ms == pytest.approx(sim.plan_cost(tl.task, plan).cost_ms)
+
+
+def test_a_plan_for_other_tables_or_devices_is_refused(tables, tmp_path):
+    path, tl = tables
+    shard_tables(ShardTablesConfig(tables=str(path), ndevices=2, max_mem=1.0, alg="dim_greedy",
+                                   out=str(tmp_path / "plan.json"), models=_no_models(tmp_path)))
+    sharder = PlanFileSharder(tmp_path / "plan.json")
+    with pytest.raises(UserError, match="plan for 2 devices, this run has 3"):
+        sharder(tl.task, Cluster(3, 1.0))
+    other = load_table_list(path)
+    other.task.dims[2] = 32
+    with pytest.raises(UserError, match=r"differ first at table 2 \(rows, dim\): plan \(1000, 16\), task \(1000, 32\)"):
+        sharder(other.task, Cluster(2, 1.0))
+
+
+HOSTILE = {
+    "not_utf8.json": (b"\xff\xfe{\x00", "not UTF-8"),
+    "deep.json": (b"[" * 100_000 + b"]" * 100_000, "not a JSON plan"),
+    "garbage.json": (b"{not json", "not a JSON plan"),
+    "huge_int.json": (b'{"kind": "neuroshard.torchrec_plan", "world_size": ' + b"9" * 5000 + b', "tables": []}',
+                      "not a JSON plan"),
+    "other_kind.json": (json.dumps({"kind": "something.else", "tables": []}).encode(), "not a neuroshard TorchRec plan"),
+    "uncovered.json": (json.dumps({"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "a", "rows": 10, "dim": 8, "shards": [{"col_offset": 0, "width": 4, "rank": 0}]}]}).encode(),
+        "columns not covered exactly once"),
+    "bad_rank.json": (json.dumps({"kind": "neuroshard.plan", "ndevices": 2, "tables": [
+        {"name": "a", "rows": 10, "dim": 8, "shards": [{"col_offset": 0, "width": 8, "rank": 5}]}]}).encode(),
+        "rank 5 outside 0..1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_plan_files_get_one_clear_error(tmp_path, name):
+    data, fragment = HOSTILE[name]
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(UserError, match=fragment):
+        read_plan_file(tmp_path / name)
+
+
+def test_script_refuses_a_bad_plan_file_without_writing(tables, tmp_path):
+    path, _ = tables
+    (tmp_path / "bad.json").write_bytes(HOSTILE["uncovered.json"][0])
+    proc = run_script("tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'bad.json'}",
+                      "--ndevices", 2, "--out", tmp_path / "plan.json")
+    assert_clean_error(proc, "columns not covered exactly once")
+    assert not (tmp_path / "plan.json").exists()
+    proc = run_script("tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'missing.json'}",
+                      "--ndevices", 2, "--out", tmp_path / "plan.json")
+    assert_clean_error(proc, "plan file not found")
+
+
+def test_alg_names_expand_and_plan_files_make_safe_file_names():
+    assert expand_algs(["dim_greedy", "plan:x/y.json", "dim_greedy"]) == ["dim_greedy", "plan:x/y.json"]
+    assert "neuroshard" in expand_algs(["all"])
+    for bad in (["plan:"], ["nope"], []):
+        with pytest.raises(UserError):
+            expand_algs(bad)
+    assert algs_file_tag(["neuroshard", "plan:../a b/cur.json"]) == "neuroshard+plan-cur"
+    assert np.all([c.isalnum() or c in "_.+-" for c in algs_file_tag(["plan:/tmp/x;rm -rf.json"])])
