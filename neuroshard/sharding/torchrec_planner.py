@@ -82,6 +82,10 @@ class PlannedTable:
     def qualified_name(self) -> str:
         return f"{self.module_path}.{self.name}" if self.module_path else self.name
 
+    @property
+    def where(self) -> str:
+        return f"table {self.name!r} of EmbeddingBagCollection {self.module_path or '<root>'!r}"
+
 
 @dataclass
 class PlannerResult:
@@ -239,7 +243,7 @@ class NeuroShardPlanner:
 
     def _table(self, path: str, name: str, param, sharder) -> tuple[PlannedTable, dict, bool]:
         """The table, its row for the table list, and whether its pooling factor is TorchRec's default."""
-        where = f"table {name!r} of EmbeddingBagCollection {path or '<root>'!r}"
+        where = PlannedTable(path, name, False, False).where
         c = self.constraints.get(name)
         wanted = getattr(c, "sharding_types", None)
         allowed = {TABLE_WISE, COLUMN_WISE} & set(wanted or [TABLE_WISE, COLUMN_WISE])
@@ -278,7 +282,7 @@ class NeuroShardPlanner:
             for name, param in sharder.shardable_parameters(ebc).items():
                 table, row, default = self._table(path, name, param, sharder)
                 tables.append(table)
-                rows.append((f"table {name!r} of EmbeddingBagCollection {path or '<root>'!r}", row))
+                rows.append((table.where, row))
                 defaulted += [table.qualified_name] if default else []
                 ignored += [table.qualified_name] if getattr(self.constraints.get(name), "min_partition", None) else []
         if not rows:
@@ -290,18 +294,18 @@ class NeuroShardPlanner:
             while table.splittable and can_split(dim):
                 dim //= 2
             if not self.cluster.fits(table_size_gb(task.rows[t], dim)):
-                raise UserError(f"{rows[t][0]} ({task.sizes_gb()[t]:.3f} GB) does not fit one rank's "
-                                f"{self.mem_cap_gb:.3f} GB of {self.memory_kind}"
-                                f"{' even in column shards of ' + str(dim) if table.splittable else ' table-wise'}; "
-                                "raise the topology's memory, or allow column_wise sharding of the table")
+                raise UserError(f"{table.where} ({_size(task.sizes_gb()[t])}) does not fit one rank's "
+                                f"{_size(self.mem_cap_gb)} of {self.memory_kind}"
+                                + (f" even in column shards of {dim}; raise the topology's memory" if table.splittable
+                                   else " table-wise; raise the topology's memory, or allow column_wise sharding of it"))
         no_split = frozenset(t for t, table in enumerate(tables) if not table.splittable)
         params, widened = self._thresholds_for(task, tables, no_split)
         t0 = time.perf_counter()
         plan = neuroshard_search(self.simulator, task, self.cluster, params, no_split)
         search_s = time.perf_counter() - t0
         if plan is None:
-            raise UserError(f"NeuroShardPlanner found no plan for {task.total_size_gb():.3f} GB of tables within "
-                            f"{self.cluster.num_devices} ranks x {self.mem_cap_gb:.3f} GB of {self.memory_kind}; "
+            raise UserError(f"NeuroShardPlanner found no plan for {_size(task.total_size_gb())} of tables within "
+                            f"{self.cluster.num_devices} ranks x {_size(self.mem_cap_gb)} of {self.memory_kind}; "
                             "raise the topology's memory, add ranks, or allow column_wise sharding of large tables")
         check_complete(task, plan)
         if not fits_memory(task, plan, self.cluster) or any(plan.shards[i].table in no_split for i in plan.splits):
@@ -360,14 +364,15 @@ class NeuroShardPlanner:
         mem = plan.device_mem_gb(task)
         per_rank = [[int(s.table) for s in shards] for shards in plan.per_device()]
         cw = {t for t, kind in enumerate(result.sharding_types) if kind == COLUMN_WISE}
-        head = ["rank", "tables", "shards TW/CW", f"{self.memory_kind} (GB)", "compute (ms)", "fw comm (ms)",
+        unit, scale = ("GB", 1) if self.mem_cap_gb >= 1 else ("MB", 1024)
+        head = ["rank", "tables", "shards TW/CW", f"{self.memory_kind} ({unit})", "compute (ms)", "fw comm (ms)",
                 "bw comm (ms)", "total (ms)"]
         body = []
         for r in range(N):
             n_cw = sum(t in cw for t in per_rank[r])
             body.append([f"{r}{' *' if r == cost.critical_device else ''}", str(len(set(per_rank[r]))),
                          f"{len(per_rank[r]) - n_cw}/{n_cw}",
-                         f"{mem[r]:.4g} ({100 * mem[r] / self.mem_cap_gb:.0f}%)",
+                         f"{mem[r] * scale:.3f} ({100 * mem[r] / self.mem_cap_gb:.0f}%)",
                          *(f"{x:.3f}" for x in (cost.compute_ms[r], cost.fw_ms[r], cost.bw_ms[r],
                                                 cost.per_device_ms[r]))])
         tbody = []
@@ -379,7 +384,7 @@ class NeuroShardPlanner:
         batch = self.model_batch or "?"
         lines = [f"NeuroShard planner: {len(result.specs)} EmbeddingBagCollection(s), {task.num_tables} tables, "
                  f"{len(plan.splits)} column split(s), searched in {result.search_s:.2f} s",
-                 f"{N} ranks x {self.mem_cap_gb:.4g} GB {self.memory_kind} (weights only, fp32)",
+                 f"{N} ranks x {self.mem_cap_gb * scale:.3f} {unit} {self.memory_kind} (weights only, fp32)",
                  f"predicted embedding cost {cost.cost_ms:.3f} ms per step at global batch {batch} (* the slowest rank)",
                  "", *_columns(head, body), "",
                  *_columns(["table", "rows x dim", "pooling", "sharding", "columns@rank"], tbody),
@@ -387,6 +392,10 @@ class NeuroShardPlanner:
         width = max(map(len, lines)) + 4
         bar = "#" * width
         return "\n".join([bar, *(f"# {line.ljust(width - 4)} #" for line in lines), bar])
+
+
+def _size(gb: float) -> str:
+    return f"{gb:.3f} GB" if gb >= 0.1 else f"{round(gb * 2**30):,} bytes"
 
 
 def _notes(defaulted: list[str], ignored: list[str], unknown: list[str], model_batch, batch: int) -> list[str]:

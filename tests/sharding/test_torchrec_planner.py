@@ -81,7 +81,7 @@ def test_plan_covers_both_collections_within_a_tight_cap(models, capsys):
     assert all(ps.compute_kernel == "fused" for mp in tr_plan.plan.values() for ps in mp.values())
     out = capsys.readouterr().out  # TorchRec-style stats: one row per rank, memory and predicted ms
     assert "NeuroShard planner: 2 EmbeddingBagCollection(s), 5 tables" in out
-    assert "HBM (GB)" in out and "compute (ms)" in out and "fw comm (ms)" in out and "tower.ebc.history" in out
+    assert "HBM (MB)" in out and "compute (ms)" in out and "fw comm (ms)" in out and "tower.ebc.history" in out
     rank_rows = [line for line in out.splitlines() if line.startswith(("# 0 ", "# 1 "))]
     assert len(rank_rows) == 2, out
 
@@ -109,9 +109,14 @@ def test_sharding_types_are_honoured(models):
     assert any("thresholds widened to 1-1.83" in note for note in tw_only.last_result.notes)
 
 
-def test_a_table_table_wise_only_and_too_big_is_named(models):
-    with pytest.raises(UserError, match="table 'user' of EmbeddingBagCollection 'top'.*table-wise"):
+def test_no_room_is_one_line(models):
+    with pytest.raises(UserError, match="table 'user' of EmbeddingBagCollection 'top' .102,400 bytes. does not fit one "
+                                        "rank's 78,000 bytes of HBM table-wise"):
         planner(models, TIGHT, kinds={"user": ["table_wise"]}).plan(w.TwoTowerModel(), sharders())
+    with pytest.raises(UserError, match="does not fit one rank's 1,000 bytes of HBM even in column shards of 4"):
+        planner(models, 1000).plan(w.TwoTowerModel(), sharders())
+    with pytest.raises(UserError, match="found no plan for 148,160 bytes of tables within 2 ranks x 70,000 bytes"):
+        planner(models, 70_000).plan(w.TwoTowerModel(), sharders())
 
 
 @pytest.mark.parametrize("kinds, fragment", [
