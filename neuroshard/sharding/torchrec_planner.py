@@ -319,6 +319,10 @@ class NeuroShardPlanner:
                 {**entry, "name": table.name, "sharding_type": kind})
         unknown = sorted(set(self.constraints) - {t.name for t in tables})
         notes = _notes(defaulted, ignored, unknown, self.model_batch, self.batch_size * self.cluster.num_devices)
+        measured_on = self.simulator.compute.meta.get("device")
+        if measured_on in ("cpu", "cuda") and measured_on != self.device_type:
+            notes.append(f"note: the cost models were measured on {measured_on}, this topology is {self.device_type}: "
+                         f"predicted ms are for the models' hardware")
         return PlannerResult(tables, task, plan, self.simulator.plan_cost(task, plan), kinds, specs, search_s,
                              notes + ([widened] if widened else []))
 
@@ -382,10 +386,12 @@ class NeuroShardPlanner:
                           f"{task.pooling_factors[t]:g}", result.sharding_types[t],
                           " ".join(f"{c}:{c + w}@{d}" for c, w, d in pieces)])
         batch = self.model_batch or "?"
+        hardware = self.simulator.compute.meta.get("device_name") or self.simulator.compute.meta.get("device") or "?"
         lines = [f"NeuroShard planner: {len(result.specs)} EmbeddingBagCollection(s), {task.num_tables} tables, "
                  f"{len(plan.splits)} column split(s), searched in {result.search_s:.2f} s",
                  f"{N} ranks x {self.mem_cap_gb * scale:.3f} {unit} {self.memory_kind} (weights only, fp32)",
-                 f"predicted embedding cost {cost.cost_ms:.3f} ms per step at global batch {batch} (* the slowest rank)",
+                 f"predicted embedding cost {cost.cost_ms:.3f} ms per step at global batch {batch} on {hardware} "
+                 "(* the slowest rank)",
                  "", *_columns(head, body), "",
                  *_columns(["table", "rows x dim", "pooling", "sharding", "columns@rank"], tbody),
                  "", *(part for note in result.notes for part in textwrap.wrap(note, NOTE_WIDTH, subsequent_indent="  "))]
