@@ -50,9 +50,10 @@ class ShardTable:
         self.dim = dims.astype(np.float64)
 
 
-def candidate_shards(shard_keys: list[tuple[int, int]], st: ShardTable, num_candidates: int) -> list[int]:
-    """Union of the largest and the most expensive splittable shards, by shard position."""
-    pos = [i for i, (_, d) in enumerate(shard_keys) if can_split(d)]
+def candidate_shards(shard_keys: list[tuple[int, int]], st: ShardTable, num_candidates: int,
+                     no_split: frozenset[int] = frozenset()) -> list[int]:
+    """Union of the largest and the most expensive splittable shards (tables in `no_split` never), by position."""
+    pos = [i for i, (t, d) in enumerate(shard_keys) if can_split(d) and t not in no_split]
     if not pos:
         return []
     idx = np.array([st.index[shard_keys[i]] for i in pos])
@@ -121,8 +122,9 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
     return best, assign.reshape(E, G, L)[np.arange(E), best_g]
 
 
-def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster,
-                      params: SearchParams = SearchParams()) -> ShardingPlan | None:
+def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams = SearchParams(),
+                      no_split: frozenset[int] = frozenset()) -> ShardingPlan | None:
+    """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise)."""
     sim.check_devices(cluster.num_devices)
     st = ShardTable(sim, task)
     base = [(t, int(d)) for t, d in enumerate(task.dims)]
@@ -131,7 +133,7 @@ def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster,
     beam = [([], base)]
     for _ in range(params.max_splits):
         expansions = [(splits + [c], split_keys(keys, c))
-                      for splits, keys in beam for c in candidate_shards(keys, st, params.num_candidates)]
+                      for splits, keys in beam for c in candidate_shards(keys, st, params.num_candidates, no_split)]
         if not expansions:
             break
         costs, assigns = grid_search_batch(sim, st, [e[1] for e in expansions], cluster, params)

@@ -79,8 +79,13 @@ def make_ebc(spec: dict, device: str = "meta"):
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
-def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda"):
-    """A real TorchRec `ShardingPlan` ({module_path: EmbeddingModuleShardingPlan}) for the spec's tables."""
+def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda", compute_kernel: str | None = None,
+                     local_size: int | None = None):
+    """A real TorchRec `ShardingPlan` ({module_path: EmbeddingModuleShardingPlan}) for the spec's tables.
+
+    A table in one shard goes table-wise unless its entry says `"sharding_type": "column_wise"` (one
+    column block); `compute_kernel` (e.g. "fused") is passed to TorchRec, None lets TorchRec choose;
+    `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     from .torchrec_baseline import _import
 
     _import()  # a clear message when TorchRec is missing
@@ -90,14 +95,14 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     check_spec(spec)
     per_param = {}
     for t in spec["tables"]:
-        if len(t["shards"]) == 1:
-            per_param[t["name"]] = table_wise(rank=t["shards"][0]["rank"])
+        if len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":
+            per_param[t["name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
         else:
             _, ranks = _blocks(t)
-            per_param[t["name"]] = column_wise(ranks=ranks)
+            per_param[t["name"]] = column_wise(ranks=ranks, compute_kernel=compute_kernel)
     world = spec["world_size"]
-    module_plan = construct_module_sharding_plan(make_ebc(spec), per_param, local_size=world, world_size=world,
-                                                 device_type=device_type)
+    module_plan = construct_module_sharding_plan(make_ebc(spec), per_param, local_size=local_size or world,
+                                                 world_size=world, device_type=device_type)
     return TorchRecShardingPlan({module_path: module_plan})
 
 
