@@ -190,6 +190,27 @@ def check_output_file(path, flag: str) -> None:
         raise UserError(f"{flag} {path} is a folder; name a file to write")
 
 
+def check_results_csv(path: str | os.PathLike | None, flag: str, columns: tuple[str, ...], what: str) -> None:
+    """Before any work: an existing results CSV that a run would add to must be readable and of this kind
+    (its header names `columns`); otherwise one line says so, so a finished run never fails at its end."""
+    if path is None or not str(path) or not Path(path).exists():
+        return
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        head = list(pd.read_csv(path, nrows=0).columns)
+        pd.read_csv(path)  # the whole file, as the run reads it to add its row
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:120]
+        raise UserError(f"{flag} {path} is not a readable CSV ({type(e).__name__}: {first}); move it away or "
+                        "choose another file") from None
+    missing = [c for c in columns if c not in head]
+    if missing:
+        raise UserError(f"{flag} {path} is not a {what} results file (no column {missing[0]!r}); a run adds its row "
+                        "to a file of its own kind: choose another file")
+
+
 def atomic_write_pickle(path: str | os.PathLike, obj: Any) -> Path:
     data = _dumps(obj)  # encode first: an unstorable object fails before the file is touched
     return _atomic(path, lambda f: f.write(data))

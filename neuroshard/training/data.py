@@ -45,6 +45,13 @@ class CTRData:
     def num_samples(self) -> int:
         return len(self.labels)
 
+    def check_batch(self, batch_size: int) -> int:
+        """`batch_size` if the training part holds that many samples, else one line with the limit."""
+        if batch_size > self.num_train:
+            raise UserError(f"--batch_size {batch_size} is more than the {self.num_train:,} training samples of "
+                            f"{self.name}; pass --batch_size {self.num_train} or less")
+        return batch_size
+
     def batch(self, idx: torch.Tensor, tables=None):
         """Dense [b, d], per table (ids, bag offsets) and labels of samples `idx`."""
         sparse = []

@@ -1,5 +1,7 @@
 """MovieLens files under damage: every bad file gets one line naming the file and the line (a cut last
 line is refused, never used), and intact small files give the features computed by hand."""
+import re
+
 import pytest
 
 from neuroshard.core.errors import UserError
@@ -67,3 +69,34 @@ def test_a_missing_file_is_named(tmp_path):
     (tmp_path / "ml-100k.user").unlink()
     with pytest.raises(UserError, match="MovieLens file not found: .*ml-100k.user"):
         load_movielens(data_dir=tmp_path)
+
+
+# ----------------------------------------------------------------------------- training refuses before it starts
+
+def _train(tmp_path, results_csv=None, batch_size=2):
+    from neuroshard.training.train import TrainConfig, train_dlrm
+
+    (tmp_path / "ml").mkdir()
+    data = load_movielens(data_dir=_dir(tmp_path / "ml"))
+    cfg = TrainConfig(ndevices=2, steps=2, batch_size=batch_size)
+    return train_dlrm(cfg, results_csv=results_csv, progress=False, data=data)
+
+
+def test_a_batch_larger_than_the_training_set_is_refused(tmp_path):
+    with pytest.raises(UserError, match=r"--batch_size 6 is more than the 4 training samples of movielens; pass "
+                                        "--batch_size 4 or less"):
+        _train(tmp_path, batch_size=6)
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("alg,task,cost_ms\nneuroshard,0,1.5\n", "is not a training results file (no column 'dataset')"),
+    (b"\x00\xff\xfe binary \x00", "is not a readable CSV"),
+    ('dataset,dct,test_auc\n"movielens,none,0.7\n', "is not a readable CSV"),
+], ids=["eval-results", "binary", "open-quote"])
+def test_a_results_csv_of_another_kind_or_unreadable_is_refused_before_training(tmp_path, content, fragment):
+    out = tmp_path / "results.csv"
+    out.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = out.read_bytes()
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        _train(tmp_path, results_csv=out, batch_size=6)  # refused by the file check, before the batch check
+    assert out.read_bytes() == before
