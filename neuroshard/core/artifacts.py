@@ -325,6 +325,13 @@ def parse_record_log(data: bytes, path: Path, what: str, salvage: bool = False) 
         if end is not None:
             try:
                 obj = decode(SafeUnpickler(io.BytesIO(data[pos + _FRAME_HEAD.size:end])).load())
+            except RecursionError:  # a whole frame whose record nests too deeply to be one
+                if not objs or not salvage:
+                    raise UserError(f"{path}: record #{len(objs)} (byte {pos}) nests too deeply to be a {what} "
+                                    "record; " + _salvage_hint(path, len(objs) - 1 + _count_good_after(data, end))
+                                    ) from None
+                dropped, pos = dropped + 1, end
+                continue
             except Exception as e:
                 raise _unpickle_error(path, what, e) from None
             if not isinstance(obj, dict):

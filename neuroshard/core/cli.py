@@ -35,6 +35,8 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad arguments as one line (exit 2) without the usage dump."""
 
     def error(self, message: str):  # noqa: D401
+        if "expected one argument" in message:  # e.g. --sleep_range -5,2: argparse takes -5,2 for a flag
+            message += "; write a value that starts with '-' as --flag=VALUE (e.g. --sleep_range=-5,2)"
         print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
