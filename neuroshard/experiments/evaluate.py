@@ -118,6 +118,9 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     out = Path(cfg.results_csv or f"results/sim_{algs_file_tag(algs)}.csv")
     check_output_file(out, "--results_csv")
     ndevices, max_mem, seed, search, task_path = cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
+    if ndevices < 2:  # before the model files, whose "train it" hint cannot be followed for 1 device
+        raise UserError(f"--ndevices must be >= 2, got {ndevices}: the simulator's communication cost models exist "
+                        "for 2 or more devices (train_comm_cost_model.py --ndevices N, N >= 2)")
     cluster = Cluster(ndevices, max_mem)
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
     paths = cfg.models.paths(ndevices)
