@@ -100,10 +100,27 @@ def _dumps(obj: Any) -> bytes:
     return pickle.dumps(encode(obj), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+WRITTEN_BY = {  # the command that writes each kind of artifact again, for "write it again with ..." messages
+    "processed dataset": "python tools/gen_dlrm_data.py --synthetic (or --data FILE)",
+    "task file": "python tools/gen_tasks.py",
+    "cost data file": "collect_compute_cost_data.py or collect_comm_cost_data.py after moving the damaged file away",
+    "eval progress log": "eval.py after moving the log away",
+    "cost model (compute": "python train_compute_cost_model.py",
+    "cost model (comm": "python train_comm_cost_model.py --ndevices N",
+    "cost model": "python train_compute_cost_model.py / train_comm_cost_model.py",
+}
+
+
+def written_by(what: str) -> str:
+    """The command that writes a `what` artifact again."""
+    return next((cmd for k, cmd in WRITTEN_BY.items() if what.startswith(k)), "the neuroshard step that wrote it")
+
+
 def _unpickle_error(path: Path, what: str, e: Exception) -> UserError:
     if isinstance(e, pickle.UnpicklingError) and "refusing" in str(e):
-        return UserError(f"{path} is not a safe neuroshard {what}: {e}; regenerate it with neuroshard")
-    return UserError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]}); regenerate it")
+        return UserError(f"{path} is not a safe neuroshard {what}: {e}; write it again with {written_by(what)}")
+    return UserError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]}); write it again with "
+                     f"{written_by(what)}")
 
 
 def load_pickle(path: str | os.PathLike, what: str = "artifact") -> Any:
@@ -129,7 +146,8 @@ def load_torch(path: str | os.PathLike, what: str) -> Any:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        raise UserError(f"{path} is not a loadable {what} ({type(e).__name__}: {first}); regenerate it") from None
+        raise UserError(f"{path} is not a loadable {what} ({type(e).__name__}: {first}); write it again with "
+                        f"{written_by(what)}") from None
 
 
 # ----------------------------------------------------------------------------- atomic writes
@@ -335,7 +353,8 @@ def parse_record_log(data: bytes, path: Path, what: str, salvage: bool = False) 
             except Exception as e:
                 raise _unpickle_error(path, what, e) from None
             if not isinstance(obj, dict):
-                raise UserError(f"{path}: record {len(objs)} is not a {what} record; regenerate the file")
+                raise UserError(f"{path}: record #{len(objs)} is not a {what} record; write it again with "
+                                f"{written_by(what)}")
             objs.append(obj)
             pos = end
             continue

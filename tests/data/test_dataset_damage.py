@@ -57,3 +57,19 @@ def test_the_draw_budget_is_per_task(small_dataset):
     smallest3 = float(np.sort(table_size_gb(small_dataset.rows, 4))[:3].sum())
     with pytest.raises(UserError, match=r"could not draw task 0 within .* in 1 tries"):
         generate_tasks(small_dataset, 2, (3, 4), smallest3 * 1.0001, 8, seed=0, max_tries_per_task=1)
+
+
+def test_write_it_again_messages_name_the_command_that_does(small_dataset, tmp_path):
+    from neuroshard.data.tasks import load_tasks
+    from neuroshard.models.cost_models import ComputeCostModel
+
+    (tmp_path / "t.pkl").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(UserError, match=r"not a readable task file .*write it again with python tools/gen_tasks.py"):
+        load_tasks(tmp_path / "t.pkl", small_dataset)
+    d, _ = _copy(small_dataset, tmp_path)
+    (d / "tables.pkl").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(UserError, match="write it again with python tools/gen_dlrm_data.py"):
+        DLRMDataset.load(d)
+    (tmp_path / "m.pt").write_bytes(b"PK\x03\x04 cut zip")
+    with pytest.raises(UserError, match="write it again with python train_compute_cost_model.py"):
+        ComputeCostModel.load(tmp_path / "m.pt")
