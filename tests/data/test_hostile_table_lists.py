@@ -93,11 +93,14 @@ def test_a_pooling_factor_outside_the_training_range_warns_with_the_range(tmp_pa
 
 def test_ids_and_dims_that_are_hostile(small_raw, tmp_path):
     save_raw(tmp_path / "ids.pt", *small_raw)
-    for dims, fragment in [("64,abc", "--dims must be comma-separated whole numbers"),
-                           ("9" * 5000, "--dims must be comma-separated whole numbers"),
-                           ("0", "dim must be a multiple of 4"), ("", "--dims must be comma-separated")]:
+    from neuroshard.core.cli import int_list
+
+    for dims, fragment in [("64,abc", "--dims must be comma-separated integers"),
+                           ("9" * 5000, "--dims must be comma-separated integers"),
+                           ("0", "dim must be a multiple of 4"), ("", "--dims must be comma-separated"),
+                           ("64,64", "--dims gives 2 dims but"), ("1" + "0" * 30, "dim must be a multiple of 4")]:
         with pytest.raises(UserError, match=fragment):
-            tables_from_ids(tmp_path / "ids.pt", dims)
+            tables_from_ids(tmp_path / "ids.pt", list(int_list(dims, "--dims")))
 
 
 def test_a_raw_id_no_device_can_hold_is_refused_with_the_numbers():

@@ -103,11 +103,12 @@ def test_names_with_dots_map_to_legal_module_names():
 
 
 def test_dotted_names_plan_end_to_end(tmp_path):
+    from neuroshard.core.config import ShardTablesConfig
     from neuroshard.experiments.plan_tables import shard_tables
 
     (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\nuser.id,1000,16,1\nitem.id,500,8,2\nuser_id,50,8,1\n")
-    shard_tables(tables=tmp_path / "t.csv", ndevices=2, max_mem=1.0, alg="dim_greedy", out=tmp_path / "plan.json",
-                 torchrec_plan=tmp_path / "tr.json", models_dir=tmp_path)
+    shard_tables(ShardTablesConfig(tables=str(tmp_path / "t.csv"), ndevices=2, max_mem=1.0, alg="dim_greedy",
+                                   out=str(tmp_path / "plan.json"), torchrec_plan=str(tmp_path / "tr.json")))
     written = json.loads((tmp_path / "tr.json").read_text())
     assert [t["name"] for t in written["tables"]] == ["user.id", "item.id", "user_id"]
     assert [t["module_name"] for t in written["tables"]] == ["user_id_2", "item_id", "user_id"]
