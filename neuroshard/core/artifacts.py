@@ -6,30 +6,36 @@
   dicts of (dtype, shape, bytes) (`encode`), so a neuroshard pickle references no global at all;
   `SafeUnpickler` refuses every global, which is what lets a pickle call code. `decode` rebuilds
   the arrays (numeric dtypes only).
-- `RecordLog` is an append-only pickle log (a header record, then one record per finished sample),
-  used by the cost-data collectors and eval.py: a record is on disk as soon as it is finished, a
-  crash can only cut the last record (dropped on load), and an exclusive lock keeps two writers
-  from sharing one file.
+- `RecordLog` is an append-only log of checksummed pickle frames (a header record, then one record
+  per finished sample), used by the cost-data collectors and eval.py: a record is on disk as soon
+  as it is finished, a crash can only cut the last record (dropped on load), any other damaged
+  frame is refused with one line (or dropped with `salvage`), it never writes through a symlink,
+  and an exclusive lock keeps two writers from sharing one file.
 - Model weights are `torch.save`d and read with `torch.load(weights_only=True)` (`load_torch`).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import os
 import pickle
 import platform
+import stat
+import struct
 import sys
 import tempfile
 import time
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, write_error
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: record-log frames carry a length and a crc32
 _NUMERIC_KINDS = "biufc"
 
 
@@ -94,10 +100,27 @@ def _dumps(obj: Any) -> bytes:
     return pickle.dumps(encode(obj), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+WRITTEN_BY = {  # the command that writes each kind of artifact again, for "write it again with ..." messages
+    "processed dataset": "python tools/gen_dlrm_data.py --synthetic (or --data FILE)",
+    "task file": "python tools/gen_tasks.py",
+    "cost data file": "collect_compute_cost_data.py or collect_comm_cost_data.py after moving the damaged file away",
+    "eval progress log": "eval.py after moving the log away",
+    "cost model (compute": "python train_compute_cost_model.py",
+    "cost model (comm": "python train_comm_cost_model.py --ndevices N",
+    "cost model": "python train_compute_cost_model.py / train_comm_cost_model.py",
+}
+
+
+def written_by(what: str) -> str:
+    """The command that writes a `what` artifact again."""
+    return next((cmd for k, cmd in WRITTEN_BY.items() if what.startswith(k)), "the neuroshard step that wrote it")
+
+
 def _unpickle_error(path: Path, what: str, e: Exception) -> UserError:
     if isinstance(e, pickle.UnpicklingError) and "refusing" in str(e):
-        return UserError(f"{path} is not a safe neuroshard {what}: {e}; regenerate it with neuroshard")
-    return UserError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]}); regenerate it")
+        return UserError(f"{path} is not a safe neuroshard {what}: {e}; write it again with {written_by(what)}")
+    return UserError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]}); write it again with "
+                     f"{written_by(what)}")
 
 
 def load_pickle(path: str | os.PathLike, what: str = "artifact") -> Any:
@@ -123,12 +146,33 @@ def load_torch(path: str | os.PathLike, what: str) -> Any:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        raise UserError(f"{path} is not a loadable {what} ({type(e).__name__}: {first}); regenerate it") from None
+        raise UserError(f"{path} is not a loadable {what} ({type(e).__name__}: {first}); write it again with "
+                        f"{written_by(what)}") from None
 
 
 # ----------------------------------------------------------------------------- atomic writes
 
-def _atomic(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> Path:
+class _FdFile:
+    """The least file object over a raw descriptor: every byte goes through `os.write` (short writes retried)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def write(self, data) -> int:
+        _write_all(self.fd, data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder; name a file to write (e.g. {path / 'out'})")
@@ -136,14 +180,17 @@ def _atomic(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None])
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise UserError(f"cannot write to {path.parent}: {e.strerror}; choose a writable output folder") from None
+        raise write_error(e, path.parent) from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
         try:
-            os.replace(tmp, path)
+            write(_FdFile(fd))
+            os.fsync(fd)
+        except OSError as e:
+            raise write_error(e, path, "; the previous file (if any) is unchanged") from None
+        finally:
+            os.close(fd)
+        try:
+            os.replace(tmp, path)  # a symlink at `path` is replaced itself, never written through
         except OSError as e:
             raise UserError(f"cannot write {path}: {e.strerror}; choose another output path") from None
     except BaseException:
@@ -159,6 +206,27 @@ def check_output_file(path, flag: str) -> None:
     """Refuse, before any work, an output path that names a folder."""
     if path is not None and str(path) and Path(path).is_dir():
         raise UserError(f"{flag} {path} is a folder; name a file to write")
+
+
+def check_results_csv(path: str | os.PathLike | None, flag: str, columns: tuple[str, ...], what: str) -> None:
+    """Before any work: an existing results CSV that a run would add to must be readable and of this kind
+    (its header names `columns`); otherwise one line says so, so a finished run never fails at its end."""
+    if path is None or not str(path) or not Path(path).exists():
+        return
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        head = list(pd.read_csv(path, nrows=0).columns)
+        pd.read_csv(path)  # the whole file, as the run reads it to add its row
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:120]
+        raise UserError(f"{flag} {path} is not a readable CSV ({type(e).__name__}: {first}); move it away or "
+                        "choose another file") from None
+    missing = [c for c in columns if c not in head]
+    if missing:
+        raise UserError(f"{flag} {path} is not a {what} results file (no column {missing[0]!r}); a run adds its row "
+                        "to a file of its own kind: choose another file")
 
 
 def atomic_write_pickle(path: str | os.PathLike, obj: Any) -> Path:
@@ -201,35 +269,198 @@ class deferred_interrupts:
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
 
 
-class RecordLog:
-    """An append-only pickle log: a header `{"kind", "meta"}`, then one record per finished item.
+FRAME_MAGIC = b"\xabNSR"           # never the first byte of a pickle (0x80), so old logs are told apart
+_FRAME_HEAD = struct.Struct("<4sQI")  # magic, payload length, crc32 of (length + payload)
+MAX_FRAME_BYTES = 1 << 32
 
-    Opening takes an exclusive lock (a second writer gets a clear error instead of silently losing
-    samples). Each `append` is one `os.write` of a whole pickle frame followed by fsync, so a
-    record is on disk the moment it is appended, Ctrl-C cannot split it, and a kill can at worst cut
-    the last frame, which the next open drops. A file whose header `must_match` keys differ from
-    this run's is refused (or, with `restart_on_mismatch`, started anew); a file that holds no
-    records is simply started anew (a run that failed before its first record never blocks the
-    corrected run).
+
+def frame(payload: bytes) -> bytes:
+    """One record on disk: magic, length, checksum, then the pickle."""
+    n = struct.pack("<Q", len(payload))
+    return _FRAME_HEAD.pack(FRAME_MAGIC, len(payload), zlib.crc32(payload, zlib.crc32(n))) + payload
+
+
+def _frame_at(data: bytes, pos: int) -> int | None:
+    """End of the whole, checksum-true frame starting at `pos`, else None."""
+    if len(data) - pos < _FRAME_HEAD.size:
+        return None
+    magic, n, crc = _FRAME_HEAD.unpack_from(data, pos)
+    end = pos + _FRAME_HEAD.size + n
+    if magic != FRAME_MAGIC or n > MAX_FRAME_BYTES or end > len(data):
+        return None
+    if zlib.crc32(data[pos + _FRAME_HEAD.size:end], zlib.crc32(struct.pack("<Q", n))) != crc:
+        return None
+    return end
+
+
+def _is_torn_tail(tail: bytes) -> bool:
+    """A frame cut by a crash: a prefix of a frame head, a head whose payload runs past the end, or zeros."""
+    if not tail.strip(b"\0"):
+        return True
+    if len(tail) < _FRAME_HEAD.size:
+        return FRAME_MAGIC.startswith(tail[:4])
+    magic, n, crc = _FRAME_HEAD.unpack_from(tail)
+    if magic != FRAME_MAGIC or _FRAME_HEAD.size + n <= len(tail):
+        return False
+    whole = len(tail) - _FRAME_HEAD.size  # a flipped length field on a whole last frame is damage, not a cut
+    return zlib.crc32(tail[_FRAME_HEAD.size:], zlib.crc32(struct.pack("<Q", whole))) != crc
+
+
+def _next_frame(data: bytes, pos: int) -> int | None:
+    """Start of the next checksum-true frame after `pos` (where reading can resume after damage)."""
+    while True:
+        pos = data.find(FRAME_MAGIC, pos + 1)
+        if pos < 0:
+            return None
+        if _frame_at(data, pos) is not None:
+            return pos
+
+
+@dataclass
+class ParsedLog:
+    """What a record log's bytes hold: header, good records, where whole frames end, what was dropped."""
+
+    header: dict | None
+    records: list[dict]
+    good_end: int                 # end of the last good frame (a torn tail starts here)
+    torn: bool = False            # a last frame cut by a crash (always dropped)
+    dropped: int = 0              # damaged records dropped by salvage
+    legacy: bool = False          # written before frames carried checksums (format 2)
+
+
+def _salvage_hint(path: Path, n_good: int) -> str:
+    return (f"rerun with --salvage to keep the {n_good} good record(s) and drop the damaged one(s) (a collector or "
+            f"eval.py then measures them again), or move the file away (mv {path} {path}.damaged) to start over")
+
+
+def parse_record_log(data: bytes, path: Path, what: str, salvage: bool = False) -> ParsedLog:
+    """Header and records of a record log's bytes; every damaged frame but a torn tail is refused (or salvaged)."""
+    if data[:1] == b"\x80":
+        return _parse_legacy(data, path, what)
+    objs, pos, dropped, torn = [], 0, 0, False
+    while pos < len(data):
+        end = _frame_at(data, pos)
+        if end is not None:
+            try:
+                obj = decode(SafeUnpickler(io.BytesIO(data[pos + _FRAME_HEAD.size:end])).load())
+            except RecursionError:  # a whole frame whose record nests too deeply to be one
+                if not objs or not salvage:
+                    raise UserError(f"{path}: record #{len(objs)} (byte {pos}) nests too deeply to be a {what} "
+                                    "record; " + _salvage_hint(path, len(objs) - 1 + _count_good_after(data, end))
+                                    ) from None
+                dropped, pos = dropped + 1, end
+                continue
+            except Exception as e:
+                raise _unpickle_error(path, what, e) from None
+            if not isinstance(obj, dict):
+                raise UserError(f"{path}: record #{len(objs)} is not a {what} record; write it again with "
+                                f"{written_by(what)}")
+            objs.append(obj)
+            pos = end
+            continue
+        nxt = _next_frame(data, pos)
+        if nxt is None and _is_torn_tail(data[pos:]):
+            torn = True  # the last append was cut by a crash: everything before it is good
+            break
+        if not objs and pos == 0 and nxt is None:
+            raise UserError(f"{path} is not a {what} (no neuroshard record frames); choose another path")
+        if not objs:
+            raise UserError(f"{path}: the header (record 0, byte 0) is damaged, so its records cannot be matched to "
+                            f"the settings that made them; move the file away (mv {path} {path}.damaged) and rerun "
+                            "to start over")
+        if not salvage:
+            raise UserError(f"{path}: record #{len(objs)} (byte {pos}) is damaged (checksum mismatch); "
+                            + _salvage_hint(path, len(objs) - 1 + _count_good_after(data, nxt)))
+        stop = len(data) if nxt is None else nxt
+        dropped += max(1, data.count(FRAME_MAGIC, pos, stop))
+        if nxt is None:
+            break
+        pos = nxt
+    header = objs[0] if objs else None
+    if header is not None and not ("kind" in header and isinstance(header.get("meta"), dict)):
+        raise UserError(f"{path} is not a {what}; choose another output path")
+    return ParsedLog(header, objs[1:], pos if torn else len(data), torn, dropped)
+
+
+def _count_good_after(data: bytes, pos: int | None) -> int:
+    n = 0
+    while pos is not None:
+        end = _frame_at(data, pos)
+        if end is None:
+            pos = _next_frame(data, pos)
+            continue
+        n, pos = n + 1, end
+    return n
+
+
+def _parse_legacy(data: bytes, path: Path, what: str) -> ParsedLog:
+    """A format-2 log (pickles without checksums): read as before, a frame that does not load ends it."""
+    f = io.BytesIO(data)
+    objs, good_end = [], 0
+    while f.tell() < len(data):
+        try:
+            obj = decode(SafeUnpickler(f).load())
+        except pickle.UnpicklingError as e:
+            if "refusing" in str(e):
+                raise _unpickle_error(path, what, e) from None
+            break
+        except (EOFError, ValueError, IndexError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
+            break
+        if not isinstance(obj, dict):
+            raise UserError(f"{path} is not a {what}; choose another output path")
+        objs.append(obj)
+        good_end = f.tell()
+    header = objs[0] if objs else None
+    if header is None or not ("kind" in header and isinstance(header.get("meta"), dict)):
+        raise UserError(f"{path} is not a {what}; choose another output path")
+    return ParsedLog(header, objs[1:], good_end, good_end < len(data), 0, legacy=True)
+
+
+def _open_log_file(path: Path) -> int:
+    """Open (or create) a log for appending, never through a symlink and never a file with other names."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); neuroshard never writes through a "
+                            "link, since that would overwrite the file it points to: remove the link or choose "
+                            "another output path") from None
+        raise write_error(e, path) from None
+    st = os.fstat(fd)
+    problem = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
+               f"has {st.st_nlink - 1} other hard link(s), which appending would change too" if st.st_nlink > 1
+               else None)
+    if problem:
+        os.close(fd)
+        raise UserError(f"{path} {problem}; choose another output path")
+    return fd
+
+
+class RecordLog:
+    """An append-only log: a header `{"kind", "meta"}`, then one record per finished item.
+
+    Each record is one frame (magic, length, crc32, pickle). Opening takes an exclusive lock (a
+    second writer gets a clear error instead of silently losing samples) and never follows a
+    symlink. Each `append` writes a whole frame and fsyncs, so a record is on disk the moment it is
+    appended, Ctrl-C cannot split it, and a kill can at worst cut the last frame, which the next
+    open drops. A damaged frame anywhere else (or a damaged header) is refused with one line; with
+    `salvage=True` the good records are kept, the file is rewritten without the damaged ones and
+    the count is printed. A file whose header `must_match` keys differ from this run's is refused
+    (or, with `restart_on_mismatch`, started anew); a file that holds no records is simply started
+    anew (a run that failed before its first record never blocks the corrected run). A disk that
+    fills up while appending keeps every earlier record (the run resumes).
     """
 
     def __init__(self, path: str | os.PathLike, kind: str, meta: dict[str, Any], must_match: tuple[str, ...] = (),
-                 what: str = "record log", restart_on_mismatch: bool = False):
+                 what: str = "record log", restart_on_mismatch: bool = False, salvage: bool = False):
         self.path, self.kind, self.what = Path(path), kind, what
         self.records: list[dict] = []
+        self._fd = _open_log_file(self.path)
+        self._lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise UserError(f"cannot write {self.path}: {e.strerror}; choose a writable output folder") from None
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._fd)
-            raise UserError(f"{self.path} is being written by another process; wait for it to finish or "
-                            "choose another output folder") from None
-        try:
-            header, self.records, good_end = self._read()
+            parsed = self._read(salvage)
+            header, self.records = parsed.header, parsed.records
             if header is not None and self.records and restart_on_mismatch and (
                     header.get("kind") != kind or any(header["meta"].get(k) != meta.get(k) for k in must_match)):
                 print(f"note: {self.path} holds records of a run with other settings; starting it anew",
@@ -244,7 +475,15 @@ class RecordLog:
                                         f"this run has {key}={meta.get(key)!r}; use another output path to keep "
                                         "them apart, or delete the file to start over")
                 self.meta = header["meta"]
-                os.ftruncate(self._fd, good_end)  # drop a frame cut by a crash
+                if parsed.torn:
+                    print(f"note: {self.path}: dropped a last record cut by an interrupted write", file=sys.stderr)
+                if parsed.dropped or parsed.legacy:
+                    self._rewrite([header, *self.records])  # salvaged or upgraded: checksummed frames only
+                    if parsed.dropped:
+                        print(f"note: {self.path}: --salvage dropped {parsed.dropped} damaged record(s) and kept "
+                              f"{len(self.records)}", file=sys.stderr)
+                else:
+                    os.ftruncate(self._fd, parsed.good_end)  # drop a frame cut by a crash
             else:  # new, empty or header-only file: start it with this run's header
                 self.meta = meta
                 self.records = []
@@ -254,19 +493,39 @@ class RecordLog:
             self.close()
             raise
 
-    def _read(self):
+    def _lock(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.close()
+            raise UserError(f"{self.path} is being written by another process; wait for it to finish or "
+                            "choose another output folder") from None
+
+    def _read(self, salvage: bool) -> ParsedLog:
         os.lseek(self._fd, 0, os.SEEK_SET)
         with os.fdopen(os.dup(self._fd), "rb") as f:
             data = f.read()
-        return parse_record_log(data, self.path, self.what)
+        return parse_record_log(data, self.path, self.what, salvage)
+
+    def _rewrite(self, objs: list[dict]) -> None:
+        """Replace the file atomically with `objs` as checksummed frames, then hold the lock on the new file."""
+        _atomic(self.path, lambda f: [f.write(frame(_dumps(o))) for o in objs])
+        old, self._fd = self._fd, _open_log_file(self.path)
+        os.close(old)
+        self._lock()
 
     def _write(self, obj: Any) -> None:
-        frame = _dumps(obj)
-        os.lseek(self._fd, 0, os.SEEK_END)
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(self._fd, view):]
-        os.fsync(self._fd)
+        data = frame(_dumps(obj))
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            _write_all(self._fd, data)
+            os.fsync(self._fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, end)  # no half frame left behind
+            except OSError:
+                pass
+            raise write_error(e, self.path, f" (the {len(self.records)} records before it are kept)") from None
 
     def append(self, record: dict) -> None:
         with deferred_interrupts():  # a Ctrl-C now is handled right after the record is on disk
@@ -285,40 +544,18 @@ class RecordLog:
         self.close()
 
 
-def parse_record_log(data: bytes, path: Path, what: str) -> tuple[dict | None, list[dict], int]:
-    """(header, records, end of the last whole frame) of a record log's bytes."""
-    f = io.BytesIO(data)
-    header, records, good_end = None, [], 0
-    while f.tell() < len(data):
-        try:
-            obj = decode(SafeUnpickler(f).load())
-        except pickle.UnpicklingError as e:
-            if "refusing" in str(e):
-                raise _unpickle_error(path, what, e) from None
-            break  # a frame cut by a crash: everything before it is good
-        except (EOFError, ValueError, IndexError, TypeError, KeyError, AttributeError, OverflowError):
-            break
-        if not isinstance(obj, dict):
-            raise UserError(f"{path} is not a {what}; choose another output path")
-        if header is None:
-            header = obj
-        else:
-            records.append(obj)
-        good_end = f.tell()
-    if header is not None and not ("kind" in header and isinstance(header.get("meta"), dict)):
-        raise UserError(f"{path} is not a {what}; choose another output path")
-    return header, records, good_end
-
-
-def read_record_log(path: str | os.PathLike, kind: str, what: str) -> tuple[dict, list[dict]]:
+def read_record_log(path: str | os.PathLike, kind: str, what: str, salvage: bool = False) -> tuple[dict, list[dict]]:
     """(meta, records) of a record log, for readers (no lock needed: records are only appended)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} not found: {path} (run the step that writes it, or pass the right path)")
-    header, records, _ = parse_record_log(path.read_bytes(), path, what)
-    if header is None or header.get("kind") != kind:
+    parsed = parse_record_log(path.read_bytes(), path, what, salvage)
+    if parsed.header is None or parsed.header.get("kind") != kind:
         raise UserError(f"{path} is not a {what}; write it with the matching neuroshard step")
-    return header["meta"], records
+    if parsed.dropped:
+        print(f"note: {path}: --salvage dropped {parsed.dropped} damaged record(s), using the {len(parsed.records)} "
+              "good ones", file=sys.stderr)
+    return parsed.header["meta"], parsed.records
 
 
 # ----------------------------------------------------------------------------- provenance

@@ -1,6 +1,7 @@
 """Every command-line helper of neuroshard (the only module of the package that imports argparse).
 
-- `run_main`: a `UserError` becomes one `error:` line and exit 2; Ctrl-C exits 130.
+- `run_main`: a `UserError` becomes one `error:` line and exit 2; Ctrl-C exits 130, SIGTERM (handled
+  like Ctrl-C) 143.
 - `ArgumentParser`: bad arguments give one line, not a usage dump.
 - Parsers of the text users type: `lo,hi` ranges, comma-separated lists.
 - `step_parser` / `config_from_args`: a step's flags are the fields of its config (core/config.py).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import Callable, Sequence
 
 from .errors import UserError, check_range
@@ -17,17 +19,29 @@ from .errors import UserError, check_range
 RESUMABLE = "interrupted: finished work is saved; rerun the same command to resume"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so it unwinds like Ctrl-C."""
+
+
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
              interrupted: str = RESUMABLE) -> None:
-    """Run a script's main; `UserError` becomes one line on stderr and exit 2, Ctrl-C exit 130."""
+    """Run a script's main; `UserError` becomes one line on stderr and exit 2, Ctrl-C exit 130, and SIGTERM
+    (a timeout, a scheduler) is handled like Ctrl-C (temporary folders removed, workers stopped), exit 143."""
+    import signal
+
+    def terminated(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, terminated)
     try:
         code = main(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(interrupted, file=sys.stderr)
-        sys.exit(130)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
     sys.exit(code or 0)
 
 
@@ -35,6 +49,8 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad arguments as one line (exit 2) without the usage dump."""
 
     def error(self, message: str):  # noqa: D401
+        if "expected one argument" in message:  # e.g. --sleep_range -5,2: argparse takes -5,2 for a flag
+            message += "; write a value that starts with '-' as --flag=VALUE (e.g. --sleep_range=-5,2)"
         print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 

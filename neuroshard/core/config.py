@@ -188,6 +188,7 @@ class ComputeCollectConfig:
     num_iter: int = flag(10)
     seed: int = flag(0)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     def check(self) -> "ComputeCollectConfig":
         check_int("--data_size", self.data_size, 1, 10_000_000)
@@ -216,6 +217,7 @@ class CommCollectConfig:
     seed: int = flag(0)
     device: str = flag("auto")
     out_dir: str = flag("data/cost_data")
+    salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     def check(self, num_ranks: int) -> "CommCollectConfig":
         HardwareConfig(gpu_devices=self.gpu_devices).check()
@@ -241,6 +243,7 @@ class TrainComputeConfig:
     dataset_dir: str = flag("data/dlrm_datasets", "processed dataset the samples came from")
     out_path: str = flag("models/compute.pt")
     fit: FitConfig = field(default_factory=FitConfig)
+    salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     @property
     def data_path(self) -> Path:
@@ -255,6 +258,7 @@ class TrainCommConfig:
     fw_out_path: str | None = flag(None, "default models/comm_<N>_fw.pt")
     bw_out_path: str | None = flag(None, "default models/comm_<N>_bw.pt")
     fit: FitConfig = field(default_factory=FitConfig)
+    salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     @property
     def data_path(self) -> Path:
@@ -305,6 +309,8 @@ class EvalConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     models: CostModelFiles = field(default_factory=CostModelFiles)
     search: SearchParams = field(default_factory=SearchParams)
+    salvage: bool = flag(False, "keep the good records of a damaged progress log (the damaged ones are measured "
+                                "again)")
 
     def check(self) -> "EvalConfig":
         check_iters(self.warmup_iter, self.num_iter)

@@ -5,7 +5,9 @@ exit 2. `PlanError` is an invalid sharding plan (an internal inconsistency, neve
 """
 from __future__ import annotations
 
+import errno
 import math
+import os
 
 
 class UserError(Exception):
@@ -14,6 +16,17 @@ class UserError(Exception):
 
 class PlanError(ValueError):
     """A sharding plan that does not place every column of every table exactly once on a real device."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_error(e: OSError, path: str | os.PathLike, kept: str = "") -> UserError:
+    """One line for a failed write: a full disk says so (the step resumes), anything else names the error."""
+    if e.errno in DISK_FULL:
+        return UserError(f"disk full while writing {path}{kept}; free some space (or choose another output folder) "
+                         "and rerun the same command: it resumes where it stopped")
+    return UserError(f"cannot write {path}: {e.strerror or e}{kept}; choose a writable output path")
 
 
 def check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> int:

@@ -160,8 +160,17 @@ class DLRMDataset:
                 raise UserError(f"{self.path}/indices.pt is not readable ({type(e).__name__}); "
                                 "rerun tools/gen_dlrm_data.py") from None
             if (not isinstance(bags, dict) or set(bags) != {"indices", "offsets"}
+                    or not all(isinstance(x, torch.Tensor) and x.dtype == torch.int64 and x.dim() == 1
+                               for x in bags.values())
                     or bags["offsets"].numel() != self.num_tables * self.batch_size + 1):
                 raise UserError(f"{self.path}/indices.pt does not match tables.pkl; rerun tools/gen_dlrm_data.py")
+            off = bags["offsets"]
+            lengths = off[1:] - off[:-1]
+            if int(off[0]) != 0 or int(off[-1]) != bags["indices"].numel() or bool((lengths < 0).any()):
+                bad = int(torch.nonzero(lengths < 0)[0]) if bool((lengths < 0).any()) else 0
+                raise UserError(f"{self.path}/indices.pt is damaged: the bags of table {bad // self.batch_size} "
+                                "do not add up (a negative bag length, or offsets that do not end at the ids); "
+                                "rerun tools/gen_dlrm_data.py")
             self._bags = bags
         return self._bags
 
@@ -180,6 +189,9 @@ class DLRMDataset:
         bags = self.bags()
         off = bags["offsets"][t * B: t * B + b + 1]
         ids = bags["indices"][int(off[0]): int(off[-1])].clone()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= max(self.rows[t], 1)):
+            raise UserError(f"{self.path}/indices.pt is damaged: table {t} holds id {int(ids.max())} or "
+                            f"{int(ids.min())} outside its rows 0..{self.rows[t] - 1}; rerun tools/gen_dlrm_data.py")
         return ids, off - off[0]
 
     def reuse_histogram(self) -> np.ndarray:

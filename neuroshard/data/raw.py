@@ -17,6 +17,13 @@ import torch
 from ..core.artifacts import atomic_torch_save, atomic_write_bytes
 from ..core.errors import UserError
 
+LARGEST_DEVICE_GB = 192.0  # the most memory one accelerator has today (B200); no table larger than this is sharded
+
+
+def max_rows_any_device(min_dim: int = 4, bytes_per_param: int = 4) -> int:
+    """Most rows a table can have and still fit one device as its narrowest (4-column) shard."""
+    return int(LARGEST_DEVICE_GB * 2**30 // (min_dim * bytes_per_param))
+
 
 def load_raw(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load and validate a raw `(indices, offsets, lengths)` file (`.pt` or `.pt.gz`)."""
@@ -66,6 +73,14 @@ def validate_raw(obj: Any, path: str | Path = "<data>") -> tuple[torch.Tensor, t
         first = int(torch.nonzero(indices < 0)[0])
         t = int(torch.searchsorted(offsets, torch.tensor([first]), right=True)[0] - 1) // B
         raise UserError(f"{path}: negative ids in table {t}; ids must be row numbers >= 0")
+    limit = max_rows_any_device()
+    if indices.numel() and int(indices.max()) >= limit:
+        first = int(torch.nonzero(indices >= limit)[0])
+        t = int(torch.searchsorted(offsets, torch.tensor([first]), right=True)[0] - 1) // B
+        rows = int(indices[first]) + 1
+        raise UserError(f"{path}: table {t} has id {rows - 1}, so {rows:,} rows: {rows * 16 / 2**30:,.0f} GB even as "
+                        f"a 4-column shard, more than any device holds ({LARGEST_DEVICE_GB:g} GB, at most {limit:,} "
+                        "rows); remap its ids to 0..rows-1 (e.g. hash them into fewer rows)")
     return indices, offsets, lengths
 
 

@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +26,20 @@ import numpy as np
 
 from ..core.errors import UserError
 from .features import MIN_ROWS, NUM_BINS, table_data_features
-from .synthetic import PUBLISHED_REUSE_UNIQUE_SHARE
+from .raw import max_rows_any_device
+from .synthetic import PUBLISHED_REUSE_UNIQUE_SHARE, SyntheticConfig
 from .tasks import ShardingTask
 
 REQUIRED = ("name", "rows", "dim", "pooling_factor")
 BIN_COLUMNS = tuple(f"bin_{j}" for j in range(NUM_BINS))
 DEFAULT_REUSE_HISTOGRAM = PUBLISHED_REUSE_UNIQUE_SHARE / PUBLISHED_REUSE_UNIQUE_SHARE.sum()
 MAX_DIM = 4096
+MAX_ROWS = max_rows_any_device()   # a table whose 4-wide column shard fits no device is refused
+MAX_POOLING = 1e6                  # mean lookups per sample; beyond this it is not an embedding bag
+TRAINED_POOLING_MAX = SyntheticConfig.max_pooling  # the cost models' training tables: warn beyond this
+MAX_TABLES = 100_000
+MAX_NAME_CHARS = 200
+MAX_FILE_BYTES = 64 << 20
 HIST_TOL = 0.01
 
 
@@ -46,31 +54,55 @@ class TableList:
     source: str
 
 
+def _read_text(path: Path, flag: str) -> str:
+    """A text file's contents, or one line naming why it cannot be read as UTF-8 text of a sane size."""
+    if not path.is_file():
+        raise UserError(f"{flag} file not found: {path}; pass a CSV or JSON table list (see README)")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes is more than a table list can be "
+                        f"({MAX_FILE_BYTES:,}); pass a list of at most {MAX_TABLES:,} tables")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as "
+                        "UTF-8") from None
+
+
 def _rows_from_file(path: Path) -> list[tuple[str, dict]]:
     """(where, row dict) per table of a CSV or JSON table list."""
-    if not path.is_file():
-        raise UserError(f"--tables file not found: {path}; pass a CSV or JSON table list (see README)")
-    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    text = _read_text(path, "--tables")
     if path.suffix.lower() == ".json":
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") from None
+        except (RecursionError, ValueError) as e:  # nesting too deep, or an integer of thousands of digits
+            what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+            raise UserError(f"{path}: not a usable table list ({what}); write a flat list of tables") from None
         if isinstance(obj, dict):
             obj = obj.get("tables")
         if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
             raise UserError(f"{path}: expected a JSON list of tables (objects with {', '.join(REQUIRED)}) "
                             'or {"tables": [...]}')
         return [(f"{path} table {i + 1}", r) for i, r in enumerate(obj)]
-    reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None:
-        raise UserError(f"{path}: empty table list; write a header line {','.join(REQUIRED)} and one line per table")
-    missing = [c for c in REQUIRED if c not in [f.strip() for f in reader.fieldnames]]
-    if missing:
-        raise UserError(f"{path}: header lacks column {missing[0]!r}; the header must name {', '.join(REQUIRED)}")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = []
-    for line, r in enumerate(reader, start=2):
-        rows.append((f"{path} line {line}", {(k or "").strip(): v for k, v in r.items()}))
+    try:
+        if reader.fieldnames is None:
+            raise UserError(f"{path}: empty table list; write a header line {','.join(REQUIRED)} and one line per "
+                            "table")
+        missing = [c for c in REQUIRED if c not in [f.strip() for f in reader.fieldnames]]
+        if missing:
+            raise UserError(f"{path}: header lacks column {missing[0]!r}; the header must name {', '.join(REQUIRED)}")
+        for r in reader:
+            where = f"{path} line {reader.line_num}"
+            if None in r:
+                raise UserError(f"{where}: more fields than the header names; quote names that hold a comma")
+            rows.append((where, {(k or "").strip(): v for k, v in r.items()}))
+    except csv.Error as e:
+        raise UserError(f"{path} near line {reader.line_num + 1}: not a CSV line ({e}); fix the file") from None
     return rows
 
 
@@ -78,34 +110,53 @@ def _number(where: str, r: dict, key: str) -> float:
     v = r.get(key)
     if v is None or (isinstance(v, str) and not v.strip()):
         raise UserError(f"{where}: missing {key}; every table needs {', '.join(REQUIRED)}")
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise UserError(f"{where}: {key} must be a number, got {v!r}"[:300])
     try:
         x = float(v)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: {key} must be a number, got {v!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise UserError(f"{where}: {key} must be a number, got {v!r}"[:300]) from None
     if not math.isfinite(x):
-        raise UserError(f"{where}: {key} must be finite, got {v!r}")
+        raise UserError(f"{where}: {key} must be finite, got {v!r}"[:300])
     return x
+
+
+def _name(where: str, r: dict) -> str:
+    v = r.get("name")
+    if v is not None and not isinstance(v, str):
+        raise UserError(f"{where}: name must be text, got {type(v).__name__} {v!r}"[:300])
+    name = (v or "").strip()
+    if not name:
+        raise UserError(f"{where}: missing name; every table needs {', '.join(REQUIRED)}")
+    if len(name) > MAX_NAME_CHARS or any(not c.isprintable() for c in name):
+        raise UserError(f"{where}: table name {name[:60]!r} must be one line of printable text of at most "
+                        f"{MAX_NAME_CHARS} characters")
+    return name
 
 
 def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, source: str) -> TableList:
     """Validate table rows and build the task (features: row, pooling factor, reuse histogram)."""
     if not rows:
         raise UserError(f"{source}: no tables; add one line (or object) per table")
-    names, n_rows_all, dims, feats, defaulted, seen = [], [], [], [], [], {}
+    if len(rows) > MAX_TABLES:
+        raise UserError(f"{source}: {len(rows):,} tables is more than {MAX_TABLES:,}; split the list")
+    names, n_rows_all, dims, feats, defaulted, seen, unusual_pf = [], [], [], [], [], {}, []
     for where, r in rows:
-        name = str(r.get("name") or "").strip()
-        if not name:
-            raise UserError(f"{where}: missing name; every table needs {', '.join(REQUIRED)}")
+        name = _name(where, r)
         if name in seen:
             raise UserError(f"{where}: duplicate table name {name!r} (also at {seen[name]}); names must be unique")
         seen[name] = where
         n_rows, dim, pf = (_number(where, r, k) for k in ("rows", "dim", "pooling_factor"))
-        if n_rows < 1 or not n_rows.is_integer():
-            raise UserError(f"{where}: rows must be a whole number >= 1, got {r.get('rows')!r}")
+        if n_rows < 1 or not n_rows.is_integer() or n_rows > MAX_ROWS:
+            raise UserError(f"{where}: rows must be a whole number from 1 to {MAX_ROWS:,} (a table any device can "
+                            f"hold), got {r.get('rows')!r}")
         if not dim.is_integer() or dim < 4 or dim % 4 or dim > MAX_DIM:
             raise UserError(f"{where}: dim must be a multiple of 4 between 4 and {MAX_DIM}, got {r.get('dim')!r}")
-        if pf < 0:
-            raise UserError(f"{where}: pooling_factor must be >= 0 (mean lookups per sample), got {r.get('pooling_factor')!r}")
+        if pf < 0 or pf > MAX_POOLING:
+            raise UserError(f"{where}: pooling_factor must be from 0 to {MAX_POOLING:g} (mean lookups per sample), "
+                            f"got {r.get('pooling_factor')!r}")
+        if pf > TRAINED_POOLING_MAX:
+            unusual_pf.append(f"{name} ({pf:g})")
         given = [c for c in BIN_COLUMNS if r.get(c) not in (None, "")]
         if given and len(given) != NUM_BINS:
             absent = [c for c in BIN_COLUMNS if c not in given]
@@ -132,6 +183,10 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
         n_rows_all.append(int(n_rows))
         dims.append(int(dim))
         feats.append(np.concatenate([[max(MIN_ROWS, n_rows), pf], hist]))
+    if unusual_pf:
+        print(f"warning: {len(unusual_pf)} table(s) have pooling factors far outside the 0..{TRAINED_POOLING_MAX:g} "
+              f"the cost models were trained on (DLRM dataset tables): {', '.join(unusual_pf[:5])}"
+              f"{', ...' if len(unusual_pf) > 5 else ''}; their predicted costs are extrapolations", file=sys.stderr)
     rows = np.array(n_rows_all, dtype=np.int64)
     task = ShardingTask(np.arange(len(names)), np.array(dims, dtype=np.int64), np.array(feats, dtype=np.float64), rows)
     return TableList(names, rows, task, defaulted, source)

@@ -59,8 +59,10 @@ class ShardingTask:
 
 
 def generate_tasks(ds: DLRMDataset, num_tasks: int, T_range: tuple[int, int], max_mem_gb: float,
-                   max_dim: int, seed: int, max_tries: int = 100_000) -> list[dict]:
-    """Draw tasks: T in [lo, hi), tables with replacement, dims from the dim set; redraw if over budget."""
+                   max_dim: int, seed: int, max_tries_per_task: int = 100_000) -> list[dict]:
+    """Draw tasks: T in [lo, hi), tables with replacement, dims from the dim set; redraw if over budget.
+
+    Each task gets its own budget of draws, so any number of tasks can be drawn where one can."""
     lo, hi = T_range
     dims_set = np.array(dim_choices(max_dim))
     rows = ds.rows
@@ -69,12 +71,11 @@ def generate_tasks(ds: DLRMDataset, num_tasks: int, T_range: tuple[int, int], ma
         raise UserError(f"--max_mem {max_mem_gb} GB cannot hold even the {lo} smallest tables "
                         f"({smallest:.2f} GB); raise --max_mem or lower --T_range")
     rng = np.random.default_rng(seed)
-    tasks, tries = [], 0
-    for _ in tqdm(range(num_tasks), desc="tasks", leave=False):
-        while True:
-            tries += 1
-            if tries > max_tries:
-                raise UserError(f"could not draw tasks within {max_mem_gb} GB after {max_tries} tries; "
+    tasks = []
+    for i in tqdm(range(num_tasks), desc="tasks", leave=False):
+        for tries in range(max_tries_per_task + 1):
+            if tries == max_tries_per_task:
+                raise UserError(f"could not draw task {i} within {max_mem_gb} GB in {max_tries_per_task:,} tries; "
                                 "raise --max_mem or lower --T_range / --max_dim")
             T = int(rng.integers(lo, hi))
             ids = rng.integers(0, ds.num_tables, T)

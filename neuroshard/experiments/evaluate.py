@@ -4,13 +4,17 @@
 `eval_hardware` appends every measured plan to a progress log beside the results CSV
 (`<csv>.progress.pkl`) the moment it is measured; an interrupted run resumes with the plans not
 measured yet (a plan is re-measured only if the algorithm now gives another plan). A progress log
-of a run with other settings is started anew. Both write one CSV row per (task, algorithm) plus a
+of a run with other settings is started anew; one holding a record that is not a measured plan
+(a key missing, a wrong type, a NaN cost) is set aside as `<log>.bad` with one line and its good
+records kept; a damaged frame is refused (`--salvage` keeps the good records). Both write one CSV row per (task, algorithm) plus a
 provenance sidecar.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +31,7 @@ from ..sharding.simulator import Simulator
 from .results import print_paired, print_summary, summarize, write_results
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
+ARRAY = (list, np.ndarray)
 
 
 def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
@@ -64,6 +69,48 @@ def _tasks_fingerprint(tasks: list[ShardingTask]) -> str:
     return h.hexdigest()[:16]
 
 
+def _progress_problem(r: dict, N: int) -> str | None:
+    """Why a progress record is not a measured plan of this run (None when it is one)."""
+    for key, kind in (("alg", str), ("task", int), ("plan", (dict, list)), ("compute_ms", ARRAY), ("fw_ms", ARRAY),
+                      ("bw_ms", ARRAY), ("round_costs", ARRAY)):
+        if key not in r:
+            return f"no {key!r}"
+        if not isinstance(r[key], kind) or isinstance(r[key], bool):
+            return f"{key!r} is a {type(r[key]).__name__}"
+    try:
+        json.dumps(r["plan"])
+        costs = [np.asarray(r[k], dtype=np.float64) for k in ("compute_ms", "fw_ms", "bw_ms", "round_costs")]
+    except (TypeError, ValueError, RecursionError) as e:
+        return f"unreadable values ({type(e).__name__})"
+    if any(c.shape != (N,) for c in costs[:3]) or costs[3].ndim != 1 or not costs[3].size:
+        return f"costs not of {N} devices"
+    if not all(np.isfinite(c).all() and (c >= 0).all() for c in costs):
+        return "a cost that is NaN, infinite or negative"
+    return None
+
+
+def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordLog:
+    """The progress log; one holding records that are not measured plans is set aside (`PATH.bad`) with one
+    line, and its good records carried into a new log, so a bad log never blocks a rerun."""
+    log = RecordLog(path, EVAL_PROGRESS_KIND, {**settings, "provenance": provenance()}, tuple(settings),
+                    "eval progress log", restart_on_mismatch=True, salvage=salvage)
+    problems = [(i, p) for i, p in ((i, _progress_problem(r, N)) for i, r in enumerate(log.records, 1)) if p]
+    if not problems:
+        return log
+    good = [r for i, r in enumerate(log.records, 1) if i not in dict(problems)]
+    log.close()
+    aside = path.with_name(path.name + ".bad")
+    os.replace(path, aside)
+    print(f"note: {path} record #{problems[0][0]} is not a measured plan ({problems[0][1]}; {len(problems)} such "
+          f"record(s)): set the log aside as {aside}, keeping its {len(good)} good record(s); the rest are measured "
+          "again", file=sys.stderr)
+    log = RecordLog(path, EVAL_PROGRESS_KIND, {**settings, "provenance": provenance()}, tuple(settings),
+                    "eval progress log", restart_on_mismatch=True)
+    for r in good:
+        log.append(r)
+    return log
+
+
 def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     """Step 5: simulated cost of every (task, algorithm) plan -> results CSV."""
     cfg.check()
@@ -71,6 +118,9 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     out = Path(cfg.results_csv or f"results/sim_{algs_file_tag(algs)}.csv")
     check_output_file(out, "--results_csv")
     ndevices, max_mem, seed, search, task_path = cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
+    if ndevices < 2:  # before the model files, whose "train it" hint cannot be followed for 1 device
+        raise UserError(f"--ndevices must be >= 2, got {ndevices}: the simulator's communication cost models exist "
+                        "for 2 or more devices (train_comm_cost_model.py --ndevices N, N >= 2)")
     cluster = Cluster(ndevices, max_mem)
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
     paths = cfg.models.paths(ndevices)
@@ -126,8 +176,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                 "dataset_fingerprint": ds.fingerprint,
                 "tasks_fingerprint": _tasks_fingerprint(tasks)}
     progress_path = out.with_name(out.name + ".progress.pkl")
-    log = RecordLog(progress_path, EVAL_PROGRESS_KIND, {**settings, "provenance": provenance()}, tuple(settings),
-                    "eval progress log", restart_on_mismatch=True)
+    log = _open_progress(progress_path, settings, N, cfg.salvage)
     measured: dict[tuple, Cost] = {}
     spreads: dict[tuple, list[float]] = {}
     try:

@@ -15,6 +15,7 @@ from typing import Callable
 from ..core.config import (PRESETS, CommCollectConfig, ComputeCollectConfig, CostModelFiles, DatasetConfig,
                            EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig, TasksConfig,
                            TrainCommConfig, TrainComputeConfig)
+from ..core.errors import UserError
 
 @dataclass
 class Step:
@@ -106,7 +107,7 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
 
 def run_pipeline(cfg: PipelineConfig, command: str = "") -> Path:
     steps = build_steps(cfg)
-    work, preset, force = Path(cfg.work_dir), cfg.preset, cfg.force
+    force = cfg.force
     t_start = time.perf_counter()
     for i, step in enumerate(steps, 1):
         tag = f"[{i}/{len(steps) + 1}] {step.name}"
@@ -120,8 +121,43 @@ def run_pipeline(cfg: PipelineConfig, command: str = "") -> Path:
         t0 = time.perf_counter()
         step.run()
         print(f"{tag}: done in {time.perf_counter() - t0:.1f} s", flush=True)
+    out = report_step(cfg, steps, command)
+    print(f"[{len(steps) + 1}/{len(steps) + 1}] report: {out} (+ summary.csv, summary.png) "
+          f"— pipeline took {time.perf_counter() - t_start:.0f} s")
+    print(out.read_text())
+    return out
+
+
+RESULT_COLUMNS = ("alg", "task", "oom", "cost_ms", "search_s")
+
+
+def _check_results(steps: list[Step]) -> None:
+    """Every results file the report reads exists and is a readable results CSV (with its provenance
+    sidecar), else one line naming the step command that writes it again."""
+    import json
+
+    from ..core.artifacts import check_results_csv
+
+    for step in steps:
+        for p in (p for p in step.outputs if p.suffix == ".csv"):
+            fix = f"rerun step {step.name.split()[0]} with: {step.command}"
+            if not p.is_file():
+                raise UserError(f"{p} is missing; {fix}")
+            try:
+                check_results_csv(p, "results file", RESULT_COLUMNS, "sharding")
+                json.loads(p.with_name(p.name + ".meta.json").read_text())
+            except UserError as e:
+                raise UserError(f"{str(e).split(';')[0]}; {fix}") from None
+            except (OSError, ValueError) as e:
+                raise UserError(f"{p}.meta.json is missing or damaged ({type(e).__name__}); {fix}") from None
+
+
+def report_step(cfg: PipelineConfig, steps: list[Step], command: str = "") -> Path:
+    """The pipeline's last step: results/summary.md and its charts from the step 5/6 results files."""
     from .report import write_report
 
+    work, preset = Path(cfg.work_dir), cfg.preset
+    _check_results(steps)
     P = PRESETS[preset]
     sections = [{"ndevices": N, "sim_csv": work / f"results/sim_{N}.csv", "eval_csv": work / f"results/eval_{N}.csv",
                  "models": {"compute": work / "models/compute.pt", f"comm fw ({N})": work / f"models/comm_{N}_fw.pt",
@@ -133,8 +169,10 @@ def run_pipeline(cfg: PipelineConfig, command: str = "") -> Path:
             "device_name": hw.get("device_name"), "batch": P.batch_size, "max_mem_gb": P.max_mem,
             "row_scale": P.row_scale, "test tasks": P.num_test_tasks, "T_range": ",".join(map(str, P.T_range)),
             "eval iterations": f"{P.eval_warmup}+{P.eval_iters}"}
-    out = write_report(work / "results", sections, command or f"python tools/run_pipeline.py --preset {preset}", meta)
-    print(f"[{len(steps) + 1}/{len(steps) + 1}] report: {out} (+ summary.csv, summary.png) "
-          f"— pipeline took {time.perf_counter() - t_start:.0f} s")
-    print(out.read_text())
-    return out
+    try:
+        return write_report(work / "results", sections, command or f"python tools/run_pipeline.py --preset {preset}",
+                            meta)
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
+        fixes = "; ".join(f"step {s.name.split()[0]}: {s.command}" for s in steps if s.name[0] in "56")
+        raise UserError(f"the results files in {work / 'results'} cannot be summarised ({type(e).__name__}: "
+                        f"{str(e)[:80]}); rerun {fixes}") from None

@@ -27,6 +27,8 @@ from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
 
 MEASURE_LIMIT_GB = 4.0  # --measure allocates every table: refuse more than this in total
+MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch --measure may synthesise (~64 B each in all processes: ~4 GB)
+MEASURE_BYTES_PER_LOOKUP = 64
 HEURISTICS = [a for a in BASELINES if a != "random"]
 
 
@@ -93,6 +95,9 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     out, torchrec_plan = cfg.out, cfg.torchrec_plan
     check_output_file(out, "--out")
     check_output_file(torchrec_plan, "--torchrec_plan")
+    if torchrec_plan and Path(out).resolve() == Path(torchrec_plan).resolve():
+        raise UserError(f"--out and --torchrec_plan both name {out}; the TorchRec plan would replace the plan: give "
+                        "each its own file")
     if cfg.tables is not None:
         tl = load_table_list(cfg.tables, max_mem)
     else:
@@ -100,6 +105,8 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     paths = cfg.models.paths(ndevices)
     sim = _simulator(paths, ndevices, required=alg == "neuroshard")
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
+    if cfg.measure:
+        check_measure_budget(tl, batch)
     print(f"{len(tl.names)} tables from {tl.source}, {tl.task.total_size_gb():.4f} GB in all; "
           f"{ndevices} devices x {max_mem:g} GB; --alg {alg}")
     if tl.defaulted_reuse:
@@ -139,6 +146,23 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     return report
 
 
+def check_measure_budget(tl: TableList, batch: int) -> None:
+    """Before any work: --measure allocates every table and synthesises batch x pooling factor ids per
+    table; refuse, with the numbers, more than MEASURE_LIMIT_GB of tables or MEASURE_MAX_LOOKUPS ids."""
+    if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
+        raise UserError(f"--measure allocates every table on this machine: {tl.task.total_size_gb():.2f} GB is more "
+                        f"than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
+    per_table = batch * tl.task.pooling_factors
+    lookups = float(per_table.sum())
+    if lookups > MEASURE_MAX_LOOKUPS:
+        t = int(per_table.argmax())
+        raise UserError(f"--measure would synthesise {lookups / 1e6:,.1f} M ids for a batch of {batch} (about "
+                        f"{lookups * MEASURE_BYTES_PER_LOOKUP / 2**30:,.1f} GB while they are made and measured; "
+                        f"{tl.names[t]!r} alone {per_table[t] / 1e6:,.1f} M at pooling factor "
+                        f"{tl.task.pooling_factors[t]:g}), more than the budget of {MEASURE_MAX_LOOKUPS / 1e6:g} M; "
+                        "lower the pooling factors or measure fewer tables")
+
+
 def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, batch: int,
                       cfg: ShardTablesConfig) -> dict[str, Cost]:
     """Measure `plan` and the greedy heuristics' plans on synthesised ids of the user's tables."""
@@ -148,9 +172,7 @@ def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, batch
     from ..hardware.backends import resolve_hardware
     from ..hardware.evaluator import measure_plans, plan_device_tables
 
-    if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
-        raise UserError(f"--measure allocates every table on this machine: {tl.task.total_size_gb():.2f} GB is more "
-                        f"than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
+    check_measure_budget(tl, batch)
     if batch % cluster.num_devices:
         raise UserError(f"the cost models' batch {batch} is not divisible by {cluster.num_devices} devices")
     alg, seed, warmup, iters = cfg.alg, cfg.seed, cfg.warmup_iter, cfg.num_iter

@@ -36,9 +36,9 @@ def missing_indices(records: list[dict], data_size: int) -> list[int]:
     return [i for i in range(data_size) if i not in have]
 
 
-def load_cost_data(path: str | Path, kind: str) -> tuple[dict, list[dict]]:
+def load_cost_data(path: str | Path, kind: str, salvage: bool = False) -> tuple[dict, list[dict]]:
     """(meta, samples sorted by index) of a cost-data file."""
-    meta, samples = read_record_log(path, kind, "cost data file")
+    meta, samples = read_record_log(path, kind, "cost data file", salvage)
     return meta, sorted(samples, key=lambda s: s["index"])
 
 
@@ -86,7 +86,7 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
     path = Path(cfg.out_dir) / "compute_cost_data.pkl"
     n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
     print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
-    log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file")
+    log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file", salvage=cfg.salvage)
     todo = missing_indices(log.records, cfg.data_size)
     if not todo:
         log.close()
@@ -117,7 +117,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
     print(f"{N} ranks on {dev}, batch {batch_size} -> {path}")
     if writer:
-        log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file")
+        log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file", salvage=cfg.salvage)
         todo = missing_indices(log.records, cfg.data_size)
     else:  # other torchrun ranks learn the indices from rank 0 below
         log, todo = None, None

@@ -17,8 +17,8 @@ from .cost_models import CommCostModel, ComputeCostModel, comm_training_arrays, 
 MIN_SAMPLES = 10
 
 
-def _samples(path, kind: str, num_samples: int | None) -> tuple[dict, list[dict]]:
-    meta, samples = load_cost_data(path, kind)
+def _samples(path, kind: str, num_samples: int | None, salvage: bool = False) -> tuple[dict, list[dict]]:
+    meta, samples = load_cost_data(path, kind, salvage)
     samples = samples[:num_samples] if num_samples else samples
     if len(samples) < MIN_SAMPLES:
         raise UserError(f"{path} holds {len(samples)} samples; at least {MIN_SAMPLES} are needed to train "
@@ -38,7 +38,7 @@ def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
     fit = cfg.fit.check(MIN_SAMPLES)
     data_path = cfg.data_path
     dataset = DLRMDataset.load(cfg.dataset_dir)
-    meta, samples = _samples(data_path, COMPUTE_DATA_KIND, fit.num_samples)
+    meta, samples = _samples(data_path, COMPUTE_DATA_KIND, fit.num_samples, cfg.salvage)
     if meta.get("dataset_fingerprint") != dataset.fingerprint:
         raise UserError(f"{data_path} was measured on another dataset than {dataset.path}; "
                         "pass the matching --dataset_dir")
@@ -60,8 +60,12 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostMode
     if fw_out_path.resolve() == bw_out_path.resolve():
         raise UserError("--fw_out_path and --bw_out_path are the same file; give each model its own path")
     data_path = cfg.data_path
-    meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples)
-    N = int(meta["ndevices"])
+    meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
+    N = meta.get("ndevices")
+    if N != cfg.ndevices:  # e.g. 2-device samples copied under the 4-device name: the models would be mislabelled
+        raise UserError(f"{data_path} holds samples of {N} devices, but its name is for {cfg.ndevices} (--ndevices "
+                        f"{cfg.ndevices}); collect them with collect_comm_cost_data.py --ndevices {cfg.ndevices}, or "
+                        f"name the file comm_cost_data_{N}.pkl and pass --ndevices {N}")
     kw = _fit_kwargs(fit)
     models = []
     for direction, out in (("fw", fw_out_path), ("bw", bw_out_path)):

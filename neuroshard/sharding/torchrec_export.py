@@ -7,7 +7,10 @@ for a table in one piece, `column_wise(ranks=...)` for a split one, and
 `construct_module_sharding_plan`. A NeuroShard table may be cut into halves of different widths
 (128 -> 64 + 32 + 32) while `column_wise` cuts equal blocks, so a split table is given as blocks of
 its narrowest shard's width, each on the rank of the shard that holds it: the same columns on the
-same ranks. The EBC's table names are the user's, each with one feature of the same name.
+same ranks. Each table keeps the user's name as its feature name and in the spec; its TorchRec table
+(module) name is `module_name`: the same name with every "." made "_" (TorchRec module names cannot
+hold a dot), so `user.id` is planned as table `user_id` with feature `user.id`. Every entry of a plan
+file is checked (`check_spec`) before TorchRec sees it, so a bad file gets one line naming the entry.
 """
 from __future__ import annotations
 
@@ -19,41 +22,89 @@ from ..core.errors import PlanError, UserError
 from .plan import ShardingPlan
 
 SPEC_KIND = "neuroshard.torchrec_plan"
+MAX_WORLD_SIZE = 1024        # like --ndevices
+MAX_PLAN_BYTES = 256 << 20
+
+
+def module_names(names: list[str]) -> list[str]:
+    """Names TorchRec can take for the tables: a module name cannot hold a dot or be empty, so each dot
+    becomes "_" (and a clash gets a suffix "_2", "_3", ...); every other name is kept as it is."""
+    out, used = [], set()
+    for name in names:
+        base = name.replace(".", "_") or "table"
+        legal, k = base, 1
+        while legal in used or (legal != name and legal in names):
+            k += 1
+            legal = f"{base}_{k}"
+        used.add(legal)
+        out.append(legal)
+    return out
 
 
 def plan_spec(names: list[str], rows, dims, plan: ShardingPlan) -> dict:
     """Table-by-table description of `plan` (column shards sorted by offset)."""
     tables = []
-    for t, name in enumerate(names):
+    for t, (name, module_name) in enumerate(zip(names, module_names(names))):
         shards = sorted((int(s.col_start), int(s.dim), int(d)) for s, d in zip(plan.shards, plan.device_of)
                         if s.table == t)
-        tables.append({"name": name, "rows": int(rows[t]), "dim": int(dims[t]),
+        tables.append({"name": name, "module_name": module_name, "rows": int(rows[t]), "dim": int(dims[t]),
                        "shards": [{"col_offset": c, "width": w, "rank": r} for c, w, r in shards]})
     return {"kind": SPEC_KIND, "world_size": int(plan.num_devices), "tables": tables}
 
 
+def _whole(where: str, key: str, v, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise UserError(f"{where}: {key} {v!r} outside {lo}..{hi} (a whole number)"[:300])
+    return v
+
+
 def check_spec(spec: dict, where: str = "plan") -> dict:
-    """Every table's columns covered exactly once by shards on ranks 0..world_size-1."""
+    """Every entry well-formed and every table's columns covered exactly once by shards on ranks
+    0..world_size-1, in widths TorchRec can cut (multiples of the narrowest); adds `module_name`s."""
+    from ..data.table_list import MAX_DIM, MAX_NAME_CHARS, MAX_ROWS, MAX_TABLES
+
     if not isinstance(spec, dict) or spec.get("kind") != SPEC_KIND or not isinstance(spec.get("tables"), list):
         raise UserError(f"{where} is not a neuroshard TorchRec plan; write one with tools/shard_tables.py "
                         "--torchrec_plan FILE")
-    world = spec.get("world_size")
-    if not isinstance(world, int) or world < 1:
-        raise UserError(f"{where}: world_size must be a positive whole number")
-    for t in spec["tables"]:
-        try:
-            cols = [0] * int(t["dim"])
-            for s in t["shards"]:
-                if not 0 <= int(s["rank"]) < world:
-                    raise PlanError(f"table {t['name']}: rank {s['rank']} outside 0..{world - 1}")
-                for c in range(int(s["col_offset"]), int(s["col_offset"]) + int(s["width"])):
-                    cols[c] += 1
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise UserError(f"{where}: malformed table entry ({type(e).__name__}: {e})") from None
-        except PlanError as e:
-            raise UserError(f"{where}: {e}") from None
-        if any(c != 1 for c in cols) or int(t["rows"]) < 1:
-            raise UserError(f"{where}: table {t['name']}: columns not covered exactly once")
+    world = _whole(where, "world_size", spec.get("world_size"), 1, MAX_WORLD_SIZE)
+    tables = spec["tables"]
+    if not 1 <= len(tables) <= MAX_TABLES:
+        raise UserError(f"{where}: a plan needs 1 to {MAX_TABLES:,} tables, got {len(tables):,}")
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tables):
+        at = f"{where} table {i}"
+        if not isinstance(t, dict):
+            raise UserError(f"{at}: expected an object with name, rows, dim and shards, got {type(t).__name__}")
+        name = t.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS or not name.isprintable():
+            raise UserError(f"{at}: name must be one line of printable text of 1 to {MAX_NAME_CHARS} characters, "
+                            f"got {name!r}"[:300])
+        if name in seen:
+            raise UserError(f"{at}: duplicate table name {name!r} (also table {seen[name]}); names must be unique")
+        seen[name] = i
+        at = f"{where} table {i} ({name!r})"
+        _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
+        dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
+        shards = t.get("shards")
+        if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
+            raise UserError(f"{at}: shards must be a list of 1 to {dim} objects with col_offset, width and rank")
+        cols = [0] * dim
+        for s in shards:
+            rank = _whole(at, "rank", s.get("rank"), 0, world - 1)
+            c0 = _whole(at, "col_offset", s.get("col_offset"), 0, dim - 1)
+            w = _whole(at, "width", s.get("width"), 1, dim - c0)
+            del rank
+            for c in range(c0, c0 + w):
+                cols[c] += 1
+        if any(c != 1 for c in cols):
+            raise UserError(f"{at}: columns not covered exactly once (column {next(j for j, c in enumerate(cols) if c != 1)})")
+        narrow = min(s["width"] for s in shards)
+        uneven = [s["width"] for s in shards if s["width"] % narrow]
+        if uneven:
+            raise UserError(f"{at}: shard width {uneven[0]} is not a multiple of the narrowest ({narrow}); TorchRec "
+                            "cuts a table into equal column blocks")
+    for t, m in zip(tables, module_names([t["name"] for t in tables])):
+        t["module_name"] = m
     return spec
 
 
@@ -61,9 +112,7 @@ def _blocks(table: dict) -> tuple[int, list[int]]:
     """Equal block width and the rank of each block, in column order."""
     width = min(s["width"] for s in table["shards"])
     ranks = []
-    for s in table["shards"]:
-        if s["width"] % width:
-            raise PlanError(f"table {table['name']}: shard width {s['width']} is not a multiple of {width}")
+    for s in sorted(table["shards"], key=lambda s: s["col_offset"]):
         ranks += [s["rank"]] * (s["width"] // width)
     return width, ranks
 
@@ -74,8 +123,8 @@ def make_ebc(spec: dict, device: str = "meta"):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    configs = [EmbeddingBagConfig(name=t["name"], embedding_dim=t["dim"], num_embeddings=t["rows"],
-                                  feature_names=[t["name"]]) for t in spec["tables"]]
+    configs = [EmbeddingBagConfig(name=t["module_name"], embedding_dim=t["dim"], num_embeddings=t["rows"],
+                                  feature_names=[t["name"]]) for t in check_spec(spec)["tables"]]
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
@@ -96,10 +145,10 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     per_param = {}
     for t in spec["tables"]:
         if len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":
-            per_param[t["name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
+            per_param[t["module_name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
         else:
             _, ranks = _blocks(t)
-            per_param[t["name"]] = column_wise(ranks=ranks, compute_kernel=compute_kernel)
+            per_param[t["module_name"]] = column_wise(ranks=ranks, compute_kernel=compute_kernel)
     world = spec["world_size"]
     module_plan = construct_module_sharding_plan(make_ebc(spec), per_param, local_size=local_size or world,
                                                  world_size=world, device_type=device_type)
@@ -117,8 +166,17 @@ def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str
     path = Path(path)
     if not path.is_file():
         raise UserError(f"TorchRec plan not found: {path}; write one with tools/shard_tables.py --torchrec_plan")
+    if path.stat().st_size > MAX_PLAN_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes is more than a plan file can be ({MAX_PLAN_BYTES:,}); "
+                        "rewrite it with tools/shard_tables.py --torchrec_plan")
     try:
-        spec = json.loads(path.read_text())
+        spec = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); rewrite it with tools/shard_tables.py") from None
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e.msg}); rewrite it with tools/shard_tables.py") from None
+        raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); rewrite it with "
+                        "tools/shard_tables.py") from None
+    except (RecursionError, ValueError) as e:  # nesting too deep, or an integer of thousands of digits
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+        raise UserError(f"{path}: not a usable plan ({what}); rewrite it with tools/shard_tables.py") from None
     return to_torchrec_plan(check_spec(spec, str(path)), module_path, device_type)

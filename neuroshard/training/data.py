@@ -6,7 +6,9 @@ A `CTRData` holds dense features [n, d], one multi-hot sparse feature per embedd
 - MovieLens-100K, read from the files that ship inside the `recbole` wheel (found with
   `importlib.util.find_spec`, never imported). Label: rating >= 4. Sparse features: user id, item id,
   age bucket, gender, occupation, zip prefix (first 2 characters), genres (multi-hot), release
-  year. Dense features: log(1 + user's train ratings), log(1 + item's train ratings), age / 100,
+  year. Each file is checked line by line (`_read_tsv`): damaged, cut, header-only or garbage files,
+  unknown users and non-numeric or NaN ratings are refused with one line naming the file and line.
+  Dense features: log(1 + user's train ratings), log(1 + item's train ratings), age / 100,
   (release year - 1900) / 100, each from the training part only. Split: time-ordered, the first 80%
   of ratings by timestamp train, the last 20% test (ties by file order).
 - Synthetic: tables with Zipf-like ids and Poisson pooling, Gaussian dense features, and labels
@@ -42,6 +44,13 @@ class CTRData:
     @property
     def num_samples(self) -> int:
         return len(self.labels)
+
+    def check_batch(self, batch_size: int) -> int:
+        """`batch_size` if the training part holds that many samples, else one line with the limit."""
+        if batch_size > self.num_train:
+            raise UserError(f"--batch_size {batch_size} is more than the {self.num_train:,} training samples of "
+                            f"{self.name}; pass --batch_size {self.num_train} or less")
+        return batch_size
 
     def batch(self, idx: torch.Tensor, tables=None):
         """Dense [b, d], per table (ids, bag offsets) and labels of samples `idx`."""
@@ -83,41 +92,100 @@ def movielens_dir() -> Path:
     return d
 
 
-def _read_tsv(path: Path) -> tuple[list[str], list[list[str]]]:
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    header = [h.split(":")[0] for h in lines[0].split("\t")]
-    return header, [line.split("\t") for line in lines[1:] if line.strip()]
+MAX_ML_FILE_BYTES = 512 << 20
+ML_FIX = "reinstall recbole (pip install --force-reinstall --no-deps recbole) or pass intact files"
+
+
+def _read_tsv(path: Path, required: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[int, list[str]]]]:
+    """(column -> position, [(line number, fields)]) of a RecBole atomic file; every damage is one line
+    naming the file and the line: not UTF-8, no header, a missing column, a cut last line, a wrong
+    number of fields."""
+    fix = ML_FIX
+    if not path.is_file():
+        raise UserError(f"MovieLens file not found: {path}; {fix}")
+    if path.stat().st_size > MAX_ML_FILE_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes is not a MovieLens-100K file; {fix}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{path} line {line}: not UTF-8 text (byte "
+                        f"0x{data[e.start]:02x}); {fix}") from None
+    if not text.strip():
+        raise UserError(f"{path} is empty; {fix}")
+    if not text.endswith("\n"):
+        raise UserError(f"{path} line {text.count(chr(10)) + 1}: the last line is cut (no line end), so the file was "
+                        f"not written to the end; {fix}")
+    lines = text.split("\n")[:-1]
+    header = [h.split(":")[0].strip() for h in lines[0].split("\t")]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise UserError(f"{path} line 1: the header lacks column {missing[0]!r} (it names "
+                        f"{', '.join(map(repr, header[:6]))[:120]}); {fix}")
+    rows = []
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise UserError(f"{path} line {n}: {len(fields)} tab-separated fields, the header names {len(header)}; "
+                            f"{fix}")
+        rows.append((n, fields))
+    if not rows:
+        raise UserError(f"{path} holds a header but no data lines; {fix}")
+    return {k: i for i, k in enumerate(header)}, rows
+
+
+def _ml_number(path: Path, n: int, what: str, text: str, lo: float, hi: float) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not (lo <= x <= hi):  # also NaN
+        raise UserError(f"{path} line {n}: {what} must be a number from {lo:g} to {hi:g}, got {text[:40]!r}; {ML_FIX}")
+    return x
 
 
 def _vocab(values) -> dict:
     return {v: i for i, v in enumerate(sorted(set(values)))}
 
 
-def load_movielens(train_share: float = 0.8) -> CTRData:
-    d = movielens_dir()
-    h, inter = _read_tsv(d / "ml-100k.inter")
-    col = {k: i for i, k in enumerate(h)}
-    inter = [(r[col["user_id"]], r[col["item_id"]], float(r[col["rating"]]), float(r[col["timestamp"]]))
-             for r in inter]
+def load_movielens(train_share: float = 0.8, data_dir: str | Path | None = None) -> CTRData:
+    d = Path(data_dir) if data_dir is not None else movielens_dir()
+    col, rows = _read_tsv(d / "ml-100k.inter", ("user_id", "item_id", "rating", "timestamp"))
+    cu, users = _read_tsv(d / "ml-100k.user", ("user_id", "age", "gender", "occupation", "zip_code"))
+    user = {}
+    for n, r in users:
+        if r[cu["user_id"]] in user:
+            raise UserError(f"{d / 'ml-100k.user'} line {n}: user_id {r[cu['user_id']]!r} appears twice; {ML_FIX}")
+        _ml_number(d / "ml-100k.user", n, "age", r[cu["age"]], 0, 150)
+        if not r[cu["age"]].strip().isdigit():
+            raise UserError(f"{d / 'ml-100k.user'} line {n}: age must be a whole number, got {r[cu['age']][:40]!r}; "
+                            f"{ML_FIX}")
+        user[r[cu["user_id"]]] = r
+    inter = []
+    for n, r in rows:
+        u = r[col["user_id"]]
+        if u not in user:
+            raise UserError(f"{d / 'ml-100k.inter'} line {n}: unknown user_id {u[:40]!r} (not in ml-100k.user); {ML_FIX}")
+        inter.append((u, r[col["item_id"]], _ml_number(d / "ml-100k.inter", n, "rating", r[col["rating"]], 0, 5),
+                      _ml_number(d / "ml-100k.inter", n, "timestamp", r[col["timestamp"]], 0, 1e12)))
     order = sorted(range(len(inter)), key=lambda i: (inter[i][3], i))  # time-ordered, ties by file order
     inter = [inter[i] for i in order]
     n_train = int(len(inter) * train_share)
-    hu, users = _read_tsv(d / "ml-100k.user")
-    cu = {k: i for i, k in enumerate(hu)}
-    user = {r[cu["user_id"]]: r for r in users}
-    hi, items = _read_tsv(d / "ml-100k.item")
-    ci = {k: i for i, k in enumerate(hi)}
-    item = {r[ci["item_id"]]: r for r in items}
+    ci, items = _read_tsv(d / "ml-100k.item", ("item_id", "release_year", "class"))
+    item = {r[ci["item_id"]]: r for _, r in items}
 
     def age(u):
         return int(user[u][cu["age"]])
 
     def year(i):
-        y = item.get(i, [""] * len(hi))[ci["release_year"]] if i in item else ""
+        y = item[i][ci["release_year"]] if i in item else ""
         return int(y) if y.strip().isdigit() else 0
 
     def genres(i):
-        return item[i][ci["class"]].split() if i in item and len(item[i]) > ci["class"] else []
+        return item[i][ci["class"]].split() if i in item else []
 
     buckets = [0, 18, 25, 35, 45, 50, 56]
     feats = {
@@ -193,9 +261,10 @@ def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: i
     return data
 
 
-def load_data(name: str, seed: int = 0, num_samples: int | None = None, max_rows: int | None = None) -> CTRData:
+def load_data(name: str, seed: int = 0, num_samples: int | None = None, max_rows: int | None = None,
+              data_dir: str | Path | None = None) -> CTRData:
     if name == "movielens":
-        return load_movielens()
+        return load_movielens(data_dir=data_dir)
     if name == "synthetic":
         return make_synthetic(num_samples or 200_000, seed=seed, max_rows=max_rows or 200_000)
     raise UserError(f"--dataset must be movielens or synthetic, got {name!r}")

@@ -219,13 +219,14 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
     from tqdm import tqdm
 
-    from ..core.artifacts import check_output_file
+    from ..core.artifacts import check_output_file, check_results_csv
     from ..hardware.launch import run_processes
     from .data import load_data
     from .dlrm import DenseArch
 
     cfg.check()
     check_output_file(results_csv, "--results_csv")
+    check_results_csv(results_csv, "--results_csv", ("dataset", "dct", "test_auc"), "training")
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
@@ -235,6 +236,7 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         paths = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw).paths(cfg.ndevices)
         simulator = Simulator.load(*paths, num_devices=cfg.ndevices)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
+    data.check_batch(cfg.batch_size)
     rank_shards = shard_training_tables(data, cfg, simulator)
     losses: dict[int, dict[int, float]] = {}
     done: dict[int, tuple] = {}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.core.artifacts import (RecordLog, atomic_write_pickle, decode, encode, load_pickle, load_torch,
+from neuroshard.core.artifacts import (RecordLog, frame, atomic_write_pickle, decode, encode, load_pickle, load_torch,
                                        read_record_log)
 from neuroshard.core.errors import UserError
 
@@ -66,7 +66,7 @@ def test_record_log_appends_resumes_and_drops_a_cut_frame(tmp_path):
             log.append({"index": i, "x": np.full(2, i)})
     size = path.stat().st_size
     with open(path, "ab") as f:  # a kill in the middle of a write: half a frame
-        f.write(pickle.dumps({"index": 3})[:7])
+        f.write(frame(pickle.dumps({"index": 3}))[:23])
     meta, records = read_record_log(path, "k", "log")
     assert meta == {"a": 1} and [r["index"] for r in records] == [0, 1, 2]
     with RecordLog(path, "k", {"a": 1}, ("a",)) as log:  # reopening drops the cut frame, then appends
@@ -102,8 +102,8 @@ def test_hostile_frame_in_a_record_log_runs_no_code(tmp_path):
     path = tmp_path / "log.pkl"
     with RecordLog(path, "k", {}, ()) as log:
         log.append({"index": 0})
-    with open(path, "ab") as f:
-        pickle.dump(MarkerPayload(marker), f)
+    with open(path, "ab") as f:  # a well-formed frame (checksum right) holding a payload
+        f.write(frame(pickle.dumps(MarkerPayload(marker))))
     with pytest.raises(UserError, match="not a safe"):
         read_record_log(path, "k", "log")
     with pytest.raises(UserError, match="not a safe"):

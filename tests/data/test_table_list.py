@@ -40,11 +40,11 @@ def test_given_reuse_histogram_is_kept(tmp_path):
 BAD = [
     ("name,rows,dim\nx,10,8\n", "lacks column 'pooling_factor'"),
     ("name,rows,dim,pooling_factor\nx,10,8,\n", "line 2: missing pooling_factor"),
-    ("name,rows,dim,pooling_factor\nx,10,8,1\ny,-5,8,1\n", "line 3: rows must be a whole number >= 1"),
+    ("name,rows,dim,pooling_factor\nx,10,8,1\ny,-5,8,1\n", "line 3: rows must be a whole number from 1 to"),
     ("name,rows,dim,pooling_factor\nx,10,8,1\ny,10,10,1\n", "line 3: dim must be a multiple of 4"),
     ("name,rows,dim,pooling_factor\nx,10,8,1\nx,20,8,1\n", "line 3: duplicate table name 'x'"),
     ("name,rows,dim,pooling_factor\nx,10,8,abc\n", "line 2: pooling_factor must be a number"),
-    ("name,rows,dim,pooling_factor\nx,10,8,-1\n", "line 2: pooling_factor must be >= 0"),
+    ("name,rows,dim,pooling_factor\nx,10,8,-1\n", "line 2: pooling_factor must be from 0 to"),
     ("name,rows,dim,pooling_factor\nbig,1000000000,4,1\n", "line 2: table 'big'"),
     ("name,rows,dim,pooling_factor,bin_0\nx,10,8,1,0.5\n", "line 2: reuse histogram incomplete"),
     ("name,rows,dim,pooling_factor\n", "no tables"),
