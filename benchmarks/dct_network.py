@@ -136,8 +136,8 @@ def main() -> None:
         todo = [(g, m) for g, m in todo if (rep, g, m) not in done]
         if not todo:
             continue
-        cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
-                            batch_size=a.batch_size, dct=m, seed=0, log_every=a.steps) for _, m in todo]
+        cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, dct=m, seed=0,
+                            batch_size=a.batch_size, log_every=a.steps, evaluate=False) for _, m in todo]
         results = train_runs(cfgs, data, partial(shape_run, [g for g, _ in todo]))
         for (gbit, dct), r in zip(todo, results):
             append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})

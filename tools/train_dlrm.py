@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--log_every", type=int, default=d.log_every, help="steps per point of the loss curve")
     p.add_argument("--num_samples", type=int, default=d.num_samples, help="synthetic: samples (default 200000)")
     p.add_argument("--max_rows", type=int, default=d.max_rows, help="synthetic: rows of the largest table")
+    p.add_argument("--evaluate", type=on_off, default=d.evaluate, metavar="{on,off}",
+                   help="predict the test set at the end (AUC, log loss)")
     p.add_argument("--results_csv", default="results/dct.csv")
     p.add_argument("--compute_model", default=None)
     p.add_argument("--fw_comm_model", default=None)

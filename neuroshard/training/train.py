@@ -3,16 +3,18 @@
 The parent loads the data, shards the embedding tables with any `--alg` (the task is built from
 the training ids: rows, pooling factors and reuse histograms, every table at `emb_dim`), writes the
 data once to a temporary `torch.save` file (ranks read it with `weights_only=True`), and spawns N
-ranks. Each rank trains:
+ranks; under `torchrun` every process does this itself and runs its own rank. Each rank trains:
     pooled = its column shards pooled for the global batch      [B, W_r]
     recv   = forward all-to-all (dense, or DCT-MP top-k)        [B/N, sum_q W_q]
     emb    = the pieces put back per table                      [B/N, T, D]
     loss   = BCE(DenseArch(dense[local], emb), y[local])        DenseArch under DDP (dense or DCT-DP hook)
     backward: DDP's gradient communication for the MLPs, the backward all-to-all for the embeddings.
-Every global batch is drawn from one seeded permutation, so all ranks agree on it. Per step the
+Every global batch is drawn from one seeded permutation, so all ranks agree on it, and the seed
+fixes the initial weights: runs of different --dct modes at one seed are paired. Per step the
 ranks record the bytes handed to each collective, the seconds spent in them and the step's wall
-time; rank 0's progress reaches a tqdm bar in the parent. At the end every rank predicts its
-slice of the test set and the parent computes AUC and log loss.
+time; rank 0's progress reaches a tqdm bar. At the end every rank predicts its slice of the test
+set, everything is all_gathered to rank 0 (tensors only, no pickles), and rank 0 computes AUC and
+log loss.
 """
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ class TrainConfig:
     log_every: int = 10
     num_samples: int | None = None  # synthetic only
     max_rows: int | None = None     # synthetic only: rows of the largest table
+    evaluate: bool = True           # predict the test set at the end (timing benchmarks skip it)
 
     def check(self) -> "TrainConfig":
         if self.dataset not in ("movielens", "synthetic"):
@@ -224,14 +227,14 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     preds, labels = [], []
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(test) - world + 1, B):
+        for start in range(0, (len(test) - world + 1) if cfg.evaluate else 0, B):
             idx = test[start:start + B]
             logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
             preds.append(torch.sigmoid(logit))
             labels.append(y)
     # everything reaches rank 0 through the process group (under torchrun only rank 0 reports)
-    mine = (torch.cat(preds), torch.cat(labels), torch.tensor(per_step, dtype=torch.float64),
-            torch.tensor(losses, dtype=torch.float64))
+    mine = (torch.cat(preds or [torch.zeros(0)]), torch.cat(labels or [torch.zeros(0)]),
+            torch.tensor(per_step, dtype=torch.float64), torch.tensor(losses, dtype=torch.float64))
     everyone = []
     for t in mine:
         parts = [torch.empty_like(t) for _ in range(world)]
@@ -408,7 +411,8 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
         "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
         "error_feedback": cfg.error_feedback,
-        "test_auc": auc(preds, labels), "test_logloss": log_loss(preds, labels), "num_test": len(labels),
+        "test_auc": auc(preds, labels) if labels else float("nan"),
+        "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
         "compute_ms": 1e3 * (med(0) - med(1) - med(2)),
         "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),

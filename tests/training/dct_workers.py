@@ -13,7 +13,7 @@ def topk_gradients(rank, world, emit, keep):
     stats = CommStats()
     recv = pooled_all_to_all(pooled, widths, stats, keep)
     (recv * torch.arange(1, recv.numel() + 1, dtype=recv.dtype)).sum().backward()
-    emit((rank, pooled.detach(), pooled.grad, recv.detach(), stats.bytes["mp"]))
+    emit((rank, pooled.detach().numpy(), pooled.grad.numpy(), recv.detach().numpy(), stats.bytes["mp"]))  # arrays: no fds
 
 
 def multi_bucket(rank, world, emit, configs):

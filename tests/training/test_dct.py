@@ -11,7 +11,7 @@ import torch
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import run_processes
 from neuroshard.training.dlrm import DenseArch
-from neuroshard.training.train import TrainConfig, train_dlrm
+from neuroshard.training.train import TrainConfig, train_dlrm, train_runs
 
 import dct_workers
 
@@ -30,8 +30,13 @@ def baseline():
 
 
 def test_keep_one_is_bit_identical_to_no_compression(baseline):
-    dp = _run(dct="dp", dp_keep=1.0, dp_refresh=1)
-    mp = _run(dct="mp", mp_keep=1.0)
+    """Run on one group of ranks (train_runs, as the benchmarks do) after an unrelated run: still
+    bit-identical to the self-spawned uncompressed run."""
+    from neuroshard.training.data import load_movielens
+
+    runs = (dict(dct="both", steps=3), dict(dct="dp", dp_keep=1.0, dp_refresh=1), dict(dct="mp", mp_keep=1.0))
+    cfgs = [TrainConfig(**{**SMALL, **kw}) for kw in runs]
+    _, dp, mp = train_runs(cfgs, load_movielens())
     for r in (dp, mp):
         assert r["_losses"] == baseline["_losses"]
         assert r["_preds"] == baseline["_preds"]
@@ -72,6 +77,7 @@ def test_dropped_mp_entries_get_zero_gradient(keep):
     got = {}
     run_processes(dct_workers.topk_gradients, 2, (keep,), lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
     for rank, (pooled, grad, recv, nbytes) in got.items():
+        pooled, grad, recv = map(torch.from_numpy, (pooled, grad, recv))
         k = max(1, int(keep * pooled.shape[1]))
         top = pooled.abs().topk(k, dim=1).indices
         mask = torch.zeros_like(pooled, dtype=torch.bool).scatter(1, top, True)
