@@ -267,7 +267,7 @@ def log_loss(scores, labels) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-RESULT_COLUMNS = ("dataset", "dct", "arch", "test_auc", "step_ms", "dp_bytes_per_step")
+RESULT_COLUMNS = ("dataset", "dct", "test_auc", "step_ms", "dp_bytes_per_step")  # also in older files
 
 
 def check_results_csv(path) -> None:
