@@ -3,24 +3,27 @@
 The parent loads the data, shards the embedding tables with any `--alg` (the task is built from
 the training ids: rows, pooling factors and reuse histograms, every table at `emb_dim`), writes the
 data once to a temporary `torch.save` file (ranks read it with `weights_only=True`), and spawns N
-ranks. Each rank trains:
+ranks; under `torchrun` every process does this itself and runs its own rank. Each rank trains:
     pooled = its column shards pooled for the global batch      [B, W_r]
     recv   = forward all-to-all (dense, or DCT-MP top-k)        [B/N, sum_q W_q]
     emb    = the pieces put back per table                      [B/N, T, D]
     loss   = BCE(DenseArch(dense[local], emb), y[local])        DenseArch under DDP (dense or DCT-DP hook)
     backward: DDP's gradient communication for the MLPs, the backward all-to-all for the embeddings.
-Every global batch is drawn from one seeded permutation, so all ranks agree on it. Per step the
+Every global batch is drawn from one seeded permutation, so all ranks agree on it, and the seed
+fixes the initial weights: runs of different --dct modes at one seed are paired. Per step the
 ranks record the bytes handed to each collective, the seconds spent in them and the step's wall
-time; rank 0's progress reaches a tqdm bar in the parent. At the end every rank predicts its
-slice of the test set and the parent computes AUC and log loss.
+time; rank 0's progress reaches a tqdm bar. At the end every rank predicts its slice of the test
+set, everything is all_gathered to rank 0 (tensors only, no pickles), and rank 0 computes AUC and
+log loss.
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,21 @@ import torch
 from ..core.errors import UserError, check_float, check_int
 
 DCT_MODES = ("none", "dp", "mp", "both")
+# hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
+# one logit), and the embedding dim. `mlperf`: the MLPerf DLRM reference (Criteo Terabyte) shape,
+# bottom 13-512-256-128 and top 1024-1024-512-256-1 with embedding dim 128
+# (github.com/mlcommons/training, recommendation_v2/torchrec_dlrm: --dense_arch_layer_sizes 512,256,128
+# --over_arch_layer_sizes 1024,1024,512,256,1 --embedding_dim 128).
+ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-256", 128)}
+
+
+def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
+    """'512-256' -> (512, 256); a clear error for anything else."""
+    parts = str(text).split("-")
+    if not all(p.strip().isdigit() and 1 <= int(p) <= 65536 for p in parts) or len(parts) > 16:
+        raise UserError(f"{flag} must be layer widths joined by '-' (each 1..65536, at most 16), "
+                        f"e.g. 512-256, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 @dataclass
@@ -39,11 +57,15 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 512
     dct: str = "none"
-    dp_keep: float = 0.01
+    dp_keep: float = 0.005
     dp_refresh: int = 100
+    dp_drift: float = 1.5
     mp_keep: float = 0.05
     error_feedback: bool = True
-    emb_dim: int = 16
+    arch: str = "tiny"
+    bottom_mlp: str | None = None   # hidden widths, e.g. "512-256"; None: the --arch's
+    top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
+    emb_dim: int | None = None      # None: the --arch's (tiny 16, mlperf 128)
     lr: float = 1e-3
     emb_lr: float = 0.5
     seed: int = 0
@@ -51,6 +73,7 @@ class TrainConfig:
     log_every: int = 10
     num_samples: int | None = None  # synthetic only
     max_rows: int | None = None     # synthetic only: rows of the largest table
+    evaluate: bool = True           # predict the test set at the end (timing benchmarks skip it)
 
     def check(self) -> "TrainConfig":
         if self.dataset not in ("movielens", "synthetic"):
@@ -64,10 +87,17 @@ class TrainConfig:
             raise UserError(f"--batch_size {self.batch_size} is not divisible by {self.ndevices} ranks")
         check_float("--dp_keep", self.dp_keep, 0.0, 1.0, lo_open=True)
         check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
+        check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
         check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
-        check_int("--emb_dim", self.emb_dim, 4, 1024)
-        if self.emb_dim % 4:
-            raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
+        if self.arch not in ARCHS:
+            raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for flag, value in (("--bottom_mlp", self.bottom_mlp), ("--top_mlp", self.top_mlp)):
+            if value is not None:
+                mlp_sizes(value, flag)
+        if self.emb_dim is not None:
+            check_int("--emb_dim", self.emb_dim, 4, 1024)
+            if self.emb_dim % 4:
+                raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
         check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
         check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
         check_int("--seed", self.seed, 0)
@@ -78,6 +108,19 @@ class TrainConfig:
         if self.max_rows is not None:
             check_int("--max_rows", self.max_rows, 10, 100_000_000)
         return self
+
+    def resolved(self) -> "TrainConfig":
+        """The config with the --arch's layers and embedding dim filled in where not given."""
+        bottom, top, dim = ARCHS[self.arch]
+        return replace(self, bottom_mlp=self.bottom_mlp or bottom, top_mlp=self.top_mlp or top,
+                       emb_dim=self.emb_dim or dim)
+
+    def dense_arch(self, dense_dim: int, num_tables: int):
+        from .dlrm import DenseArch
+
+        c = self.resolved()
+        return DenseArch(dense_dim, num_tables, c.emb_dim, mlp_sizes(c.bottom_mlp, "--bottom_mlp"),
+                         mlp_sizes(c.top_mlp, "--top_mlp"))
 
     @property
     def uses_dp(self) -> bool:
@@ -115,17 +158,18 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
 
     from .data import CTRData
     from .dct import DCTState, dct_hook, dense_hook
-    from .dlrm import CommStats, DenseArch, ShardedEmbeddings, assemble, pooled_all_to_all
+    import torch.distributed as dist
+
+    from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
     cfg = TrainConfig(**cfg_dict)
     data = CTRData(**torch.load(data_path, weights_only=True))
     T, D, B = len(data.num_rows), cfg.emb_dim, cfg.batch_size
     stats = CommStats()
     torch.manual_seed(cfg.seed)
-    dense_arch = DenseArch(data.dense.shape[1], T, D)
-    model = DDP(dense_arch)
+    model = DDP(cfg.dense_arch(data.dense.shape[1], T))
     if cfg.uses_dp:
-        state = DCTState(cfg.dp_keep, cfg.dp_refresh, cfg.error_feedback, stats)
+        state = DCTState(cfg.dp_keep, cfg.dp_refresh, cfg.error_feedback, stats, cfg.dp_drift)
         model.register_comm_hook(state, dct_hook)
     else:
         state = None
@@ -176,20 +220,31 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
                          stats.bytes["mp"], stats.bytes["dp"]))
         losses.append(float(loss.detach()))
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            emit(("loss", rank, step + 1, float(np.mean(losses[-cfg.log_every:]))))
+        if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
+            emit(("loss", step + 1, float(np.mean(losses[-cfg.log_every:]))))
     # test predictions: this rank's slice of each global test batch
     test = torch.arange(data.num_train, data.num_samples)
     preds, labels = [], []
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(test) - world + 1, B):
+        for start in range(0, (len(test) - world + 1) if cfg.evaluate else 0, B):
             idx = test[start:start + B]
             logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
             preds.append(torch.sigmoid(logit))
             labels.append(y)
-    emit(("done", rank, torch.cat(preds).tolist(), torch.cat(labels).tolist(), per_step,
-          state.refreshed_at if state else [], losses))
+    # everything reaches rank 0 through the process group (under torchrun only rank 0 reports)
+    mine = (torch.cat(preds or [torch.zeros(0)]), torch.cat(labels or [torch.zeros(0)]),
+            torch.tensor(per_step, dtype=torch.float64), torch.tensor(losses, dtype=torch.float64))
+    everyone = []
+    for t in mine:
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t)
+        everyone.append(parts)
+    if rank == 0:
+        preds_all, labels_all, steps_all, losses_all = everyone
+        emit(("done", torch.cat(preds_all).tolist(), torch.cat(labels_all).tolist(),
+              torch.stack(steps_all).numpy(), state.refreshed_at if state else [],
+              [x.tolist() for x in losses_all]))
 
 
 # ----------------------------------------------------------------------------- metrics and the driver
@@ -212,21 +267,34 @@ def log_loss(scores, labels) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
+RESULT_COLUMNS = ("dataset", "dct", "test_auc", "step_ms", "dp_bytes_per_step")  # also in older files
+
+
 def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=None, progress: bool = True,
-               data=None) -> dict:
+               data=None) -> dict | None:
     """Train on `cfg.ndevices` ranks; returns (and appends to `results_csv`) the run's measurements.
 
+    Run by itself it spawns the ranks; launched by `torchrun` (one or several nodes), every process
+    calls it and runs its own rank: rank 0 writes and returns the results, the others return None.
     `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
     from tqdm import tqdm
 
     from ..core.artifacts import check_output_file, check_results_csv
-    from ..hardware.launch import run_processes
+    from ..hardware.launch import in_torchrun
     from .data import load_data
-    from .dlrm import DenseArch
 
-    cfg.check()
+    cfg = cfg.check().resolved()
+    rank0 = True
+    if in_torchrun():
+        world = int(os.environ.get("WORLD_SIZE", "0"))
+        if world != cfg.ndevices:
+            raise UserError(f"--ndevices {cfg.ndevices} but torchrun started {world} ranks; "
+                            f"pass --ndevices {world}")
+        rank0 = int(os.environ["RANK"]) == 0
+        progress = progress and rank0
+        results_csv = results_csv if rank0 else None
     check_output_file(results_csv, "--results_csv")
-    check_results_csv(results_csv, "--results_csv", ("dataset", "dct", "test_auc"), "training")
+    check_results_csv(results_csv, "--results_csv", RESULT_COLUMNS, "training")
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
@@ -238,56 +306,105 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     data.check_batch(cfg.batch_size)
     rank_shards = shard_training_tables(data, cfg, simulator)
-    losses: dict[int, dict[int, float]] = {}
-    done: dict[int, tuple] = {}
-    bar = tqdm(total=cfg.steps, desc=f"train DLRM ({cfg.dataset}, {cfg.ndevices} ranks, dct {cfg.dct})",
+    done: list = []
+    bar = tqdm(total=cfg.steps, desc=f"train DLRM ({cfg.dataset}, {cfg.arch}, {cfg.ndevices} ranks, dct {cfg.dct})",
                disable=not progress)
 
     def on_message(msg):
-        if msg[0] == "loss":
-            _, rank, step, value = msg
-            losses.setdefault(step, {})[rank] = value
-            if len(losses[step]) == cfg.ndevices:
-                bar.update(step - bar.n)
-                bar.set_postfix(loss=f"{np.mean(list(losses[step].values())):.4f}", refresh=False)
+        if msg[0] == "loss":  # rank 0's
+            _, step, value = msg
+            bar.update(step - bar.n)
+            bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         else:
-            done[msg[1]] = msg[2:]
+            done.append(msg[1:])
 
     t0 = time.perf_counter()
+    try:
+        _run_group(data, [(asdict(cfg), rank_shards)], on_message)
+    finally:
+        bar.close()
+    if not rank0:
+        return None
+    result = summarize(cfg, data, done[0], time.perf_counter() - t0)
+    if results_csv:
+        append_result(results_csv, {k: v for k, v in result.items() if not k.startswith("_")})
+    return result
+
+
+def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None) -> None:
+    """Write the data once, then run `runs` ((config dict, rank shards) each) one after another on
+    one group of ranks (spawned here, or this process's rank under torchrun)."""
+    from ..hardware.launch import run_processes
+
     with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
         path = Path(tmp) / "data.pt"
         torch.save({k: getattr(data, k) for k in ("name", "table_names", "num_rows", "dense", "ids", "offsets",
                                                   "labels", "num_train")}, path)
-        try:
-            run_processes(train_rank, cfg.ndevices, (str(path), asdict(cfg), rank_shards), on_message,
-                          group_device="cpu")
-        finally:
-            bar.close()
-    wall = time.perf_counter() - t0
-    preds = [p for r in range(cfg.ndevices) for p in done[r][0]]
-    labels = [y for r in range(cfg.ndevices) for y in done[r][1]]
-    steps = np.stack([np.array(done[r][2]) for r in range(cfg.ndevices)])  # [ranks, steps, 5]
+        world = len(runs[0][1])
+        if len(runs) == 1 and before_run is None:
+            run_processes(train_rank, world, (str(path), *runs[0]), on_message, group_device="cpu")
+        else:
+            run_processes(_train_runs_rank, world, (str(path), runs, before_run), on_message, group_device="cpu")
+
+
+def _train_runs_rank(rank: int, world: int, emit, data_path: str, runs, before_run) -> None:
+    import torch.distributed as dist
+
+    for i, (cfg_dict, rank_shards) in enumerate(runs):
+        if rank == 0 and before_run is not None:
+            before_run(i)
+        dist.barrier()
+        train_rank(rank, world, lambda msg, i=i: emit((i, msg)), data_path, cfg_dict, rank_shards)
+
+
+def train_runs(cfgs: list[TrainConfig], data, before_run=None) -> list[dict]:
+    """Several runs (same --ndevices, plans from --alg without cost models) on one group of ranks
+    spawned once, so benchmarks pay process start-up once. `before_run(i)` (picklable) runs on rank 0
+    before run i while the other ranks wait. Returns each run's result, as `train_dlrm` does."""
+    cfgs = [c.check().resolved() for c in cfgs]
+    if len({c.ndevices for c in cfgs}) != 1:
+        raise UserError("train_runs: every run needs the same --ndevices")
+    runs = [(asdict(c), shard_training_tables(data, c)) for c in cfgs]
+    done: dict[int, tuple] = {}
+
+    def on_message(msg):
+        i, inner = msg
+        if inner[0] == "done":
+            done[i] = inner[1:]
+
+    t0 = time.perf_counter()
+    _run_group(data, runs, on_message, before_run)
+    wall = (time.perf_counter() - t0) / len(cfgs)
+    return [summarize(c, data, done[i], wall) for i, c in enumerate(cfgs)]
+
+
+def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
+    """Rank 0's report of a run -> the result row (plus `_`-prefixed details for callers)."""
+    preds, labels, steps, refreshed_at, rank_losses = done  # steps: [ranks, steps, 5]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
-    dense_params = sum(p.numel() for p in DenseArch(data.dense.shape[1], len(data.num_rows), cfg.emb_dim).parameters())
+    dense_params = sum(p.numel() for p in cfg.dense_arch(data.dense.shape[1], len(data.num_rows)).parameters())
+    mean_loss = np.mean(np.array(rank_losses), axis=0)
+    ends = sorted({*range(cfg.log_every, cfg.steps + 1, cfg.log_every), cfg.steps})
     result = {
-        "dataset": cfg.dataset, "dct": cfg.dct, "ndevices": cfg.ndevices, "alg": cfg.alg, "steps": cfg.steps,
-        "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep, "dp_refresh": cfg.dp_refresh,
-        "mp_keep": cfg.mp_keep, "error_feedback": cfg.error_feedback,
-        "test_auc": auc(preds, labels), "test_logloss": log_loss(preds, labels), "num_test": len(labels),
+        "dataset": cfg.dataset, "dct": cfg.dct, "arch": cfg.arch, "bottom_mlp": cfg.bottom_mlp,
+        "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
+        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
+        "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
+        "error_feedback": cfg.error_feedback,
+        "test_auc": auc(preds, labels) if labels else float("nan"),
+        "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
         "compute_ms": 1e3 * (med(0) - med(1) - med(2)),
         "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
         "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,
-        "loss_curve": json.dumps({s: float(np.mean(list(v.values()))) for s, v in sorted(losses.items())}),
-        "tau_refreshes": len(done[0][3]),
+        "loss_curve": json.dumps({e: float(mean_loss[max(0, e - cfg.log_every):e].mean()) for e in ends}),
+        "tau_refreshes": len(refreshed_at),
     }
-    if results_csv:
-        append_result(results_csv, result)
     # for callers (tests, benchmarks), not the CSV: exact per-rank losses, predictions, threshold refreshes
-    result.update(_preds=preds, _refreshed_at=done[0][3], _losses=[done[r][4] for r in range(cfg.ndevices)])
+    result.update(_preds=preds, _refreshed_at=refreshed_at, _losses=rank_losses, _steps=steps)
     return result
 
 
