@@ -168,7 +168,8 @@ def load_movielens(train_share: float = 0.8, data_dir: str | Path | None = None)
     for n, r in rows:
         u = r[col["user_id"]]
         if u not in user:
-            raise UserError(f"{d / 'ml-100k.inter'} line {n}: unknown user_id {u[:40]!r} (not in ml-100k.user); {ML_FIX}")
+            raise UserError(f"{d / 'ml-100k.inter'} line {n}: unknown user_id {u[:40]!r} (not in ml-100k.user); "
+                            f"{ML_FIX}")
         inter.append((u, r[col["item_id"]], _ml_number(d / "ml-100k.inter", n, "rating", r[col["rating"]], 0, 5),
                       _ml_number(d / "ml-100k.inter", n, "timestamp", r[col["timestamp"]], 0, 1e12)))
     order = sorted(range(len(inter)), key=lambda i: (inter[i][3], i))  # time-ordered, ties by file order
