@@ -57,13 +57,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
 # ----------------------------------------------------------------------------- value parsers
 
+def _short(text) -> str:
+    """A user's text for an error line: at most 60 characters."""
+    t = str(text)
+    return repr(t) if len(t) <= 60 else f"{t[:57]!r}... ({len(t):,} characters)"
+
+
 def _pair(text, name: str, kind: type, lowest: float, strict: bool):
     if isinstance(text, (tuple, list)):
         text = ",".join(map(str, text))
     try:
         lo, hi = (kind(p) for p in str(text).split(","))
     except ValueError:
-        raise UserError(f"{name} must be two {kind.__name__} values 'lo,hi' (e.g. 10,60), got {text!r}") from None
+        raise UserError(f"{name} must be two {kind.__name__} values 'lo,hi' (e.g. 10,60), got {_short(text)}") from None
     return check_range(name, (lo, hi), lowest, strict)
 
 
@@ -84,7 +90,7 @@ def int_list(text, name: str) -> tuple[int, ...]:
     try:
         return tuple(int(p) for p in str(text).split(","))
     except ValueError:
-        raise UserError(f"{name} must be comma-separated integers such as 0,1,2,3, got {text!r}") from None
+        raise UserError(f"{name} must be comma-separated integers such as 0,1,2,3, got {_short(text)}") from None
 
 
 def str_list(text, name: str) -> tuple[str, ...]:

@@ -6,8 +6,8 @@
 measured yet (a plan is re-measured only if the algorithm now gives another plan). A progress log
 of a run with other settings is started anew; one holding a record that is not a measured plan
 (a key missing, a wrong type, a NaN cost) is set aside as `<log>.bad` with one line and its good
-records kept; a damaged frame is refused (`--salvage` keeps the good records). Both write one CSV row per (task, algorithm) plus a
-provenance sidecar.
+records kept; a damaged frame is refused (`--salvage` keeps the good records). Both write one CSV
+row per (task, algorithm) plus a provenance sidecar.
 """
 from __future__ import annotations
 

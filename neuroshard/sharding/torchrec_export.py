@@ -90,14 +90,14 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
             raise UserError(f"{at}: shards must be a list of 1 to {dim} objects with col_offset, width and rank")
         cols = [0] * dim
         for s in shards:
-            rank = _whole(at, "rank", s.get("rank"), 0, world - 1)
+            _whole(at, "rank", s.get("rank"), 0, world - 1)
             c0 = _whole(at, "col_offset", s.get("col_offset"), 0, dim - 1)
             w = _whole(at, "width", s.get("width"), 1, dim - c0)
-            del rank
             for c in range(c0, c0 + w):
                 cols[c] += 1
         if any(c != 1 for c in cols):
-            raise UserError(f"{at}: columns not covered exactly once (column {next(j for j, c in enumerate(cols) if c != 1)})")
+            first = next(j for j, c in enumerate(cols) if c != 1)
+            raise UserError(f"{at}: columns not covered exactly once (column {first})")
         narrow = min(s["width"] for s in shards)
         uneven = [s["width"] for s in shards if s["width"] % narrow]
         if uneven:

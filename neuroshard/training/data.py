@@ -168,7 +168,8 @@ def load_movielens(train_share: float = 0.8, data_dir: str | Path | None = None)
     for n, r in rows:
         u = r[col["user_id"]]
         if u not in user:
-            raise UserError(f"{d / 'ml-100k.inter'} line {n}: unknown user_id {u[:40]!r} (not in ml-100k.user); {ML_FIX}")
+            raise UserError(f"{d / 'ml-100k.inter'} line {n}: unknown user_id {u[:40]!r} (not in ml-100k.user); "
+                            f"{ML_FIX}")
         inter.append((u, r[col["item_id"]], _ml_number(d / "ml-100k.inter", n, "rating", r[col["rating"]], 0, 5),
                       _ml_number(d / "ml-100k.inter", n, "timestamp", r[col["timestamp"]], 0, 1e12)))
     order = sorted(range(len(inter)), key=lambda i: (inter[i][3], i))  # time-ordered, ties by file order
@@ -219,6 +220,10 @@ def load_movielens(train_share: float = 0.8, data_dir: str | Path | None = None)
                    n_train)
 
 
+SYNTHETIC_MEAN_POOLING = 4.5          # pooling factors uniform in [1, 8]
+SYNTHETIC_MAX_LOOKUPS = 200_000_000    # ids the synthetic training data may hold (~16 B each while made)
+
+
 def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: int = 13, emb_dim: int = 16,
                    seed: int = 0, teacher_seed: int = 1234, test_share: float = 0.1,
                    max_rows: int = 200_000) -> CTRData:
@@ -226,6 +231,12 @@ def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: i
     [min(1000, max_rows), max_rows], Zipf ids, Poisson pooling)."""
     from .dlrm import DenseArch
 
+    expected = num_samples * num_tables * SYNTHETIC_MEAN_POOLING
+    if expected > SYNTHETIC_MAX_LOOKUPS:
+        fits = int(SYNTHETIC_MAX_LOOKUPS // (num_tables * SYNTHETIC_MEAN_POOLING))
+        raise UserError(f"--num_samples {num_samples:,} would synthesise about {expected / 1e6:,.0f} M ids ({num_tables} "
+                        f"tables x {SYNTHETIC_MEAN_POOLING:g} per sample, ~{expected * 16 / 2**30:,.1f} GB), more than "
+                        f"the budget of {SYNTHETIC_MAX_LOOKUPS / 1e6:g} M; pass --num_samples {fits:,} or fewer")
     rng = np.random.default_rng(seed)
     lo = min(1e3, max_rows)
     rows = np.round(np.exp(rng.uniform(np.log(lo), np.log(max_rows), num_tables))).astype(int)

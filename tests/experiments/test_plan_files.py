@@ -2,6 +2,7 @@
 the entry before TorchRec sees it; names TorchRec cannot take (a dot) are mapped to legal module names
 while the user's names stay in the files."""
 import copy
+import re
 import json
 
 import pytest
@@ -116,3 +117,22 @@ def test_dotted_names_plan_end_to_end(tmp_path):
         ["user.id", "item.id", "user_id"]
     plan = load_torchrec_plan(tmp_path / "tr.json", device_type="cpu").plan[""]
     assert set(plan) == {"user_id_2", "item_id", "user_id"}
+
+
+@pytest.mark.parametrize("change,fragment", [({"ndevices": "2"}, "world_size '2' outside"),
+                                             ({"tables__0__name": "a\nb"}, "name must be one line"),
+                                             ({"tables__0__shards__0__rank": 9}, "rank 9 outside 0..1")])
+def test_alg_plan_file_gets_the_same_checks(tmp_path, change, fragment):
+    from neuroshard.sharding.plan_file import read_plan_file
+
+    spec = copy.deepcopy(GOOD)
+    plan = {"kind": "neuroshard.plan", "ndevices": 2, "tables": spec["tables"]}
+    for where, value in change.items():
+        parts = where.split("__")
+        obj = plan
+        for p in parts[:-1]:
+            obj = obj[int(p)] if isinstance(obj, list) else obj[p]
+        obj[int(parts[-1]) if isinstance(obj, list) else parts[-1]] = value
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        read_plan_file(tmp_path / "plan.json")

@@ -100,3 +100,13 @@ def test_a_results_csv_of_another_kind_or_unreadable_is_refused_before_training(
     with pytest.raises(UserError, match=re.escape(fragment)):
         _train(tmp_path, results_csv=out, batch_size=6)  # refused by the file check, before the batch check
     assert out.read_bytes() == before
+
+
+def test_synthetic_training_data_is_bounded_before_it_is_made():
+    from neuroshard.training.data import SYNTHETIC_MAX_LOOKUPS, make_synthetic
+
+    with pytest.raises(UserError, match=r"--num_samples 100,000,000 would synthesise about 3,600 M ids .* budget of "
+                                        r"200 M; pass --num_samples 5,555,555 or fewer"):
+        make_synthetic(100_000_000)
+    assert SYNTHETIC_MAX_LOOKUPS == 200_000_000
+    assert make_synthetic(2000, max_rows=1000).num_samples == 2000
