@@ -187,6 +187,11 @@ class ComputeCollectConfig:
     warmup_iter: int = flag(5)
     num_iter: int = flag(10)
     seed: int = flag(0)
+    families_dir: str | None = flag(None, "also draw shards from the table families (DESIGN.md §8), built in "
+                                          "this folder (e.g. data/family_tables)")
+    family_share: tuple[tuple[str, float], ...] | None = flag(
+        None, "share of samples per family, e.g. dataset=0.4,one_hot=0.1,... (default: the documented mix)",
+        parse="shares")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def check(self) -> "ComputeCollectConfig":
@@ -240,6 +245,7 @@ class TrainComputeConfig:
     data_dir: str = flag("data/cost_data", "folder with compute_cost_data.pkl")
     dataset_dir: str = flag("data/dlrm_datasets", "processed dataset the samples came from")
     out_path: str = flag("models/compute.pt")
+    families_dir: str | None = flag(None, "family tables of the cost data (default: the folder it names)")
     fit: FitConfig = field(default_factory=FitConfig)
 
     @property

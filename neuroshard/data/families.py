@@ -24,7 +24,7 @@ another's tables.
 Shards of the collector (`SAMPLE_FAMILIES`, see `sample_family_shard`): `dataset` (the dataset's own
 random shards, DESIGN.md §3.1), one sample family per table family (1..`max_tables` of that family's
 tables, dims from `FAMILY_DIMS` = 4..256), and `many_shards` (a device holding 16..`max_shards` (64)
-column shards of a few tables of any pool, as TorchRec's column-wise plans make). `sample_share`
+column shards of a few tables of any pool but `sequence`, as TorchRec's column-wise plans make). `sample_share`
 gives each sample family's share of the samples.
 """
 from __future__ import annotations
@@ -105,23 +105,6 @@ class FamilyMix:
 
     def fingerprint(self) -> str:
         return hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def parse_shares(text: str | None) -> dict | None:
-    """`--family_share dataset=0.5,one_hot=0.1,...` -> shares (the others 0); None keeps the defaults."""
-    if text is None:
-        return None
-    shares = {}
-    for part in str(text).split(","):
-        name, _, value = part.partition("=")
-        name = name.strip()
-        if name not in SAMPLE_FAMILIES:
-            raise UserError(f"--family_share: unknown family {name!r}; choose from {', '.join(SAMPLE_FAMILIES)}")
-        try:
-            shares[name] = float(value)
-        except ValueError:
-            raise UserError(f"--family_share: {name} needs a number (name=share), got {value!r}") from None
-    return shares
 
 
 # ----------------------------------------------------------------------------- table generation
@@ -271,7 +254,9 @@ def sample_family_shard(family: str, index: int, seed: int, pool_rows: np.ndarra
     a family's own limit on tables per sample (`TableFamily.max_tables`)."""
     rng = np.random.default_rng([seed, index, 11])
     dims_set = np.array(FAMILY_DIMS)
-    everyone = np.concatenate(list(family_ids.values()))
+    # column shards of any table but the sequence family's (64 shards of a 500-lookup table would take
+    # most of a collection's time)
+    everyone = np.concatenate([v for k, v in family_ids.items() if k != "sequence"])
     for _ in range(max_tries):
         if family == "many_shards":
             ids, dims = [], []

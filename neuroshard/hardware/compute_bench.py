@@ -106,6 +106,41 @@ class MixSampler:
         return family, ids, dims
 
 
+def family_collection(dataset: DLRMDataset, families_dir, max_mem_gb: float, seed: int, shares=None,
+                      max_shards: int = 64) -> tuple[dict, dict]:
+    """Build (or reuse) the family tables for a collection: (`families` of `compute_worker`, meta entries).
+
+    `shares`: (family, share) pairs (the families not named get 0), or None for the documented mix.
+
+    The mix takes the dataset's batch and row scale (a synthetic dataset's `row_scale`, else 1) and
+    the collection's device size, so family tables are scaled like the dataset's."""
+    from ..data.families import DEFAULT_SHARE, FamilyMix, build_family_tables
+
+    synth = dataset.meta.get("provenance", {}).get("synthetic_config") or {}
+    mix = FamilyMix(seed=seed, batch_size=dataset.batch_size, row_scale=float(synth.get("row_scale", 1.0)),
+                    max_mem_gb=max_mem_gb, sample_share=dict(shares) if shares else dict(DEFAULT_SHARE), max_shards=max_shards).check()
+    fam = build_family_tables(mix, families_dir)
+    families = {"dir": str(fam.path), "shares": mix.sample_share, "max_shards": mix.max_shards,
+                "caps": {f.name: f.max_tables for f in mix.families}}
+    return families, {"family_tables": str(fam.path), "family_tables_fingerprint": fam.fingerprint,
+                      "family_mix": mix.fingerprint()}
+
+
+def cost_data_tables(meta: dict, dataset: DLRMDataset, families_dir=None):
+    """The tables a compute-cost file's `table_ids` index: the dataset, or dataset + family tables."""
+    from ..core.errors import UserError
+    from ..data.families import TablePool
+
+    if not meta.get("family_tables"):
+        return dataset
+    path = families_dir or meta["family_tables"]
+    fam = DLRMDataset.load(path)
+    if fam.fingerprint != meta.get("family_tables_fingerprint"):
+        raise UserError(f"{path} holds other family tables than the cost data was measured on; pass the "
+                        "--families_dir the collector used")
+    return TablePool([dataset, fam])
+
+
 # ----------------------------------------------------------------------------- collection worker
 
 COMPUTE_DATA_KIND = "neuroshard.compute_cost_data"
@@ -130,3 +165,12 @@ def compute_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, 
         else:
             family, (ids, dims) = "dataset", sample_shard(bench.dataset.rows, index, **sample_args)
         emit({"index": index, "family": family, "table_ids": ids, "dims": dims, "cost_ms": bench.measure(ids, dims)})
+
+
+def shards_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int, warmup: int,
+                  iters: int, shards: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Measure given shards (table ids, dims) of a dataset; emits (position, cost_ms) per shard."""
+    bench = ComputeBenchmark(DLRMDataset.load(dataset_dir), hw, batch_size, warmup, iters)
+    for i in range(rank, len(shards), world):
+        ids, dims = shards[i]
+        emit((i, bench.measure(ids, dims)))

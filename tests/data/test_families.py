@@ -8,7 +8,8 @@ import pytest
 from neuroshard.core.errors import UserError
 from neuroshard.data.dataset import DLRMDataset
 from neuroshard.data.families import (FamilyMix, TablePool, build_family_tables, family_of_tables, family_tables,
-                                      generate_family_raw, parse_shares, zipf_ids)
+                                      generate_family_raw, zipf_ids)
+from neuroshard.core.cli import shares
 from neuroshard.data.features import table_data_features, table_size_gb
 from neuroshard.hardware.compute_bench import MixSampler
 
@@ -98,12 +99,12 @@ def test_mix_sampler_draws_each_family_within_memory(small_dataset, tmp_path):
 
 
 def test_bad_family_settings_are_refused():
-    with pytest.raises(UserError, match="unknown family"):
-        parse_shares("dataset=0.5,nope=1")
-    with pytest.raises(UserError, match="needs a number"):
-        parse_shares("dataset=x")
+    with pytest.raises(UserError, match="shares must be"):
+        FamilyMix(sample_share=dict(shares("dataset=0.5,nope=1", "--family_share"))).check()
+    with pytest.raises(UserError, match="name=share"):
+        shares("dataset=x", "--family_share")
     with pytest.raises(UserError, match="shares must be"):
         FamilyMix(sample_share={"dataset": -1.0}).check()
     with pytest.raises(UserError, match="shares must be"):
         FamilyMix(sample_share={"dataset": float("nan")}).check()
-    assert parse_shares("dataset=1,tiny=0.5") == {"dataset": 1.0, "tiny": 0.5}
+    assert shares("dataset=1,tiny=0.5", "--family_share") == (("dataset", 1.0), ("tiny", 0.5))
