@@ -38,6 +38,7 @@ from ..sharding.plan import can_split
 from ..sharding.simulator import Simulator
 
 CALIBRATION_KIND = "neuroshard.calibration"
+MEASURE_LIMIT_GB = 4.0  # building the user's tables allocates every table: refuse more than this in total
 MIN_HELD_OUT = 5
 
 
@@ -49,8 +50,8 @@ class CalibrationConfig:
     comm_layouts: int = 18        # all-to-all layouts of the user's dims; a third held out
     warmup_iter: int = 5
     num_iter: int = 10
-    epochs: int = 300
-    lr: float = 3e-4
+    epochs: int = 100             # fine-tuning: Adam steps of batch 64 from the pre-trained weights
+    lr: float = 1e-3
     seed: int = 0
 
     def check(self) -> "CalibrationConfig":
@@ -68,6 +69,9 @@ def user_tables_dataset(tl, batch_size: int, seed: int, out_dir: Path, ids_path=
     from ..data.raw import load_raw
     from ..data.synthetic import synthesize_tables
 
+    if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
+        raise UserError(f"--measure and --calibrate allocate every table on this machine: {tl.task.total_size_gb():.2f} "
+                        f"GB is more than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
     if ids_path is not None:
         indices, offsets, lengths = load_raw(ids_path)
         if lengths.shape[1] < batch_size:
@@ -187,8 +191,8 @@ def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, 
 
 
 def fingerprint(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_gb: float, model_paths,
-                cfg: CalibrationConfig, ids_path=None) -> str:
-    """What a calibration depends on: tables (features, dims, rows), hardware, batch, devices, models, settings."""
+                ids_path=None) -> str:
+    """What a calibration depends on: tables (features, dims, rows; ids), hardware, batch, devices, models."""
     h = hashlib.sha1()
     for a in (task.data_features, task.dims, task.rows):
         h.update(np.ascontiguousarray(np.asarray(a, dtype=np.float64)).tobytes())
@@ -197,7 +201,7 @@ def fingerprint(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_
     if ids_path is not None:
         h.update(Path(ids_path).read_bytes())
     h.update(json.dumps({"hw": {k: hw_desc.get(k) for k in ("device", "backend", "device_name")},
-                         "batch": batch_size, "N": num_devices, "mem": max_mem_gb, "cfg": asdict(cfg)},
+                         "batch": batch_size, "N": num_devices, "mem": max_mem_gb},
                         sort_keys=True).encode())
     return h.hexdigest()[:16]
 

@@ -87,8 +87,13 @@ class CostModel:
 
         Same loop as `fit`, with the pre-training normalisation kept and the pre-trained weights as
         the starting candidate for the best validation loss. The report goes to `meta["fine_tune"]`."""
-        report = train(self, inputs, targets, epochs, batch_size=batch_size, lr=lr, train_ratio=train_ratio,
-                       valid_ratio=valid_ratio, seed=seed, progress=progress, continue_fit=True)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a few dozen samples: one thread is as fast, and never stalls on a busy machine
+        try:
+            report = train(self, inputs, targets, epochs, batch_size=batch_size, lr=lr, train_ratio=train_ratio,
+                           valid_ratio=valid_ratio, seed=seed, progress=progress, continue_fit=True)
+        finally:
+            torch.set_num_threads(threads)
         self.meta.setdefault("fine_tune", []).append({k: v for k, v in report.items() if k != "history"})
         self._np = None
         return report

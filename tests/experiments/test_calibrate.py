@@ -84,7 +84,7 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
         r = report[name]
         assert r["kept"] == (r["after"]["mape"] <= r["before"]["mape"])
 
-    fp = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths, cfg)
+    fp = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths)
     path = calibration_path(tmp_path / "plan.json")
     assert path.name == "plan.calibration.pt"
     save_calibration(path, cal, {**report, "fingerprint": fp})
@@ -92,7 +92,7 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     feats = np.concatenate([np.full((1, 1), 64.0), tl.task.data_features[:1]], axis=1)
     assert np.allclose(again.compute.embed(feats), cal.compute.embed(feats))
     assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
-    other = fingerprint(tl.task, hw.describe(), 256, 2, 0.04, paths, cfg)  # other device memory
+    other = fingerprint(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
     assert other != fp and load_calibration(path, other) is None
 
 
