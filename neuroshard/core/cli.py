@@ -103,7 +103,22 @@ def str_list(text, name: str) -> tuple[str, ...]:
     return parts
 
 
-PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "str_list": str_list}
+def shares(text, name: str) -> tuple[tuple[str, float], ...]:
+    """Parse 'a=0.5,b=1' into (('a', 0.5), ('b', 1.0)) (--family_share); names are checked by their user."""
+    if isinstance(text, (tuple, list)):
+        return tuple((str(k), float(v)) for k, v in text)
+    out = []
+    for part in str(text).split(","):
+        key, _, value = part.partition("=")
+        try:
+            out.append((key.strip(), float(value)))
+        except ValueError:
+            raise UserError(f"{name} must be name=share pairs such as dataset=0.4,one_hot=0.1, got {text!r}") from None
+    return tuple(out)
+
+
+PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "str_list": str_list,
+           "shares": shares}
 
 
 # ----------------------------------------------------------------------------- configs as flags

@@ -187,6 +187,11 @@ class ComputeCollectConfig:
     warmup_iter: int = flag(5)
     num_iter: int = flag(10)
     seed: int = flag(0)
+    families_dir: str | None = flag(None, "also draw shards from the table families (DESIGN.md §8), built in "
+                                          "this folder (e.g. data/family_tables)")
+    family_share: tuple[tuple[str, float], ...] | None = flag(
+        None, "share of samples per family, e.g. dataset=0.4,one_hot=0.1,... (default: the documented mix)",
+        parse="shares")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
@@ -242,6 +247,7 @@ class TrainComputeConfig:
     data_dir: str = flag("data/cost_data", "folder with compute_cost_data.pkl")
     dataset_dir: str = flag("data/dlrm_datasets", "processed dataset the samples came from")
     out_path: str = flag("models/compute.pt")
+    families_dir: str | None = flag(None, "family tables of the cost data (default: the folder it names)")
     fit: FitConfig = field(default_factory=FitConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
@@ -335,9 +341,17 @@ class ShardTablesConfig:
     alg: str = flag("neuroshard", "any sharding algorithm (default neuroshard), or plan:FILE")
     out: str = flag("plan.json")
     torchrec_plan: str | None = flag(None, "also write the plan as a TorchRec ShardingPlan (JSON)")
-    measure: bool = flag(False, "measure the plan and the heuristics' plans on hardware")
-    warmup_iter: int = flag(10)
-    num_iter: int = flag(100)
+    calibrate: int | None = flag(None, "K: measure K random shards of these tables on this hardware and fine-tune "
+                                       "the cost models on them (60: about a minute at the quick scale); saved "
+                                       "beside --out and reused by later runs on the same tables and hardware")
+    calibrate_comm: int = flag(18, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
+                                   "models on")
+    measure: bool = flag(False, "measure NeuroShard's top plans, the heuristics' and TorchRec's in interleaved "
+                                "rounds and write the measured best")
+    measure_budget_s: float = flag(180.0, "with --measure: stop adding rounds after this many seconds")
+    measure_top: int = flag(3, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
+    warmup_iter: int = flag(3, "warm-up iterations per plan per round (and per calibration shard: 5)")
+    num_iter: int = flag(5, "timed iterations per plan per round (and per calibration shard: 10)")
     seed: int = flag(0)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     models: CostModelFiles = field(default_factory=CostModelFiles)
@@ -350,6 +364,11 @@ class ShardTablesConfig:
             raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
         if self.measure:
             check_iters(self.warmup_iter, self.num_iter)
+            check_float("--measure_budget_s", self.measure_budget_s, 0.0, lo_open=True)
+            check_int("--measure_top", self.measure_top, 3, 100)
+        if self.calibrate is not None:
+            check_int("--calibrate", self.calibrate, 15, 100_000)
+            check_int("--calibrate_comm", self.calibrate_comm, 15, 100_000)
         check_int("--seed", self.seed, 0)
         self.hardware.check()
         self.search.check()
@@ -377,12 +396,14 @@ class Preset:
     eval_warmup: int
     eval_iters: int
     eval_rounds: int
+    families: bool = True  # compute-cost data also from the table families (DESIGN.md §8)
 
 
 PRESETS = {
-    # CPU, 2 cores, ~11 minutes: rows scaled by 0.01 and budgets scaled alike (4 GB -> 0.04 GB).
+    # CPU, 2 cores, ~20 minutes (the family mix doubles step 3): rows scaled by 0.01 and budgets scaled alike
+    # (4 GB -> 0.04 GB).
     "quick": Preset(num_tables=856, batch_size=4096, row_scale=0.01, task_max_mem=0.15, max_mem=0.04,
-                    T_range=(10, 30), num_train_tasks=20, num_test_tasks=20, ndevices=(4,), compute_samples=800,
+                    T_range=(10, 30), num_train_tasks=20, num_test_tasks=20, ndevices=(4,), compute_samples=1200,
                     compute_workers=1, comm_samples=300, epochs=500, eval_warmup=3, eval_iters=25, eval_rounds=5),
     # The paper's sizes, for machines with GPUs (pass --gpu_devices) and the memory to match.
     "paper": Preset(num_tables=856, batch_size=65536, row_scale=1.0, task_max_mem=15.0, max_mem=4.0,

@@ -107,11 +107,14 @@ def _raw(ids: list[np.ndarray], lengths: np.ndarray):
 def synthesize_tables(rows, pooling_factors, unique_shares, batch_size: int, seed: int = 0,
                       progress: bool = True):
     """Raw `(indices, offsets, lengths)` for given tables: per-sample lookups Poisson(pooling factor),
-    ids following each table's reuse histogram, and the last row read once so `row` is the real one."""
+    except exactly one per sample for a pooling factor of exactly 1 (a one-hot feature, the common
+    case of real table lists); ids following each table's reuse histogram, and the last row read
+    once so `row` is the real one."""
     rng = np.random.default_rng(seed)
     rows = np.asarray(rows, dtype=np.int64)
     pf = np.asarray(pooling_factors, dtype=np.float64)
     lengths = rng.poisson(np.repeat(pf[:, None], batch_size, axis=1)).astype(np.int64)
+    lengths[pf == 1.0] = 1
     ids = []
     for t in tqdm(range(len(rows)), desc="synthesize ids", disable=not progress, leave=False):
         L = int(lengths[t].sum())

@@ -4,8 +4,10 @@
 `--alg` (NeuroShard by default, with the pre-trained cost models), prints the plan per device and
 per table, writes `--out plan.json`, and optionally
 - `--torchrec_plan FILE`: the plan as a TorchRec `ShardingPlan` spec (see `torchrec_export`);
-- `--measure`: synthesises ids with the tables' rows, pooling factors and reuse histograms and
-  measures the plan on hardware exactly as eval.py does, next to the four greedy heuristics' plans.
+- `--calibrate K`: fine-tunes the cost models on K measured shards of these tables first
+  (`calibrate.py`), saved beside `--out` and reused by later runs on the same tables and hardware;
+- `--measure`: measures NeuroShard's top distinct plans, the greedy heuristics' and TorchRec's in
+  interleaved rounds and writes the measured best (`measure.py`).
 """
 from __future__ import annotations
 
@@ -22,14 +24,18 @@ from ..core.types import Cluster, Cost
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..sharding.plan import ShardingPlan
 from ..sharding.plan_file import PLAN_KIND
-from ..sharding.registry import BASELINES, expand_algs, make_sharder, shard_task
+from ..sharding.registry import expand_algs, make_sharder, shard_task
+from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
+from ..hardware.backends import resolve_hardware
+from .calibrate import (CalibrationConfig, calibrate, calibration_path, fingerprint, load_calibration,
+                        save_calibration)
+from .measure import MeasureConfig, candidate_plans, measure_candidates
 from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
 
-MEASURE_LIMIT_GB = 4.0  # --measure allocates every table: refuse more than this in total
-MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch --measure may synthesise (~64 B each in all processes: ~4 GB)
+MEASURE_LIMIT_GB = 4.0  # --measure / --calibrate allocate every table: refuse more than this in total
+MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B each in all processes: ~4 GB)
 MEASURE_BYTES_PER_LOOKUP = 64
-HEURISTICS = [a for a in BASELINES if a != "random"]
 
 
 def _models_hint(N: int) -> str:
@@ -83,6 +89,35 @@ def table_report(tl: TableList, plan: ShardingPlan) -> str:
     return _table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows)
 
 
+def _predicted(cost: Cost | None, batch: int) -> dict | None:
+    return None if cost is None else {"batch_size": batch, "cost_ms": cost.cost_ms, "compute_ms": cost.compute_ms.tolist(),
+                                      "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()}
+
+
+def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, batch: int, paths,
+                         cfg: ShardTablesConfig) -> tuple[Simulator, dict | None]:
+    """The simulator to plan with: calibrated models beside `--out` when they fit these tables and this
+    hardware (reused), newly calibrated ones with `--calibrate K`, else the pre-trained models."""
+    path = calibration_path(cfg.out)
+    fp = fingerprint(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths, cfg.ids)
+    found = load_calibration(path, fp)
+    if found is not None and (cfg.calibrate is None or found[1].get("config", {}).get("num_shards") == cfg.calibrate):
+        c = found[1]["compute"]
+        print(f"reusing the calibrated cost models in {path} (same tables, hardware and models; held-out compute "
+              f"MAPE {100 * c['before']['mape']:.1f}% -> {100 * c['after']['mape']:.1f}%)")
+        return found[0], {k: v for k, v in found[1].items() if k != "provenance"}
+    if cfg.calibrate is None:
+        if path.is_file():
+            print(f"note: {path} was calibrated for other tables, hardware or models; not used (pass --calibrate K)")
+        return sim, None
+    ccfg = CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
+    calibrated, report = calibrate(sim, tl, cluster, hw, batch, ccfg, cfg.ids)
+    report["fingerprint"] = fp
+    save_calibration(path, calibrated, report)
+    print(f"calibrated cost models saved to {path}")
+    return calibrated, {k: v for k, v in report.items() if k != "provenance"}
+
+
 def shard_tables(cfg: ShardTablesConfig) -> dict:
     """Plan the user's tables with `cfg.alg`, print the plan, write it (and optionally measure it)."""
     cfg.check()
@@ -103,9 +138,9 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     else:
         tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
     paths = cfg.models.paths(ndevices)
-    sim = _simulator(paths, ndevices, required=alg == "neuroshard")
+    sim = _simulator(paths, ndevices, required=alg == "neuroshard" or cfg.calibrate is not None)
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
-    if cfg.measure:
+    if cfg.measure or cfg.calibrate is not None:
         check_measure_budget(tl, batch)
     print(f"{len(tl.names)} tables from {tl.source}, {tl.task.total_size_gb():.4f} GB in all; "
           f"{ndevices} devices x {max_mem:g} GB; --alg {alg}")
@@ -113,6 +148,12 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
         print(f"note: {len(tl.defaulted_reuse)} table(s) had no reuse statistics (bin_0..bin_16): filled with the "
               f"published DLRM reuse histogram ({', '.join(tl.defaulted_reuse[:5])}"
               f"{', ...' if len(tl.defaulted_reuse) > 5 else ''})")
+    hw, calibration = None, None
+    if cfg.measure or cfg.calibrate is not None or (sim and calibration_path(out).is_file()):
+        gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
+        hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
+    if sim is not None and hw is not None:
+        sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)
     if res.plan is None or res.oom:
         raise UserError(f"--alg {alg} found no plan within {ndevices} x {max_mem:g} GB for "
@@ -126,16 +167,33 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     spec = plan_spec(tl.names, tl.rows, tl.task.dims, plan)
     record = {"kind": PLAN_KIND, "alg": alg, "ndevices": ndevices, "max_mem_gb": max_mem, "splits": plan.splits,
               "tables": [{**t, "pooling_factor": float(tl.task.pooling_factors[i])} for i, t in enumerate(spec["tables"])],
-              "predicted": None if cost is None else {
-                  "batch_size": batch, "cost_ms": cost.cost_ms, "compute_ms": cost.compute_ms.tolist(),
-                  "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()},
+              "predicted": _predicted(cost, batch),
               "reuse_defaulted": tl.defaulted_reuse,
               "provenance": provenance(source=tl.source, models=[str(p) for p in paths] if sim else None,
                                        seed=seed, search=search.__dict__)}
+    if calibration is not None:
+        record["calibration"] = calibration
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
     if cfg.measure:
-        report["measured"] = measure_user_plan(tl, plan, cluster, batch, cfg)
-        record["measured"] = {k: v.cost_ms for k, v in report["measured"].items()}
+        mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
+                             top_k=cfg.measure_top, seed=seed)
+        cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
+                                extra={} if alg == "neuroshard" else {alg: plan})
+        measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids)
+        best = cands[measured["best_index"]]
+        report["measured"] = measured
+        if plan_key(best.plan) != plan_key(plan):
+            plan = best.plan
+            cost = sim.plan_cost(tl.task, plan) if sim else None
+            print(f"\nwritten plan: the measured best ({'/'.join(best.names)}); per device and per table:")
+            print(device_report(tl, plan, cluster, cost))
+            print("\nper table\n" + table_report(tl, plan))
+            spec = plan_spec(tl.names, tl.rows, tl.task.dims, plan)
+            record.update(alg="/".join(best.names), splits=plan.splits, tables=[
+                {**t, "pooling_factor": float(tl.task.pooling_factors[i])} for i, t in enumerate(spec["tables"])],
+                predicted=_predicted(cost, batch))
+            report.update(plan=plan, cost=cost, spec=spec)
+        record["measured"] = {k: v for k, v in measured.items() if k != "best_index"}
     atomic_write_text(out, json.dumps(record, indent=1, default=str))
     print(f"\nplan written to {out}")
     if torchrec_plan:
@@ -147,8 +205,8 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
 
 
 def check_measure_budget(tl: TableList, batch: int) -> None:
-    """Before any work: --measure allocates every table and synthesises batch x pooling factor ids per
-    table; refuse, with the numbers, more than MEASURE_LIMIT_GB of tables or MEASURE_MAX_LOOKUPS ids."""
+    """Before any work: --measure and --calibrate allocate every table and synthesise batch x pooling factor
+    ids per table; refuse, with the numbers, more than MEASURE_LIMIT_GB of tables or MEASURE_MAX_LOOKUPS ids."""
     if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
         raise UserError(f"--measure allocates every table on this machine: {tl.task.total_size_gb():.2f} GB is more "
                         f"than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
@@ -162,39 +220,3 @@ def check_measure_budget(tl: TableList, batch: int) -> None:
                         f"{tl.task.pooling_factors[t]:g}), more than the budget of {MEASURE_MAX_LOOKUPS / 1e6:g} M; "
                         "lower the pooling factors or measure fewer tables")
 
-
-def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, batch: int,
-                      cfg: ShardTablesConfig) -> dict[str, Cost]:
-    """Measure `plan` and the greedy heuristics' plans on synthesised ids of the user's tables."""
-    from ..data.dataset import process_raw
-    from ..data.synthetic import synthesize_tables
-    from ..data.tasks import ShardingTask
-    from ..hardware.backends import resolve_hardware
-    from ..hardware.evaluator import measure_plans, plan_device_tables
-
-    check_measure_budget(tl, batch)
-    if batch % cluster.num_devices:
-        raise UserError(f"the cost models' batch {batch} is not divisible by {cluster.num_devices} devices")
-    alg, seed, warmup, iters = cfg.alg, cfg.seed, cfg.warmup_iter, cfg.num_iter
-    gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
-    hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
-    plans = {alg: plan}
-    for h in HEURISTICS:
-        r = shard_task(make_sharder(h, seed), tl.task, cluster)
-        if r.plan is not None and not r.oom:
-            plans[h] = r.plan
-    hists = tl.task.data_features[:, 2:]
-    print(f"\nmeasuring {len(plans)} plans on synthesised ids (batch {batch}, {hw.backend}/{hw.device}, interleaved "
-          f"in 5 rounds of {warmup} warm-up + {max(1, iters // 5)} timed iterations; cost = median round)")
-    with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
-        raw = synthesize_tables(tl.rows, tl.task.pooling_factors, hists, batch, seed)
-        ds = process_raw(*raw, out_dir=Path(tmp) / "ds", source={"source": "table list", "tables": tl.source})
-        task = ShardingTask.from_dataset(ds, np.arange(len(tl.names)), tl.task.dims)
-        measured = measure_plans(ds, hw, batch, {a: plan_device_tables(task, p) for a, p in plans.items()},
-                                 cluster.num_devices, warmup, iters, rounds=5, group_of=lambda key: 0)
-    best_h = min((a for a in measured if a != alg), key=lambda a: measured[a].cost_ms, default=None)
-    for a, c in measured.items():
-        mark = "" if best_h is None or a == best_h else (
-            f"  ({100 * (c.cost_ms / measured[best_h].cost_ms - 1):+.1f}% vs best heuristic {best_h})" if a == alg else "")
-        print(f"  {a:<20} measured {c.cost_ms:8.3f} ms{mark}")
-    return measured

@@ -21,11 +21,11 @@ from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
 from .comm_bench import COMM_DATA_KIND, comm_rank
-from .compute_bench import COMPUTE_DATA_KIND, compute_worker
+from .compute_bench import COMPUTE_DATA_KIND, compute_worker, family_collection
 from .launch import in_torchrun, run_processes
 
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
-                      "max_dim", "warmup_iter", "num_iter")
+                      "max_dim", "warmup_iter", "num_iter", "family_mix")
 COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
                    "num_iter")
 
@@ -71,7 +71,9 @@ def _report(measured: int, total: int, per_min: float, path: Path) -> dict:
 
 
 def collect_compute(cfg: ComputeCollectConfig) -> dict:
-    """Measure compute-cost samples until OUT_DIR/compute_cost_data.pkl holds `cfg.data_size`."""
+    """Measure compute-cost samples until OUT_DIR/compute_cost_data.pkl holds `cfg.data_size`.
+
+    With `cfg.families_dir`, samples also come from the table families (DESIGN.md §8), built there."""
     cfg.check()
     check_max_dim(cfg.max_dim)
     hwc = cfg.hardware
@@ -81,8 +83,10 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
     ds = DLRMDataset.load(cfg.dataset_dir)
     batch = ds.check_batch(cfg.batch_size)
     sample_args = {"seed": seed, "max_tables": cfg.max_tables, "max_mem_gb": cfg.max_mem, "max_dim": cfg.max_dim}
+    families, fam_meta = (family_collection(ds, cfg.families_dir, cfg.max_mem, seed, cfg.family_share)
+                          if cfg.families_dir else (None, {}))
     meta = {**hw.describe(), "batch_size": batch, "dataset_fingerprint": ds.fingerprint,
-            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "provenance": provenance()}
+            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, **fam_meta, "provenance": provenance()}
     path = Path(cfg.out_dir) / "compute_cost_data.pkl"
     n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
     print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
@@ -92,7 +96,7 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
         log.close()
         return _report(0, len(log.records), float("nan"), path)
     n_workers = min(n_workers, len(todo))
-    args = (str(ds.path), hw, batch, warmup_iter, num_iter, todo, sample_args)
+    args = (str(ds.path), hw, batch, warmup_iter, num_iter, todo, sample_args, families)
     rep = _collect(log, todo, f"compute samples ({hw.backend}/{hw.device}, {n_workers} workers)",
                    lambda on_message: run_processes(compute_worker, n_workers, args, on_message,
                                                     gpu_ids=gpu_ids, what="worker"))

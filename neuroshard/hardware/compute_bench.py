@@ -1,9 +1,10 @@
 """Compute cost of a shard (DESIGN.md §3.1): one fused operator over a set of tables, forward +
 backward, median over timed iterations after warm-ups, last-level cache flushed before each.
 
-`ComputeBenchmark` holds one device's dataset handle, flusher and settings; `measure` times any set
-of (dataset table, dim) pairs on the dataset's real ids. `sample_shard` draws the random shards
-of the compute-cost dataset.
+`ComputeBenchmark` holds one device's dataset handle (a dataset, or a `families.TablePool` of the
+dataset and the family tables), flusher and settings; `measure` times any set of (table, dim) pairs
+on the tables' real ids. `sample_shard` draws the random shards of the compute-cost dataset and
+`MixSampler` those of the family mix (DESIGN.md §8).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .timing import CacheFlusher, median_ms
 
 @dataclass
 class ComputeBenchmark:
-    dataset: DLRMDataset
+    dataset: DLRMDataset  # or a TablePool
     hw: Hardware
     batch_size: int
     warmup_iter: int = 5
@@ -41,7 +42,8 @@ class ComputeBenchmark:
         return torch.cat(ids), torch.cat(offs)
 
     def measure(self, table_ids, dims) -> float:
-        """Median ms of forward + backward of one fused operator holding these tables."""
+        """Median ms of forward + backward of one fused operator holding these tables (a table may
+        appear several times: its column shards, each at its own dim, read the table's ids)."""
         rows = self.dataset.rows[np.asarray(table_ids, dtype=np.int64)]
         op = make_fused([(int(r), int(d)) for r, d in zip(rows, dims)], self.hw)
         prepared = op.prepare(*self.inputs(table_ids))
@@ -70,15 +72,105 @@ def sample_shard(rows: np.ndarray, index: int, seed: int, max_tables: int, max_m
                     "raise --max_mem")
 
 
+class MixSampler:
+    """Samples of the compute-cost data drawn from the dataset and the table families (DESIGN.md §8).
+
+    Sample `index` first picks its sample family (`families.sample_family_of`), then draws a shard
+    of it: `dataset` samples are exactly `sample_shard`'s, the others `families.sample_family_shard`'s
+    over the pool (dataset tables first, then the family tables). Deterministic in (seed, index).
+    """
+
+    def __init__(self, dataset: DLRMDataset, family_tables: DLRMDataset, seed: int, max_tables: int,
+                 max_mem_gb: float, max_dim: int, shares: dict, max_shards: int, caps: dict):
+        from ..data.families import TablePool, family_of_tables
+
+        self.pool = TablePool([dataset, family_tables])
+        self.dataset_rows = dataset.rows
+        names = np.array(family_of_tables(family_tables))
+        self.family_ids = {"dataset": np.arange(dataset.num_tables)}
+        for name in dict.fromkeys(names):
+            self.family_ids[str(name)] = dataset.num_tables + np.flatnonzero(names == name)
+        self.seed, self.max_tables, self.max_mem_gb, self.max_dim = seed, max_tables, max_mem_gb, max_dim
+        self.shares, self.max_shards, self.caps = shares, max_shards, caps
+
+    def __call__(self, index: int) -> tuple[str, np.ndarray, np.ndarray]:
+        from ..data.families import sample_family_of, sample_family_shard
+
+        family = sample_family_of(index, self.seed, self.shares)
+        if family == "dataset":
+            ids, dims = sample_shard(self.dataset_rows, index, self.seed, self.max_tables, self.max_mem_gb,
+                                     self.max_dim)
+        else:
+            ids, dims = sample_family_shard(family, index, self.seed, self.pool.rows, self.family_ids,
+                                            self.max_mem_gb, self.max_tables, self.max_shards, self.caps)
+        return family, ids, dims
+
+
+def family_collection(dataset: DLRMDataset, families_dir, max_mem_gb: float, seed: int, shares=None,
+                      max_shards: int = 64) -> tuple[dict, dict]:
+    """Build (or reuse) the family tables for a collection: (`families` of `compute_worker`, meta entries).
+
+    `shares`: (family, share) pairs (the families not named get 0), or None for the documented mix.
+
+    The mix takes the dataset's batch and row scale (a synthetic dataset's `row_scale`, else 1) and
+    the collection's device size, so family tables are scaled like the dataset's."""
+    from ..data.families import DEFAULT_SHARE, FamilyMix, build_family_tables
+
+    synth = dataset.meta.get("provenance", {}).get("synthetic_config") or {}
+    mix = FamilyMix(seed=seed, batch_size=dataset.batch_size, row_scale=float(synth.get("row_scale", 1.0)),
+                    max_mem_gb=max_mem_gb, sample_share=dict(shares) if shares else dict(DEFAULT_SHARE), max_shards=max_shards).check()
+    fam = build_family_tables(mix, families_dir)
+    families = {"dir": str(fam.path), "shares": mix.sample_share, "max_shards": mix.max_shards,
+                "caps": {f.name: f.max_tables for f in mix.families}}
+    return families, {"family_tables": str(fam.path), "family_tables_fingerprint": fam.fingerprint,
+                      "family_mix": mix.fingerprint()}
+
+
+def cost_data_tables(meta: dict, dataset: DLRMDataset, families_dir=None):
+    """The tables a compute-cost file's `table_ids` index: the dataset, or dataset + family tables."""
+    from ..core.errors import UserError
+    from ..data.families import TablePool
+
+    if not meta.get("family_tables"):
+        return dataset
+    path = families_dir or meta["family_tables"]
+    fam = DLRMDataset.load(path)
+    if fam.fingerprint != meta.get("family_tables_fingerprint"):
+        raise UserError(f"{path} holds other family tables than the cost data was measured on; pass the "
+                        "--families_dir the collector used")
+    return TablePool([dataset, fam])
+
+
 # ----------------------------------------------------------------------------- collection worker
 
 COMPUTE_DATA_KIND = "neuroshard.compute_cost_data"
 
 
 def compute_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int, warmup: int,
-                   iters: int, indices: list[int], sample_args: dict) -> None:
-    """Worker `rank` of `world` measures every world-th missing sample and emits each when finished."""
-    bench = ComputeBenchmark(DLRMDataset.load(dataset_dir), hw, batch_size, warmup, iters)
+                   iters: int, indices: list[int], sample_args: dict, families: dict | None = None) -> None:
+    """Worker `rank` of `world` measures every world-th missing sample and emits each when finished.
+
+    With `families` ({"dir", "shares", "max_shards", "caps"}) samples come from `MixSampler` and
+    each record names its sample family."""
+    dataset = DLRMDataset.load(dataset_dir)
+    if families:
+        sampler = MixSampler(dataset, DLRMDataset.load(families["dir"]), shares=families["shares"],
+                             max_shards=families["max_shards"], caps=families["caps"], **sample_args)
+        bench = ComputeBenchmark(sampler.pool, hw, batch_size, warmup, iters)
+    else:
+        bench = ComputeBenchmark(dataset, hw, batch_size, warmup, iters)
     for index in indices[rank::world]:
-        ids, dims = sample_shard(bench.dataset.rows, index, **sample_args)
-        emit({"index": index, "table_ids": ids, "dims": dims, "cost_ms": bench.measure(ids, dims)})
+        if families:
+            family, ids, dims = sampler(index)
+        else:
+            family, (ids, dims) = "dataset", sample_shard(bench.dataset.rows, index, **sample_args)
+        emit({"index": index, "family": family, "table_ids": ids, "dims": dims, "cost_ms": bench.measure(ids, dims)})
+
+
+def shards_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int, warmup: int,
+                  iters: int, shards: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Measure given shards (table ids, dims) of a dataset; emits (position, cost_ms) per shard."""
+    bench = ComputeBenchmark(DLRMDataset.load(dataset_dir), hw, batch_size, warmup, iters)
+    for i in range(rank, len(shards), world):
+        ids, dims = shards[i]
+        emit((i, bench.measure(ids, dims)))

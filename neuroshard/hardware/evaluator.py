@@ -62,6 +62,38 @@ def eval_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch
                 emit((key, measured[i][median_round], costs))
 
 
+def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int,
+                plans: list[list[list[tuple[int, int]]]], warmup: int, iters: int, stop) -> None:
+    """Measure `plans` in interleaved rounds until `stop` says enough.
+
+    Every round measures every plan once, in an order shuffled per round (seeded, the same on every
+    rank), so neither a slow period nor a position in the round favours one plan. After every round
+    rank 0 emits (round index, [P, N, 3] per-device compute/fw/bw ms in plan order) and asks
+    `stop(round_costs [R, P], last_round_s)`; its answer is broadcast so every rank stops together."""
+    import time
+
+    import torch
+
+    bench = ComputeBenchmark(DLRMDataset.load(dataset_dir), hw, batch_size, warmup, iters)
+    totals: list[list[float]] = []
+    r = 0
+    while True:
+        t0 = time.perf_counter()
+        order = np.random.default_rng([r, len(plans)]).permutation(len(plans))
+        costs = np.zeros((len(plans), world, 3))
+        for i in order:
+            costs[i] = _measure_once(bench, rank, world, plans[i], hw, batch_size, warmup, iters)
+        flag = torch.zeros(1, dtype=torch.int64, device=hw.device)
+        if rank == 0:
+            emit((r, costs))
+            totals.append([Cost(c[:, 0], c[:, 1], c[:, 2]).cost_ms for c in costs])
+            flag[0] = int(bool(stop(np.array(totals), time.perf_counter() - t0)))
+        dist.broadcast(flag, src=0)
+        if int(flag[0]):
+            return
+        r += 1
+
+
 def measure_plans(dataset: DLRMDataset, hw: Hardware, batch_size: int, plans: dict, num_devices: int,
                   warmup: int, iters: int, on_result=None, gpu_ids=None, rounds: int = 1, group_of=None) -> dict:
     """Measure {key: per-device (table, dim) lists} on `num_devices` ranks; {key: Cost}.

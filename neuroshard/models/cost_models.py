@@ -6,6 +6,8 @@
   update a device's prediction incrementally.
 - `CommCostModel`: MLP in→128→64→32→16→N, in = 2N (forward: dim sums + delays) or N (backward:
   dim sums), predicting every rank's cost.
+`fine_tune` continues fitting a pre-trained model on a few new samples (calibration to a user's
+tables and hardware, DESIGN.md §8).
 Weights are saved with `torch.save` (plain tensors and data) and loaded with `weights_only=True`.
 A model records the hardware and device count of its training data and refuses other ones.
 """
@@ -75,6 +77,24 @@ class CostModel:
         report = train(self, inputs, targets, epochs, **kw)
         self.meta["metrics"] = report["test"]
         self.meta["training"] = {k: v for k, v in report.items() if k != "history"}
+        self._np = None
+        return report
+
+    def fine_tune(self, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int = 200, lr: float = 3e-4,
+                  batch_size: int = 64, train_ratio: float = 0.7, valid_ratio: float = 0.2, seed: int = 0,
+                  progress: bool = False) -> dict:
+        """Continue fitting from the current (pre-trained) weights on new samples (calibration).
+
+        Same loop as `fit`, with the pre-training normalisation kept and the pre-trained weights as
+        the starting candidate for the best validation loss. The report goes to `meta["fine_tune"]`."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a few dozen samples: one thread is as fast, and never stalls on a busy machine
+        try:
+            report = train(self, inputs, targets, epochs, batch_size=batch_size, lr=lr, train_ratio=train_ratio,
+                           valid_ratio=valid_ratio, seed=seed, progress=progress, continue_fit=True)
+        finally:
+            torch.set_num_threads(threads)
+        self.meta.setdefault("fine_tune", []).append({k: v for k, v in report.items() if k != "history"})
         self._np = None
         return report
 
@@ -238,5 +258,5 @@ def comm_training_arrays(samples: list[dict], direction: str):
 
 def model_meta(data_meta: dict, **extra) -> dict:
     """What a model records about its training data (hardware, batch) plus provenance."""
-    keep = ("device", "backend", "device_name", "batch_size", "ndevices", "dataset_fingerprint")
+    keep = ("device", "backend", "device_name", "batch_size", "ndevices", "dataset_fingerprint", "family_mix")
     return {**{k: data_meta[k] for k in keep if k in data_meta}, "provenance": provenance(**extra)}

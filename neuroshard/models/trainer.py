@@ -35,8 +35,12 @@ def split_indices(n: int, train_ratio: float, valid_ratio: float, seed: int):
 
 def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int, batch_size: int = 512,
           lr: float = 1e-3, train_ratio: float = 0.8, valid_ratio: float = 0.1, seed: int = 0,
-          progress: bool = True) -> dict:
-    """Fit `model.net` on (inputs, targets); returns history and test metrics."""
+          progress: bool = True, continue_fit: bool = False) -> dict:
+    """Fit `model.net` on (inputs, targets); returns history and test metrics.
+
+    `continue_fit` goes on from the model's current weights (fine-tuning): the normalisation
+    statistics stay those of the original training data, and the starting weights compete as
+    "epoch -1" for the best validation loss, so fine-tuning never ends worse on validation."""
     torch.manual_seed(seed)
     n = len(targets)
     if n < 10:
@@ -44,7 +48,8 @@ def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: in
     tr, va, te = split_indices(n, train_ratio, valid_ratio, seed)
     X = [torch.as_tensor(x) for x in inputs]
     y = torch.as_tensor(np.asarray(targets, dtype=np.float32))
-    model.set_normalization(*(x[tr] for x in X))
+    if not continue_fit:
+        model.set_normalization(*(x[tr] for x in X))
     net = model.net
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
@@ -55,6 +60,8 @@ def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: in
             return float(torch.nn.functional.mse_loss(model.forward(*(x[idx] for x in X)), y[idx]))
 
     best, best_state, history = float("inf"), copy.deepcopy(net.state_dict()), []
+    if continue_fit:
+        best = loss_on(va)
     bar = tqdm(range(epochs), desc=f"train {model.kind}", disable=not progress)
     for epoch in bar:
         net.train()

@@ -11,7 +11,7 @@ from ..core.errors import UserError, check_int
 from ..data.dataset import DLRMDataset
 from ..hardware.collect import load_cost_data
 from ..hardware.comm_bench import COMM_DATA_KIND
-from ..hardware.compute_bench import COMPUTE_DATA_KIND
+from ..hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables
 from .cost_models import CommCostModel, ComputeCostModel, comm_training_arrays, compute_training_arrays, model_meta
 
 MIN_SAMPLES = 10
@@ -42,7 +42,8 @@ def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
     if meta.get("dataset_fingerprint") != dataset.fingerprint:
         raise UserError(f"{data_path} was measured on another dataset than {dataset.path}; "
                         "pass the matching --dataset_dir")
-    feats, mask, y = compute_training_arrays(samples, dataset.features)
+    tables = cost_data_tables(meta, dataset, cfg.families_dir)  # the dataset, or dataset + family tables
+    feats, mask, y = compute_training_arrays(samples, tables.features)
     kw = _fit_kwargs(fit)
     model = ComputeCostModel(model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw))
     report = model.fit((feats, mask), y, epochs=fit.epochs, **kw)

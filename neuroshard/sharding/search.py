@@ -12,6 +12,9 @@ table-wise placements, every candidate scored by the simulator.
   `num_candidates` largest and most expensive splittable shards); the k best new states go on;
   the best plan seen at any depth (including no split) is returned.
 
+`neuroshard_top_plans` also returns the next best distinct plans the search scored (for measuring
+several candidates, DESIGN.md §8); its first plan is always `neuroshard_search`'s.
+
 Speed: every (state, candidate, threshold) greedy of one depth runs in lockstep on numpy arrays,
 and a device's prediction is updated incrementally (its embedding sum plus the new shard's, then the
 small head network). tests/oracle_search.py is the direct, one-at-a-time implementation; both
@@ -122,14 +125,18 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
     return best, assign.reshape(E, G, L)[np.arange(E), best_g]
 
 
-def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams = SearchParams(),
-                      no_split: frozenset[int] = frozenset()) -> ShardingPlan | None:
-    """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise)."""
+def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams,
+            seen: list | None = None, no_split: frozenset[int] = frozenset()) -> tuple:
+    """The beam search; returns (cost, splits, assignment) of the best plan; tables in `no_split` stay
+    whole (table-wise). With `seen`, every scored expansion's (cost, splits, assignment) is appended to
+    it in generation order."""
     sim.check_devices(cluster.num_devices)
     st = ShardTable(sim, task)
     base = [(t, int(d)) for t, d in enumerate(task.dims)]
     cost, assign = grid_search_batch(sim, st, [base], cluster, params)
     best = (cost[0], [], assign[0])
+    if seen is not None:
+        seen.append(best)
     beam = [([], base)]
     for _ in range(params.max_splits):
         expansions = [(splits + [c], split_keys(keys, c))
@@ -137,15 +144,53 @@ def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, para
         if not expansions:
             break
         costs, assigns = grid_search_batch(sim, st, [e[1] for e in expansions], cluster, params)
+        if seen is not None:
+            seen.extend((costs[j], expansions[j][0], assigns[j]) for j in range(len(expansions)))
         ranked = np.argsort(costs, kind="stable")  # by cost, then generation order
         for j in ranked[:1]:
             if costs[j] < best[0]:
                 best = (costs[j], expansions[j][0], assigns[j])
         beam = [expansions[j] for j in ranked[:params.beam_width]]
+    return best
+
+
+def _plan(task: ShardingTask, cluster: Cluster, found) -> ShardingPlan:
+    _, splits, assign = found
+    return ShardingPlan(cluster.num_devices, apply_splits(task.dims, splits), [int(x) for x in assign], list(splits))
+
+
+def plan_key(plan: ShardingPlan) -> tuple:
+    """What makes two plans the same: the multiset of (table, column slice) per device, devices unordered."""
+    return tuple(sorted(tuple(sorted((s.table, s.col_start, s.dim) for s in dev)) for dev in plan.per_device()))
+
+
+def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams = SearchParams(),
+                      no_split: frozenset[int] = frozenset()) -> ShardingPlan | None:
+    """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise)."""
+    best = _search(sim, task, cluster, params, no_split=no_split)
+    return _plan(task, cluster, best) if np.isfinite(best[0]) else None
+
+
+def neuroshard_top_plans(sim: Simulator, task: ShardingTask, cluster: Cluster, k: int,
+                         params: SearchParams = SearchParams()) -> list[tuple[float, ShardingPlan]]:
+    """The search's best plan, then the next best distinct plans it scored: up to k (simulated cost, plan).
+
+    The first is exactly `neuroshard_search`'s plan; the others are the cheapest other complete
+    placements seen during the beam search (any depth), one per distinct `plan_key`."""
+    seen: list = []
+    best = _search(sim, task, cluster, params, seen)
     if not np.isfinite(best[0]):
-        return None
-    return ShardingPlan(cluster.num_devices, apply_splits(task.dims, best[1]), [int(x) for x in best[2]],
-                        list(best[1]))
+        return []
+    first = _plan(task, cluster, best)
+    out, keys = [(float(best[0]), first)], {plan_key(first)}
+    for i in sorted(range(len(seen)), key=lambda i: (seen[i][0], i)):
+        if len(out) >= k or not np.isfinite(seen[i][0]):
+            break
+        plan = _plan(task, cluster, seen[i])
+        if plan_key(plan) not in keys:
+            keys.add(plan_key(plan))
+            out.append((float(seen[i][0]), plan))
+    return out
 
 
 class NeuroShardSharder:

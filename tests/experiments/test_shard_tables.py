@@ -71,15 +71,34 @@ def test_no_plan_within_memory_is_one_line(tmp_path):
     assert_clean_error(proc, "found no plan")
 
 
-def test_measure_compares_with_the_heuristics(tmp_path):
+def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path):
     (tmp_path / "t.csv").write_text(TABLES)
-    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256})
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    model_args = ["--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
+                  "--bw_comm_model", models / "comm_2_bw.pt"]
     proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
-                      "--out", tmp_path / "plan.json", "--measure", "--warmup_iter", 1, "--num_iter", 3,
-                      "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
-                      "--bw_comm_model", models / "comm_2_bw.pt")
+                      "--out", tmp_path / "plan.json", "--calibrate", 15, "--calibrate_comm", 15, "--measure",
+                      "--measure_budget_s", 12, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu", *model_args)
     assert proc.returncode == 0, proc.stderr
+    assert "held-out MAPE" in proc.stdout and (tmp_path / "plan.calibration.pt").is_file()
     rec = json.loads((tmp_path / "plan.json").read_text())
-    assert set(rec["measured"]) >= {"neuroshard", "size_lookup_greedy"}
-    assert all(v > 0 for v in rec["measured"].values())
-    assert "vs best heuristic" in proc.stdout and "batch 256" in proc.stdout
+    m = rec["measured"]
+    names = [n for c in m["candidates"] for n in c["names"]]
+    assert {"neuroshard#1", "neuroshard#2", "neuroshard#3", "size_lookup_greedy"} <= set(names)
+    assert m["rounds"] >= 1 and all(c["measured_ms"] > 0 for c in m["candidates"])
+    best = min(m["candidates"], key=lambda c: c["measured_ms"])
+    assert best["names"] == m["best"] and rec["alg"] in ("neuroshard", "/".join(m["best"]))
+    assert ("measured best" in proc.stdout) or ("cannot be told apart" in proc.stdout)
+    assert rec["calibration"]["compute"]["samples"]["held_out"] == 5
+    tl = load_table_list(tmp_path / "t.csv")
+    plan = _plan_from_record(rec, tl)
+    check_complete(tl.task, plan)
+    assert fits_memory(tl.task, plan, Cluster(2, 0.025))
+    # a later run on the same tables and hardware reuses the calibration without measuring
+    again = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+                       "--out", tmp_path / "plan.json", "--device", "cpu", *model_args)
+    assert again.returncode == 0, again.stderr
+    assert "reusing the calibrated cost models" in again.stdout
+    other = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.05,
+                       "--out", tmp_path / "plan.json", "--device", "cpu", *model_args)
+    assert other.returncode == 0 and "calibrated for other tables" in other.stdout

@@ -162,3 +162,25 @@ def test_simulator_rejects_other_device_count_and_mixed_hardware():
     with pytest.raises(UserError, match="different hardware"):
         Simulator(ComputeCostModel({"device": "cuda"}), CommCostModel(2, "fw", {"device": "cpu"}),
                   CommCostModel(2, "bw", {"device": "cpu"}))
+
+
+def test_top_plans_start_with_the_best_plan_and_are_distinct():
+    from neuroshard.sharding.search import neuroshard_top_plans, plan_key
+
+    rng = np.random.default_rng(21)
+    for trial in range(6):
+        N = 3
+        task = random_task(rng, 10)
+        sim = analytic_simulator(N) if trial % 2 else random_neural_simulator(N, trial)
+        cluster = Cluster(N, task.sizes_gb().sum() / N * 1.6)
+        best = neuroshard_search(sim, task, cluster, SearchParams(max_splits=4))
+        top = neuroshard_top_plans(sim, task, cluster, 4, SearchParams(max_splits=4))
+        assert len(top) == 4
+        assert top[0][1].splits == best.splits and top[0][1].device_of == best.device_of
+        assert len({plan_key(p) for _, p in top}) == 4
+        costs = [c for c, _ in top]
+        assert costs == sorted(costs)
+        for c, p in top:
+            check_complete(task, p)
+            assert fits_memory(task, p, cluster)
+            assert abs(sim.plan_cost(task, p, cluster).cost_ms - c) < 1e-6

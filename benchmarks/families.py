@@ -1,0 +1,79 @@
+"""Compute-model accuracy per table family and leave-one-family-out (DESIGN.md §8). Run by hand:
+
+    python benchmarks/families.py [--data_dir data/cost_data] [--dataset_dir data/dlrm_datasets] [--epochs 300]
+
+Reads a compute-cost file collected with `--families_dir` (the family mix), then
+1. trains the compute model on all samples (80/10/10 split, seed 0) and reports test MSE, MAPE, R²
+   and Spearman per sample family (the test split's samples of each family);
+2. for every family, trains a fresh model without it and tests on all of its samples (LOFO).
+Writes results/families.csv and results/families.md (the README table).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
+from neuroshard.data.dataset import DLRMDataset  # noqa: E402
+from neuroshard.hardware.collect import load_cost_data  # noqa: E402
+from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
+from neuroshard.models.cost_models import ComputeCostModel, compute_training_arrays, model_meta  # noqa: E402
+from neuroshard.models.family_eval import leave_one_family_out, per_family_metrics  # noqa: E402
+from neuroshard.models.trainer import split_indices  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--data_dir", default="data/cost_data")
+    p.add_argument("--dataset_dir", default="data/dlrm_datasets")
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--num_samples", type=int, default=None)
+    p.add_argument("--out_dir", default="results")
+    a = p.parse_args()
+    meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND)
+    samples = samples[:a.num_samples] if a.num_samples else samples
+    tables = cost_data_tables(meta, DLRMDataset.load(a.dataset_dir))
+    feats, mask, y = compute_training_arrays(samples, tables.features)
+    fams = np.array([s.get("family", "dataset") for s in samples])
+    print(f"{len(samples)} samples: " + ", ".join(f"{f} {int((fams == f).sum())}" for f in dict.fromkeys(fams)))
+
+    model = ComputeCostModel(model_meta(meta))
+    model.fit((feats, mask), y, epochs=a.epochs, progress=False)
+    _, _, test = split_indices(len(y), 0.8, 0.1, 0)
+    per = per_family_metrics(model, feats, mask, y, fams, test)
+    per["all"] = {**model.meta["metrics"], "n": len(test)}
+    print("trained on all families; test split per family:")
+    lofo = leave_one_family_out(feats, mask, y, fams, a.epochs, model_meta(meta))
+    rows = []
+    for fam in [*dict.fromkeys(fams), "all"]:
+        row = {"family": fam}
+        for tag, src in (("test", per), ("lofo", lofo)):
+            m = src.get(fam)
+            if m:
+                row.update({f"{tag}_n": m["n"], f"{tag}_mape": m["mape"], f"{tag}_r2": m["r2"],
+                            f"{tag}_spearman": m["spearman"]})
+        rows.append(row)
+        print(row)
+    df = pd.DataFrame(rows)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "families.csv", index=False)
+    lines = ["| family | samples | test MAPE | test R² | test Spearman | LOFO MAPE | LOFO R² | LOFO Spearman |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        f = lambda k, pct=False: ("-" if pd.isna(r.get(k, np.nan)) else  # noqa: E731
+                                  f"{100 * r[k]:.1f}%" if pct else f"{r[k]:.3f}")
+        n = r.get("lofo_n", r.get("test_n", "-"))
+        lines.append(f"| {r['family']} | {n} | {f('test_mape', True)} | {f('test_r2')} | {f('test_spearman')} | "
+                     f"{f('lofo_mape', True)} | {f('lofo_r2')} | {f('lofo_spearman')} |")
+    atomic_write_text(out / "families.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Calibrate the pre-trained cost models to a user's tables and hardware (DESIGN.md §8).
+
+Pre-train, **calibrate**, search, verify. `calibrate`:
+1. builds the user's tables on this machine: their real ids (`--ids`) or ids synthesised from each
+   table's rows, pooling factor and reuse histogram (`user_tables_dataset`);
+2. measures `num_shards` (K) random shards of those tables (`sample_user_shards`: 1..2T/N tables,
+   each at its dim or a column shard of it, within a device's memory) exactly as the collector does
+   (one worker, one thread, cache flushed, median of `num_iter` after `warmup_iter`);
+3. fine-tunes the pre-trained compute model on 2/3 of them (`ComputeCostModel.fine_tune`) and
+   reports the error on the held-out third before and after;
+4. checks the comm models on `comm_layouts` all-to-all layouts of the user's dims (random
+   table-wise placements, random straggler delays) on N ranks, fine-tunes them the same way and
+   reports held-out error before and after.
+A fine-tuned model is kept only where its held-out error is not worse than the pre-trained one's.
+The calibrated models are saved beside the plan (`calibration_path`) with a fingerprint of the
+tables, hardware, batch, device count and pre-trained models; a later run with the same
+fingerprint reuses them without measuring (`load_calibration`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.artifacts import atomic_torch_save, load_torch, provenance
+from ..core.errors import UserError, check_int
+from ..core.types import Cluster
+from ..data.features import table_size_gb, with_dim
+from ..models.cost_models import CommCostModel, ComputeCostModel
+from ..models.trainer import regression_metrics
+from ..sharding.plan import can_split
+from ..sharding.simulator import Simulator
+
+CALIBRATION_KIND = "neuroshard.calibration"
+MEASURE_LIMIT_GB = 4.0  # building the user's tables allocates every table: refuse more than this in total
+MIN_HELD_OUT = 5
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Settings of `--calibrate K` (defaults: ~1 minute for 26 tables on 4 ranks at the quick scale)."""
+
+    num_shards: int = 60          # K compute samples; a third held out
+    comm_layouts: int = 18        # all-to-all layouts of the user's dims; a third held out
+    warmup_iter: int = 5
+    num_iter: int = 10
+    epochs: int = 100             # fine-tuning: Adam steps of batch 64 from the pre-trained weights
+    lr: float = 1e-3
+    seed: int = 0
+
+    def check(self) -> "CalibrationConfig":
+        check_int("--calibrate", self.num_shards, 15, 100_000)
+        check_int("--calibrate_comm", self.comm_layouts, 15, 100_000)
+        check_int("--warmup_iter", self.warmup_iter, 0, 100_000)
+        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_int("--seed", self.seed, 0)
+        return self
+
+
+def user_tables_dataset(tl, batch_size: int, seed: int, out_dir: Path, ids_path=None):
+    """The user's tables as a processed dataset: real ids (`ids_path`) or synthesised ones."""
+    from ..data.dataset import process_raw
+    from ..data.raw import load_raw
+    from ..data.synthetic import synthesize_tables
+
+    if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
+        raise UserError(f"--measure and --calibrate allocate every table on this machine: {tl.task.total_size_gb():.2f} "
+                        f"GB is more than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
+    if ids_path is not None:
+        indices, offsets, lengths = load_raw(ids_path)
+        if lengths.shape[1] < batch_size:
+            raise UserError(f"{ids_path} holds {lengths.shape[1]} samples per table; the cost models were trained at "
+                            f"batch {batch_size}: give ids for at least {batch_size} samples")
+        raw = (indices, offsets, lengths)
+        source = {"source": "ids", "ids": str(ids_path)}
+    else:
+        raw = synthesize_tables(tl.rows, tl.task.pooling_factors, tl.task.data_features[:, 2:], batch_size, seed,
+                                progress=False)
+        source = {"source": "table list", "tables": tl.source, "seed": seed}
+    return process_raw(*raw, out_dir=Path(out_dir) / "user_tables", source=source, progress=False)
+
+
+def sample_user_shards(task, cluster: Cluster, num_shards: int, seed: int,
+                       max_tries: int = 100_000) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Random shards (table positions, dims) of the task's tables that fit one device.
+
+    1..ceil(2T/N) tables (at most 64), each at its dim or halved once or twice (a column shard)."""
+    rng = np.random.default_rng([seed, 31])
+    T, N = task.num_tables, cluster.num_devices
+    hi = max(1, min(64, int(np.ceil(2 * T / N))))
+    rows = task.rows
+    out = []
+    for _ in range(max_tries):
+        if len(out) == num_shards:
+            return out
+        n = int(rng.integers(1, hi + 1))
+        tabs = rng.choice(T, n, replace=n > T)
+        dims = task.dims[tabs].astype(np.int64).copy()
+        for i in range(n):
+            for _ in range(int(rng.integers(0, 3))):
+                if can_split(dims[i]):
+                    dims[i] //= 2
+        if table_size_gb(rows[tabs], dims).sum() <= cluster.max_mem_gb:
+            out.append((tabs.astype(np.int64), dims))
+    raise UserError(f"could not draw {num_shards} shards of these tables within {cluster.max_mem_gb:g} GB; "
+                    "raise --max_mem")
+
+
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fine-tune, held-out) positions: a third held out, at least MIN_HELD_OUT."""
+    perm = np.random.default_rng([seed, 32]).permutation(n)
+    k = max(MIN_HELD_OUT, n // 3)
+    return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+def _err(pred, y) -> dict:
+    m = regression_metrics(pred, y)
+    return {"mape": m["mape"], "spearman": m["spearman"], "r2": m["r2"]}
+
+
+def _fine_tune_kept(model, inputs, y, tune, held, cfg: CalibrationConfig, copy_of) -> tuple[object, dict]:
+    """Fine-tune a copy of `model`; keep it only if its held-out MAPE is not worse. Returns (model, report)."""
+    before = _err(model.predict(*(x[held] for x in inputs)), y[held])
+    tuned = copy_of(model)
+    tuned.fine_tune(tuple(x[tune] for x in inputs), y[tune], epochs=cfg.epochs, lr=cfg.lr, seed=cfg.seed)
+    after = _err(tuned.predict(*(x[held] for x in inputs)), y[held])
+    kept = after["mape"] <= before["mape"]
+    return (tuned if kept else model), {"before": before, "after": after, "kept": kept,
+                                        "samples": {"fine_tune": int(len(tune)), "held_out": int(len(held))}}
+
+
+def _copy(model):
+    clone = type(model)._build(dict(model.meta))
+    clone.net.load_state_dict(model.net.state_dict())
+    return clone
+
+
+def compute_arrays(task, shards) -> tuple[np.ndarray, np.ndarray]:
+    T = max(len(d) for _, d in shards)
+    feats = np.zeros((len(shards), T, 20), dtype=np.float32)
+    mask = np.zeros((len(shards), T), dtype=np.float32)
+    for i, (tabs, dims) in enumerate(shards):
+        feats[i, :len(tabs)] = with_dim(task.data_features[tabs], dims)
+        mask[i, :len(tabs)] = 1
+    return feats, mask
+
+
+def comm_layouts(task, N: int, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(dim sums, delays ms) of random table-wise placements of the user's tables on N ranks."""
+    rng = np.random.default_rng([seed, 33])
+    out = []
+    for _ in range(count):
+        dev = rng.integers(0, N, task.num_tables)
+        dims = np.bincount(dev, weights=task.dims, minlength=N).astype(np.int64)
+        delays = rng.uniform(0, rng.uniform(0, 10.0), N)
+        out.append((dims, delays - delays.min()))
+    return out
+
+
+def measure_shards(ds, hw, batch_size: int, shards, warmup: int, iters: int) -> np.ndarray:
+    from ..hardware.compute_bench import shards_worker
+    from ..hardware.launch import run_processes
+
+    costs = np.full(len(shards), np.nan)
+
+    def on_message(msg):
+        costs[msg[0]] = msg[1]
+
+    run_processes(shards_worker, 1, (str(ds.path), hw, batch_size, warmup, iters, shards), on_message, what="worker")
+    return costs
+
+
+def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, iters: int):
+    from ..hardware.comm_bench import layouts_rank
+    from ..hardware.launch import run_processes
+
+    fw, bw = np.zeros((len(layouts), N)), np.zeros((len(layouts), N))
+
+    def on_message(msg):
+        i, f, b = msg
+        fw[i], bw[i] = f, b
+
+    run_processes(layouts_rank, N, (layouts, batch_size, device, warmup, iters), on_message, group_device=device)
+    return fw, bw
+
+
+def fingerprint(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_gb: float, model_paths,
+                ids_path=None) -> str:
+    """What a calibration depends on: tables (features, dims, rows; ids), hardware, batch, devices, models."""
+    h = hashlib.sha1()
+    for a in (task.data_features, task.dims, task.rows):
+        h.update(np.ascontiguousarray(np.asarray(a, dtype=np.float64)).tobytes())
+    for p in model_paths:
+        h.update(Path(p).read_bytes())
+    if ids_path is not None:
+        h.update(Path(ids_path).read_bytes())
+    h.update(json.dumps({"hw": {k: hw_desc.get(k) for k in ("device", "backend", "device_name")},
+                         "batch": batch_size, "N": num_devices, "mem": max_mem_gb},
+                        sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def calibration_path(out) -> Path:
+    """Where the calibrated models of a plan are saved: beside it, `<plan>.calibration.pt`."""
+    out = Path(out)
+    return out.with_name(out.stem + ".calibration.pt")
+
+
+def save_calibration(path, sim: Simulator, report: dict) -> Path:
+    state = {name: {"kind": m.kind, "meta": m.meta, "state_dict": {k: v.detach().clone() for k, v in
+                                                                  m.net.state_dict().items()}}
+             for name, m in (("compute", sim.compute), ("fw", sim.fw), ("bw", sim.bw))}
+    return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
+
+
+def load_calibration(path, fp: str) -> tuple[Simulator, dict] | None:
+    """The calibrated simulator saved at `path` if its fingerprint is `fp`; None if absent or for other inputs."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    obj = load_torch(path, "calibration")
+    if not isinstance(obj, dict) or obj.get("kind") != CALIBRATION_KIND or not isinstance(obj.get("models"), dict) \
+            or not isinstance(obj.get("report"), dict):
+        raise UserError(f"{path} is not a neuroshard calibration; delete it or choose another --out")
+    if obj["report"].get("fingerprint") != fp:
+        return None
+    models = []
+    for name, cls in (("compute", ComputeCostModel), ("fw", CommCostModel), ("bw", CommCostModel)):
+        entry = obj["models"].get(name)
+        try:
+            m = cls._build(entry["meta"])
+            m.net.load_state_dict(entry["state_dict"])
+        except Exception:
+            raise UserError(f"{path} is damaged ({name} model); delete it to calibrate again") from None
+        if not all(torch.isfinite(v).all() for v in entry["state_dict"].values()):
+            raise UserError(f"{path} has non-finite weights; delete it to calibrate again")
+        m.net.eval()
+        models.append(m)
+    return Simulator(*models), obj["report"]
+
+
+def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: CalibrationConfig,
+              ids_path=None, log=print) -> tuple[Simulator, dict]:
+    """Measure, fine-tune and check (module docstring); returns the calibrated simulator and a report."""
+    cfg.check()
+    t0 = time.perf_counter()
+    task = tl.task
+    shards = sample_user_shards(task, cluster, cfg.num_shards, cfg.seed)
+    layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed)
+    log(f"calibrating: measuring {len(shards)} random shards of these tables ({cfg.warmup_iter} warm-up + "
+        f"{cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) and {len(layouts)} all-to-all layouts "
+        f"of their dims on {cluster.num_devices} ranks")
+    with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:
+        ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
+        y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
+    fw_y, bw_y = measure_layouts(layouts, cluster.num_devices, batch_size, hw.device, cfg.warmup_iter, cfg.num_iter)
+    measured_s = time.perf_counter() - t0
+    tune, held = _split(len(shards), cfg.seed)
+    compute, rep_c = _fine_tune_kept(sim.compute, compute_arrays(task, shards), y.astype(np.float32), tune, held,
+                                     cfg, _copy)
+    dims = np.stack([d for d, _ in layouts]).astype(np.float32)
+    delays = np.stack([d for _, d in layouts]).astype(np.float32)
+    ctune, cheld = _split(len(layouts), cfg.seed + 1)
+    fw, rep_fw = _fine_tune_kept(sim.fw, (np.concatenate([dims, delays], axis=1),), fw_y.astype(np.float32),
+                                 ctune, cheld, cfg, _copy)
+    bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "measure_s": measured_s,
+              "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
+    for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
+        b, a = r["before"], r["after"]
+        log(f"  {name:<8} held-out MAPE {100 * b['mape']:6.1f}% -> {100 * a['mape']:6.1f}%   Spearman "
+            f"{b['spearman']:.3f} -> {a['spearman']:.3f}   ({r['samples']['fine_tune']} fine-tune / "
+            f"{r['samples']['held_out']} held out){'' if r['kept'] else '  (not better: pre-trained model kept)'}")
+    log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")
+    return Simulator(compute, fw, bw), report

@@ -1,0 +1,208 @@
+"""The measured-best plan (`tools/shard_tables.py --measure`, DESIGN.md §8: pre-train, calibrate, search, **verify**).
+
+Candidates: NeuroShard's best distinct plans (`neuroshard_top_plans`, at least 3), every greedy
+heuristic's plan and TorchRec's plan; identical plans are measured once under all their names.
+They are measured on the same ranks in interleaved rounds (A B C ... A B C ..., each round every
+candidate with `warmup_iter` warm-ups and `num_iter` timed iterations per rank, as eval.py does),
+on the user's ids (real with `--ids`, else synthesised from rows, pooling and reuse histogram).
+
+After every round (at least `min_rounds`), the candidate with the lowest geometric-mean cost over
+the rounds is the best, the second lowest the runner-up, and their paired ratio per round gets a
+bootstrap 95% interval (`stats.paired`, rounds as pairs). Rounds stop when that interval excludes
+1 (the best is told apart), when `budget_s` (from the start, process start-up included) would be
+passed by one more round, or at `max_rounds`. The chosen plan is the best by geometric mean, so it
+never measured worse than another candidate; when the interval still includes 1 the result says
+plainly that the top plans cannot be told apart.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import UserError, check_float, check_int
+from ..core.types import Cluster
+from ..sharding.plan import ShardingPlan
+from ..sharding.search import plan_key
+from .stats import paired
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    budget_s: float = 180.0
+    warmup_iter: int = 3
+    num_iter: int = 5            # timed iterations per candidate per round
+    min_rounds: int = 5
+    max_rounds: int = 200
+    top_k: int = 3               # NeuroShard candidates
+    seed: int = 0
+
+    def check(self) -> "MeasureConfig":
+        check_float("--measure_budget_s", self.budget_s, 0.0, lo_open=True)
+        check_int("--warmup_iter", self.warmup_iter, 0, 100_000)
+        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_int("--min_rounds", self.min_rounds, 2, 10_000)
+        check_int("--max_rounds", self.max_rounds, self.min_rounds, 100_000)
+        check_int("--measure_top", self.top_k, 3, 100)
+        return self
+
+
+def separation(round_costs: np.ndarray, seed: int = 0) -> dict:
+    """Best and runner-up of [R rounds, P candidates] costs, with their paired ratio and 95% interval."""
+    round_costs = np.asarray(round_costs, np.float64)
+    R, P = round_costs.shape
+    geo = np.exp(np.log(round_costs).mean(axis=0))
+    order = np.argsort(geo, kind="stable")
+    best = int(order[0])
+    out = {"rounds": R, "geo_mean_ms": geo, "best": best, "runner_up": None, "separated": False,
+           "ratio": float("nan"), "ci_lo": float("nan"), "ci_hi": float("nan")}
+    if P < 2:
+        out["separated"] = True
+        return out
+    ru = int(order[1])
+    out["runner_up"] = ru
+    if R >= 2:
+        st = paired(dict(enumerate(round_costs[:, best])), dict(enumerate(round_costs[:, ru])), seed)
+        out.update(ratio=st["ratio"], ci_lo=st["ci_lo"], ci_hi=st["ci_hi"], separated=bool(st["ci_hi"] < 1.0))
+    return out
+
+
+@dataclass
+class StopRule:
+    """Stop after a round when the best is separated, the budget would be passed, or at max rounds."""
+
+    deadline: float                 # time.time() at which the budget ends
+    min_rounds: int
+    max_rounds: int
+    seed: int = 0
+
+    def __call__(self, round_costs: np.ndarray, last_round_s: float) -> bool:
+        R = len(round_costs)
+        if R >= self.max_rounds or time.time() + last_round_s > self.deadline:
+            return True
+        return R >= self.min_rounds and separation(round_costs, self.seed)["separated"]
+
+
+@dataclass
+class Candidate:
+    names: list[str]
+    plan: ShardingPlan
+    simulated_ms: float | None = None
+    round_ms: list[float] = field(default_factory=list)
+
+
+def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
+                    extra: dict | None = None) -> list[Candidate]:
+    """NeuroShard's top distinct plans, the greedy heuristics', TorchRec's (and `extra`), deduplicated."""
+    from ..sharding.registry import BASELINES, make_sharder, shard_task
+    from ..sharding.search import neuroshard_top_plans
+
+    named: list[tuple[str, ShardingPlan]] = []
+    if sim is not None:
+        top = neuroshard_top_plans(sim, task, cluster, top_k, search)
+        named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]
+    algs = [a for a in BASELINES if a != "random"]
+    try:
+        import torchrec  # noqa: F401
+        algs.append("torchrec")
+    except ImportError:
+        pass
+    for alg in algs:
+        r = shard_task(make_sharder(alg, seed, sim, search, batch_size), task, cluster)
+        if r.plan is not None and not r.oom:
+            named.append((alg, r.plan))
+    named += list((extra or {}).items())
+    out: dict[tuple, Candidate] = {}
+    for name, plan in named:
+        key = plan_key(plan)
+        if key in out:
+            out[key].names.append(name)
+        else:
+            cost = sim.plan_cost(task, plan, cluster) if sim is not None else None
+            out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms)
+    return list(out.values())
+
+
+def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int, cfg: MeasureConfig,
+                       ids_path=None, log=print) -> dict:
+    """Measure the candidates in interleaved rounds (module docstring); returns the result record."""
+    from ..data.tasks import ShardingTask
+    from ..hardware.evaluator import plan_device_tables, rounds_rank
+    from ..hardware.launch import run_processes
+    from .calibrate import user_tables_dataset
+
+    cfg.check()
+    if batch_size % cluster.num_devices:
+        raise UserError(f"the cost models' batch {batch_size} is not divisible by {cluster.num_devices} devices")
+    t0 = time.time()
+    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, cfg.seed)
+    log(f"measuring {len(candidates)} distinct candidate plans ({', '.join('/'.join(c.names) for c in candidates)}) in "
+        f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
+        f"told apart from the runner-up (paired 95% interval) or {cfg.budget_s:g} s")
+    rounds: list[np.ndarray] = []
+    with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
+        ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
+        task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
+        plans = [plan_device_tables(task, c.plan) for c in candidates]
+
+        def on_message(msg):
+            r, costs = msg
+            rounds.append(costs)
+            totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]
+            for c, t in zip(candidates, totals):
+                c.round_ms.append(t)
+            best = int(np.argmin(totals))
+            log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms")
+
+        run_processes(rounds_rank, cluster.num_devices,
+                      (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop), on_message,
+                      group_device=hw.device)
+    return summarize(candidates, time.time() - t0, cfg, log)
+
+
+def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig, log=print) -> dict:
+    """Best candidate, intervals against it, and the verdict, from the candidates' round costs."""
+    R = min(len(c.round_ms) for c in candidates)
+    costs = np.array([c.round_ms[:R] for c in candidates]).T  # [R, P]
+    sep = separation(costs, cfg.seed)
+    best = sep["best"]
+    rows = []
+    for i, c in enumerate(candidates):
+        st = paired(dict(enumerate(costs[:, i])), dict(enumerate(costs[:, best])), cfg.seed) if R >= 2 else {}
+        rows.append({"names": c.names, "measured_ms": float(sep["geo_mean_ms"][i]),
+                     "median_round_ms": float(np.median(costs[:, i])), "round_ms": [float(x) for x in costs[:, i]],
+                     "simulated_ms": c.simulated_ms,
+                     "ratio_to_best": st.get("ratio", float("nan")), "ci_lo": st.get("ci_lo", float("nan")),
+                     "ci_hi": st.get("ci_hi", float("nan"))})
+    names = "/".join(candidates[best].names)
+    if sep["runner_up"] is None:
+        verdict = f"{names} is the only candidate"
+    elif sep["separated"]:
+        verdict = (f"{names} is the measured best: {100 * (1 - sep['ratio']):.1f}% faster than the runner-up "
+                   f"{'/'.join(candidates[sep['runner_up']].names)} (paired 95% interval of the ratio "
+                   f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}], {R} rounds)")
+    else:
+        verdict = (f"the top plans cannot be told apart: {names} measured lowest, but its ratio to the runner-up "
+                   f"{'/'.join(candidates[sep['runner_up']].names)} is {sep['ratio']:.3f} with a paired 95% interval "
+                   f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] that includes 1 after {R} rounds "
+                   f"({elapsed_s:.0f} s of a {cfg.budget_s:g} s budget); {names} is written as it never measured worse")
+    log("\n" + "\n".join(format_candidates(rows)))
+    log(verdict)
+    return {"best": candidates[best].names, "best_index": best, "separated": sep["separated"], "rounds": R,
+            "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"], "verdict": verdict,
+            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "candidates": rows}
+
+
+def format_candidates(rows: list[dict]) -> list[str]:
+    lines = [f"{'candidate':<34} {'measured ms':>11} {'simulated ms':>12} {'sim/meas':>8}  ratio to best [95% CI]",
+             "-" * 96]
+    for r in sorted(rows, key=lambda r: r["measured_ms"]):
+        sim, meas = r["simulated_ms"], r["measured_ms"]
+        sim_text = "-" if sim is None else f"{sim:.3f}"
+        ratio_text = "-" if sim is None else f"{sim / meas:.2f}"
+        lines.append(f"{'/'.join(r['names'])[:34]:<34} {meas:11.3f} {sim_text:>12} {ratio_text:>8}  "
+                     f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]")
+    return lines

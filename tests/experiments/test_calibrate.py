@@ -1,0 +1,112 @@
+"""Calibration to a user's tables (DESIGN.md §8): measured shards of the user's tables fine-tune a
+mismatched pre-trained model so its held-out error drops; the result is saved with a fingerprint
+and reused only for the same tables, hardware and models."""
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.core.errors import UserError
+from neuroshard.core.types import Cluster
+from neuroshard.data.table_list import load_table_list
+from neuroshard.experiments.calibrate import (CalibrationConfig, calibrate, calibration_path, fingerprint,
+                                              load_calibration, sample_user_shards, save_calibration)
+from neuroshard.data.features import table_size_gb
+from neuroshard.hardware.backends import resolve_hardware
+from neuroshard.models.cost_models import ComputeCostModel
+from neuroshard.sharding.simulator import Simulator
+
+from analytic_models import save_hand_models
+from conftest import hostile_objects
+
+TABLES = """name,rows,dim,pooling_factor
+a,20000,64,8
+b,30000,64,1
+c,1000,16,1
+d,3000,32,20
+e,500,8,1
+f,8000,32,4
+"""
+
+
+def test_user_shards_fit_a_device_and_use_column_shards(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    task = load_table_list(tmp_path / "t.csv").task
+    cluster = Cluster(2, 0.01)
+    shards = sample_user_shards(task, cluster, 40, seed=0)
+    assert len(shards) == 40
+    for tabs, dims in shards:
+        assert 1 <= len(tabs) <= 6
+        assert table_size_gb(task.rows[tabs], dims).sum() <= 0.01
+        assert all(d <= task.dims[t] and task.dims[t] % d == 0 for t, d in zip(tabs, dims))
+    assert any((dims < task.dims[tabs]).any() for tabs, dims in shards)
+    with pytest.raises(UserError, match="raise --max_mem"):
+        sample_user_shards(task, Cluster(2, 1e-6), 5, seed=0, max_tries=50)
+
+
+def _mismatched_compute_model(path):
+    """A compute model pre-trained on another family: one-hot tables of a machine 5x slower per lookup."""
+    rng = np.random.default_rng(0)
+    S, T = 300, 6
+    feats = np.zeros((S, T, 20), np.float32)
+    mask = np.zeros((S, T), np.float32)
+    y = np.zeros(S, np.float32)
+    for i in range(S):
+        n = int(rng.integers(1, T + 1))
+        feats[i, :n, 0] = rng.choice([8, 16, 32, 64], n)
+        feats[i, :n, 1] = np.exp(rng.uniform(np.log(100), np.log(3e4), n))
+        feats[i, :n, 2] = 1.0
+        feats[i, :n, 3] = 1.0
+        mask[i, :n] = 1
+        y[i] = 0.2 + 0.01 * (feats[i, :n, 0] * feats[i, :n, 2]).sum()
+    m = ComputeCostModel({"device": "cpu", "batch_size": 256})
+    m.fit((feats, mask), y, epochs=60, progress=False)
+    m.save(path)
+
+
+def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    _mismatched_compute_model(models / "compute.pt")
+    paths = [models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt"]
+    sim = Simulator.load(*paths, num_devices=2)
+    cluster = Cluster(2, 0.02)
+    hw = resolve_hardware("cpu", "auto")
+    cfg = CalibrationConfig(num_shards=24, comm_layouts=15, warmup_iter=1, num_iter=3, epochs=80, lr=1e-3)
+    lines = []
+    cal, report = calibrate(sim, tl, cluster, hw, 256, cfg, log=lines.append)
+    c = report["compute"]
+    assert c["samples"] == {"fine_tune": 16, "held_out": 8}
+    assert c["kept"] and c["after"]["mape"] < 0.5 * c["before"]["mape"], c
+    assert cal.compute is not sim.compute
+    assert any("held-out MAPE" in l for l in lines)
+    for name in ("fw", "bw"):  # a comm model is replaced only when it got better on held-out layouts
+        r = report[name]
+        assert r["kept"] == (r["after"]["mape"] <= r["before"]["mape"])
+
+    fp = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths)
+    path = calibration_path(tmp_path / "plan.json")
+    assert path.name == "plan.calibration.pt"
+    save_calibration(path, cal, {**report, "fingerprint": fp})
+    again, rep = load_calibration(path, fp)
+    feats = np.concatenate([np.full((1, 1), 64.0), tl.task.data_features[:1]], axis=1)
+    assert np.allclose(again.compute.embed(feats), cal.compute.embed(feats))
+    assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
+    other = fingerprint(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
+    assert other != fp and load_calibration(path, other) is None
+
+
+def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "plan.calibration.pt"
+    for obj in hostile_objects(marker):
+        torch.save(obj, path)
+        with pytest.raises(UserError):
+            load_calibration(path, "x")
+        assert not marker.exists()
+    torch.save({"kind": "neuroshard.calibration", "report": {"fingerprint": "x"}, "models": {"compute": {}}}, path)
+    with pytest.raises(UserError, match="damaged"):
+        load_calibration(path, "x")
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(UserError):
+        load_calibration(path, "x")

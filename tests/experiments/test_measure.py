@@ -1,0 +1,94 @@
+"""The measured-best plan (DESIGN.md §8): the selection picks the cheapest plan, says "cannot be told
+apart" when the top plans are the same, never writes a plan that measured worse, and honours the budget."""
+import time
+
+import numpy as np
+import pytest
+
+from neuroshard.core.errors import UserError
+from neuroshard.core.types import Cluster
+from neuroshard.data.table_list import load_table_list
+from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, measure_candidates,
+                                            separation, summarize)
+from neuroshard.hardware.backends import resolve_hardware
+from neuroshard.sharding.plan import ShardingPlan, apply_splits
+from neuroshard.sharding.search import SearchParams, plan_key
+
+from analytic_models import analytic_simulator
+
+TABLES = """name,rows,dim,pooling_factor
+a,20000,64,8
+b,30000,64,8
+c,1000,16,1
+d,3000,32,20
+e,500,8,1
+f,8000,32,4
+"""
+
+
+def _cands(costs, same_plan=False):
+    plan = ShardingPlan(2, apply_splits([8], []), [0])
+    return [Candidate([f"p{i}"], plan, 1.0, list(costs[:, i])) for i in range(costs.shape[1])]
+
+
+def test_selection_picks_the_cheapest_and_separates_it():
+    rng = np.random.default_rng(0)
+    R = 12
+    base = rng.uniform(9, 11, R)[:, None]  # a slow period hits every plan of a round alike
+    costs = base * np.array([1.0, 0.9, 1.2]) * rng.uniform(0.98, 1.02, (R, 3))
+    res = summarize(_cands(costs), 1.0, MeasureConfig(), log=lambda *_: None)
+    assert res["best"] == ["p1"] and res["separated"]
+    assert res["ci_hi"] < 1.0 and 0.85 < res["ratio_to_runner_up"] < 0.95
+    rows = {r["names"][0]: r for r in res["candidates"]}
+    assert min(rows, key=lambda n: rows[n]["measured_ms"]) == "p1"
+    assert rows["p2"]["ci_lo"] > 1.0  # the slow plan's interval against the best excludes 1
+
+
+def test_identical_plans_cannot_be_told_apart():
+    rng = np.random.default_rng(1)
+    one = rng.uniform(9, 11, (10, 1))
+    res = summarize(_cands(np.hstack([one, one])), 1.0, MeasureConfig(), log=lambda *_: None)
+    assert not res["separated"] and "cannot be told apart" in res["verdict"]
+    assert res["ci_lo"] <= 1.0 <= res["ci_hi"]
+    # noisy but equal in distribution: not separated either
+    noisy = rng.uniform(9, 11, (10, 2))
+    assert not separation(noisy)["separated"]
+
+
+def test_stop_rule_budget_and_rounds():
+    sep = np.array([[1.0, 2.0]] * 6)
+    now = time.time()
+    assert StopRule(now + 100, 5, 50)(sep, 1.0)               # separated after min rounds
+    assert not StopRule(now + 100, 8, 50)(sep, 1.0)           # not yet min rounds
+    assert StopRule(now + 0.5, 8, 50)(sep[:1], 1.0)           # one more round would pass the budget
+    assert StopRule(now + 100, 2, 6)(np.ones((6, 2)), 0.1)    # max rounds
+    assert not StopRule(now + 100, 2, 50)(np.ones((6, 2)), 0.1)
+    with pytest.raises(UserError, match="measure_budget_s"):
+        MeasureConfig(budget_s=0).check()
+    with pytest.raises(UserError, match="measure_top"):
+        MeasureConfig(top_k=2).check()
+
+
+def test_candidates_are_distinct_and_measured_best_is_not_the_bad_plan(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    cluster = Cluster(2, 0.02)
+    sim = analytic_simulator(2)
+    # a deliberately bad plan: every table on device 0
+    bad = ShardingPlan(2, apply_splits(tl.task.dims, []), [0] * tl.task.num_tables)
+    cands = candidate_plans(tl.task, cluster, sim, SearchParams(max_splits=3), 256, 3, extra={"all_on_0": bad})
+    keys = [plan_key(c.plan) for c in cands]
+    assert len(set(keys)) == len(keys)
+    names = [n for c in cands for n in c.names]
+    assert {"neuroshard#1", "neuroshard#2", "neuroshard#3", "dim_greedy", "all_on_0"} <= set(names)
+    budget = 12.0
+    t0 = time.time()
+    res = measure_candidates(tl, cluster, cands, resolve_hardware("cpu", "auto"), 256,
+                             MeasureConfig(budget_s=budget, warmup_iter=1, num_iter=2, min_rounds=3), log=lambda *_: None)
+    elapsed = time.time() - t0
+    assert res["rounds"] >= 1 and elapsed <= budget + 10  # one round at most past the last check, plus clean-up
+    rows = {"/".join(r["names"]): r for r in res["candidates"]}
+    best = "/".join(res["best"])
+    assert all(rows[best]["measured_ms"] <= r["measured_ms"] for r in rows.values())
+    assert best != "all_on_0"
+    assert rows["all_on_0"]["measured_ms"] > rows[best]["measured_ms"]
