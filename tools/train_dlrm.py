@@ -2,16 +2,27 @@
 
 Embeddings model-parallel (sharded by --alg, pooled per rank, all-to-all), MLPs data-parallel under
 DDP; --dct compresses the DP gradient exchange (dp), the embedding all-to-all (mp), or both.
+Spawns its --ndevices ranks itself, or runs as one rank of a group launched by torchrun, e.g.
+    torchrun --standalone --nproc_per_node 4 tools/train_dlrm.py --ndevices 4
 """
 from __future__ import annotations
 
+import argparse
+from dataclasses import fields
+
 from neuroshard.core.cli import ArgumentParser, run_main
-from neuroshard.training.train import DCT_MODES, TrainConfig, train_dlrm
+from neuroshard.training.train import ARCHS, DCT_MODES, TrainConfig, train_dlrm
+
+
+def on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"must be on or off, got {text!r}")
+    return text == "on"
 
 
 def main(argv=None) -> int:
     d = TrainConfig()
-    p = ArgumentParser(description=__doc__)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=d.dataset, help="movielens (MovieLens-100K) or synthetic")
     p.add_argument("--ndevices", type=int, default=d.ndevices, help="ranks (gloo processes)")
     p.add_argument("--alg", default=d.alg, help="sharding algorithm for the embedding tables")
@@ -20,23 +31,31 @@ def main(argv=None) -> int:
     p.add_argument("--dct", default=d.dct, choices=DCT_MODES)
     p.add_argument("--dp_keep", type=float, default=d.dp_keep, help="share of DP gradient entries sent")
     p.add_argument("--dp_refresh", type=int, default=d.dp_refresh, help="iterations between threshold updates")
+    p.add_argument("--dp_drift", type=float, default=d.dp_drift,
+                   help="re-estimate the DP threshold early once it would send more than this times the target")
     p.add_argument("--mp_keep", type=float, default=d.mp_keep, help="share of pooled-embedding entries sent")
-    p.add_argument("--error_feedback", default="on", choices=["on", "off"])
-    p.add_argument("--emb_dim", type=int, default=d.emb_dim)
+    p.add_argument("--error_feedback", type=on_off, default=d.error_feedback, metavar="{on,off}")
+    p.add_argument("--arch", default=d.arch, choices=list(ARCHS),
+                   help="MLP shape: tiny (64-32 / 64-32, dim 16) or mlperf (512-256 / 1024-1024-512-256, dim 128)")
+    p.add_argument("--bottom_mlp", default=d.bottom_mlp, help="hidden widths of the bottom MLP, e.g. 512-256")
+    p.add_argument("--top_mlp", default=d.top_mlp, help="hidden widths of the top MLP, e.g. 1024-1024-512-256")
+    p.add_argument("--emb_dim", type=int, default=d.emb_dim, help="embedding dim (default: the --arch's)")
     p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate of the MLPs")
     p.add_argument("--emb_lr", type=float, default=d.emb_lr, help="SGD learning rate of the embeddings")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--max_mem", type=float, default=d.max_mem, help="GB per device for the sharding plan")
-    p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples (default 200000)")
+    p.add_argument("--log_every", type=int, default=d.log_every, help="steps per point of the loss curve")
+    p.add_argument("--num_samples", type=int, default=d.num_samples, help="synthetic: samples (default 200000)")
+    p.add_argument("--max_rows", type=int, default=d.max_rows, help="synthetic: rows of the largest table")
     p.add_argument("--results_csv", default="results/dct.csv")
     p.add_argument("--compute_model", default=None)
     p.add_argument("--fw_comm_model", default=None)
     p.add_argument("--bw_comm_model", default=None)
     a = p.parse_args(argv)
-    cfg = TrainConfig(a.dataset, a.ndevices, a.alg, a.steps, a.batch_size, a.dct, a.dp_keep, a.dp_refresh, a.mp_keep,
-                      a.error_feedback == "on", a.emb_dim, a.lr, a.emb_lr, a.seed, a.max_mem,
-                      num_samples=a.num_samples)
+    cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
     r = train_dlrm(cfg, a.results_csv, (a.compute_model, a.fw_comm_model, a.bw_comm_model))
+    if r is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
     print(f"test AUC {r['test_auc']:.4f}  log loss {r['test_logloss']:.4f}  ({r['num_test']} test samples)")
     print(f"per step: {r['step_ms']:.2f} ms = compute {r['compute_ms']:.2f} + MP comm {r['mp_comm_ms']:.2f} + "
           f"DP comm {r['dp_comm_ms']:.2f} (medians)")

@@ -9,9 +9,10 @@
 - `pooled_all_to_all`: the forward all-to-all of pooled embeddings (each rank gets its slice of the
   batch from every rank) and, in backward, the all-to-all of their gradients. With `mp_keep` < 1
   it is DCT-MP: per sample, only the `k = max(1, floor(mp_keep * W_r))` largest-magnitude entries of
-  a rank's pooled embedding are sent (values plus column indices, a fixed count per sample so
-  `all_to_all_single` keeps fixed sizes), and the backward sends only those entries' gradients; every
-  other entry is zero on the receiver and gets zero gradient.
+  a rank's pooled embedding are sent (fp16 values plus uint8/int16 column indices packed in one byte
+  all-to-all, a fixed count per sample so `all_to_all_single` keeps fixed sizes), and the backward
+  sends only those entries' fp32 gradients; every other entry is zero on the receiver and gets zero
+  gradient. `mp_keep >= 1` sends everything: the dense all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
 Every collective records the bytes of the tensors it is given (`CommStats`).
 """
@@ -100,8 +101,14 @@ class ShardedEmbeddings(nn.Module):
 
 
 def index_dtype(width: int) -> torch.dtype:
-    """Smallest index type gloo's all_to_all carries for column indices below `width`."""
-    return torch.uint8 if width <= 256 else torch.int32
+    """Smallest index type for column indices below `width` (sent as raw bytes: gloo's all_to_all
+    does not carry int16 itself)."""
+    return torch.uint8 if width <= 256 else torch.int16 if width <= 32768 else torch.int32
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """[rows, c] of any dtype -> its raw bytes [rows, c * itemsize] (uint8)."""
+    return t.contiguous().view(torch.uint8).reshape(t.shape[0], -1)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -136,8 +143,8 @@ def _keep_count(width: int, keep: float) -> int:
 
 
 class _TopKAllToAll(torch.autograd.Function):
-    """DCT-MP: per sample, the k largest-magnitude entries (values + indices) go forward; backward
-    returns only those entries' gradients."""
+    """DCT-MP: per sample, the k largest-magnitude entries go forward as fp16 values plus column
+    indices, packed into one byte all-to-all; backward returns only those entries' gradients (fp32)."""
 
     @staticmethod
     def forward(ctx, pooled, widths, keep, stats):
@@ -147,24 +154,24 @@ class _TopKAllToAll(torch.autograd.Function):
         ks = [_keep_count(w, keep) for w in widths]
         k = ks[rank]
         idx = pooled.abs().topk(k, dim=1, sorted=False).indices if k else torch.zeros(B, 0, dtype=torch.int64)
-        vals = pooled.gather(1, idx).contiguous()
         itype = index_dtype(max(widths))
-        send_idx = idx.to(itype).contiguous()
-        recv_v = torch.empty(bn * sum(ks), dtype=pooled.dtype)
-        recv_i = torch.empty(bn * sum(ks), dtype=itype)
-        in_splits, out_splits = [bn * k] * world, [bn * x for x in ks]
+        ib = torch.empty(0, dtype=itype).element_size()
+        vals = pooled.gather(1, idx).clamp(-65504.0, 65504.0).to(torch.float16)
+        send = torch.cat([_as_bytes(vals), _as_bytes(idx.to(itype))], dim=1)  # [B, k * (2 + ib)]
+        recv = torch.empty(bn * sum(ks) * (2 + ib), dtype=torch.uint8)
+        in_splits, out_splits = [bn * k * (2 + ib)] * world, [bn * x * (2 + ib) for x in ks]
         t0 = time.perf_counter()
-        dist.all_to_all_single(recv_v, vals.reshape(-1), out_splits, in_splits)
-        dist.all_to_all_single(recv_i, send_idx.reshape(-1), out_splits, in_splits)
-        stats.add("mp", nbytes(vals, send_idx), time.perf_counter() - t0)
+        dist.all_to_all_single(recv, send.reshape(-1), out_splits, in_splits)
+        stats.add("mp", nbytes(send), time.perf_counter() - t0)
         # scatter every peer's entries into its dense [bn, W_q] block
         dense, pos, recv_idx = [], 0, []
-        for q, (w, kq) in enumerate(zip(widths, ks)):
-            v = recv_v[pos: pos + bn * kq].reshape(bn, kq)
-            i = recv_i[pos: pos + bn * kq].reshape(bn, kq).long()
+        for w, kq in zip(widths, ks):
+            block = recv[pos: pos + bn * kq * (2 + ib)].reshape(bn, kq * (2 + ib))
+            v = block[:, : 2 * kq].contiguous().view(torch.float16).to(pooled.dtype)
+            i = block[:, 2 * kq:].contiguous().view(itype).long()
             dense.append(torch.zeros(bn, w, dtype=pooled.dtype).scatter(1, i, v))
             recv_idx.append(i)
-            pos += bn * kq
+            pos += bn * kq * (2 + ib)
         ctx.save_for_backward(idx)
         ctx.recv_idx, ctx.widths, ctx.ks, ctx.stats, ctx.bn, ctx.W = recv_idx, widths, ks, stats, bn, W
         return torch.cat([d.reshape(-1) for d in dense])
@@ -192,8 +199,8 @@ class _TopKAllToAll(torch.autograd.Function):
 def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None):
     """[B, W_r] on every rank -> flat received pieces ([B/N, W_q] from each rank q, in rank order).
 
-    `mp_keep` None: the dense all-to-all; a number (1.0 included): DCT-MP's top-k all-to-all."""
-    if mp_keep is not None:
+    `mp_keep` None or >= 1 (everything is sent): the dense all-to-all; below 1: DCT-MP's top-k."""
+    if mp_keep is not None and mp_keep < 1:
         return _TopKAllToAll.apply(pooled, widths, mp_keep, stats)
     return _AllToAll.apply(pooled, widths, stats)
 

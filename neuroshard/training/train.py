@@ -17,10 +17,11 @@ slice of the test set and the parent computes AUC and log loss.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,21 @@ import torch
 from ..core.errors import UserError, check_float, check_int
 
 DCT_MODES = ("none", "dp", "mp", "both")
+# hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
+# one logit), and the embedding dim. `mlperf`: the MLPerf DLRM reference (Criteo Terabyte) shape,
+# bottom 13-512-256-128 and top 1024-1024-512-256-1 with embedding dim 128
+# (github.com/mlcommons/training, recommendation_v2/torchrec_dlrm: --dense_arch_layer_sizes 512,256,128
+# --over_arch_layer_sizes 1024,1024,512,256,1 --embedding_dim 128).
+ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-256", 128)}
+
+
+def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
+    """'512-256' -> (512, 256); a clear error for anything else."""
+    parts = str(text).split("-")
+    if not all(p.strip().isdigit() and 1 <= int(p) <= 65536 for p in parts) or len(parts) > 16:
+        raise UserError(f"{flag} must be layer widths joined by '-' (each 1..65536, at most 16), "
+                        f"e.g. 512-256, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 @dataclass
@@ -39,11 +55,15 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 512
     dct: str = "none"
-    dp_keep: float = 0.01
+    dp_keep: float = 0.005
     dp_refresh: int = 100
+    dp_drift: float = 1.5
     mp_keep: float = 0.05
     error_feedback: bool = True
-    emb_dim: int = 16
+    arch: str = "tiny"
+    bottom_mlp: str | None = None   # hidden widths, e.g. "512-256"; None: the --arch's
+    top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
+    emb_dim: int | None = None      # None: the --arch's (tiny 16, mlperf 128)
     lr: float = 1e-3
     emb_lr: float = 0.5
     seed: int = 0
@@ -64,10 +84,17 @@ class TrainConfig:
             raise UserError(f"--batch_size {self.batch_size} is not divisible by {self.ndevices} ranks")
         check_float("--dp_keep", self.dp_keep, 0.0, 1.0, lo_open=True)
         check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
+        check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
         check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
-        check_int("--emb_dim", self.emb_dim, 4, 1024)
-        if self.emb_dim % 4:
-            raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
+        if self.arch not in ARCHS:
+            raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for flag, value in (("--bottom_mlp", self.bottom_mlp), ("--top_mlp", self.top_mlp)):
+            if value is not None:
+                mlp_sizes(value, flag)
+        if self.emb_dim is not None:
+            check_int("--emb_dim", self.emb_dim, 4, 1024)
+            if self.emb_dim % 4:
+                raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
         check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
         check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
         check_int("--seed", self.seed, 0)
@@ -78,6 +105,19 @@ class TrainConfig:
         if self.max_rows is not None:
             check_int("--max_rows", self.max_rows, 10, 100_000_000)
         return self
+
+    def resolved(self) -> "TrainConfig":
+        """The config with the --arch's layers and embedding dim filled in where not given."""
+        bottom, top, dim = ARCHS[self.arch]
+        return replace(self, bottom_mlp=self.bottom_mlp or bottom, top_mlp=self.top_mlp or top,
+                       emb_dim=self.emb_dim or dim)
+
+    def dense_arch(self, dense_dim: int, num_tables: int):
+        from .dlrm import DenseArch
+
+        c = self.resolved()
+        return DenseArch(dense_dim, num_tables, c.emb_dim, mlp_sizes(c.bottom_mlp, "--bottom_mlp"),
+                         mlp_sizes(c.top_mlp, "--top_mlp"))
 
     @property
     def uses_dp(self) -> bool:
@@ -115,17 +155,18 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
 
     from .data import CTRData
     from .dct import DCTState, dct_hook, dense_hook
-    from .dlrm import CommStats, DenseArch, ShardedEmbeddings, assemble, pooled_all_to_all
+    import torch.distributed as dist
+
+    from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
     cfg = TrainConfig(**cfg_dict)
     data = CTRData(**torch.load(data_path, weights_only=True))
     T, D, B = len(data.num_rows), cfg.emb_dim, cfg.batch_size
     stats = CommStats()
     torch.manual_seed(cfg.seed)
-    dense_arch = DenseArch(data.dense.shape[1], T, D)
-    model = DDP(dense_arch)
+    model = DDP(cfg.dense_arch(data.dense.shape[1], T))
     if cfg.uses_dp:
-        state = DCTState(cfg.dp_keep, cfg.dp_refresh, cfg.error_feedback, stats)
+        state = DCTState(cfg.dp_keep, cfg.dp_refresh, cfg.error_feedback, stats, cfg.dp_drift)
         model.register_comm_hook(state, dct_hook)
     else:
         state = None
@@ -176,8 +217,8 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
                          stats.bytes["mp"], stats.bytes["dp"]))
         losses.append(float(loss.detach()))
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            emit(("loss", rank, step + 1, float(np.mean(losses[-cfg.log_every:]))))
+        if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
+            emit(("loss", step + 1, float(np.mean(losses[-cfg.log_every:]))))
     # test predictions: this rank's slice of each global test batch
     test = torch.arange(data.num_train, data.num_samples)
     preds, labels = [], []
@@ -188,8 +229,19 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
             logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
             preds.append(torch.sigmoid(logit))
             labels.append(y)
-    emit(("done", rank, torch.cat(preds).tolist(), torch.cat(labels).tolist(), per_step,
-          state.refreshed_at if state else [], losses))
+    # everything reaches rank 0 through the process group (under torchrun only rank 0 reports)
+    mine = (torch.cat(preds), torch.cat(labels), torch.tensor(per_step, dtype=torch.float64),
+            torch.tensor(losses, dtype=torch.float64))
+    everyone = []
+    for t in mine:
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t)
+        everyone.append(parts)
+    if rank == 0:
+        preds_all, labels_all, steps_all, losses_all = everyone
+        emit(("done", torch.cat(preds_all).tolist(), torch.cat(labels_all).tolist(),
+              torch.stack(steps_all).numpy(), state.refreshed_at if state else [],
+              [x.tolist() for x in losses_all]))
 
 
 # ----------------------------------------------------------------------------- metrics and the driver
@@ -212,20 +264,51 @@ def log_loss(scores, labels) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
+RESULT_COLUMNS = ("dataset", "dct", "arch", "test_auc", "step_ms", "dp_bytes_per_step")
+
+
+def check_results_csv(path) -> None:
+    """Refuse, before any training, an existing --results_csv that is not a DCT results file."""
+    import pandas as pd
+
+    from ..core.artifacts import check_output_file
+
+    check_output_file(path, "--results_csv")
+    if path is None or not Path(path).is_file():
+        return
+    try:
+        cols = set(pd.read_csv(path, nrows=0).columns)
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise UserError(f"--results_csv {path} is not a readable CSV ({e}); pass a new file") from None
+    missing = [c for c in RESULT_COLUMNS if c not in cols]
+    if missing:
+        raise UserError(f"--results_csv {path} is not a DCT training results file (no {', '.join(missing)} "
+                        "column); pass a new file")
+
+
 def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=None, progress: bool = True,
-               data=None) -> dict:
+               data=None) -> dict | None:
     """Train on `cfg.ndevices` ranks; returns (and appends to `results_csv`) the run's measurements.
 
+    Run by itself it spawns the ranks; launched by `torchrun` (one or several nodes), every process
+    calls it and runs its own rank: rank 0 writes and returns the results, the others return None.
     `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
     from tqdm import tqdm
 
-    from ..core.artifacts import check_output_file
-    from ..hardware.launch import run_processes
+    from ..hardware.launch import in_torchrun, run_processes
     from .data import load_data
-    from .dlrm import DenseArch
 
-    cfg.check()
-    check_output_file(results_csv, "--results_csv")
+    cfg = cfg.check().resolved()
+    rank0 = True
+    if in_torchrun():
+        world = int(os.environ.get("WORLD_SIZE", "0"))
+        if world != cfg.ndevices:
+            raise UserError(f"--ndevices {cfg.ndevices} but torchrun started {world} ranks; "
+                            f"pass --ndevices {world}")
+        rank0 = int(os.environ["RANK"]) == 0
+        progress = progress and rank0
+        results_csv = results_csv if rank0 else None
+    check_results_csv(results_csv)
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
@@ -235,21 +318,21 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         paths = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw).paths(cfg.ndevices)
         simulator = Simulator.load(*paths, num_devices=cfg.ndevices)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
+    if cfg.batch_size > data.num_train:
+        raise UserError(f"--batch_size {cfg.batch_size} is larger than the {data.num_train} training samples; "
+                        "lower --batch_size")
     rank_shards = shard_training_tables(data, cfg, simulator)
-    losses: dict[int, dict[int, float]] = {}
-    done: dict[int, tuple] = {}
-    bar = tqdm(total=cfg.steps, desc=f"train DLRM ({cfg.dataset}, {cfg.ndevices} ranks, dct {cfg.dct})",
+    done: list = []
+    bar = tqdm(total=cfg.steps, desc=f"train DLRM ({cfg.dataset}, {cfg.arch}, {cfg.ndevices} ranks, dct {cfg.dct})",
                disable=not progress)
 
     def on_message(msg):
-        if msg[0] == "loss":
-            _, rank, step, value = msg
-            losses.setdefault(step, {})[rank] = value
-            if len(losses[step]) == cfg.ndevices:
-                bar.update(step - bar.n)
-                bar.set_postfix(loss=f"{np.mean(list(losses[step].values())):.4f}", refresh=False)
+        if msg[0] == "loss":  # rank 0's
+            _, step, value = msg
+            bar.update(step - bar.n)
+            bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         else:
-            done[msg[1]] = msg[2:]
+            done.append(msg[1:])
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
@@ -262,30 +345,34 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         finally:
             bar.close()
     wall = time.perf_counter() - t0
-    preds = [p for r in range(cfg.ndevices) for p in done[r][0]]
-    labels = [y for r in range(cfg.ndevices) for y in done[r][1]]
-    steps = np.stack([np.array(done[r][2]) for r in range(cfg.ndevices)])  # [ranks, steps, 5]
+    if not rank0:
+        return None
+    preds, labels, steps, refreshed_at, rank_losses = done[0]  # steps: [ranks, steps, 5]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
-    dense_params = sum(p.numel() for p in DenseArch(data.dense.shape[1], len(data.num_rows), cfg.emb_dim).parameters())
+    dense_params = sum(p.numel() for p in cfg.dense_arch(data.dense.shape[1], len(data.num_rows)).parameters())
+    mean_loss = np.mean(np.array(rank_losses), axis=0)
+    ends = sorted({*range(cfg.log_every, cfg.steps + 1, cfg.log_every), cfg.steps})
     result = {
-        "dataset": cfg.dataset, "dct": cfg.dct, "ndevices": cfg.ndevices, "alg": cfg.alg, "steps": cfg.steps,
-        "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep, "dp_refresh": cfg.dp_refresh,
-        "mp_keep": cfg.mp_keep, "error_feedback": cfg.error_feedback,
+        "dataset": cfg.dataset, "dct": cfg.dct, "arch": cfg.arch, "bottom_mlp": cfg.bottom_mlp,
+        "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
+        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
+        "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
+        "error_feedback": cfg.error_feedback,
         "test_auc": auc(preds, labels), "test_logloss": log_loss(preds, labels), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
         "compute_ms": 1e3 * (med(0) - med(1) - med(2)),
         "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
         "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,
-        "loss_curve": json.dumps({s: float(np.mean(list(v.values()))) for s, v in sorted(losses.items())}),
-        "tau_refreshes": len(done[0][3]),
+        "loss_curve": json.dumps({e: float(mean_loss[max(0, e - cfg.log_every):e].mean()) for e in ends}),
+        "tau_refreshes": len(refreshed_at),
     }
     if results_csv:
         append_result(results_csv, result)
     # for callers (tests, benchmarks), not the CSV: exact per-rank losses, predictions, threshold refreshes
-    result.update(_preds=preds, _refreshed_at=done[0][3], _losses=[done[r][4] for r in range(cfg.ndevices)])
+    result.update(_preds=preds, _refreshed_at=refreshed_at, _losses=rank_losses, _steps=steps)
     return result
 
 

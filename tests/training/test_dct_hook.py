@@ -1,0 +1,94 @@
+"""The DCT-DP hook on real gloo ranks with a multi-bucket model (DDP rebuilds its buckets after the
+first iteration; static_graph and gradient_as_bucket_view too), and its encoding: bytes match the
+formula, the drift bound holds."""
+import pytest
+import torch
+
+from neuroshard.hardware.launch import run_processes
+from neuroshard.training.dct import MAX_DELTA, decode_into, drift_cap, encode, keep_count, payload_bytes
+
+import dct_workers
+
+# (error_feedback, static_graph, gradient_as_bucket_view, keep, growth, drift, refresh)
+REBUILD = [(True, False, False), (False, False, False), (True, True, True), (False, True, False), (True, False, True)]
+CONFIGS = [(*c, 0.005, 1.0, 1.5, 2) for c in REBUILD] + [
+    (True, False, False, 1.0, 1.0, 1.5, 2),       # keep 1.0
+    (False, False, False, 0.005, 10.0, 1000, 100),  # gradients grow 10x an iteration, no drift bound to speak of
+    (False, False, False, 0.005, 10.0, 1.5, 100)]   # ... with the default bound
+
+
+@pytest.fixture(scope="module")
+def runs():
+    got = {}
+
+    def on_message(m):
+        c, rank, *arrays, sent, refreshed = m
+        got[c, rank] = (*[[torch.from_numpy(a) for a in ts] for ts in arrays], sent, refreshed)
+
+    run_processes(dct_workers.multi_bucket, 2, (CONFIGS,), on_message, group_device="cpu")
+    return got
+
+
+@pytest.mark.parametrize("c", range(len(REBUILD)))
+def test_multi_bucket_model_survives_the_bucket_rebuild(runs, c):
+    error_feedback, drift = CONFIGS[c][0], CONFIGS[c][5]
+    delivered, true, residual, sent, refreshed = runs[c, 0]
+    n_params = sum(t.numel() for t in true)
+    assert n_params > 1_800_000
+    buckets = [len([s for s in sent if s[0] == it]) for it in range(4)]
+    assert max(buckets) > 1 and len(set(buckets)) > 1       # several buckets, rebuilt along the way
+    for it in range(4):
+        rows = [s for s in sent if s[0] == it]
+        assert sum(n for _, _, n, _, _ in rows) == n_params  # every parameter in exactly one bucket
+        assert all(0 < cnt <= drift_cap(k, drift) for _, _, _, k, cnt in rows)
+    assert (0, 0, "scheduled") in refreshed
+    for d0, d1 in zip(runs[c, 0][0], runs[c, 1][0]):
+        assert torch.equal(d0, d1)                         # every rank got the same gradient
+    nonzero = sum(int((d != 0).sum()) for d in delivered)
+    assert nonzero <= 2 * sum(drift_cap(k, drift) for _, _, _, k, _ in sent)  # 2 ranks
+    if error_feedback:  # nothing is lost: delivered plus what the ranks still hold is the true sum
+        for d, t, r in zip(delivered, true, residual):
+            torch.testing.assert_close(d + r, t, rtol=1e-4, atol=1e-6)
+        assert sum(float(r.abs().sum()) for r in residual) > 0
+    else:
+        assert all(float(r.abs().sum()) == 0 for r in residual)
+
+
+def test_keep_one_delivers_the_true_average(runs):
+    delivered, true, residual, sent, _ = runs[len(REBUILD), 0]
+    assert sent == []  # the dense all_reduce, not the encoding
+    for d, t, r in zip(delivered, true, residual):
+        torch.testing.assert_close(d, t, rtol=1e-5, atol=1e-7)
+        assert float(r.abs().sum()) == 0
+
+
+def test_drift_bound_holds_when_gradients_grow(runs):
+    """Gradients 10x larger every iteration with a stale tau (refresh 100): without the bound far
+    more than k entries go out; with it, never more than floor(drift * k) per bucket."""
+    loose = runs[len(REBUILD) + 1, 0][3]
+    assert max(cnt / k for it, _, _, k, cnt in loose if it > 0) > 5
+    sent, refreshed = runs[len(REBUILD) + 2, 0][3:]
+    assert all(cnt <= drift_cap(k, 1.5) for _, _, _, k, cnt in sent)
+    assert any(r == "drift" for _, _, r in refreshed)
+    assert all(r != "scheduled" or it == 0 for it, _, r in refreshed)
+
+
+def test_encoding_round_trips_and_costs_four_bytes_an_entry():
+    g = torch.Generator().manual_seed(0)
+    n = 400_000
+    idx = torch.sort(torch.randperm(n, generator=g)[:300]).values
+    idx = torch.unique(torch.cat([idx, torch.tensor([0, MAX_DELTA, 2 * MAX_DELTA + 7, n - 1])]))
+    # a gap over 65,535 needs floor((gap - 1) / 65,535) fillers
+    gaps = torch.diff(idx, prepend=torch.zeros(1, dtype=torch.int64))
+    fillers = int(torch.clamp((gaps - 1) // MAX_DELTA, min=0).sum())
+    vals = torch.randn(len(idx), generator=g)
+    deltas, v16, real = encode(idx, vals)
+    assert deltas.numel() == v16.numel() == len(idx) + fillers
+    m = deltas.numel() + 5                                      # padded as for a rank with more entries
+    payload = payload_bytes(deltas, v16, m)
+    assert payload.numel() == 4 * m and payload.dtype == torch.uint8
+    out = torch.zeros(n)
+    decode_into(out, payload, m)
+    assert torch.equal(torch.nonzero(out).squeeze(1), idx)
+    assert torch.equal(out[idx], vals.half().float())
+    assert keep_count(8433, 0.005) == 42 and drift_cap(42, 1.5) == 63 and drift_cap(1, 1.5) == 1
