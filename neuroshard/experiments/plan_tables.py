@@ -36,13 +36,13 @@ def _models_hint(N: int) -> str:
             f"python train_comm_cost_model.py --ndevices {N}; or pass --compute_model/--fw_comm_model/--bw_comm_model")
 
 
-def _simulator(paths, N: int, required: bool) -> Simulator | None:
+def _simulator(paths, N: int, required: bool, mp_keep: float | None = None) -> Simulator | None:
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
         if required:
             raise UserError(f"cost models not found: {', '.join(missing)}; {_models_hint(N)}")
         return None
-    return Simulator.load(*paths, num_devices=N)
+    return Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -97,8 +97,8 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
         tl = load_table_list(cfg.tables, max_mem)
     else:
         tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
-    paths = cfg.models.paths(ndevices)
-    sim = _simulator(paths, ndevices, required=alg == "neuroshard")
+    paths = cfg.models.paths(ndevices, cfg.mp_keep)
+    sim = _simulator(paths, ndevices, required=alg == "neuroshard", mp_keep=cfg.mp_keep)
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
     print(f"{len(tl.names)} tables from {tl.source}, {tl.task.total_size_gb():.4f} GB in all; "
           f"{ndevices} devices x {max_mem:g} GB; --alg {alg}")
@@ -124,7 +124,7 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
                   "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()},
               "reuse_defaulted": tl.defaulted_reuse,
               "provenance": provenance(source=tl.source, models=[str(p) for p in paths] if sim else None,
-                                       seed=seed, search=search.__dict__)}
+                                       seed=seed, search=search.__dict__, mp_keep=cfg.mp_keep)}
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
     if cfg.measure:
         report["measured"] = measure_user_plan(tl, plan, cluster, batch, cfg)
@@ -169,7 +169,8 @@ def measure_user_plan(tl: TableList, plan: ShardingPlan, cluster: Cluster, batch
         ds = process_raw(*raw, out_dir=Path(tmp) / "ds", source={"source": "table list", "tables": tl.source})
         task = ShardingTask.from_dataset(ds, np.arange(len(tl.names)), tl.task.dims)
         measured = measure_plans(ds, hw, batch, {a: plan_device_tables(task, p) for a, p in plans.items()},
-                                 cluster.num_devices, warmup, iters, rounds=5, group_of=lambda key: 0)
+                                 cluster.num_devices, warmup, iters, rounds=5, group_of=lambda key: 0,
+                                 mp_keep=cfg.mp_keep)
     best_h = min((a for a in measured if a != alg), key=lambda a: measured[a].cost_ms, default=None)
     for a, c in measured.items():
         mark = "" if best_h is None or a == best_h else (
