@@ -1,10 +1,14 @@
-"""DCT benchmark (by hand, not in CI): none / dp / mp / both on MovieLens-100K (and optionally the
-synthetic teacher data), several seeds of the uncompressed run for its seed-to-seed spread.
+"""DCT quality and bytes benchmark (by hand, not in CI): none / dp / mp / both, paired by seed.
 
-python benchmarks/dct.py [--ndevices 4] [--steps 1000] [--seeds 3] [--dataset movielens]
+python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
 
-Writes results/dct_<dataset>.csv (one row per run), results/dct_<dataset>.md (the table) and
-results/dct_<dataset>.png (loss curves and bytes per step).
+For each seed every mode starts from the same initial weights and sees the same batches (both come
+from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
+paired ΔAUC and Δlog loss with 95% Student-t intervals over the seeds, bytes per step and their
+reduction, and step times. One group of ranks per seed runs
+its modes (start-up paid once). Seeds already in the CSV are kept (an interrupted benchmark resumes);
+--fresh starts over. Writes results/dct_<dataset>_<arch>.csv (one row per run), .md (the table) and
+.png (loss curves of the first seed and bytes per step).
 """
 from __future__ import annotations
 
@@ -19,64 +23,82 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
-from neuroshard.training.train import TrainConfig, train_dlrm  # noqa: E402
+from neuroshard.training.report import markdown, mean_ci  # noqa: E402
+from neuroshard.training.data import load_data  # noqa: E402
+from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="movielens")
+    p.add_argument("--arch", default="tiny")
     p.add_argument("--ndevices", type=int, default=4)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch_size", type=int, default=512)
-    p.add_argument("--seeds", type=int, default=3, help="seeds of every mode (spread of the runs)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds; every mode runs with each")
+    p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
+    p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")
+    p.add_argument("--max_rows", type=int, default=None, help="synthetic: rows of the largest table")
     p.add_argument("--out_dir", default="results")
+    p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
     p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
     a = p.parse_args()
     out = Path(a.out_dir)
-    csv = out / f"dct_{a.dataset}.csv"
-    if a.report_only:
-        return report(pd.read_csv(csv), out, a)
-    csv.unlink(missing_ok=True)
-    runs = []
-    for seed in range(a.seeds):
-        for dct in ("none", "dp", "mp", "both"):
-            r = train_dlrm(TrainConfig(dataset=a.dataset, ndevices=a.ndevices, steps=a.steps, batch_size=a.batch_size,
-                                       dct=dct, seed=seed), csv)
-            print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}  step {r['step_ms']:.2f} ms  "
-                  f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
-            runs.append(r)
-    report(pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]), out, a)
+    csv = out / f"dct_{a.dataset}_{a.arch}.csv"
+    modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
+    if not a.report_only:
+        if a.fresh:
+            csv.unlink(missing_ok=True)
+        done = set()
+        if csv.is_file():
+            old = pd.read_csv(csv)
+            done = set(zip(old.seed, old.dct))
+        data = None
+        for seed in range(a.seeds):  # one group of ranks per seed runs its modes
+            todo = [m for m in modes if (seed, m) not in done]
+            if not todo:
+                continue
+            cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
+                                batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
+                                max_rows=a.max_rows, log_every=max(1, a.steps // 50)) for dct in todo]
+            if data is None or a.dataset == "synthetic":  # synthetic data depends on the seed
+                data = load_data(a.dataset, seed, a.num_samples, a.max_rows)
+            for dct, r in zip(todo, train_runs(cfgs, data)):
+                append_result(csv, {k: v for k, v in r.items() if not k.startswith("_")})
+                print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}  step {r['step_ms']:.2f} ms  "
+                      f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
+    report(pd.read_csv(csv), out, csv.stem)
 
 
-def markdown(df: pd.DataFrame) -> list[str]:
-    cols = list(df.columns)
-    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
-        "| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-
-
-def report(df: pd.DataFrame, out: Path, a) -> None:
-    base = df[df.dct == "none"]
+def report(df: pd.DataFrame, out: Path, stem: str) -> None:
+    base = df[df.dct == "none"].set_index("seed")
     rows = []
     for dct, g in df.groupby("dct", sort=False):
+        g = g.set_index("seed")
+        seeds = [s for s in g.index if s in base.index]
+        d_auc = mean_ci(g.test_auc[seeds] - base.test_auc[seeds])
+        d_ll = mean_ci(g.test_logloss[seeds] - base.test_logloss[seeds])
         rows.append({
-            "dct": dct, "runs": len(g),
+            "dct": dct, "seeds": len(seeds),
             "test AUC (mean ± sd)": f"{g.test_auc.mean():.4f} ± {g.test_auc.std(ddof=1) if len(g) > 1 else 0:.4f}",
-            "ΔAUC vs none": f"{g.test_auc.mean() - base.test_auc.mean():+.4f}",
-            "log loss": f"{g.test_logloss.mean():.4f}",
+            "paired ΔAUC [95% CI]": f"{d_auc[0]:+.4f} [{d_auc[1]:+.4f}, {d_auc[2]:+.4f}]",
+            "paired Δlog loss [95% CI]": f"{d_ll[0]:+.4f} [{d_ll[1]:+.4f}, {d_ll[2]:+.4f}]",
             "MP bytes/step": f"{g.mp_bytes_per_step.mean():,.0f}",
             "MP reduction": f"{base.mp_bytes_per_step.mean() / g.mp_bytes_per_step.mean():.1f}x",
             "DP bytes/step": f"{g.dp_bytes_per_step.mean():,.0f}",
             "DP reduction": f"{base.dp_bytes_per_step.mean() / g.dp_bytes_per_step.mean():.1f}x",
-            "step (ms)": f"{g.step_ms.median():.2f}", "compute": f"{g.compute_ms.median():.2f}",
-            "MP comm": f"{g.mp_comm_ms.median():.2f}", "DP comm": f"{g.dp_comm_ms.median():.2f}"})
-    table = pd.DataFrame(rows)
+            "step (ms)": f"{g.step_ms.median():.1f}", "compute": f"{g.compute_ms.median():.1f}",
+            "MP comm": f"{g.mp_comm_ms.median():.1f}", "DP comm": f"{g.dp_comm_ms.median():.1f}"})
     r0 = df.iloc[0]
-    md = [f"# DCT on {r0.dataset}: {r0.ndevices} gloo ranks, {r0.steps} steps, batch {r0.batch_size}, "
+    md = [f"# DCT on {r0.dataset}, arch {r0.arch}: {r0.ndevices} gloo ranks, {r0.steps} steps, batch {r0.batch_size}, "
           f"{df.seed.nunique()} seeds", "",
-          "Bytes are those handed to the collectives per step, summed over ranks; times are medians per step "
-          "(ms, averaged over ranks, first 10% of steps skipped), median over seeds.", "", *markdown(table), ""]
-    atomic_write_text(out / f"dct_{r0.dataset}.md", "\n".join(md))
-    atomic_write_bytes(out / f"dct_{r0.dataset}.png", plot(df))
+          "Paired: for each seed every mode starts from the same weights and sees the same batches; Δ = mode − none "
+          "of the same seed, mean and 95% Student-t interval over the seeds. Bytes are those handed to the "
+          "collectives per step, summed over ranks; times are medians per step (ms, averaged over ranks, first 10% "
+          "of steps skipped), median over seeds (loopback, unshaped: see benchmarks/dct_network.py for a "
+          "bandwidth-limited network).", "", *markdown(rows), ""]
+    atomic_write_text(out / f"{stem}.md", "\n".join(md))
+    atomic_write_bytes(out / f"{stem}.png", plot(df))
     print("\n".join(md))
 
 
@@ -94,7 +116,7 @@ def plot(df: pd.DataFrame) -> bytes:
     ax1.set_xlabel("step")
     ax1.set_ylabel("training loss (BCE)")
     ax1.legend()
-    ax1.set_title("loss curves (seed 0)")
+    ax1.set_title(f"loss curves (seed {df.seed.min()})")
     means = df.groupby("dct", sort=False)[["mp_bytes_per_step", "dp_bytes_per_step"]].mean()
     x = np.arange(len(means))
     ax2.bar(x - 0.2, means.mp_bytes_per_step, 0.4, label="MP (all-to-all)")

@@ -295,7 +295,7 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
     from tqdm import tqdm
 
-    from ..hardware.launch import in_torchrun, run_processes
+    from ..hardware.launch import in_torchrun
     from .data import load_data
 
     cfg = cfg.check().resolved()
@@ -337,19 +337,68 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
             done.append(msg[1:])
 
     t0 = time.perf_counter()
+    try:
+        _run_group(data, [(asdict(cfg), rank_shards)], on_message)
+    finally:
+        bar.close()
+    if not rank0:
+        return None
+    result = summarize(cfg, data, done[0], time.perf_counter() - t0)
+    if results_csv:
+        append_result(results_csv, {k: v for k, v in result.items() if not k.startswith("_")})
+    return result
+
+
+def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None) -> None:
+    """Write the data once, then run `runs` ((config dict, rank shards) each) one after another on
+    one group of ranks (spawned here, or this process's rank under torchrun)."""
+    from ..hardware.launch import run_processes
+
     with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
         path = Path(tmp) / "data.pt"
         torch.save({k: getattr(data, k) for k in ("name", "table_names", "num_rows", "dense", "ids", "offsets",
                                                   "labels", "num_train")}, path)
-        try:
-            run_processes(train_rank, cfg.ndevices, (str(path), asdict(cfg), rank_shards), on_message,
-                          group_device="cpu")
-        finally:
-            bar.close()
-    wall = time.perf_counter() - t0
-    if not rank0:
-        return None
-    preds, labels, steps, refreshed_at, rank_losses = done[0]  # steps: [ranks, steps, 5]
+        world = len(runs[0][1])
+        if len(runs) == 1 and before_run is None:
+            run_processes(train_rank, world, (str(path), *runs[0]), on_message, group_device="cpu")
+        else:
+            run_processes(_train_runs_rank, world, (str(path), runs, before_run), on_message, group_device="cpu")
+
+
+def _train_runs_rank(rank: int, world: int, emit, data_path: str, runs, before_run) -> None:
+    import torch.distributed as dist
+
+    for i, (cfg_dict, rank_shards) in enumerate(runs):
+        if rank == 0 and before_run is not None:
+            before_run(i)
+        dist.barrier()
+        train_rank(rank, world, lambda msg, i=i: emit((i, msg)), data_path, cfg_dict, rank_shards)
+
+
+def train_runs(cfgs: list[TrainConfig], data, before_run=None) -> list[dict]:
+    """Several runs (same --ndevices, plans from --alg without cost models) on one group of ranks
+    spawned once, so benchmarks pay process start-up once. `before_run(i)` (picklable) runs on rank 0
+    before run i while the other ranks wait. Returns each run's result, as `train_dlrm` does."""
+    cfgs = [c.check().resolved() for c in cfgs]
+    if len({c.ndevices for c in cfgs}) != 1:
+        raise UserError("train_runs: every run needs the same --ndevices")
+    runs = [(asdict(c), shard_training_tables(data, c)) for c in cfgs]
+    done: dict[int, tuple] = {}
+
+    def on_message(msg):
+        i, inner = msg
+        if inner[0] == "done":
+            done[i] = inner[1:]
+
+    t0 = time.perf_counter()
+    _run_group(data, runs, on_message, before_run)
+    wall = (time.perf_counter() - t0) / len(cfgs)
+    return [summarize(c, data, done[i], wall) for i, c in enumerate(cfgs)]
+
+
+def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
+    """Rank 0's report of a run -> the result row (plus `_`-prefixed details for callers)."""
+    preds, labels, steps, refreshed_at, rank_losses = done  # steps: [ranks, steps, 5]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
@@ -371,8 +420,6 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         "loss_curve": json.dumps({e: float(mean_loss[max(0, e - cfg.log_every):e].mean()) for e in ends}),
         "tau_refreshes": len(refreshed_at),
     }
-    if results_csv:
-        append_result(results_csv, result)
     # for callers (tests, benchmarks), not the CSV: exact per-rank losses, predictions, threshold refreshes
     result.update(_preds=preds, _refreshed_at=refreshed_at, _losses=rank_losses, _steps=steps)
     return result

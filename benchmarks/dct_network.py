@@ -1,0 +1,226 @@
+"""DCT on a bandwidth-limited network (by hand, not in CI; needs root): time per step of
+none / dp / mp / both at several link bandwidths.
+
+sudo python benchmarks/dct_network.py [--arch mlperf] [--ndevices 4] [--bandwidths 1,2.5,10,0] [--reps 2]
+
+The script re-runs itself inside a private network namespace of its own (`unshare -n`): there it
+brings the namespace's loopback up and shapes it with a token bucket
+(`tc qdisc replace dev lo root tbf rate R burst 256kb latency 50ms`; 0 = unshaped), and the ranks
+talk over that loopback only. Nothing outside the namespace is touched: the shaping dies with it.
+Every rank shares the one shaped loopback, so R is the aggregate bandwidth of the whole group (like
+one shared link), not per rank. Runs are interleaved (every rep visits every bandwidth and mode, the
+order rotated each rep), so machine load drifts hit every mode alike; one group of ranks per rep
+runs them all, so process start-up is paid once. Per run: median step time and
+its split into compute / MP comm / DP comm (time inside the collectives; compute is the rest,
+compression work included). Speedup of a mode = step time of `none` / step time of the mode in the
+same rep and bandwidth; the table gives their geometric mean and 95% Student-t interval over reps.
+The bandwidth where DCT stops paying: from a fit step = a + s / R per mode over the shaped
+bandwidths, the R where `none` and `both` cross. Runs already in the CSV are kept (Ctrl-C loses no
+finished rep; rerun to go on); --fresh starts over. Writes results/dct_network.{csv,md} and
+docs/dct_network.png.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
+from neuroshard.training.report import markdown, ratio_ci  # noqa: E402
+from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
+
+INSIDE = "NEUROSHARD_DCT_NETNS"
+
+
+def fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def sh(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def enter_namespace() -> None:
+    """Re-run this script inside a new network namespace (root only)."""
+    if os.geteuid() != 0:
+        fail("benchmarks/dct_network.py needs root (it creates a private network namespace with unshare -n "
+             "and shapes its loopback with tc); run it as root, e.g. with sudo")
+    for tool in ("unshare", "ip", "tc"):
+        if shutil.which(tool) is None:
+            fail(f"{tool} not found; install iproute2 and util-linux")
+    env = {**os.environ, INSIDE: "1", "GLOO_SOCKET_IFNAME": "lo"}
+    try:
+        code = subprocess.call(["unshare", "-n", sys.executable, *sys.argv], env=env)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def setup_loopback() -> None:
+    links = sh("ip", "-o", "link", "show").stdout.splitlines()
+    names = [ln.split(":")[1].strip() for ln in links if ln.strip()]
+    if names != ["lo"]:  # never shape anything but the loopback of a namespace we created
+        fail(f"expected a fresh network namespace with only lo, found {names}")
+    r = sh("ip", "link", "set", "lo", "up")
+    if r.returncode:
+        fail(f"ip link set lo up failed: {r.stderr.strip()}")
+
+
+def shape(gbit: float) -> None:
+    sh("tc", "qdisc", "del", "dev", "lo", "root")  # none there yet is fine
+    if gbit > 0:
+        r = sh("tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{gbit:g}gbit", "burst", "256kb",
+               "latency", "50ms")
+        if r.returncode:
+            fail(f"tc tbf on lo failed: {r.stderr.strip()}")
+
+
+def shape_run(gbits: list[float], i: int) -> None:
+    """Called on rank 0 before run i: shape the namespace's loopback for it."""
+    shape(gbits[i])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="mlperf")
+    p.add_argument("--dataset", default="movielens")
+    p.add_argument("--ndevices", type=int, default=4)
+    p.add_argument("--steps", type=int, default=15, help="steps per run (the first 10%% are not timed)")
+    p.add_argument("--batch_size", type=int, default=512)
+    p.add_argument("--bandwidths", default="1,2.5,10,0", help="Gbit/s, comma-separated; 0 = unshaped loopback")
+    p.add_argument("--modes", default=",".join(DCT_MODES))
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--out_dir", default="results")
+    p.add_argument("--plot", default="docs/dct_network.png")
+    p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
+    p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
+    a = p.parse_args()
+    try:
+        bws = [float(x) for x in a.bandwidths.split(",")]
+    except ValueError:
+        fail(f"--bandwidths must be numbers in Gbit/s joined by commas, got {a.bandwidths!r}")
+    modes = a.modes.split(",")
+    if any(b < 0 for b in bws) or not bws:
+        fail(f"--bandwidths must be >= 0 (0 = unshaped), got {a.bandwidths!r}")
+    if "none" not in modes or any(m not in DCT_MODES for m in modes):
+        fail(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {a.modes!r}")
+    csv = Path(a.out_dir) / "dct_network.csv"
+    if a.report_only:
+        return report(pd.read_csv(csv), csv, Path(a.plot))
+    if os.environ.get(INSIDE) != "1":
+        enter_namespace()
+    setup_loopback()
+    from neuroshard.training.data import load_data
+
+    if a.fresh:
+        csv.unlink(missing_ok=True)
+    done = set()
+    if csv.is_file():
+        old = pd.read_csv(csv)
+        done = set(zip(old.rep, old.gbit, old.dct))
+    data = load_data(a.dataset)
+    for rep in range(a.reps):  # one group of ranks per rep runs every (bandwidth, mode), shaping between runs
+        todo = [(bws[(i + rep) % len(bws)], modes[(j + rep) % len(modes)])
+                for i in range(len(bws)) for j in range(len(modes))]
+        todo = [(g, m) for g, m in todo if (rep, g, m) not in done]
+        if not todo:
+            continue
+        cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
+                            batch_size=a.batch_size, dct=m, seed=0, log_every=a.steps) for _, m in todo]
+        results = train_runs(cfgs, data, partial(shape_run, [g for g, _ in todo]))
+        for (gbit, dct), r in zip(todo, results):
+            append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})
+            print(f"rep {rep} {gbit:g} Gbit/s {dct:<5} step {r['step_ms']:8.1f} ms = compute "
+                  f"{r['compute_ms']:.1f} + MP {r['mp_comm_ms']:.1f} + DP {r['dp_comm_ms']:.1f}", flush=True)
+    shape(0)
+    report(pd.read_csv(csv), csv, Path(a.plot))
+
+
+def crossover(df: pd.DataFrame) -> float:
+    """Gbit/s where the fits step = a + s / R of none and both meet (nan if they do not, for R > 0)."""
+    fits = {}
+    for dct in ("none", "both"):
+        g = df[(df.dct == dct) & (df.gbit > 0)]
+        if g.gbit.nunique() < 2:
+            return float("nan")
+        s, a = np.polyfit(1.0 / g.gbit, g.step_ms, 1)
+        fits[dct] = (a, s)
+    (a0, s0), (a1, s1) = fits["none"], fits["both"]
+    return float((s0 - s1) / (a1 - a0)) if a1 > a0 and s0 > s1 else float("inf")
+
+
+def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
+    rows, speed = [], {}
+    for (gbit, dct), g in df.groupby(["gbit", "dct"], sort=True):
+        base = df[(df.gbit == gbit) & (df.dct == "none")].set_index("rep").step_ms
+        mine = g.set_index("rep").step_ms
+        reps = [r for r in mine.index if r in base.index]
+        sp = ratio_ci(base[reps] / mine[reps])
+        speed[gbit, dct] = sp
+        rows.append({"link": f"{gbit:g} Gbit/s" if gbit > 0 else "unshaped", "dct": dct, "reps": len(reps),
+                     "step (ms)": f"{g.step_ms.median():.0f}", "compute": f"{g.compute_ms.median():.0f}",
+                     "MP comm": f"{g.mp_comm_ms.median():.0f}", "DP comm": f"{g.dp_comm_ms.median():.0f}",
+                     "MP MB/step": f"{g.mp_bytes_per_step.mean() / 1e6:.2f}",
+                     "DP MB/step": f"{g.dp_bytes_per_step.mean() / 1e6:.3f}",
+                     "speedup vs none [95% CI]": f"{sp[0]:.2f}x [{sp[1]:.2f}, {sp[2]:.2f}]"})
+    order = {b: i for i, b in enumerate(sorted(df.gbit.unique(), key=lambda b: b if b > 0 else np.inf))}
+    rows.sort(key=lambda r: (order[float(r["link"].split()[0]) if r["link"] != "unshaped" else 0.0],
+                             DCT_MODES.index(r["dct"])))
+    x = crossover(df)
+    r0 = df.iloc[0]
+    md = [f"# DCT on a shaped loopback: {r0.dataset}, arch {r0.arch}, {r0.ndevices} gloo ranks, batch {r0.batch_size}, "
+          f"{r0.steps} steps per run, {df.rep.nunique()} interleaved reps", "",
+          "Each rate is the aggregate bandwidth of the namespace's one loopback (tc tbf), shared by all ranks. "
+          "Times are medians per step in ms (averaged over ranks); speedup = none / mode in the same rep, geometric "
+          "mean and 95% Student-t interval over reps.", "", *markdown(rows), "",
+          f"Where DCT stops paying (fit step = a + s/R of none and both over the shaped rates): "
+          f"{x:.1f} Gbit/s." if np.isfinite(x) else "Where DCT stops paying: the fits do not cross above 0 Gbit/s "
+          "(both is faster at every rate, or slower at every rate; see the table).", ""]
+    atomic_write_text(csv.with_suffix(".md"), "\n".join(md))
+    atomic_write_bytes(plot_path, plot(speed, order))
+    print("\n".join(md))
+
+
+def plot(speed: dict, order: dict) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    bws = sorted(order, key=order.get)
+    labels = [f"{b:g}" if b > 0 else "unshaped" for b in bws]
+    for dct in DCT_MODES[1:]:
+        pts = [(order[b], speed[b, dct]) for b in bws if (b, dct) in speed]
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        mid = np.array([p[1][0] for p in pts])
+        err = np.array([[p[1][0] - p[1][1], p[1][2] - p[1][0]] for p in pts]).T
+        ax.errorbar(xs, mid, yerr=err, marker="o", capsize=3, label=f"--dct {dct}")
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xticks(range(len(bws)), labels)
+    ax.set_xlabel("loopback bandwidth (Gbit/s, tc tbf)")
+    ax.set_ylabel("speedup per step vs --dct none")
+    ax.set_title("DCT on a bandwidth-limited network (95% CI over reps)")
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+if __name__ == "__main__":
+    main()

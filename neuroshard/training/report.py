@@ -1,0 +1,34 @@
+"""Statistics and tables of the DCT benchmarks (benchmarks/dct.py, benchmarks/dct_network.py).
+
+`mean_ci`: mean of paired differences with a two-sided 95% Student-t interval (n - 1 degrees of
+freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio and its interval.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi) of `values` with a Student-t interval; lo = hi = mean for one value."""
+    from scipy.stats import t
+
+    x = np.asarray(values, dtype=np.float64)
+    m = float(x.mean()) if len(x) else math.nan
+    if len(x) < 2:
+        return m, m, m
+    half = float(t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - half, m + half
+
+
+def ratio_ci(ratios, level: float = 0.95) -> tuple[float, float, float]:
+    """(geometric mean, lo, hi) of positive ratios, the interval taken on their logs."""
+    m, lo, hi = mean_ci(np.log(np.asarray(ratios, dtype=np.float64)), level)
+    return math.exp(m), math.exp(lo), math.exp(hi)
+
+
+def markdown(rows: list[dict]) -> list[str]:
+    cols = list(rows[0])
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
+        "| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
