@@ -78,8 +78,9 @@ def hand_compute_model() -> ComputeCostModel:
 
 
 @torch.no_grad()
-def hand_comm_model(N: int, direction: str) -> CommCostModel:
-    m = CommCostModel(N, direction, {"device": "hand"})
+def hand_comm_model(N: int, direction: str, dim_scale: float = 1.0, meta: dict | None = None) -> CommCostModel:
+    """`dim_scale` multiplies every dim-sum coefficient (a compressed all-to-all sends fewer bytes per dim)."""
+    m = CommCostModel(N, direction, {"device": "hand", **(meta or {})})
     n_in = 2 * N if direction == "fw" else N
     m.net.x_mean.fill_(MEAN)
     m.net.x_std.fill_(STD)
@@ -91,11 +92,11 @@ def hand_comm_model(N: int, direction: str) -> CommCostModel:
     for r in range(N):
         if direction == "bw":
             last.bias[r] = 0.3
-            last.weight[r, :N] = 0.001
-            last.weight[r, r] += 0.002
+            last.weight[r, :N] = 0.001 * dim_scale
+            last.weight[r, r] += 0.002 * dim_scale
         else:
             last.bias[r] = 1.0
-            last.weight[r, r] = 0.003
+            last.weight[r, r] = 0.003 * dim_scale
             last.weight[r, N:] = 0.25
             last.weight[r, N + r] -= 0.5
     return m

@@ -28,6 +28,27 @@ def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, 
     return field(default=default, metadata=md)
 
 
+MP_KEEP_HELP = ("DCT-MP: the fraction of each sample's pooled-embedding entries the all-to-all sends "
+                "(0 < K <= 1; 1 = uncompressed); default: uncompressed")
+
+
+def check_mp_keep(mp_keep: float | None) -> float | None:
+    """--mp_keep: None (uncompressed) or a fraction in (0, 1]; 1 sends everything and means uncompressed (None)."""
+    if mp_keep is None:
+        return None
+    mp_keep = check_float("--mp_keep", mp_keep, 0.0, 1.0, lo_open=True)
+    return None if mp_keep >= 1 else mp_keep
+
+
+def mp_tag(mp_keep: float | None) -> str:
+    """The part of a comm file name that says how the all-to-all was sent: '' or '_mp0.05'."""
+    return "" if mp_keep is None else f"_mp{mp_keep:g}"
+
+
+def mp_text(mp_keep: float | None) -> str:
+    return "uncompressed" if mp_keep is None else f"DCT-MP compressed (mp_keep {mp_keep:g})"
+
+
 def check_iters(warmup_iter: int, num_iter: int) -> None:
     check_int("--warmup_iter", warmup_iter, 0, 100_000)
     check_int("--num_iter", num_iter, 1, 100_000)
@@ -59,18 +80,23 @@ class HardwareConfig:
 class CostModelFiles:
     """The three pre-trained cost models (DESIGN.md §3.3)."""
     compute_model: str = flag("models/compute.pt")
-    fw_comm_model: str | None = flag(None, "default models/comm_<N>_fw.pt")
-    bw_comm_model: str | None = flag(None, "default models/comm_<N>_bw.pt")
+    fw_comm_model: str | None = flag(None, "default models/comm_<N>_fw.pt (with --mp_keep K: comm_<N>_mpK_fw.pt)")
+    bw_comm_model: str | None = flag(None, "default models/comm_<N>_bw.pt (with --mp_keep K: comm_<N>_mpK_bw.pt)")
 
-    def paths(self, num_devices: int) -> tuple[Path, Path, Path]:
-        fw, bw = comm_model_paths("models", num_devices)
+    def paths(self, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path, Path]:
+        fw, bw = comm_model_paths("models", num_devices, mp_keep)
         return Path(self.compute_model), Path(self.fw_comm_model or fw), Path(self.bw_comm_model or bw)
 
 
-def comm_model_paths(models_dir: str | Path, num_devices: int) -> tuple[Path, Path]:
-    """Default forward and backward comm model files for `num_devices` devices."""
-    d = Path(models_dir)
-    return d / f"comm_{num_devices}_fw.pt", d / f"comm_{num_devices}_bw.pt"
+def comm_model_paths(models_dir: str | Path, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path]:
+    """Default forward and backward comm model files for `num_devices` devices (and DCT-MP's `mp_keep`)."""
+    d, tag = Path(models_dir), mp_tag(mp_keep)
+    return d / f"comm_{num_devices}{tag}_fw.pt", d / f"comm_{num_devices}{tag}_bw.pt"
+
+
+def comm_data_path(data_dir: str | Path, num_devices: int, mp_keep: float | None = None) -> Path:
+    """The comm cost-data file of `num_devices` ranks: comm_cost_data_<N>.pkl, or ..._<N>_mp<K>.pkl compressed."""
+    return Path(data_dir) / f"comm_cost_data_{num_devices}{mp_tag(mp_keep)}.pkl"
 
 
 @dataclass(frozen=True)
@@ -223,9 +249,11 @@ class CommCollectConfig:
     device: str = flag("auto")
     out_dir: str = flag("data/cost_data")
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
+    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; writes comm_cost_data_<N>_mp<K>.pkl")
 
     def check(self, num_ranks: int) -> "CommCollectConfig":
         HardwareConfig(gpu_devices=self.gpu_devices).check()
+        self.mp_keep = check_mp_keep(self.mp_keep)
         check_int("--ndevices", num_ranks, 2, 1024)
         check_int("--data_size", self.data_size, 1, 10_000_000)
         check_range("--T_range", self.T_range, 1, strict=True)
@@ -261,17 +289,18 @@ class TrainCommConfig:
     """Step 4b (train_comm_cost_model.py): pre-train the forward and backward comm cost models."""
     data_dir: str = flag("data/cost_data", "folder with comm_cost_data_<N>.pkl")
     ndevices: int = flag(4)
-    fw_out_path: str | None = flag(None, "default models/comm_<N>_fw.pt")
-    bw_out_path: str | None = flag(None, "default models/comm_<N>_bw.pt")
+    fw_out_path: str | None = flag(None, "default models/comm_<N>_fw.pt (with --mp_keep K: comm_<N>_mpK_fw.pt)")
+    bw_out_path: str | None = flag(None, "default models/comm_<N>_bw.pt (with --mp_keep K: comm_<N>_mpK_bw.pt)")
+    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; reads comm_cost_data_<N>_mp<K>.pkl")
     fit: FitConfig = field(default_factory=FitConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     @property
     def data_path(self) -> Path:
-        return Path(self.data_dir) / f"comm_cost_data_{self.ndevices}.pkl"
+        return comm_data_path(self.data_dir, self.ndevices, check_mp_keep(self.mp_keep))
 
     def out_paths(self) -> tuple[Path, Path]:
-        fw, bw = comm_model_paths("models", self.ndevices)
+        fw, bw = comm_model_paths("models", self.ndevices, check_mp_keep(self.mp_keep))
         return Path(self.fw_out_path or fw), Path(self.bw_out_path or bw)
 
 
@@ -288,11 +317,13 @@ class EvalSimConfig:
     max_mem: float = flag(4.0, "memory of one device, GB")
     results_csv: str | None = flag(None, "default results/sim_<alg>.csv")
     seed: int = flag(0)
+    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans and scores with the comm models made for it")
     models: CostModelFiles = field(default_factory=CostModelFiles)
     search: SearchParams = field(default_factory=SearchParams)
 
     def check(self) -> "EvalSimConfig":
         check_int("--seed", self.seed, 0)
+        self.mp_keep = check_mp_keep(self.mp_keep)
         self.search.check()
         return self
 
@@ -312,6 +343,8 @@ class EvalConfig:
     rounds: int = flag(5, "each task's plans are measured interleaved in this many rounds; cost = median round")
     results_csv: str | None = flag(None, "default results/eval_<alg>.csv")
     seed: int = flag(0)
+    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans with the comm models made for it and measures "
+                                 "plans with the compressed all-to-all")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     models: CostModelFiles = field(default_factory=CostModelFiles)
     search: SearchParams = field(default_factory=SearchParams)
@@ -320,6 +353,7 @@ class EvalConfig:
 
     def check(self) -> "EvalConfig":
         check_iters(self.warmup_iter, self.num_iter)
+        self.mp_keep = check_mp_keep(self.mp_keep)
         check_int("--rounds", self.rounds, 1, 1000)
         check_int("--seed", self.seed, 0)
         self.hardware.check()
@@ -353,11 +387,13 @@ class ShardTablesConfig:
     warmup_iter: int = flag(3, "warm-up iterations per plan per round (and per calibration shard: 5)")
     num_iter: int = flag(5, "timed iterations per plan per round (and per calibration shard: 10)")
     seed: int = flag(0)
+    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans (and --measure measures) for it")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     models: CostModelFiles = field(default_factory=CostModelFiles)
     search: SearchParams = field(default_factory=SearchParams)
 
     def check(self) -> "ShardTablesConfig":
+        self.mp_keep = check_mp_keep(self.mp_keep)
         if (self.tables is None) == (self.ids is None):
             raise UserError("pass exactly one of --tables FILE (CSV or JSON table list) or --ids FILE (raw DLRM ids)")
         if self.ids is not None and self.dims is None:

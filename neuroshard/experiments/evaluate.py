@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, check_output_file, provenance
-from ..core.config import EvalConfig, EvalSimConfig
+from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.types import Cluster, Cost
 from ..data.dataset import DLRMDataset
@@ -44,13 +44,13 @@ def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
     return ds, batch, tasks
 
 
-def _simulator(paths, ds: DLRMDataset, batch: int, N: int, required: bool) -> Simulator | None:
+def _simulator(paths, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
     """The cost models; when only baselines run they just add each plan's simulated cost, so models
     that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
     if not required and not all(p.exists() for p in paths):
         return None
     try:
-        sim = Simulator.load(*paths, num_devices=N)
+        sim = Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
         sim.check_dataset(ds.fingerprint, batch)
     except UserError as e:
         if required:
@@ -123,8 +123,8 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
                         "for 2 or more devices (train_comm_cost_model.py --ndevices N, N >= 2)")
     cluster = Cluster(ndevices, max_mem)
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
-    paths = cfg.models.paths(ndevices)
-    sim = _simulator(paths, ds, batch, ndevices, required=True)
+    paths = cfg.models.paths(ndevices, cfg.mp_keep)
+    sim = _simulator(paths, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
     rows = []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         cost = None if res.oom else sim.plan_cost(task, res.plan, cluster)
@@ -133,7 +133,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
                    bw_ms=cost.bw_ms if cost else None)
         rows.append(row)
     write_results(out, rows, ndevices=ndevices, max_mem_gb=max_mem, seed=seed, batch_size=batch,
-                  task_path=str(task_path), dataset=str(ds.path), models=[str(p) for p in paths],
+                  task_path=str(task_path), dataset=str(ds.path), models=[str(p) for p in paths], mp_keep=cfg.mp_keep,
                   model_hardware={k: sim.compute.meta.get(k) for k in ("device", "backend", "batch_size")},
                   search=search.__dict__)
     summary = summarize(rows, "cost_ms")
@@ -163,8 +163,8 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, cfg.batch_size)
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
-    paths = cfg.models.paths(N)
-    sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs)  # also scores every plan: fidelity
+    paths = cfg.models.paths(N, cfg.mp_keep)
+    sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
     rows, plans = [], {}
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = sim.plan_cost(task, res.plan).cost_ms if sim is not None and not res.oom else float("nan")
@@ -172,7 +172,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         if not res.oom:
             plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
     settings = {**hw.describe(), "batch_size": batch, "ndevices": N, "max_mem_gb": float(max_mem),
-                "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds,
+                "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds, "mp_keep": cfg.mp_keep,
                 "dataset_fingerprint": ds.fingerprint,
                 "tasks_fingerprint": _tasks_fingerprint(tasks)}
     progress_path = out.with_name(out.name + ".progress.pkl")
@@ -186,7 +186,8 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                 measured[key] = Cost(r["compute_ms"], r["fw_ms"], r["bw_ms"])
                 spreads[key] = r["round_costs"]
         todo = {k: v[0] for k, v in plans.items() if k not in measured}
-        print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, each task's plans "
+        print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
+              f"{mp_text(cfg.mp_keep)} all-to-all, each task's plans "
               f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
               + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
 
@@ -199,7 +200,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
 
         with tqdm(total=len(todo), desc="plans") as bar:
             measure_plans(ds, hw, batch, todo, N, warmup_iter, num_iter, on_result=on_result, gpu_ids=gpu_ids,
-                          rounds=rounds, group_of=lambda key: key[1])
+                          rounds=rounds, group_of=lambda key: key[1], mp_keep=cfg.mp_keep)
     finally:
         log.close()
     for r in rows:

@@ -39,6 +39,7 @@ class MeasureConfig:
     max_rounds: int = 200
     top_k: int = 3               # NeuroShard candidates
     seed: int = 0
+    mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
 
     def check(self) -> "MeasureConfig":
         check_float("--measure_budget_s", self.budget_s, 0.0, lo_open=True)
@@ -158,7 +159,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
             log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms")
 
         run_processes(rounds_rank, cluster.num_devices,
-                      (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop), on_message,
+                      (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop, cfg.mp_keep), on_message,
                       group_device=hw.device)
     return summarize(candidates, time.time() - t0, cfg, log)
 

@@ -12,10 +12,8 @@ per table, writes `--out plan.json`, and optionally
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from ..core.artifacts import atomic_write_text, check_output_file, provenance
 from ..core.config import ShardTablesConfig
@@ -44,13 +42,13 @@ def _models_hint(N: int) -> str:
             f"python train_comm_cost_model.py --ndevices {N}; or pass --compute_model/--fw_comm_model/--bw_comm_model")
 
 
-def _simulator(paths, N: int, required: bool) -> Simulator | None:
+def _simulator(paths, N: int, required: bool, mp_keep: float | None = None) -> Simulator | None:
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
         if required:
             raise UserError(f"cost models not found: {', '.join(missing)}; {_models_hint(N)}")
         return None
-    return Simulator.load(*paths, num_devices=N)
+    return Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -137,8 +135,8 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
         tl = load_table_list(cfg.tables, max_mem)
     else:
         tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
-    paths = cfg.models.paths(ndevices)
-    sim = _simulator(paths, ndevices, required=alg == "neuroshard" or cfg.calibrate is not None)
+    paths = cfg.models.paths(ndevices, cfg.mp_keep)
+    sim = _simulator(paths, ndevices, required=alg == "neuroshard" or cfg.calibrate is not None, mp_keep=cfg.mp_keep)
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
     if cfg.measure or cfg.calibrate is not None:
         check_measure_budget(tl, batch)
@@ -170,13 +168,13 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
               "predicted": _predicted(cost, batch),
               "reuse_defaulted": tl.defaulted_reuse,
               "provenance": provenance(source=tl.source, models=[str(p) for p in paths] if sim else None,
-                                       seed=seed, search=search.__dict__)}
+                                       seed=seed, search=search.__dict__, mp_keep=cfg.mp_keep)}
     if calibration is not None:
         record["calibration"] = calibration
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
     if cfg.measure:
         mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
-                             top_k=cfg.measure_top, seed=seed)
+                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep)
         cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids)
@@ -219,4 +217,3 @@ def check_measure_budget(tl: TableList, batch: int) -> None:
                         f"{tl.names[t]!r} alone {per_table[t] / 1e6:,.1f} M at pooling factor "
                         f"{tl.task.pooling_factors[t]:g}), more than the budget of {MEASURE_MAX_LOOKUPS / 1e6:g} M; "
                         "lower the pooling factors or measure fewer tables")
-

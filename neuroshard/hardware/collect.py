@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, provenance, read_record_log
-from ..core.config import CommCollectConfig, ComputeCollectConfig
+from ..core.config import CommCollectConfig, ComputeCollectConfig, comm_data_path, mp_text
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
@@ -27,7 +27,7 @@ from .launch import in_torchrun, run_processes
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
 COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
-                   "num_iter")
+                   "num_iter", "mp_keep")
 
 
 def missing_indices(records: list[dict], data_size: int) -> list[int]:
@@ -104,7 +104,8 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
 
 
 def collect_comm(cfg: CommCollectConfig) -> dict:
-    """Measure all-to-all samples on N ranks until OUT_DIR/comm_cost_data_<N>.pkl holds `cfg.data_size`."""
+    """Measure all-to-all samples on N ranks until OUT_DIR/comm_cost_data_<N>.pkl holds `cfg.data_size`
+    (with `cfg.mp_keep`: DCT-MP's compressed all-to-alls, into OUT_DIR/comm_cost_data_<N>_mp<K>.pkl)."""
     gpu_ids = list(cfg.gpu_devices) if cfg.gpu_devices else None
     N = len(gpu_ids) if gpu_ids else cfg.ndevices
     if in_torchrun():
@@ -116,10 +117,11 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     dev = resolve_device(cfg.device, gpu_ids)
     sample_args = {"seed": seed, "T_range": tuple(T_range), "max_dim": max_dim, "sleep_range": tuple(sleep_range)}
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
-            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "provenance": provenance()}
-    path = Path(cfg.out_dir) / f"comm_cost_data_{N}.pkl"
+            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "mp_keep": cfg.mp_keep,
+            "provenance": provenance()}
+    path = comm_data_path(cfg.out_dir, N, cfg.mp_keep)
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
-    print(f"{N} ranks on {dev}, batch {batch_size} -> {path}")
+    print(f"{N} ranks on {dev}, batch {batch_size}, {mp_text(cfg.mp_keep)} all-to-all -> {path}")
     if writer:
         log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file", salvage=cfg.salvage)
         todo = missing_indices(log.records, cfg.data_size)
@@ -131,7 +133,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
         if log is not None:
             log.close()
         return _report(0, len(log.records) if log else 0, float("nan"), path)
-    args = (todo, sample_args, batch_size, dev, warmup_iter, num_iter)
+    args = (todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep)
     run = lambda on_message: run_processes(comm_rank, N, args, on_message, group_device=dev, gpu_ids=gpu_ids)  # noqa
     if log is None:
         run(lambda _: None)

@@ -5,6 +5,11 @@ Rank r holds pooled embeddings [B, dim_sum_r] for the global batch and sends eac
 [B/N, dim_sum_r]; it receives [B/N, dim_sum_q] from every peer q. The backward all-to-all sends the
 gradients back the other way. Forward costs are measured from the moment the rank starts (after its
 delay), so a rank that arrives early pays for waiting and the straggler does not pay its own delay.
+
+With `mp_keep` (DCT-MP, `CompressedAllToAll`) both all-to-alls are DCT-MP's own (`mp_wire`): the
+forward encodes every sample's top-k entries, exchanges the bytes and scatters them back to dense
+blocks; the backward gathers the received entries' gradients, exchanges them and scatters them back.
+The encode/scatter work is timed with the exchange: it is part of what compression costs a step.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.features import dim_choices
+from . import mp_wire
 
 COMM_DATA_KIND = "neuroshard.comm_cost_data"
 
@@ -40,6 +46,30 @@ class AllToAll:
 
     def backward(self):
         dist.all_to_all_single(self.bw_out, self.bw_in, self.bw_out_splits, self.bw_in_splits)
+
+
+class CompressedAllToAll:
+    """One rank's forward and backward all-to-all as DCT-MP sends them (`mp_keep` < 1)."""
+
+    def __init__(self, dim_sums, batch_size: int, rank: int, device: str, mp_keep: float):
+        self.layout = mp_wire.WireLayout([int(x) for x in dim_sums], mp_keep, batch_size)
+        self.device = device
+        self.pooled = torch.randn(batch_size, self.layout.widths[rank], device=device)
+        self.grad = torch.randn(self.layout.bn * sum(self.layout.widths), device=device)
+        _, self.state, _, _ = mp_wire.forward_exchange(self.pooled, self.layout)  # the entries backward returns
+
+    def forward(self):
+        mp_wire.forward_exchange(self.pooled, self.layout)
+
+    def backward(self):
+        mp_wire.backward_exchange(self.grad, self.state, self.layout)
+
+
+def make_all_to_all(dim_sums, batch_size: int, rank: int, device: str, mp_keep: float | None = None):
+    """The dense all-to-all, or DCT-MP's compressed one when `mp_keep` < 1; call on all ranks together."""
+    if mp_keep is not None and mp_keep < 1:
+        return CompressedAllToAll(dim_sums, batch_size, rank, device, mp_keep)
+    return AllToAll(dim_sums, batch_size, rank, device)
 
 
 def _sync(device: str) -> None:
@@ -86,9 +116,10 @@ def sample_comm(index: int, seed: int, N: int, T_range, max_dim: int, sleep_rang
     return dim_sums, delays - delays.min()
 
 
-def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str, warmup: int, iters: int):
+def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str, warmup: int, iters: int,
+                   mp_keep: float | None = None):
     """Every rank's (forward ms, backward ms) for one layout; call on all ranks together."""
-    a2a = AllToAll(dim_sums, batch_size, rank, device)
+    a2a = make_all_to_all(dim_sums, batch_size, rank, device, mp_keep)
     bw = timed_collective(a2a.backward, device, 0.0, warmup, iters)
     fw = timed_collective(a2a.forward, device, float(delays_ms[rank]), warmup, iters)
     costs = gather_floats([fw, bw], device)
@@ -96,19 +127,19 @@ def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str,
 
 
 def layouts_rank(rank: int, world: int, emit, layouts, batch_size: int, device: str, warmup: int,
-                 iters: int) -> None:
+                 iters: int, mp_keep: float | None = None) -> None:
     """Rank function measuring given (dim_sums, delays) layouts; rank 0 emits (i, fw, bw)."""
     for i, (dim_sums, delays) in enumerate(layouts):
-        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters)
+        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters, mp_keep)
         if rank == 0:
             emit((i, fw, bw))
 
 
 def comm_rank(rank: int, world: int, emit, indices: list[int], sample_args: dict, batch_size: int, device: str,
-              warmup: int, iters: int) -> None:
+              warmup: int, iters: int, mp_keep: float | None = None) -> None:
     """Rank function of the comm collector: measure each sample, rank 0 emits the per-rank costs."""
     for index in indices:
         dim_sums, delays = sample_comm(index, N=world, **sample_args)
-        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters)
+        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters, mp_keep)
         if rank == 0:
             emit({"index": index, "dim_sums": dim_sums, "delays_ms": delays, "fw_ms": fw, "bw_ms": bw})

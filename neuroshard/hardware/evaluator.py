@@ -5,7 +5,8 @@ the plan gives it (a column twin reuses its parent table's ids, at its own dim).
 measured one rank at a time (ranks sharing a machine do not disturb each other); then the backward
 all-to-all with all ranks together, then the forward all-to-all with each rank starting after its
 delay d_r = (compute_r + bw_r) - min_r(...), as in training and in the simulator. A plan's measured
-cost is max_r (compute_r + fw_r + bw_r).
+cost is max_r (compute_r + fw_r + bw_r). With `mp_keep` both all-to-alls are DCT-MP's compressed ones
+(`comm_bench.make_all_to_all`, the wire format of `mp_wire`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from ..core.types import Cost
 from ..data.dataset import DLRMDataset
 from .backends import Hardware
-from .comm_bench import AllToAll, gather_floats, timed_collective
+from .comm_bench import gather_floats, make_all_to_all, timed_collective
 from .compute_bench import ComputeBenchmark
 from .launch import run_processes
 
@@ -26,7 +27,7 @@ def plan_device_tables(task, plan) -> list[list[tuple[int, int]]]:
 
 
 def _measure_once(bench: ComputeBenchmark, rank: int, world: int, device_tables, hw: Hardware, batch_size: int,
-                  warmup: int, iters: int) -> list[list[float]]:
+                  warmup: int, iters: int, mp_keep: float | None = None) -> list[list[float]]:
     """Every rank's [compute, fw, bw] ms for one plan: compute one rank at a time, then the all-to-alls."""
     mine = device_tables[rank]
     compute = 0.0
@@ -35,7 +36,7 @@ def _measure_once(bench: ComputeBenchmark, rank: int, world: int, device_tables,
             compute = bench.measure([t for t, _ in mine], [d for _, d in mine])
         dist.barrier()
     dim_sums = [sum(d for _, d in dev) for dev in device_tables]
-    a2a = AllToAll(dim_sums, batch_size, rank, hw.device)
+    a2a = make_all_to_all(dim_sums, batch_size, rank, hw.device, mp_keep)
     bw = timed_collective(a2a.backward, hw.device, 0.0, warmup, iters)
     ready = np.array([c[0] for c in gather_floats([compute + bw], hw.device)])
     fw = timed_collective(a2a.forward, hw.device, float(ready[rank] - ready.min()), warmup, iters)
@@ -44,7 +45,7 @@ def _measure_once(bench: ComputeBenchmark, rank: int, world: int, device_tables,
 
 def eval_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int,
               groups: list[list[tuple[object, list[list[tuple[int, int]]]]]], warmup: int, iters: int,
-              rounds: int) -> None:
+              rounds: int, mp_keep: float | None = None) -> None:
     """Measure each group's plans in `rounds` alternating rounds (A B C A B C ...), `iters // rounds`
     timed iterations a round; rank 0 emits, per plan, the round with the median cost and every round's cost."""
     per_round = max(1, iters // rounds)
@@ -54,7 +55,7 @@ def eval_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch
         for _ in range(rounds):
             for i, (_, device_tables) in enumerate(group):
                 measured[i].append(np.array(_measure_once(bench, rank, world, device_tables, hw, batch_size, warmup,
-                                                          per_round)))
+                                                          per_round, mp_keep)))
         if rank == 0:
             for i, (key, _) in enumerate(group):
                 costs = [Cost(m[:, 0], m[:, 1], m[:, 2]).cost_ms for m in measured[i]]
@@ -63,7 +64,8 @@ def eval_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch
 
 
 def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int,
-                plans: list[list[list[tuple[int, int]]]], warmup: int, iters: int, stop) -> None:
+                plans: list[list[list[tuple[int, int]]]], warmup: int, iters: int, stop,
+                mp_keep: float | None = None) -> None:
     """Measure `plans` in interleaved rounds until `stop` says enough.
 
     Every round measures every plan once, in an order shuffled per round (seeded, the same on every
@@ -82,7 +84,7 @@ def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, bat
         order = np.random.default_rng([r, len(plans)]).permutation(len(plans))
         costs = np.zeros((len(plans), world, 3))
         for i in order:
-            costs[i] = _measure_once(bench, rank, world, plans[i], hw, batch_size, warmup, iters)
+            costs[i] = _measure_once(bench, rank, world, plans[i], hw, batch_size, warmup, iters, mp_keep)
         flag = torch.zeros(1, dtype=torch.int64, device=hw.device)
         if rank == 0:
             emit((r, costs))
@@ -95,13 +97,15 @@ def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, bat
 
 
 def measure_plans(dataset: DLRMDataset, hw: Hardware, batch_size: int, plans: dict, num_devices: int,
-                  warmup: int, iters: int, on_result=None, gpu_ids=None, rounds: int = 1, group_of=None) -> dict:
+                  warmup: int, iters: int, on_result=None, gpu_ids=None, rounds: int = 1, group_of=None,
+                  mp_keep: float | None = None) -> dict:
     """Measure {key: per-device (table, dim) lists} on `num_devices` ranks; {key: Cost}.
 
     Plans with the same `group_of(key)` (e.g. one task's plans of every algorithm) are measured
     interleaved in `rounds` rounds, so a slow period of a shared machine hits all of them alike; a
     plan's cost is its median round (`rounds` odd: the exact median). `on_result(key, cost,
-    round_costs)` gets each plan as soon as its group is done."""
+    round_costs)` gets each plan as soon as its group is done. `mp_keep`: measure DCT-MP's compressed
+    all-to-alls (None: uncompressed)."""
     results = {}
 
     def on_message(msg):
@@ -115,6 +119,7 @@ def measure_plans(dataset: DLRMDataset, hw: Hardware, batch_size: int, plans: di
         groups.setdefault(group_of(key) if group_of else None, []).append((key, device_tables))
     if plans:
         run_processes(eval_rank, num_devices,
-                      (str(dataset.path), hw, batch_size, list(groups.values()), warmup, iters, rounds), on_message,
+                      (str(dataset.path), hw, batch_size, list(groups.values()), warmup, iters, rounds, mp_keep),
+                      on_message,
                       group_device=hw.device, gpu_ids=gpu_ids)
     return results

@@ -6,7 +6,7 @@ dataset given, enough samples, valid training settings) and write the model atom
 from __future__ import annotations
 
 
-from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig
+from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig, check_mp_keep, mp_text
 from ..core.errors import UserError, check_int
 from ..data.dataset import DLRMDataset
 from ..hardware.collect import load_cost_data
@@ -54,8 +54,10 @@ def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
 
 
 def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostModel]:
-    """Step 4b: fit the forward and backward comm cost models on the N-device comm samples."""
+    """Step 4b: fit the forward and backward comm cost models on the N-device comm samples (with
+    `cfg.mp_keep`: on DCT-MP's compressed all-to-all samples; the models record it in their meta)."""
     fit = cfg.fit.check(MIN_SAMPLES)
+    mp_keep = check_mp_keep(cfg.mp_keep)
     check_int("--ndevices", cfg.ndevices, 2, 4096)
     fw_out_path, bw_out_path = cfg.out_paths()
     if fw_out_path.resolve() == bw_out_path.resolve():
@@ -67,13 +69,17 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostMode
         raise UserError(f"{data_path} holds samples of {N} devices, but its name is for {cfg.ndevices} (--ndevices "
                         f"{cfg.ndevices}); collect them with collect_comm_cost_data.py --ndevices {cfg.ndevices}, or "
                         f"name the file comm_cost_data_{N}.pkl and pass --ndevices {N}")
+    if meta.get("mp_keep") != mp_keep:
+        raise UserError(f"{data_path} holds {mp_text(meta.get('mp_keep'))} all-to-all samples, this run asks for "
+                        f"{mp_text(mp_keep)}; pass the --mp_keep it was collected with")
     kw = _fit_kwargs(fit)
     models = []
     for direction, out in (("fw", fw_out_path), ("bw", bw_out_path)):
         x, y = comm_training_arrays(samples, direction)
-        model = CommCostModel(N, direction, model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw))
+        model = CommCostModel(N, direction, {**model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw),
+                                             "mp_keep": mp_keep})
         report = model.fit((x,), y, epochs=fit.epochs, **kw)
-        _print_metrics(f"{direction} comm model ({N} devices, {meta['device']})", report)
+        _print_metrics(f"{direction} comm model ({N} devices, {meta['device']}, {mp_text(mp_keep)})", report)
         model.save(out)
         print(f"saved {out}")
         models.append(model)

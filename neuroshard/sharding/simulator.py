@@ -51,18 +51,26 @@ class Simulator:
             if len(vals) > 1:
                 raise UserError(f"cost models come from different {what} ({', '.join(sorted(vals))}); "
                                 f"collect and train all three with the same {key}")
+        if fw.meta.get("mp_keep") != bw.meta.get("mp_keep"):
+            raise UserError(f"the forward comm model was trained for mp_keep {fw.meta.get('mp_keep')}, the backward "
+                            f"one for {bw.meta.get('mp_keep')}; train both from one comm cost-data file")
         self.compute, self.fw, self.bw = compute, fw, bw
         self.num_devices = fw.num_devices
+        self.mp_keep = fw.meta.get("mp_keep")  # DCT-MP's keep fraction the comm models know; None: uncompressed
 
     @classmethod
-    def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None) -> "Simulator":
-        """The three models from disk; with `num_devices`, refused unless trained for that many devices."""
+    def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
+             mp_keep: float | None = None) -> "Simulator":
+        """The three models from disk; with `num_devices`, refused unless trained for that many devices;
+        refused unless the comm models were trained on the all-to-all of `mp_keep` (None: uncompressed,
+        else DCT-MP's keep fraction)."""
         from ..models.cost_models import CommCostModel, ComputeCostModel
 
         sim = cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
                   CommCostModel.load_direction(bw_path, "bw"))
         if num_devices is not None:
             sim.check_devices(num_devices)
+        sim.check_mp_keep(mp_keep)
         return sim
 
     def check_dataset(self, fingerprint: str, batch_size: int) -> None:
@@ -76,6 +84,16 @@ class Simulator:
             if b is not None and int(b) != int(batch_size):
                 raise UserError(f"the {name} cost model was trained at batch {b}, this run uses batch {batch_size}; "
                                 f"pass --batch_size {b} or retrain the models at batch {batch_size}")
+
+    def check_mp_keep(self, mp_keep: float | None) -> None:
+        """Refuse comm models made for another all-to-all (compressed vs uncompressed, or another mp_keep)."""
+        if self.mp_keep != mp_keep:
+            from ..core.config import mp_text
+
+            fix = "drop --mp_keep" if self.mp_keep is None else f"pass --mp_keep {self.mp_keep:g}"
+            raise UserError(f"the comm cost models were trained on the {mp_text(self.mp_keep)} all-to-all, this run "
+                            f"is {mp_text(mp_keep)}; {fix}, or train comm models with train_comm_cost_model.py"
+                            + ("" if mp_keep is None else f" --mp_keep {mp_keep:g}"))
 
     def check_devices(self, num_devices: int) -> None:
         if num_devices != self.num_devices:

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..hardware import mp_wire
+
 
 @dataclass
 class CommStats:
@@ -100,17 +102,6 @@ class ShardedEmbeddings(nn.Module):
         return torch.cat([bag(*sparse[t]) for bag, (t, _, _) in zip(self.bags, self.shards)], dim=1)
 
 
-def index_dtype(width: int) -> torch.dtype:
-    """Smallest index type for column indices below `width` (sent as raw bytes: gloo's all_to_all
-    does not carry int16 itself)."""
-    return torch.uint8 if width <= 256 else torch.int16 if width <= 32768 else torch.int32
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """[rows, c] of any dtype -> its raw bytes [rows, c * itemsize] (uint8)."""
-    return t.contiguous().view(torch.uint8).reshape(t.shape[0], -1)
-
-
 class _AllToAll(torch.autograd.Function):
     """Dense forward all-to-all of pooled embeddings; its gradients go back in backward."""
 
@@ -138,61 +129,23 @@ class _AllToAll(torch.autograd.Function):
         return out.reshape(world * bn, widths[rank]), None, None
 
 
-def _keep_count(width: int, keep: float) -> int:
-    return 0 if width == 0 else min(width, max(1, int(keep * width)))
-
-
 class _TopKAllToAll(torch.autograd.Function):
     """DCT-MP: per sample, the k largest-magnitude entries go forward as fp16 values plus column
-    indices, packed into one byte all-to-all; backward returns only those entries' gradients (fp32)."""
+    indices, packed into one byte all-to-all; backward returns only those entries' gradients (fp32).
+    The wire format is `hardware.mp_wire`'s, the one the comm-cost measurements use."""
 
     @staticmethod
     def forward(ctx, pooled, widths, keep, stats):
-        world, rank = dist.get_world_size(), dist.get_rank()
-        B, W = pooled.shape
-        bn = B // world
-        ks = [_keep_count(w, keep) for w in widths]
-        k = ks[rank]
-        idx = pooled.abs().topk(k, dim=1, sorted=False).indices if k else torch.zeros(B, 0, dtype=torch.int64)
-        itype = index_dtype(max(widths))
-        ib = torch.empty(0, dtype=itype).element_size()
-        vals = pooled.gather(1, idx).clamp(-65504.0, 65504.0).to(torch.float16)
-        send = torch.cat([_as_bytes(vals), _as_bytes(idx.to(itype))], dim=1)  # [B, k * (2 + ib)]
-        recv = torch.empty(bn * sum(ks) * (2 + ib), dtype=torch.uint8)
-        in_splits, out_splits = [bn * k * (2 + ib)] * world, [bn * x * (2 + ib) for x in ks]
-        t0 = time.perf_counter()
-        dist.all_to_all_single(recv, send.reshape(-1), out_splits, in_splits)
-        stats.add("mp", nbytes(send), time.perf_counter() - t0)
-        # scatter every peer's entries into its dense [bn, W_q] block
-        dense, pos, recv_idx = [], 0, []
-        for w, kq in zip(widths, ks):
-            block = recv[pos: pos + bn * kq * (2 + ib)].reshape(bn, kq * (2 + ib))
-            v = block[:, : 2 * kq].contiguous().view(torch.float16).to(pooled.dtype)
-            i = block[:, 2 * kq:].contiguous().view(itype).long()
-            dense.append(torch.zeros(bn, w, dtype=pooled.dtype).scatter(1, i, v))
-            recv_idx.append(i)
-            pos += bn * kq * (2 + ib)
-        ctx.save_for_backward(idx)
-        ctx.recv_idx, ctx.widths, ctx.ks, ctx.stats, ctx.bn, ctx.W = recv_idx, widths, ks, stats, bn, W
-        return torch.cat([d.reshape(-1) for d in dense])
+        layout = mp_wire.WireLayout(widths, keep, pooled.shape[0])
+        dense, ctx.state, sent, seconds = mp_wire.forward_exchange(pooled, layout)
+        stats.add("mp", sent, seconds)
+        ctx.layout, ctx.stats = layout, stats
+        return dense
 
     @staticmethod
     def backward(ctx, grad):
-        (idx,) = ctx.saved_tensors
-        world, rank = dist.get_world_size(), dist.get_rank()
-        widths, ks, bn = ctx.widths, ctx.ks, ctx.bn
-        pieces, pos = [], 0
-        for w, kq, i in zip(widths, ks, ctx.recv_idx):  # only the gradients of the entries received
-            g = grad[pos: pos + bn * w].reshape(bn, w)
-            pieces.append(g.gather(1, i).reshape(-1))
-            pos += bn * w
-        send = torch.cat(pieces).contiguous()
-        k = ks[rank]
-        out = torch.empty(world * bn * k, dtype=grad.dtype)
-        t0 = time.perf_counter()
-        dist.all_to_all_single(out, send, [bn * k] * world, [bn * x for x in ks])
-        ctx.stats.add("mp", nbytes(send), time.perf_counter() - t0)
-        g_pooled = torch.zeros(world * bn, ctx.W, dtype=grad.dtype).scatter(1, idx, out.reshape(world * bn, k))
+        g_pooled, sent, seconds = mp_wire.backward_exchange(grad.contiguous(), ctx.state, ctx.layout)
+        ctx.stats.add("mp", sent, seconds)
         return g_pooled, None, None, None
 
 

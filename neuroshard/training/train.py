@@ -301,8 +301,10 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         from ..sharding.simulator import Simulator
 
         compute, fw, bw = models or (None, None, None)
-        paths = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw).paths(cfg.ndevices)
-        simulator = Simulator.load(*paths, num_devices=cfg.ndevices)
+        files = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw)
+        mp = cfg.mp_keep if cfg.uses_mp and cfg.mp_keep < 1 else None  # plan for DCT-MP's all-to-all when its
+        mp = mp if all(p.exists() for p in files.paths(cfg.ndevices, mp)[1:]) else None  # comm models exist
+        simulator = Simulator.load(*files.paths(cfg.ndevices, mp), num_devices=cfg.ndevices, mp_keep=mp)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     data.check_batch(cfg.batch_size)
     rank_shards = shard_training_tables(data, cfg, simulator)

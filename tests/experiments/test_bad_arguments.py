@@ -14,21 +14,21 @@ CASES = {
         ("--batch_size", "100000"), ("--seed", "-1")],
     "collect_comm_cost_data.py": [
         ("--ndevices", "1"), ("--data_size", "0"), ("--sleep_range", "5,1"), ("--sleep_range", "-1,2"),
-        ("--batch_size", "1001"), ("--num_iter", "0"), ("--T_range", "9,3"), ("--max_dim", "0")],
+        ("--batch_size", "1001"), ("--num_iter", "0"), ("--T_range", "9,3"), ("--max_dim", "0"), ("--mp_keep", "0")],
     "train_compute_cost_model.py": [
         ("--epochs", "0"), ("--lr", "0"), ("--train_ratio", "1.2"), ("--batch_size", "0"), ("--num_samples", "3"),
         ("--valid_ratio", "0.5")],
-    "train_comm_cost_model.py": [("--ndevices", "1"), ("--epochs", "-2"), ("--lr", "inf")],
+    "train_comm_cost_model.py": [("--ndevices", "1"), ("--epochs", "-2"), ("--lr", "inf"), ("--mp_keep", "nan")],
     "eval_simulator.py": [
         ("--ndevices", "0"), ("--max_mem", "0"), ("--beam_width", "0"), ("--grid_steps", "0"), ("--max_splits", "-1"),
         ("--threshold_range", "0.5,1"), ("--num_candidates", "0"), ("--seed", "-1"), ("--alg", "a,,b"),
-        ("--alg", "nope"), ("--alg", "plan:"), ("--threshold_range", "1,inf")],
+        ("--alg", "nope"), ("--alg", "plan:"), ("--threshold_range", "1,inf"), ("--mp_keep", "-1")],
     "tools/train_dlrm.py": [("--steps", "0"), ("--batch_size", "130"), ("--dp_keep", "0"), ("--mp_keep", "2"),
                             ("--dp_refresh", "0"), ("--ndevices", "1"), ("--emb_dim", "6")],
     "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--beam_width", "0"), ("--alg", "all"),
-                              ("--gpu_devices", "0,0")],
+                              ("--gpu_devices", "0,0"), ("--mp_keep", "0")],
     "eval.py": [("--num_iter", "0"), ("--warmup_iter", "-1"), ("--batch_size", "0"), ("--ndevices", "1"),
-                ("--max_mem", "-3"), ("--gpu_devices", "a,b")],
+                ("--max_mem", "-3"), ("--gpu_devices", "a,b"), ("--mp_keep", "1.5")],
 }
 
 

@@ -1,0 +1,136 @@
+"""Does planning for DCT-MP's compressed all-to-all pay? (issue 16; by hand, not in CI.)
+
+python benchmarks/mp_aware_plans.py [--mp_keep 0.05] [--ndevices 4] [--max_mem 0.04]
+
+Needs the quick pipeline's data/ and models/ (compute.pt, comm_<N>_fw/bw.pt) plus comm models for the
+compressed all-to-all:
+    python collect_comm_cost_data.py --ndevices 4 --T_range 10,30 --mp_keep 0.05
+    python train_comm_cost_model.py --ndevices 4 --mp_keep 0.05 --epochs 500
+Every test task is sharded twice by NeuroShard with the same compute model and search: once with
+the comm models of the uncompressed all-to-all ("dense-comm plan"), once with those of the
+compressed one ("mp-aware plan"). Where the two plans differ, both are measured in ONE interleaved
+run with compression on (eval.py --mp_keep's measurement: each task's two plans alternate for
+--rounds rounds, cost = median round); identical plans count as ratio 1. Printed: the paired
+geometric-mean ratio mp-aware / dense-comm with its bootstrap 95% interval (experiments/stats.py),
+wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
+Writes --out (JSON) with every task's numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
+from neuroshard.core.config import CostModelFiles, SearchParams, check_mp_keep  # noqa: E402
+from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.data.dataset import DLRMDataset  # noqa: E402
+from neuroshard.data.tasks import load_tasks  # noqa: E402
+from neuroshard.experiments.stats import paired  # noqa: E402
+from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
+from neuroshard.hardware.evaluator import measure_plans, plan_device_tables  # noqa: E402
+from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
+
+PLANS = ("dense-comm", "mp-aware")
+
+
+def imbalance(x) -> float:
+    """max / mean of per-device values (1 = perfectly balanced)."""
+    x = np.asarray(x, np.float64)
+    return float(x.max() / x.mean()) if x.mean() > 0 else 1.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mp_keep", type=float, default=0.05)
+    p.add_argument("--ndevices", type=int, default=4)
+    p.add_argument("--max_mem", type=float, default=0.04, help="GB per device (quick preset)")
+    p.add_argument("--data_dir", default="data/dlrm_datasets")
+    p.add_argument("--task_path", default="data/tasks/test.pkl")
+    p.add_argument("--warmup_iter", type=int, default=3)
+    p.add_argument("--num_iter", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default="results/mp_aware_plans.json")
+    a = p.parse_args()
+    mp, N = check_mp_keep(a.mp_keep), a.ndevices
+    if mp is None:
+        sys.exit("error: --mp_keep 1 is the uncompressed all-to-all: nothing to compare")
+    ds = DLRMDataset.load(a.data_dir)
+    batch = ds.check_batch(None)
+    tasks = load_tasks(a.task_path, ds)
+    cluster = Cluster(N, a.max_mem)
+    files = CostModelFiles()
+    sims = {"dense-comm": Simulator.load(*files.paths(N), num_devices=N, mp_keep=None),
+            "mp-aware": Simulator.load(*files.paths(N, mp), num_devices=N, mp_keep=mp)}
+    for s in sims.values():
+        s.check_dataset(ds.fingerprint, batch)
+    plans, todo, rows = {}, {}, []
+    for t, task in enumerate(tasks):
+        res = {k: shard_task(make_sharder("neuroshard", 0, sim, SearchParams(), batch), task, cluster)
+               for k, sim in sims.items()}
+        if any(r.plan is None or r.oom for r in res.values()):
+            continue
+        plans[t] = {k: r.plan for k, r in res.items()}
+        same = all(json.dumps(res[k].plan.to_dict()) == json.dumps(res[PLANS[0]].plan.to_dict()) for k in PLANS)
+        rows.append({"task": t, "identical": same,
+                     **{f"{k} splits": len(plans[t][k].splits) for k in PLANS},
+                     **{f"{k} dim-sum imbalance": imbalance(plans[t][k].device_dim_sums()) for k in PLANS},
+                     **{f"{k} predicted ms": sims["mp-aware"].plan_cost(task, plans[t][k]).cost_ms for k in PLANS}})
+        if not same:
+            for k in PLANS:
+                todo[(k, t)] = plan_device_tables(task, plans[t][k])
+    hw = resolve_hardware("auto", "auto", None)
+    print(f"{len(rows)} tasks with two valid plans, {sum(not r['identical'] for r in rows)} differ; measuring those "
+          f"on {N} ranks ({hw.backend}/{hw.device}, batch {batch}) with the compressed all-to-all (mp_keep {mp:g}), "
+          f"interleaved in {a.rounds} rounds", flush=True)
+    measured = measure_plans(ds, hw, batch, todo, N, a.warmup_iter, a.num_iter, rounds=a.rounds,
+                             group_of=lambda key: key[1], mp_keep=mp) if todo else {}
+    costs = {k: {} for k in PLANS}
+    for r in rows:
+        t = r["task"]
+        for k in PLANS:
+            m = measured.get((k, t))
+            if m is not None:
+                r.update({f"{k} measured ms": m.cost_ms, f"{k} compute imbalance": imbalance(m.compute_ms),
+                          f"{k} compute ms": m.compute_ms.tolist(), f"{k} comm ms": (m.fw_ms + m.bw_ms).tolist()})
+        if r["identical"]:
+            costs["mp-aware"][t] = costs["dense-comm"][t] = 1.0  # the same plan: ratio 1
+        elif all((k, t) in measured for k in PLANS):
+            for k in PLANS:
+                costs[k][t] = r[f"{k} measured ms"]
+    stats_all = paired(costs["mp-aware"], costs["dense-comm"])
+    differ = [r["task"] for r in rows if not r["identical"]]
+    stats_diff = paired({t: costs["mp-aware"][t] for t in differ if t in costs["mp-aware"]},
+                        {t: costs["dense-comm"][t] for t in differ if t in costs["dense-comm"]})
+    pred = paired({r["task"]: r["mp-aware predicted ms"] for r in rows},
+                  {r["task"]: r["dense-comm predicted ms"] for r in rows})
+    lines = ["| mp-aware vs dense-comm plan (both measured compressed) | tasks | geo-mean ratio | 95% CI | "
+             "wins / ties / losses |", "|---|---:|---:|---:|---:|"]
+    for name, s in (("all tasks (identical plans = 1)", stats_all), ("tasks whose plans differ", stats_diff),
+                    ("predicted by the mp models, all tasks", pred)):
+        lines.append(f"| {name} | {s['n']} | {s['ratio']:.3f} | [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}] | "
+                     f"{s['wins']} / {s['ties']} / {s['losses']} |")
+    lines += ["", "| plan | mean splits | mean dim-sum imbalance (max/mean) | mean measured compute imbalance "
+              "(tasks that differ) |", "|---|---:|---:|---:|"]
+    for k in PLANS:
+        ci = [r[f"{k} compute imbalance"] for r in rows if f"{k} compute imbalance" in r]
+        lines.append(f"| {k} | {np.mean([r[f'{k} splits'] for r in rows]):.2f} | "
+                     f"{np.mean([r[f'{k} dim-sum imbalance'] for r in rows]):.3f} | "
+                     f"{np.mean(ci) if ci else float('nan'):.3f} |")
+    print("\n".join(lines))
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({"mp_keep": mp, "ndevices": N, "max_mem_gb": a.max_mem, "batch_size": batch,
+                                       "hardware": hw.describe(), "paired_all": stats_all, "paired_differ": stats_diff,
+                                       "paired_predicted": pred, "tasks": rows, "table": lines,
+                                       "provenance": provenance(args=vars(a))}, indent=1, default=float))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""DCT-MP's wire format (hardware/mp_wire.py): what one implementation encodes is what arrives.
+
+The all-to-all is played by hand here (rank q receives rows q*B/N..(q+1)*B/N of every rank's send
+buffer, in rank order), so encode -> exchange -> decode -> gather -> exchange -> scatter is checked
+entry by entry without a process group; tests/training/test_dct.py runs the same code on gloo ranks.
+"""
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.hardware import mp_wire
+
+
+def test_keep_count_and_index_type_follow_the_formula():
+    assert [mp_wire.keep_count(w, 0.05) for w in (0, 1, 19, 20, 40, 41, 100)] == [0, 1, 1, 1, 2, 2, 5]
+    assert mp_wire.keep_count(3, 1.0) == 3 and mp_wire.keep_count(3, 0.99) == 2
+    assert [mp_wire.index_dtype(w) for w in (1, 256, 257, 32768, 32769)] == [
+        torch.uint8, torch.uint8, torch.int16, torch.int16, torch.int32]
+    assert mp_wire.entry_bytes([40, 256]) == 3 and mp_wire.entry_bytes([40, 300]) == 4
+    assert mp_wire.entry_bytes([40, 40000]) == 6
+
+
+def _exchange(sends, bn, world, split):
+    """Rank q's receive buffer: its slice of every rank's flat send buffer, in rank order."""
+    return [torch.cat([split(s, r, q) for r, s in enumerate(sends)]) for q in range(world)]
+
+
+@pytest.mark.parametrize("widths,keep", [([40, 8, 24], 0.05), ([300, 12, 0], 0.1), ([64, 64, 64], 0.5)])
+def test_round_trip_is_the_top_k_entries_and_bytes_match_the_formula(widths, keep):
+    world, bn = len(widths), 6
+    B = world * bn
+    g = torch.Generator().manual_seed(0)
+    pooled = [torch.randn(B, w, generator=g) * 3 for w in widths]
+    layout = mp_wire.WireLayout(widths, keep, B)
+    enc = [mp_wire.encode(p, layout, r) for r, p in enumerate(pooled)]
+    for r, (send, idx) in enumerate(enc):
+        assert send.dtype == torch.uint8 and send.numel() == mp_wire.fw_send_bytes(widths, r, B, keep)
+        assert send.numel() == B * mp_wire.keep_count(widths[r], keep) * mp_wire.entry_bytes(widths)
+    e = layout.entry
+    recvs = _exchange([s.reshape(-1) for s, _ in enc], bn, world,
+                      lambda s, r, q: s[q * bn * layout.ks[r] * e: (q + 1) * bn * layout.ks[r] * e])
+    grads_sent, recv_idx_of = [], []
+    for q in range(world):
+        dense, recv_idx = mp_wire.decode(recvs[q], layout)
+        pos = 0
+        for r, w in enumerate(widths):
+            got = dense[pos: pos + bn * w].reshape(bn, w)
+            pos += bn * w
+            # expected: rank r's samples of rank q, only each sample's k_r largest |entries|, fp16-rounded
+            rows = pooled[r][q * bn:(q + 1) * bn]
+            want = torch.zeros(bn, w)
+            k = layout.ks[r]
+            if k:
+                top = rows.abs().topk(k, dim=1).indices
+                want.scatter_(1, top, rows.gather(1, top).half().float())
+            assert torch.equal(got, want)
+        assert pos == dense.numel()
+        # backward: every received entry's gradient goes back, fp32, nothing else
+        grad = torch.arange(dense.numel(), dtype=torch.float32) + 0.5
+        send = mp_wire.gather_grads(grad, layout, recv_idx)
+        assert send.numel() * 4 == mp_wire.bw_send_bytes(widths, B, keep)
+        grads_sent.append(send)
+        recv_idx_of.append(recv_idx)
+    offsets = [np.cumsum([0] + [bn * k for k in layout.ks])[r] for r in range(world)]
+    for r, w in enumerate(widths):
+        k = layout.ks[r]
+        out = torch.cat([grads_sent[q][offsets[r]: offsets[r] + bn * k] for q in range(world)])
+        g_pooled = mp_wire.scatter_grads(out, enc[r][1], w)
+        assert g_pooled.shape == (B, w)
+        kept = torch.zeros(B, w, dtype=torch.bool)
+        if k:
+            kept.scatter_(1, enc[r][1], True)
+        assert torch.all(g_pooled[~kept] == 0)
+        for q in range(world):  # the gradient of entry (sample, col) is the grad value at its place on rank q
+            base = sum(bn * widths[x] for x in range(r))
+            dense_grad = (torch.arange(bn * w, dtype=torch.float32) + 0.5 + base).reshape(bn, w)
+            block = g_pooled[q * bn:(q + 1) * bn]
+            mask = kept[q * bn:(q + 1) * bn]
+            assert torch.equal(block[mask], dense_grad[mask])
+
+
+def test_values_beyond_fp16_are_clamped_not_infinite():
+    layout = mp_wire.WireLayout([4, 4], 0.5, 2)
+    send, idx = mp_wire.encode(torch.tensor([[1e6, -1e6, 0.0, 1.0], [0.0, 2.0, -3.0, 1e-3]]), layout, 0)
+    dense, _ = mp_wire.decode(send[:1].reshape(-1), mp_wire.WireLayout([4], 0.5, 1))
+    assert torch.equal(dense.reshape(4), torch.tensor([65504.0, -65504.0, 0.0, 0.0]))
