@@ -30,9 +30,15 @@ def test_core_imports_nothing_above_it():
 
 
 def test_wheel_installs_into_a_fresh_venv_with_every_module(tmp_path):
+    import shutil
+
+    # build from a copy: an in-tree build leaves build/ behind, whose stale modules a later wheel would carry
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "neuroshard", src / "neuroshard", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "setup.py", src / "setup.py")
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                    str(ROOT)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+                    str(src)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
     (wheel,) = wheels.glob("neuroshard-*.whl")
     in_wheel = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py"))
     assert in_wheel == _modules()
