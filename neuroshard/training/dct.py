@@ -176,6 +176,11 @@ def dct_hook(state: DCTState, bucket) -> torch.futures.Future[torch.Tensor]:
             for p in params:
                 state.residual.pop(id(p), None)
         buf.copy_(g)
+    elif m == 0:  # nothing to send anywhere (all-zero gradients, residuals included)
+        state.stats.add("dp", nbytes(count), count_s)
+        for p in params:
+            state.residual.pop(id(p), None)
+        buf.zero_()
     else:
         payload = payload_bytes(deltas, vals, m)
         gathered = [torch.empty_like(payload) for _ in range(world)]

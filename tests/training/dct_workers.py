@@ -13,7 +13,8 @@ def topk_gradients(rank, world, emit, keep):
     stats = CommStats()
     recv = pooled_all_to_all(pooled, widths, stats, keep)
     (recv * torch.arange(1, recv.numel() + 1, dtype=recv.dtype)).sum().backward()
-    emit((rank, pooled.detach().numpy(), pooled.grad.numpy(), recv.detach().numpy(), stats.bytes["mp"]))  # arrays: no fds
+    # plain arrays through the pipe (tensors would travel as shared-memory handles a finished rank closes)
+    emit((rank, pooled.detach().numpy(), pooled.grad.numpy(), recv.detach().numpy(), stats.bytes["mp"]))
 
 
 def multi_bucket(rank, world, emit, configs):

@@ -14,7 +14,8 @@ REBUILD = [(True, False, False), (False, False, False), (True, True, True), (Fal
 CONFIGS = [(*c, 0.005, 1.0, 1.5, 2) for c in REBUILD] + [
     (True, False, False, 1.0, 1.0, 1.5, 2),       # keep 1.0
     (False, False, False, 0.005, 10.0, 1000, 100),  # gradients grow 10x an iteration, no drift bound to speak of
-    (False, False, False, 0.005, 10.0, 1.5, 100)]   # ... with the default bound
+    (False, False, False, 0.005, 10.0, 1.5, 100),   # ... with the default bound
+    (False, False, False, 0.005, 0.0, 1.5, 2)]      # all-zero gradients after the first iteration
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,12 @@ def test_drift_bound_holds_when_gradients_grow(runs):
     assert all(cnt <= drift_cap(k, 1.5) for _, _, _, k, cnt in sent)
     assert any(r == "drift" for _, _, r in refreshed)
     assert all(r != "scheduled" or it == 0 for it, _, r in refreshed)
+
+
+def test_all_zero_gradients_send_nothing_but_the_counts(runs):
+    delivered, true, residual, sent, _ = runs[len(REBUILD) + 3, 0]
+    assert all(cnt == 0 for it, _, _, _, cnt in sent if it > 0) and any(cnt > 0 for it, *_, cnt in sent if it == 0)
+    assert sum(int((d != 0).sum()) for d in delivered) > 0  # what the first iteration delivered, nothing after
 
 
 def test_encoding_round_trips_and_costs_four_bytes_an_entry():
