@@ -61,6 +61,8 @@ def main() -> None:
     p.add_argument("--max_mem", type=float, default=0.04)
     p.add_argument("--calibrate", type=int, default=40)
     p.add_argument("--measure_budget_s", type=float, default=90.0)
+    p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
+    p.add_argument("--num_iter", type=int, default=5, help="timed, per candidate per round")
     p.add_argument("--out_dir", default="results")
     a = p.parse_args()
     N = a.ndevices
@@ -82,7 +84,8 @@ def main() -> None:
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, CalibrationConfig(num_shards=a.calibrate))
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
-        res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s))
+        res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
+                                                                      num_iter=a.num_iter))
         R = res["rounds"]
         round_ms = {i: c.round_ms[:R] for i, c in enumerate(cands)}
         best = res["best_index"]

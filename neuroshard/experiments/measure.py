@@ -10,7 +10,7 @@ After every round (at least `min_rounds`), the candidate with the lowest geometr
 the rounds is the best, the second lowest the runner-up, and their paired ratio per round gets a
 bootstrap 95% interval (`stats.paired`, rounds as pairs). Rounds stop when that interval excludes
 1 (the best is told apart), when `budget_s` (from the start, process start-up included) would be
-passed by one more round, or at `max_rounds`. The chosen plan is the best by geometric mean, so it
+passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the best by geometric mean, so it
 never measured worse than another candidate; when the interval still includes 1 the result says
 plainly that the top plans cannot be told apart.
 """
@@ -144,6 +144,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
         f"told apart from the runner-up (paired 95% interval) or {cfg.budget_s:g} s")
     rounds: list[np.ndarray] = []
+    round_end_s: list[float] = []  # when each round's costs arrived, seconds from the start
     with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
@@ -152,6 +153,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         def on_message(msg):
             r, costs = msg
             rounds.append(costs)
+            round_end_s.append(time.time() - t0)
             totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]
             for c, t in zip(candidates, totals):
                 c.round_ms.append(t)
@@ -161,7 +163,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         run_processes(rounds_rank, cluster.num_devices,
                       (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop, cfg.mp_keep), on_message,
                       group_device=hw.device)
-    return summarize(candidates, time.time() - t0, cfg, log)
+    return {**summarize(candidates, time.time() - t0, cfg, log), "round_end_s": round_end_s}
 
 
 def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig, log=print) -> dict:
