@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
@@ -55,6 +56,8 @@ def main() -> None:
     p.add_argument("--warmup_iter", type=int, default=3)
     p.add_argument("--num_iter", type=int, default=25)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--order", default="alternate", choices=["alternate", "dense-first", "mp-first"],
+                   help="which plan goes first in each round: alternate by task (default) or always the same")
     p.add_argument("--out", default="results/mp_aware_plans.json")
     a = p.parse_args()
     mp, N = check_mp_keep(a.mp_keep), a.ndevices
@@ -77,19 +80,22 @@ def main() -> None:
             continue
         plans[t] = {k: r.plan for k, r in res.items()}
         same = all(json.dumps(res[k].plan.to_dict()) == json.dumps(res[PLANS[0]].plan.to_dict()) for k in PLANS)
-        rows.append({"task": t, "identical": same,
+        first = {"dense-first": PLANS[0], "mp-first": PLANS[1]}.get(a.order, PLANS[t % 2])
+        rows.append({"task": t, "identical": same, "measured first": first,
                      **{f"{k} splits": len(plans[t][k].splits) for k in PLANS},
                      **{f"{k} dim-sum imbalance": imbalance(plans[t][k].device_dim_sums()) for k in PLANS},
                      **{f"{k} predicted ms": sims["mp-aware"].plan_cost(task, plans[t][k]).cost_ms for k in PLANS}})
         if not same:
-            for k in PLANS:
+            for k in (PLANS if first == PLANS[0] else PLANS[::-1]):  # the order within each round
                 todo[(k, t)] = plan_device_tables(task, plans[t][k])
     hw = resolve_hardware("auto", "auto", None)
     print(f"{len(rows)} tasks with two valid plans, {sum(not r['identical'] for r in rows)} differ; measuring those "
           f"on {N} ranks ({hw.backend}/{hw.device}, batch {batch}) with the compressed all-to-all (mp_keep {mp:g}), "
           f"interleaved in {a.rounds} rounds", flush=True)
+    bar = tqdm(total=len(todo), desc="plans measured")
     measured = measure_plans(ds, hw, batch, todo, N, a.warmup_iter, a.num_iter, rounds=a.rounds,
-                             group_of=lambda key: key[1], mp_keep=mp) if todo else {}
+                             group_of=lambda key: key[1], mp_keep=mp, on_result=lambda *_: bar.update()) if todo else {}
+    bar.close()
     costs = {k: {} for k in PLANS}
     for r in rows:
         t = r["task"]
@@ -107,11 +113,17 @@ def main() -> None:
     differ = [r["task"] for r in rows if not r["identical"]]
     stats_diff = paired({t: costs["mp-aware"][t] for t in differ if t in costs["mp-aware"]},
                         {t: costs["dense-comm"][t] for t in differ if t in costs["dense-comm"]})
+    by_order = {f: paired({r["task"]: costs["mp-aware"][r["task"]] for r in rows if r["measured first"] == f
+                           and r["task"] in costs["mp-aware"]},
+                          {r["task"]: costs["dense-comm"][r["task"]] for r in rows if r["measured first"] == f
+                           and r["task"] in costs["dense-comm"]}) for f in PLANS}
     pred = paired({r["task"]: r["mp-aware predicted ms"] for r in rows},
                   {r["task"]: r["dense-comm predicted ms"] for r in rows})
     lines = ["| mp-aware vs dense-comm plan (both measured compressed) | tasks | geo-mean ratio | 95% CI | "
              "wins / ties / losses |", "|---|---:|---:|---:|---:|"]
     for name, s in (("all tasks (identical plans = 1)", stats_all), ("tasks whose plans differ", stats_diff),
+                    ("... dense-comm plan measured first in each round", by_order["dense-comm"]),
+                    ("... mp-aware plan measured first in each round", by_order["mp-aware"]),
                     ("predicted by the mp models, all tasks", pred)):
         lines.append(f"| {name} | {s['n']} | {s['ratio']:.3f} | [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}] | "
                      f"{s['wins']} / {s['ties']} / {s['losses']} |")
@@ -127,7 +139,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"mp_keep": mp, "ndevices": N, "max_mem_gb": a.max_mem, "batch_size": batch,
                                        "hardware": hw.describe(), "paired_all": stats_all, "paired_differ": stats_diff,
-                                       "paired_predicted": pred, "tasks": rows, "table": lines,
+                                       "paired_predicted": pred, "paired_by_first": by_order, "tasks": rows, "table": lines,
                                        "provenance": provenance(args=vars(a))}, indent=1, default=float))
     print(f"wrote {out}")
 
