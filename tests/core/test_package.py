@@ -43,8 +43,9 @@ def test_wheel_installs_into_a_fresh_venv_with_every_module(tmp_path):
     in_wheel = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py"))
     assert in_wheel == _modules()
 
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
     py = venv / "bin/python"
     # the fresh venv sees the test venv's third-party packages (torch, ...) through a plain path entry,
     # whose own .pth files (the checkout's editable install among them) are not processed
@@ -52,8 +53,9 @@ def test_wheel_installs_into_a_fresh_venv_with_every_module(tmp_path):
                           check=True, capture_output=True, text=True).stdout.strip()
     deps = next(p for p in sys.path if p.endswith("site-packages"))
     Path(site, "deps.pth").write_text(deps + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, timeout=300)
+    # --ignore-installed: the checkout's editable install is visible through deps.pth, and must not count
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
+                   check=True, capture_output=True, timeout=300, env=env, cwd=tmp_path)
 
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -78,7 +80,6 @@ for s in {[Path(s).name for s in SCRIPTS]!r}:
     assert 'usage:' in out.getvalue(), s
 print('scripts ok')
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = subprocess.run([str(py), "-c", check], cwd=work, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{len(_modules())} modules" in proc.stdout and "scripts ok" in proc.stdout
