@@ -376,7 +376,7 @@ class ShardTablesConfig:
     out: str = flag("plan.json")
     torchrec_plan: str | None = flag(None, "also write the plan as a TorchRec ShardingPlan (JSON)")
     calibrate: int | None = flag(None, "K: measure K random shards of these tables on this hardware and fine-tune "
-                                       "the cost models on them (60: about a minute at the quick scale); saved "
+                                       "the cost models on them (e.g. 30); saved "
                                        "beside --out and reused by later runs on the same tables and hardware")
     calibrate_comm: int = flag(18, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
                                    "models on")

@@ -44,7 +44,7 @@ MIN_HELD_OUT = 5
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """Settings of `--calibrate K` (defaults: ~1 minute for 26 tables on 4 ranks at the quick scale)."""
+    """Settings of `--calibrate K` and the fine-tuning behind it."""
 
     num_shards: int = 60          # K compute samples; a third held out
     comm_layouts: int = 18        # all-to-all layouts of the user's dims; a third held out

@@ -10,9 +10,9 @@ After every round (at least `min_rounds`), the candidate with the lowest geometr
 the rounds is the best, the second lowest the runner-up, and their paired ratio per round gets a
 bootstrap 95% interval (`stats.paired`, rounds as pairs). Rounds stop when that interval excludes
 1 (the best is told apart), when `budget_s` (from the start, process start-up included) would be
-passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the best by geometric mean, so it
-never measured worse than another candidate; when the interval still includes 1 the result says
-plainly that the top plans cannot be told apart.
+passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the
+best by geometric mean, so it never measured worse than another candidate; when the interval still
+includes 1 the result says plainly that the top plans cannot be told apart.
 """
 from __future__ import annotations
 
