@@ -13,7 +13,6 @@ its modes (start-up paid once). Seeds already in the CSV are kept (an interrupte
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
@@ -127,10 +126,9 @@ def plot(df: pd.DataFrame) -> bytes:
     ax2.legend()
     ax2.set_title("communication")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from neuroshard.experiments.report import figure_png
+
+    return figure_png(fig)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ docs/dct_network.png.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import subprocess
@@ -216,10 +215,9 @@ def plot(speed: dict, order: dict) -> bytes:
     ax.set_title("DCT on a bandwidth-limited network (95% CI over reps)")
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from neuroshard.experiments.report import figure_png
+
+    return figure_png(fig)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,13 @@ def _bar_chart(charts) -> bytes:
         ax.set_ylabel("ms per iteration (max over devices)")
         ax.tick_params(axis="x", rotation=35)
     fig.tight_layout()
+    return figure_png(fig)
+
+
+def figure_png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (closed afterwards): every plot of the project is written this way."""
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
@@ -203,7 +210,4 @@ def _fidelity_plot(scatter) -> bytes:
         ax.set_title(f"simulator fidelity, {n} devices")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
