@@ -71,9 +71,11 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
                          seed=seed)
         steps.append(Step(f"2 tasks ({split})", _cmd("tools/gen_tasks.py", tc), lambda tc=tc: make_task_file(tc),
                           [tasks / f"{split}.pkl"]))
-    cc = ComputeCollectConfig(dataset_dir=str(data), out_dir=str(cost), data_size=P.compute_samples,
+    mix = P.families or cfg.families
+    cc = ComputeCollectConfig(dataset_dir=str(data), out_dir=str(cost),
+                              data_size=P.compute_samples * 3 // 2 if mix else P.compute_samples,
                               max_mem=P.max_mem, workers=P.compute_workers, hardware=HardwareConfig(gpu_devices=gpus),
-                              families_dir=str(work / "data/family_tables") if P.families else None)
+                              families_dir=str(work / "data/family_tables") if mix else None)
     compute_model = models / "compute.pt"
     tc = TrainComputeConfig(data_dir=str(cost), dataset_dir=str(data), out_path=str(compute_model), fit=fit)
     steps += [

@@ -7,7 +7,7 @@ from neuroshard.experiments.pipeline import PRESETS, run_pipeline
 
 TINY = Preset(num_tables=24, batch_size=256, row_scale=1e-3, task_max_mem=0.02, max_mem=0.01, T_range=(4, 8),
               num_train_tasks=2, num_test_tasks=3, ndevices=(2,), compute_samples=20, compute_workers=2,
-              comm_samples=10, epochs=5, eval_warmup=1, eval_iters=2, eval_rounds=1)
+              comm_samples=10, epochs=5, eval_warmup=1, eval_iters=2, eval_rounds=1, families=True)
 
 
 @pytest.fixture()
@@ -39,5 +39,5 @@ def test_pipeline_runs_resumes_and_reports(tiny, tmp_path, capsys):
     mtime = (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime
     run_pipeline(PipelineConfig("tiny", str(tmp_path), force=True))
     forced = capsys.readouterr().out
-    assert "skipped" not in forced and "measured 20 samples" in forced
+    assert "skipped" not in forced and "measured 30 samples" in forced  # the mix: 1.5 x the preset's 20
     assert (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime > mtime
