@@ -329,35 +329,27 @@ class EvalSimConfig:
 
 
 @dataclass
-class EvalConfig:
-    """Step 6 (eval.py): shard every task with each algorithm, then measure the plans on hardware."""
-    data_dir: str = flag("data/dlrm_datasets", "processed dataset")
-    task_path: str = flag("data/tasks/test.pkl")
-    alg: tuple[str, ...] = flag(("neuroshard",), "algorithm, comma-separated list, all, or plan:FILE",
-                                parse="str_list")
+class EvalConfig(EvalSimConfig):
+    """Step 6 (eval.py): shard every task with each algorithm, then measure the plans on hardware.
+
+    The fields of step 5 (some with their own help), and how the plans are measured."""
     ndevices: int = flag(4, "ranks (CPU processes) when not on GPUs")
-    max_mem: float = flag(4.0, "memory of one device, GB")
+    results_csv: str | None = flag(None, "default results/eval_<alg>.csv")
+    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans with the comm models made for it and measures "
+                                 "plans with the compressed all-to-all")
     batch_size: int | None = flag(None, "first B samples of the dataset batch (default all)")
     warmup_iter: int = flag(10)
     num_iter: int = flag(100, "timed iterations of a plan, over all rounds")
     rounds: int = flag(5, "each task's plans are measured interleaved in this many rounds; cost = median round")
-    results_csv: str | None = flag(None, "default results/eval_<alg>.csv")
-    seed: int = flag(0)
-    mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans with the comm models made for it and measures "
-                                 "plans with the compressed all-to-all")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    models: CostModelFiles = field(default_factory=CostModelFiles)
-    search: SearchParams = field(default_factory=SearchParams)
     salvage: bool = flag(False, "keep the good records of a damaged progress log (the damaged ones are measured "
                                 "again)")
 
     def check(self) -> "EvalConfig":
+        super().check()
         check_iters(self.warmup_iter, self.num_iter)
-        self.mp_keep = check_mp_keep(self.mp_keep)
         check_int("--rounds", self.rounds, 1, 1000)
-        check_int("--seed", self.seed, 0)
         self.hardware.check()
-        self.search.check()
         return self
 
 
