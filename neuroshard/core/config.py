@@ -71,6 +71,11 @@ class HardwareConfig:
                 raise UserError(f"--gpu_devices must list distinct GPU ids >= 0, got {self.gpu_devices!r}")
         return self
 
+    @property
+    def gpu_ids(self) -> list[int] | None:
+        """The GPU ids as the launchers take them (None: CPU ranks)."""
+        return list(self.gpu_devices) if self.gpu_devices else None
+
     def num_ranks(self, ndevices: int) -> int:
         """Ranks of a run: one per GPU id when given, else `ndevices` CPU processes."""
         return len(self.gpu_devices) if self.gpu_devices else ndevices

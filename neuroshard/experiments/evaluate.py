@@ -154,7 +154,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     algs = expand_algs(cfg.alg)
     out = Path(cfg.results_csv or f"results/eval_{algs_file_tag(algs)}.csv")
     check_output_file(out, "--results_csv")
-    gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
+    gpu_ids = cfg.hardware.gpu_ids
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     N = cfg.hardware.num_ranks(cfg.ndevices)
     cluster = Cluster(N, cfg.max_mem).need_peers()

@@ -148,7 +148,7 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
               f"{', ...' if len(tl.defaulted_reuse) > 5 else ''})")
     hw, calibration = None, None
     if cfg.measure or cfg.calibrate is not None or (sim and calibration_path(out).is_file()):
-        gpu_ids = list(cfg.hardware.gpu_devices) if cfg.hardware.gpu_devices else None
+        gpu_ids = cfg.hardware.gpu_ids
         hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     if sim is not None and hw is not None:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)

@@ -77,7 +77,7 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
     cfg.check()
     check_max_dim(cfg.max_dim)
     hwc = cfg.hardware
-    gpu_ids = list(hwc.gpu_devices) if hwc.gpu_devices else None
+    gpu_ids = hwc.gpu_ids
     warmup_iter, num_iter, seed = cfg.warmup_iter, cfg.num_iter, cfg.seed
     hw = resolve_hardware(hwc.device, hwc.backend, gpu_ids)
     ds = DLRMDataset.load(cfg.dataset_dir)
