@@ -1,14 +1,16 @@
 """DCT quality and bytes benchmark (by hand, not in CI): none / dp / mp / both, paired by seed.
 
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
+                         [--dp_keep 0.005] [--mp_keep 0.05]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
 from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
 paired ΔAUC and Δlog loss with 95% Student-t intervals over the seeds, bytes per step and their
 reduction, and step times. One group of ranks per seed runs
 its modes (start-up paid once). Seeds already in the CSV are kept (an interrupted benchmark resumes);
---fresh starts over. Writes results/dct_<dataset>_<arch>.csv (one row per run), .md (the table) and
-.png (loss curves of the first seed and bytes per step).
+--fresh starts over. Writes results/dct_<dataset>_<arch>.csv (one row per run; keep fractions other
+than the defaults add _dp<K>/_mp<K> to the name), .md (the table) and .png (loss curves of the first
+seed and bytes per step).
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=512)
     p.add_argument("--seeds", type=int, default=5, help="seeds; every mode runs with each")
     p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
+    p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
+    p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
     p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")
     p.add_argument("--max_rows", type=int, default=None, help="synthetic: rows of the largest table")
     p.add_argument("--out_dir", default="results")
@@ -43,7 +47,10 @@ def main() -> None:
     p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
     a = p.parse_args()
     out = Path(a.out_dir)
-    csv = out / f"dct_{a.dataset}_{a.arch}.csv"
+    tag = "".join(f"_{name}{value:g}" for name, value, default in (("dp", a.dp_keep, TrainConfig.dp_keep),
+                                                                  ("mp", a.mp_keep, TrainConfig.mp_keep))
+                  if value != default)  # other keep fractions get their own CSV
+    csv = out / f"dct_{a.dataset}_{a.arch}{tag}.csv"
     modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
     if not a.report_only:
         if a.fresh:
@@ -59,6 +66,7 @@ def main() -> None:
                 continue
             cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
                                 batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
+                                dp_keep=a.dp_keep, mp_keep=a.mp_keep,
                                 max_rows=a.max_rows, log_every=max(1, a.steps // 50)) for dct in todo]
             if data is None or a.dataset == "synthetic":  # synthetic data depends on the seed
                 data = load_data(a.dataset, seed, a.num_samples, a.max_rows)

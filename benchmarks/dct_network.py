@@ -3,8 +3,8 @@ none / dp / mp / both at several link bandwidths.
 
 sudo python benchmarks/dct_network.py [--arch mlperf] [--ndevices 4] [--bandwidths 1,2.5,10,0] [--reps 2]
 
-The script re-runs itself inside a private network namespace of its own (`unshare -n`): there it
-brings the namespace's loopback up and shapes it with a token bucket
+The script re-runs itself inside a private network namespace of its own (`unshare -n`,
+neuroshard/hardware/netns.py): there it brings the namespace's loopback up and shapes it with a token bucket
 (`tc qdisc replace dev lo root tbf rate R burst 256kb latency 50ms`; 0 = unshaped), and the ranks
 talk over that loopback only. Nothing outside the namespace is touched: the shaping dies with it.
 Every rank shares the one shaped loopback, so R is the aggregate bandwidth of the whole group (like
@@ -22,9 +22,6 @@ docs/dct_network.png.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 import sys
 from functools import partial
 from pathlib import Path
@@ -35,10 +32,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
+from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.hardware import netns  # noqa: E402
 from neuroshard.training.report import markdown, ratio_ci  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
-INSIDE = "NEUROSHARD_DCT_NETNS"
+SCRIPT = "benchmarks/dct_network.py"
 
 
 def fail(msg: str) -> None:
@@ -46,48 +45,9 @@ def fail(msg: str) -> None:
     sys.exit(2)
 
 
-def sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def enter_namespace() -> None:
-    """Re-run this script inside a new network namespace (root only)."""
-    if os.geteuid() != 0:
-        fail("benchmarks/dct_network.py needs root (it creates a private network namespace with unshare -n "
-             "and shapes its loopback with tc); run it as root, e.g. with sudo")
-    for tool in ("unshare", "ip", "tc"):
-        if shutil.which(tool) is None:
-            fail(f"{tool} not found; install iproute2 and util-linux")
-    env = {**os.environ, INSIDE: "1", "GLOO_SOCKET_IFNAME": "lo"}
-    try:
-        code = subprocess.call(["unshare", "-n", sys.executable, *sys.argv], env=env)
-    except KeyboardInterrupt:
-        code = 130
-    sys.exit(code)
-
-
-def setup_loopback() -> None:
-    links = sh("ip", "-o", "link", "show").stdout.splitlines()
-    names = [ln.split(":")[1].strip() for ln in links if ln.strip()]
-    if names != ["lo"]:  # never shape anything but the loopback of a namespace we created
-        fail(f"expected a fresh network namespace with only lo, found {names}")
-    r = sh("ip", "link", "set", "lo", "up")
-    if r.returncode:
-        fail(f"ip link set lo up failed: {r.stderr.strip()}")
-
-
-def shape(gbit: float) -> None:
-    sh("tc", "qdisc", "del", "dev", "lo", "root")  # none there yet is fine
-    if gbit > 0:
-        r = sh("tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{gbit:g}gbit", "burst", "256kb",
-               "latency", "50ms")
-        if r.returncode:
-            fail(f"tc tbf on lo failed: {r.stderr.strip()}")
-
-
 def shape_run(gbits: list[float], i: int) -> None:
     """Called on rank 0 before run i: shape the namespace's loopback for it."""
-    shape(gbits[i])
+    netns.shape(gbits[i])
 
 
 def main() -> None:
@@ -117,9 +77,9 @@ def main() -> None:
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
         return report(pd.read_csv(csv), csv, Path(a.plot))
-    if os.environ.get(INSIDE) != "1":
-        enter_namespace()
-    setup_loopback()
+    if not netns.inside():
+        sys.exit(netns.run_in_namespace(SCRIPT))
+    netns.setup_loopback()
     from neuroshard.training.data import load_data
 
     if a.fresh:
@@ -142,7 +102,7 @@ def main() -> None:
             append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})
             print(f"rep {rep} {gbit:g} Gbit/s {dct:<5} step {r['step_ms']:8.1f} ms = compute "
                   f"{r['compute_ms']:.1f} + MP {r['mp_comm_ms']:.1f} + DP {r['dp_comm_ms']:.1f}", flush=True)
-    shape(0)
+    netns.shape(0)
     report(pd.read_csv(csv), csv, Path(a.plot))
 
 
@@ -221,4 +181,7 @@ def plot(speed: dict, order: dict) -> bytes:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        fail(str(e))

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from ..core.artifacts import atomic_write_text, provenance
-from ..core.errors import PlanError, UserError
+from ..core.errors import UserError
 from .plan import ShardingPlan
 
 SPEC_KIND = "neuroshard.torchrec_plan"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -303,7 +304,13 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         compute, fw, bw = models or (None, None, None)
         files = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw)
         mp = cfg.mp_keep if cfg.uses_mp and cfg.mp_keep < 1 else None  # plan for DCT-MP's all-to-all when its
-        mp = mp if all(p.exists() for p in files.paths(cfg.ndevices, mp)[1:]) else None  # comm models exist
+        if mp is not None and not all(p.exists() for p in files.paths(cfg.ndevices, mp)[1:]):  # comm models exist
+            if progress:
+                fw = files.paths(cfg.ndevices, mp)[1]
+                print(f"note: no comm models for DCT-MP's all-to-all at mp_keep {mp:g} ({fw} missing): planning "
+                      f"for the uncompressed all-to-all; make them with collect_comm_cost_data.py and "
+                      f"train_comm_cost_model.py --ndevices {cfg.ndevices} --mp_keep {mp:g}", file=sys.stderr)
+            mp = None
         simulator = Simulator.load(*files.paths(cfg.ndevices, mp), num_devices=cfg.ndevices, mp_keep=mp)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     data.check_batch(cfg.batch_size)
@@ -359,14 +366,19 @@ def _train_runs_rank(rank: int, world: int, emit, data_path: str, runs, before_r
         train_rank(rank, world, lambda msg, i=i: emit((i, msg)), data_path, cfg_dict, rank_shards)
 
 
-def train_runs(cfgs: list[TrainConfig], data, before_run=None) -> list[dict]:
-    """Several runs (same --ndevices, plans from --alg without cost models) on one group of ranks
-    spawned once, so benchmarks pay process start-up once. `before_run(i)` (picklable) runs on rank 0
-    before run i while the other ranks wait. Returns each run's result, as `train_dlrm` does."""
+def train_runs(cfgs: list[TrainConfig], data, before_run=None, shards: list | None = None) -> list[dict]:
+    """Several runs (same --ndevices) on one group of ranks spawned once, so benchmarks pay process
+    start-up once. Run i trains on `shards[i]` (per rank, its (table, col_start, width) shards, as
+    `shard_training_tables` returns) when given, else on the plan of its --alg without cost models.
+    `before_run(i)` (picklable) runs on rank 0 before run i while the other ranks wait. Returns each
+    run's result, as `train_dlrm` does."""
     cfgs = [c.check().resolved() for c in cfgs]
     if len({c.ndevices for c in cfgs}) != 1:
         raise UserError("train_runs: every run needs the same --ndevices")
-    runs = [(asdict(c), shard_training_tables(data, c)) for c in cfgs]
+    if shards is not None and (len(shards) != len(cfgs) or any(len(s) != cfgs[0].ndevices for s in shards)):
+        raise UserError("train_runs: shards needs one plan per run, each with one shard list per rank")
+    runs = [(asdict(c), shards[i] if shards is not None else shard_training_tables(data, c))
+            for i, c in enumerate(cfgs)]
     done: dict[int, tuple] = {}
 
     def on_message(msg):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.hardware.backends import FbgemmTBE, Hardware, TorchFusedEmbeddingBag, fbgemm_works, resolve_hardware
+from neuroshard.hardware.backends import FbgemmTBE, TorchFusedEmbeddingBag, fbgemm_works, resolve_hardware
 from neuroshard.core.artifacts import read_record_log
 from neuroshard.hardware.collect import load_cost_data, missing_indices
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND

@@ -4,7 +4,6 @@ training learns a planted problem."""
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -58,6 +57,26 @@ def test_bytes_match_the_formula(baseline):
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
     ks = [max(1, int(0.05 * w)) for w in widths]
     assert r["mp_bytes_per_step"] == sum(B * kr * (2 + 1) + B * kr * 4 for kr in ks)  # fp16 + uint8 fw, fp32 bw
+
+
+def test_given_plans_are_the_ones_trained():
+    """train_runs(shards=...) trains each run on its own plan: DCT-MP's bytes follow each plan's widths."""
+    from neuroshard.training.data import load_movielens
+
+    B, D = 128, 16
+    lopsided = [[(t, 0, D) for t in range(6)], [(6, 0, D), (7, 0, D)]]            # widths 96 | 32
+    split = [[(t, 0, D) for t in range(4)] + [(4, 0, 8), (5, 0, 8)],                # widths 80 | 48
+             [(4, 8, 8), (5, 8, 8), (6, 0, D), (7, 0, D)]]
+    cfg = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3})
+    a, b = train_runs([cfg, cfg], load_movielens(), shards=[lopsided, split])
+    for r, widths in ((a, (96, 32)), (b, (80, 48))):
+        ks = [max(1, int(0.05 * w)) for w in widths]                               # (4, 1) and (4, 2)
+        assert r["mp_bytes_per_step"] == sum(B * k * (2 + 1) + B * k * 4 for k in ks)
+    assert a["mp_bytes_per_step"] != b["mp_bytes_per_step"]
+    with pytest.raises(UserError, match="one plan per run"):
+        train_runs([cfg, cfg], load_movielens(), shards=[lopsided])
+    with pytest.raises(UserError, match="one shard list per rank"):
+        train_runs([cfg], load_movielens(), shards=[lopsided + [[]]])
 
 
 def test_mlperf_shape_meets_the_byte_targets_at_the_defaults():
@@ -142,20 +161,30 @@ def test_bad_runs_are_refused_before_training(tmp_path):
 
 def test_ctrl_c_stops_every_rank(tmp_path):
     import os
+    import re
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     from conftest import ROOT
 
     proc = subprocess.Popen([sys.executable, str(ROOT / "tools/train_dlrm.py"), "--ndevices", "2", "--steps", "100000",
                              "--batch_size", "128", "--results_csv", str(tmp_path / "r.csv")],
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(12)
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = bytearray()
+    reader = threading.Thread(target=lambda: [err.extend(b) for b in iter(lambda: proc.stderr.read1(4096), b"")],
+                              daemon=True)
+    reader.start()
+    deadline = time.time() + 180  # Ctrl-C once the ranks train (the bar has counted steps), however loaded the machine
+    while time.time() < deadline and proc.poll() is None and not re.search(rb"\| *[1-9]\d*/100000", bytes(err)):
+        time.sleep(0.2)
+    assert proc.poll() is None, bytes(err).decode(errors="replace")
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    assert proc.returncode == 130, bytes(err).decode(errors="replace")
     deadline = time.time() + 20
     while time.time() < deadline:
         try:

@@ -1,0 +1,167 @@
+"""Does the compression-aware plan train faster with DCT-MP on a slow network? (issue 16 item 4; by hand,
+not in CI; needs root.)
+
+sudo python benchmarks/mp_aware_training.py [--dataset synthetic] [--arch mlperf] [--gbit 1] [--mp_keep 0.05]
+                                            [--dct mp|both] [--reps 6]
+
+The training tables are sharded twice by NeuroShard, with the same compute model and search: once
+with the comm models of the uncompressed all-to-all (models/comm_<N>_{fw,bw}.pt, the "dense-comm
+plan") and once with those of DCT-MP's compressed one (models/comm_<N>_mp<K>_{fw,bw}.pt, the
+"mp-aware plan"), exactly as `tools/train_dlrm.py --alg neuroshard --dct mp` picks them. Both plans
+then train with `--dct mp` (or `--dct both`) inside a private network namespace whose loopback is shaped to --gbit
+(hardware/netns.py, as benchmarks/dct_network.py), in --reps interleaved reps (each rep runs both
+plans on one group of ranks, the order alternating). Per run: median step time and its split into
+compute / MP comm / DP comm. The ratio mp-aware / dense-comm of each rep is paired; the table gives
+the geometric mean with its 95% Student-t interval over reps. If the two plans coincide it says so
+and measures nothing. Runs already in the CSV are kept (rerun to go on); --fresh starts over.
+Writes results/mp_aware_training_<dct>.{csv,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
+from neuroshard.core.config import CostModelFiles  # noqa: E402
+from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.hardware import netns  # noqa: E402
+from neuroshard.training.report import markdown, ratio_ci  # noqa: E402
+from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
+
+PLANS = ("dense-comm", "mp-aware")
+SCRIPT = "benchmarks/mp_aware_training.py"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="synthetic", choices=["synthetic", "movielens"])
+    p.add_argument("--arch", default="mlperf")
+    p.add_argument("--ndevices", type=int, default=4)
+    p.add_argument("--mp_keep", type=float, default=0.05)
+    p.add_argument("--dct", default="mp", choices=["mp", "both"],
+                   help="mp: the issue's --dct mp (DP gradients uncompressed); both: DCT-DP too, so MP and compute weigh more")
+    p.add_argument("--gbit", type=float, default=1.0, help="loopback bandwidth in Gbit/s (0 = unshaped)")
+    p.add_argument("--steps", type=int, default=10, help="steps per run (the first 10%% are not timed)")
+    p.add_argument("--batch_size", type=int, default=512)
+    p.add_argument("--num_samples", type=int, default=40_000, help="synthetic: samples")
+    p.add_argument("--max_rows", type=int, default=200_000, help="synthetic: rows of the largest table")
+    p.add_argument("--max_mem", type=float, default=4.0, help="GB per rank the plans must fit")
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--out_dir", default="results")
+    p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
+    a = p.parse_args()
+    try:
+        run(a)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(a) -> None:
+    if a.gbit < 0:
+        raise UserError(f"--gbit must be >= 0 (0 = unshaped), got {a.gbit:g}")
+    if a.reps < 1:
+        raise UserError(f"--reps must be >= 1, got {a.reps}")
+    cfg = TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, alg="neuroshard", dct=a.dct,
+                      mp_keep=a.mp_keep, steps=a.steps, batch_size=a.batch_size, seed=0, max_mem=a.max_mem,
+                      log_every=a.steps, evaluate=False,
+                      num_samples=a.num_samples if a.dataset == "synthetic" else None,
+                      max_rows=a.max_rows if a.dataset == "synthetic" else None).check()
+    if not 0 < a.mp_keep < 1:
+        raise UserError(f"--mp_keep must be in (0, 1) (1 sends everything: nothing to plan for), got {a.mp_keep:g}")
+    files = CostModelFiles()
+    for mp in (None, a.mp_keep):
+        missing = [str(f) for f in files.paths(a.ndevices, mp) if not f.exists()]
+        if missing:
+            raise UserError(f"missing cost model {missing[0]}; run the quick pipeline (make reproduce), then "
+                            f"collect_comm_cost_data.py --ndevices {a.ndevices} --mp_keep {a.mp_keep:g} and "
+                            f"train_comm_cost_model.py --ndevices {a.ndevices} --mp_keep {a.mp_keep:g}")
+    if not netns.inside():
+        sys.exit(netns.run_in_namespace(SCRIPT))
+    netns.setup_loopback()
+    from neuroshard.sharding.simulator import Simulator
+    from neuroshard.training.data import load_data
+
+    data = load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
+    plans = {}
+    for name, mp in zip(PLANS, (None, a.mp_keep)):
+        sim = Simulator.load(*files.paths(a.ndevices, mp), num_devices=a.ndevices, mp_keep=mp)
+        plans[name] = shard_training_tables(data, cfg.resolved(), sim)
+    desc = describe(plans, data)
+    print("\n".join(desc))
+    csv = Path(a.out_dir) / f"mp_aware_training_{a.dct}.csv"
+    md_path = csv.with_suffix(".md")
+    title = (f"# Training with --dct {a.dct} (mp_keep {a.mp_keep:g}) on the plan made for DCT-MP: {cfg.dataset}, arch {cfg.arch}, "
+             f"{cfg.ndevices} gloo ranks, batch {cfg.batch_size}, {_link(a.gbit)}")
+    if plans["dense-comm"] == plans["mp-aware"]:
+        atomic_write_text(md_path, "\n".join([title, "", *desc, "",
+                                              "The two plans coincide: nothing to measure.", ""]))
+        print("the two plans coincide: nothing to measure")
+        return
+    if a.fresh:
+        csv.unlink(missing_ok=True)
+    done = set()
+    if csv.is_file():
+        old = pd.read_csv(csv)
+        done = set(zip(old.rep, old.plan))
+    netns.shape(a.gbit)
+    for rep in range(a.reps):
+        order = [n for n in (PLANS if rep % 2 == 0 else PLANS[::-1]) if (rep, n) not in done]
+        if not order:
+            continue
+        results = train_runs([cfg] * len(order), data, shards=[plans[n] for n in order])
+        for name, r in zip(order, results):
+            append_result(csv, {"rep": rep, "plan": name, "gbit": a.gbit,
+                                **{k: v for k, v in r.items() if not k.startswith("_")}})
+            print(f"rep {rep} {name:<10} step {r['step_ms']:8.1f} ms = compute {r['compute_ms']:.1f} + "
+                  f"MP {r['mp_comm_ms']:.1f} + DP {r['dp_comm_ms']:.1f}", flush=True)
+    netns.shape(0)
+    md = [title, "", *desc, "", *report(pd.read_csv(csv)), ""]
+    atomic_write_text(md_path, "\n".join(md))
+    print("\n".join(md))
+
+
+def _link(gbit: float) -> str:
+    return f"loopback shaped to {gbit:g} Gbit/s" if gbit > 0 else "unshaped loopback"
+
+
+def describe(plans: dict, data) -> list[str]:
+    """Each plan's shards per rank and the spread of the ranks' dim sums and lookups."""
+    names = data.table_names
+    out = ["| plan | rank | shards (table[columns]) | dim sum |", "|---|---|---|---|"]
+    for name, plan in plans.items():
+        for r, shards in enumerate(plan):
+            text = ", ".join(f"{names[t]}[{c}:{c + w}]" for t, c, w in shards) or "-"
+            out.append(f"| {name} | {r} | {text} | {sum(w for _, _, w in shards)} |")
+    for name, plan in plans.items():
+        dims = np.array([sum(w for _, _, w in s) for s in plan], np.float64)
+        out.append(f"\n{name}: {sum(len(s) for s in plan)} shards, dim sum per rank max/mean "
+                   f"{dims.max() / dims.mean():.2f}")
+    return out
+
+
+def report(df: pd.DataFrame) -> list[str]:
+    rows = []
+    base = df[df.plan == PLANS[0]].set_index("rep").step_ms
+    for name in PLANS:
+        g = df[df.plan == name]
+        mine = g.set_index("rep").step_ms
+        reps = [r for r in mine.index if r in base.index]
+        sp = ratio_ci(mine[reps] / base[reps])
+        rows.append({"plan": name, "reps": len(reps), "step (ms)": f"{g.step_ms.median():.0f}",
+                     "compute": f"{g.compute_ms.median():.0f}", "MP comm": f"{g.mp_comm_ms.median():.0f}",
+                     "DP comm": f"{g.dp_comm_ms.median():.0f}",
+                     "MP MB/step": f"{g.mp_bytes_per_step.mean() / 1e6:.3f}",
+                     "step time vs dense-comm plan [95% CI]": f"{sp[0]:.3f} [{sp[1]:.3f}, {sp[2]:.3f}]"})
+    return ["Times are medians per step in ms (averaged over ranks); ratio = mp-aware / dense-comm step time in the "
+            "same rep (below 1: the compression-aware plan is faster), geometric mean and 95% Student-t interval "
+            "over reps.", "", *markdown(rows)]
+
+
+if __name__ == "__main__":
+    main()
