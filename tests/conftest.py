@@ -1,8 +1,8 @@
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from neuroshard.data.dataset import DLRMDataset, process_raw
@@ -22,6 +22,18 @@ def small_raw():
 def small_dataset(small_raw, tmp_path_factory) -> DLRMDataset:
     out = tmp_path_factory.mktemp("ds")
     return process_raw(*small_raw, out_dir=out, source={"source": "test"}, progress=False)
+
+
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen_interruptible(args, **kwargs) -> subprocess.Popen:
+    """Start `args` in a new process group with Ctrl-C (SIGINT) handled as in a terminal. A shell
+    that runs a job in the background without job control (`nohup make test &`) makes its children
+    ignore SIGINT, and Python keeps an inherited SIG_IGN, so Ctrl-C tests would otherwise depend on how
+    pytest was launched."""
+    return subprocess.Popen(args, start_new_session=True, preexec_fn=_sigint_as_in_a_terminal, **kwargs)
 
 
 def run_script(script: str, *args: str, cwd=None) -> subprocess.CompletedProcess:

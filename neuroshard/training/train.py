@@ -340,9 +340,10 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     return result
 
 
-def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None) -> None:
+def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None, indexed: bool = False) -> None:
     """Write the data once, then run `runs` ((config dict, rank shards) each) one after another on
-    one group of ranks (spawned here, or this process's rank under torchrun)."""
+    one group of ranks (spawned here, or this process's rank under torchrun). With `indexed` (or more
+    than one run, or a `before_run`) every message reaches `on_message` as (run index, message)."""
     from ..hardware.launch import run_processes
 
     with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
@@ -350,7 +351,7 @@ def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None)
         torch.save({k: getattr(data, k) for k in ("name", "table_names", "num_rows", "dense", "ids", "offsets",
                                                   "labels", "num_train")}, path)
         world = len(runs[0][1])
-        if len(runs) == 1 and before_run is None:
+        if len(runs) == 1 and before_run is None and not indexed:
             run_processes(train_rank, world, (str(path), *runs[0]), on_message, group_device="cpu")
         else:
             run_processes(_train_runs_rank, world, (str(path), runs, before_run), on_message, group_device="cpu")
@@ -387,7 +388,7 @@ def train_runs(cfgs: list[TrainConfig], data, before_run=None, shards: list | No
             done[i] = inner[1:]
 
     t0 = time.perf_counter()
-    _run_group(data, runs, on_message, before_run)
+    _run_group(data, runs, on_message, before_run, indexed=True)
     wall = (time.perf_counter() - t0) / len(cfgs)
     return [summarize(c, data, done[i], wall) for i, c in enumerate(cfgs)]
 

@@ -12,7 +12,7 @@ from neuroshard.core.artifacts import read_record_log
 from neuroshard.data.tasks import generate_tasks, save_tasks
 from neuroshard.experiments.evaluate import EVAL_PROGRESS_KIND
 
-from conftest import ROOT
+from conftest import ROOT, popen_interruptible
 
 
 def test_eval_interrupt_and_resume(small_dataset, tmp_path):
@@ -22,7 +22,7 @@ def test_eval_interrupt_and_resume(small_dataset, tmp_path):
     args = [sys.executable, str(ROOT / "eval.py"), "--data_dir", str(small_dataset.path), "--task_path",
             str(tmp_path / "t.pkl"), "--alg", "random,dim_greedy,size_greedy,lookup_greedy", "--ndevices", "2",
             "--max_mem", "1", "--warmup_iter", "1", "--num_iter", "15", "--results_csv", str(out)]
-    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_interruptible(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     while time.time() < deadline:
         if progress.exists() and len(read_record_log(progress, EVAL_PROGRESS_KIND, "x")[1]) >= 3:

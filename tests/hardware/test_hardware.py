@@ -19,7 +19,7 @@ from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmar
 from neuroshard.data.dataset import process_raw
 from neuroshard.hardware.launch import run_processes
 
-from conftest import ROOT, assert_clean_error, run_script
+from conftest import ROOT, assert_clean_error, popen_interruptible, run_script
 
 HW = resolve_hardware("cpu", "auto")
 
@@ -160,7 +160,7 @@ def _group_alive(pgid):
 
 def _interrupt_after(args, path, kind, min_samples, extra_wait_s=0.0):
     """Start a collector, Ctrl-C it (SIGINT to its process group) once `path` holds `min_samples`."""
-    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_interruptible(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     while time.time() < deadline:
         if path.exists() and len(read_record_log(path, kind, "x")[1]) >= min_samples:

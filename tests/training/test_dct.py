@@ -73,6 +73,8 @@ def test_given_plans_are_the_ones_trained():
         ks = [max(1, int(0.05 * w)) for w in widths]                               # (4, 1) and (4, 2)
         assert r["mp_bytes_per_step"] == sum(B * k * (2 + 1) + B * k * 4 for k in ks)
     assert a["mp_bytes_per_step"] != b["mp_bytes_per_step"]
+    (alone,) = train_runs([cfg], load_movielens(), shards=[lopsided])   # one run alone (a resumed benchmark)
+    assert alone["_losses"] == a["_losses"]
     with pytest.raises(UserError, match="one plan per run"):
         train_runs([cfg, cfg], load_movielens(), shards=[lopsided])
     with pytest.raises(UserError, match="one shard list per rank"):
@@ -168,11 +170,11 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     import threading
     import time
 
-    from conftest import ROOT
+    from conftest import ROOT, popen_interruptible
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools/train_dlrm.py"), "--ndevices", "2", "--steps", "100000",
-                             "--batch_size", "128", "--results_csv", str(tmp_path / "r.csv")],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = popen_interruptible([sys.executable, str(ROOT / "tools/train_dlrm.py"), "--ndevices", "2", "--steps", "100000",
+                                "--batch_size", "128", "--results_csv", str(tmp_path / "r.csv")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = bytearray()
     reader = threading.Thread(target=lambda: [err.extend(b) for b in iter(lambda: proc.stderr.read1(4096), b"")],
                               daemon=True)
