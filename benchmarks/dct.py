@@ -24,6 +24,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
+from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.training.report import markdown, mean_ci  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
@@ -46,6 +47,20 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
     p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
     a = p.parse_args()
+    try:
+        run(a)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(a) -> None:
+    TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, batch_size=a.batch_size,
+                dp_keep=a.dp_keep, mp_keep=a.mp_keep, num_samples=a.num_samples, max_rows=a.max_rows).check()
+    if a.seeds < 1:
+        raise UserError(f"--seeds must be >= 1, got {a.seeds}")
+    if any(m not in DCT_MODES for m in a.modes.split(",")):
+        raise UserError(f"--modes must be from {', '.join(DCT_MODES)}, got {a.modes!r}")
     out = Path(a.out_dir)
     tag = "".join(f"_{name}{value:g}" for name, value, default in (("dp", a.dp_keep, TrainConfig.dp_keep),
                                                                   ("mp", a.mp_keep, TrainConfig.mp_keep))
@@ -58,6 +73,12 @@ def main() -> None:
         done = set()
         if csv.is_file():
             old = pd.read_csv(csv)
+            settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
+                        "batch_size": a.batch_size}
+            other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
+            if other:
+                raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh "
+                                "to start over, or --out_dir for a separate folder")
             done = set(zip(old.seed, old.dct))
         data = None
         for seed in range(a.seeds):  # one group of ranks per seed runs its modes
@@ -74,6 +95,8 @@ def main() -> None:
                 append_result(csv, {k: v for k, v in r.items() if not k.startswith("_")})
                 print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}  step {r['step_ms']:.2f} ms  "
                       f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
+    if not csv.is_file():
+        raise UserError(f"no results in {csv} yet; run without --report_only first")
     report(pd.read_csv(csv), out, csv.stem)
 
 

@@ -70,12 +70,14 @@ def main() -> None:
     except ValueError:
         fail(f"--bandwidths must be numbers in Gbit/s joined by commas, got {a.bandwidths!r}")
     modes = a.modes.split(",")
-    if any(b < 0 for b in bws) or not bws:
-        fail(f"--bandwidths must be >= 0 (0 = unshaped), got {a.bandwidths!r}")
+    if not bws or not all(0 <= b <= 1000 for b in bws):  # also refuses nan and inf
+        fail(f"--bandwidths must be Gbit/s from 0 (unshaped) to 1000, got {a.bandwidths!r}")
     if "none" not in modes or any(m not in DCT_MODES for m in modes):
         fail(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {a.modes!r}")
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
+        if not csv.is_file():
+            fail(f"no results in {csv} yet; run without --report_only first")
         return report(pd.read_csv(csv), csv, Path(a.plot))
     if not netns.inside():
         sys.exit(netns.run_in_namespace(SCRIPT))
@@ -87,6 +89,12 @@ def main() -> None:
     done = set()
     if csv.is_file():
         old = pd.read_csv(csv)
+        settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
+                    "batch_size": a.batch_size}
+        other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
+        if other:
+            fail(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to start over, "
+                 "or --out_dir for a separate folder")
         done = set(zip(old.rep, old.gbit, old.dct))
     data = load_data(a.dataset)
     for rep in range(a.reps):  # one group of ranks per rep runs every (bandwidth, mode), shaping between runs

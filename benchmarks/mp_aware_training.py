@@ -63,8 +63,8 @@ def main() -> None:
 
 
 def run(a) -> None:
-    if a.gbit < 0:
-        raise UserError(f"--gbit must be >= 0 (0 = unshaped), got {a.gbit:g}")
+    if not 0 <= a.gbit <= 1000:  # also refuses nan and inf
+        raise UserError(f"--gbit must be a number of Gbit/s from 0 (unshaped) to 1000, got {a.gbit:g}")
     if a.reps < 1:
         raise UserError(f"--reps must be >= 1, got {a.reps}")
     cfg = TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, alg="neuroshard", dct=a.dct,
@@ -108,6 +108,12 @@ def run(a) -> None:
     done = set()
     if csv.is_file():
         old = pd.read_csv(csv)
+        settings = {"gbit": a.gbit, "dataset": cfg.dataset, "arch": cfg.arch, "mp_keep": a.mp_keep,
+                    "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices}
+        other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
+        if other:
+            raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to "
+                            "start over, or --out_dir for a separate folder")
         done = set(zip(old.rep, old.plan))
     netns.shape(a.gbit)
     for rep in range(a.reps):

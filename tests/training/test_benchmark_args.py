@@ -1,0 +1,48 @@
+"""The DCT benchmark scripts refuse bad input in one line (exit 2) before any work, and never mix results
+made with other settings into a CSV they resume."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def _run(script, *args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("script,args,fragment", [
+    ("dct.py", ["--mp_keep", "nan"], "--mp_keep must be a finite number"),
+    ("dct.py", ["--dp_keep", "0"], "--dp_keep must be a finite number"),
+    ("dct.py", ["--seeds", "0"], "--seeds must be >= 1"),
+    ("dct.py", ["--modes", "none,xx"], "--modes must be from"),
+    ("dct_network.py", ["--bandwidths", "1,inf"], "--bandwidths must be Gbit/s from 0"),
+    ("dct_network.py", ["--bandwidths", "1,x"], "--bandwidths must be numbers"),
+    ("mp_aware_training.py", ["--gbit", "nan"], "--gbit must be a number of Gbit/s"),
+    ("mp_aware_training.py", ["--mp_keep", "1"], "--mp_keep must be in (0, 1)"),
+    ("mp_aware_training.py", ["--reps", "0"], "--reps must be >= 1"),
+])
+def test_bad_flags_get_one_line(script, args, fragment, tmp_path):
+    r = _run(script, *args, "--out_dir", str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_missing_models_are_named_before_any_work(tmp_path):
+    r = _run("mp_aware_training.py", "--out_dir", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "missing cost model models/compute.pt" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_csv_of_other_settings_is_not_resumed(tmp_path):
+    csv = tmp_path / "dct_movielens_tiny.csv"
+    text = "dataset,arch,ndevices,steps,batch_size,seed,dct,test_auc\nmovielens,tiny,4,1000,512,0,none,0.6\n"
+    csv.write_text(text)
+    r = _run("dct.py", "--steps", "500", "--out_dir", str(tmp_path))
+    assert r.returncode == 2 and "holds runs made with other settings (steps)" in r.stderr
+    assert csv.read_text() == text
+    r = _run("dct.py", "--report_only", "--out_dir", str(tmp_path / "empty"))
+    assert r.returncode == 2 and "no results in" in r.stderr
