@@ -25,7 +25,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.training.report import markdown, mean_ci  # noqa: E402
+from neuroshard.training.report import check_resumable, markdown, mean_ci  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
@@ -73,12 +73,8 @@ def run(a) -> None:
         done = set()
         if csv.is_file():
             old = pd.read_csv(csv)
-            settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
-                        "batch_size": a.batch_size}
-            other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
-            if other:
-                raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh "
-                                "to start over, or --out_dir for a separate folder")
+            check_resumable(old, csv, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices,
+                                       "steps": a.steps, "batch_size": a.batch_size})
             done = set(zip(old.seed, old.dct))
         data = None
         for seed in range(a.seeds):  # one group of ranks per seed runs its modes

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import markdown, ratio_ci  # noqa: E402
+from neuroshard.training.report import check_resumable, markdown, ratio_ci  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 SCRIPT = "benchmarks/dct_network.py"
@@ -89,12 +89,8 @@ def main() -> None:
     done = set()
     if csv.is_file():
         old = pd.read_csv(csv)
-        settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
-                    "batch_size": a.batch_size}
-        other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
-        if other:
-            fail(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to start over, "
-                 "or --out_dir for a separate folder")
+        check_resumable(old, csv, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
+                                   "batch_size": a.batch_size})
         done = set(zip(old.rep, old.gbit, old.dct))
     data = load_data(a.dataset)
     for rep in range(a.reps):  # one group of ranks per rep runs every (bandwidth, mode), shaping between runs

@@ -30,7 +30,7 @@ from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
 from neuroshard.core.config import CostModelFiles  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import markdown, ratio_ci  # noqa: E402
+from neuroshard.training.report import check_resumable, markdown, ratio_ci  # noqa: E402
 from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
@@ -108,12 +108,8 @@ def run(a) -> None:
     done = set()
     if csv.is_file():
         old = pd.read_csv(csv)
-        settings = {"gbit": a.gbit, "dataset": cfg.dataset, "arch": cfg.arch, "mp_keep": a.mp_keep,
-                    "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices}
-        other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
-        if other:
-            raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to "
-                            "start over, or --out_dir for a separate folder")
+        check_resumable(old, csv, {"gbit": a.gbit, "dataset": cfg.dataset, "arch": cfg.arch, "mp_keep": a.mp_keep,
+                                   "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices})
         done = set(zip(old.rep, old.plan))
     netns.shape(a.gbit)
     for rep in range(a.reps):

@@ -1,7 +1,8 @@
-"""Statistics and tables of the DCT benchmarks (benchmarks/dct.py, benchmarks/dct_network.py).
+"""Statistics and tables of the DCT benchmarks (benchmarks/dct.py, dct_network.py, mp_aware_training.py).
 
 `mean_ci`: mean of paired differences with a two-sided 95% Student-t interval (n - 1 degrees of
-freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio and its interval.
+freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio and its interval;
+`check_resumable`: a results CSV is resumed only by a run with the same settings.
 """
 from __future__ import annotations
 
@@ -32,3 +33,14 @@ def markdown(rows: list[dict]) -> list[str]:
     cols = list(rows[0])
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
         "| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+
+
+def check_resumable(old, csv, settings: dict) -> None:
+    """Refuse to add runs to `csv` (its rows: the DataFrame `old`) unless every row was made with
+    `settings` (column -> value), so one table never mixes runs of different settings."""
+    from ..core.errors import UserError
+
+    other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
+    if other:
+        raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to start "
+                        "over, or --out_dir for a separate folder")
