@@ -24,13 +24,14 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
+from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.training.report import check_resumable, markdown, mean_ci  # noqa: E402
+from neuroshard.training.report import markdown, mean_ci, runs_done  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="movielens")
     p.add_argument("--arch", default="tiny")
@@ -46,12 +47,7 @@ def main() -> None:
     p.add_argument("--out_dir", default="results")
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
     p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
-    a = p.parse_args()
-    try:
-        run(a)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(p.parse_args(argv))
 
 
 def run(a) -> None:
@@ -68,14 +64,8 @@ def run(a) -> None:
     csv = out / f"dct_{a.dataset}_{a.arch}{tag}.csv"
     modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
     if not a.report_only:
-        if a.fresh:
-            csv.unlink(missing_ok=True)
-        done = set()
-        if csv.is_file():
-            old = pd.read_csv(csv)
-            check_resumable(old, csv, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices,
-                                       "steps": a.steps, "batch_size": a.batch_size})
-            done = set(zip(old.seed, old.dct))
+        done = runs_done(csv, a.fresh, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices,
+                                        "steps": a.steps, "batch_size": a.batch_size}, ("seed", "dct"))
         data = None
         for seed in range(a.seeds):  # one group of ranks per seed runs its modes
             todo = [m for m in modes if (seed, m) not in done]
@@ -159,4 +149,4 @@ def plot(df: pd.DataFrame) -> bytes:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -32,9 +32,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
-from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import check_resumable, markdown, ratio_ci  # noqa: E402
+from neuroshard.training.report import markdown, ratio_ci, runs_done  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 SCRIPT = "benchmarks/dct_network.py"
@@ -50,7 +50,7 @@ def shape_run(gbits: list[float], i: int) -> None:
     netns.shape(gbits[i])
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="mlperf")
     p.add_argument("--dataset", default="movielens")
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--plot", default="docs/dct_network.png")
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
     p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     try:
         bws = [float(x) for x in a.bandwidths.split(",")]
     except ValueError:
@@ -84,14 +84,8 @@ def main() -> None:
     netns.setup_loopback()
     from neuroshard.training.data import load_data
 
-    if a.fresh:
-        csv.unlink(missing_ok=True)
-    done = set()
-    if csv.is_file():
-        old = pd.read_csv(csv)
-        check_resumable(old, csv, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
-                                   "batch_size": a.batch_size})
-        done = set(zip(old.rep, old.gbit, old.dct))
+    done = runs_done(csv, a.fresh, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
+                                    "batch_size": a.batch_size}, ("rep", "gbit", "dct"))
     data = load_data(a.dataset)
     for rep in range(a.reps):  # one group of ranks per rep runs every (bandwidth, mode), shaping between runs
         todo = [(bws[(i + rep) % len(bws)], modes[(j + rep) % len(modes)])
@@ -185,7 +179,4 @@ def plot(speed: dict, order: dict) -> bytes:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        fail(str(e))
+    run_main(main)

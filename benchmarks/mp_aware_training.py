@@ -27,17 +27,18 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
+from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import CostModelFiles  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import check_resumable, markdown, ratio_ci  # noqa: E402
+from neuroshard.training.report import markdown, ratio_ci, runs_done  # noqa: E402
 from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
 SCRIPT = "benchmarks/mp_aware_training.py"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="synthetic", choices=["synthetic", "movielens"])
     p.add_argument("--arch", default="mlperf")
@@ -54,12 +55,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--out_dir", default="results")
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
-    a = p.parse_args()
-    try:
-        run(a)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(p.parse_args(argv))
 
 
 def run(a) -> None:
@@ -103,14 +99,9 @@ def run(a) -> None:
                                               "The two plans coincide: nothing to measure.", ""]))
         print("the two plans coincide: nothing to measure")
         return
-    if a.fresh:
-        csv.unlink(missing_ok=True)
-    done = set()
-    if csv.is_file():
-        old = pd.read_csv(csv)
-        check_resumable(old, csv, {"gbit": a.gbit, "dataset": cfg.dataset, "arch": cfg.arch, "mp_keep": a.mp_keep,
-                                   "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices})
-        done = set(zip(old.rep, old.plan))
+    done = runs_done(csv, a.fresh, {"gbit": a.gbit, "dataset": cfg.dataset, "arch": cfg.arch, "mp_keep": a.mp_keep,
+                                    "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices},
+                     ("rep", "plan"))
     netns.shape(a.gbit)
     for rep in range(a.reps):
         order = [n for n in (PLANS if rep % 2 == 0 else PLANS[::-1]) if (rep, n) not in done]
@@ -166,4 +157,4 @@ def report(df: pd.DataFrame) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -2,7 +2,7 @@
 
 `mean_ci`: mean of paired differences with a two-sided 95% Student-t interval (n - 1 degrees of
 freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio and its interval;
-`check_resumable`: a results CSV is resumed only by a run with the same settings.
+`runs_done`: the runs a results CSV already holds, resumed only by a run with the same settings.
 """
 from __future__ import annotations
 
@@ -35,12 +35,21 @@ def markdown(rows: list[dict]) -> list[str]:
         "| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
 
 
-def check_resumable(old, csv, settings: dict) -> None:
-    """Refuse to add runs to `csv` (its rows: the DataFrame `old`) unless every row was made with
-    `settings` (column -> value), so one table never mixes runs of different settings."""
+def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tuple]:
+    """The runs `csv` already holds, as tuples of its `keys` columns (none with `fresh`, which deletes it).
+    Refused unless every row was made with `settings` (column -> value), so one table never mixes runs of
+    different settings."""
+    import pandas as pd
+
     from ..core.errors import UserError
 
+    if fresh:
+        csv.unlink(missing_ok=True)
+    if not csv.is_file():
+        return set()
+    old = pd.read_csv(csv)
     other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
     if other:
         raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to start "
                         "over, or --out_dir for a separate folder")
+    return set(zip(*(old[k] for k in keys)))
