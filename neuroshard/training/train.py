@@ -304,10 +304,10 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         compute, fw, bw = models or (None, None, None)
         files = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw)
         mp = cfg.mp_keep if cfg.uses_mp and cfg.mp_keep < 1 else None  # plan for DCT-MP's all-to-all when its
-        if mp is not None and not all(p.exists() for p in files.paths(cfg.ndevices, mp)[1:]):  # comm models exist
+        fw_bw = files.paths(cfg.ndevices, mp)[1:]
+        if mp is not None and not all(p.exists() for p in fw_bw):  # comm models exist
             if progress:
-                fw = files.paths(cfg.ndevices, mp)[1]
-                print(f"note: no comm models for DCT-MP's all-to-all at mp_keep {mp:g} ({fw} missing): planning "
+                print(f"note: no comm models for DCT-MP's all-to-all at mp_keep {mp:g} ({fw_bw[0]} missing): planning "
                       f"for the uncompressed all-to-all; make them with collect_comm_cost_data.py and "
                       f"train_comm_cost_model.py --ndevices {cfg.ndevices} --mp_keep {mp:g}", file=sys.stderr)
             mp = None
@@ -319,7 +319,8 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     bar = tqdm(total=cfg.steps, desc=f"train DLRM ({cfg.dataset}, {cfg.arch}, {cfg.ndevices} ranks, dct {cfg.dct})",
                disable=not progress)
 
-    def on_message(msg):
+    def on_message(indexed):
+        _, msg = indexed  # the one run's index, 0
         if msg[0] == "loss":  # rank 0's
             _, step, value = msg
             bar.update(step - bar.n)
@@ -340,10 +341,10 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     return result
 
 
-def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None, indexed: bool = False) -> None:
+def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None) -> None:
     """Write the data once, then run `runs` ((config dict, rank shards) each) one after another on
-    one group of ranks (spawned here, or this process's rank under torchrun). With `indexed` (or more
-    than one run, or a `before_run`) every message reaches `on_message` as (run index, message)."""
+    one group of ranks (spawned here, or this process's rank under torchrun). Every message reaches
+    `on_message` as (run index, message)."""
     from ..hardware.launch import run_processes
 
     with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
@@ -351,10 +352,7 @@ def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None,
         torch.save({k: getattr(data, k) for k in ("name", "table_names", "num_rows", "dense", "ids", "offsets",
                                                   "labels", "num_train")}, path)
         world = len(runs[0][1])
-        if len(runs) == 1 and before_run is None and not indexed:
-            run_processes(train_rank, world, (str(path), *runs[0]), on_message, group_device="cpu")
-        else:
-            run_processes(_train_runs_rank, world, (str(path), runs, before_run), on_message, group_device="cpu")
+        run_processes(_train_runs_rank, world, (str(path), runs, before_run), on_message, group_device="cpu")
 
 
 def _train_runs_rank(rank: int, world: int, emit, data_path: str, runs, before_run) -> None:
@@ -388,7 +386,7 @@ def train_runs(cfgs: list[TrainConfig], data, before_run=None, shards: list | No
             done[i] = inner[1:]
 
     t0 = time.perf_counter()
-    _run_group(data, runs, on_message, before_run, indexed=True)
+    _run_group(data, runs, on_message, before_run)
     wall = (time.perf_counter() - t0) / len(cfgs)
     return [summarize(c, data, done[i], wall) for i, c in enumerate(cfgs)]
 
