@@ -41,12 +41,14 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
     different settings."""
     import pandas as pd
 
+    from ..core.artifacts import check_results_csv
     from ..core.errors import UserError
 
     if fresh:
         csv.unlink(missing_ok=True)
     if not csv.is_file():
         return set()
+    check_results_csv(csv, "--out_dir:", (*settings, *keys), "benchmark")  # unreadable or another kind: one line
     old = pd.read_csv(csv)
     other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
     if other:
