@@ -46,3 +46,12 @@ def test_a_csv_of_other_settings_is_not_resumed(tmp_path):
     assert csv.read_text() == text
     r = _run("dct.py", "--report_only", "--out_dir", str(tmp_path / "empty"))
     assert r.returncode == 2 and "no results in" in r.stderr
+
+
+def test_a_resumed_csv_that_is_not_one_gets_one_line(tmp_path):
+    csv = tmp_path / "dct_movielens_tiny.csv"
+    junk = bytes(range(256)) * 8                  # not text, not a CSV
+    csv.write_bytes(junk)
+    r = _run("dct.py", "--out_dir", str(tmp_path))
+    assert r.returncode == 2 and "is not a readable CSV" in r.stderr and "Traceback" not in r.stderr
+    assert csv.read_bytes() == junk
