@@ -1,7 +1,7 @@
 """DCT quality and bytes benchmark (by hand, not in CI): none / dp / mp / both, paired by seed.
 
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
-                         [--dp_keep 0.005] [--mp_keep 0.05]
+                         [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
 from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
@@ -11,6 +11,10 @@ its modes (start-up paid once). Seeds already in the CSV are kept (an interrupte
 --fresh starts over. Writes results/dct_<dataset>_<arch>.csv (one row per run; keep fractions other
 than the defaults add _dp<K>/_mp<K> to the name), .md (the table) and .png (loss curves of the first
 seed and bytes per step).
+
+With --eval_every N every run holds out the last tenth of its training split for validation and scores
+validation and test every N steps; the table then also pairs the test AUC at each run's best validation
+step (early stopping), the CSV name gets _eval<N>, and the plot shows the test AUC curves.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
     p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
     p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
+    p.add_argument("--eval_every", type=int, default=0,
+                   help="score validation and test every N steps; also pair the test AUC at the best validation step")
     p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")
     p.add_argument("--max_rows", type=int, default=None, help="synthetic: rows of the largest table")
     p.add_argument("--out_dir", default="results")
@@ -52,7 +58,8 @@ def main(argv=None) -> None:
 
 def run(a) -> None:
     TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, batch_size=a.batch_size,
-                dp_keep=a.dp_keep, mp_keep=a.mp_keep, num_samples=a.num_samples, max_rows=a.max_rows).check()
+                dp_keep=a.dp_keep, mp_keep=a.mp_keep, num_samples=a.num_samples, max_rows=a.max_rows,
+                eval_every=a.eval_every).check()
     if a.seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {a.seeds}")
     if any(m not in DCT_MODES for m in a.modes.split(",")):
@@ -61,11 +68,13 @@ def run(a) -> None:
     tag = "".join(f"_{name}{value:g}" for name, value, default in (("dp", a.dp_keep, TrainConfig.dp_keep),
                                                                   ("mp", a.mp_keep, TrainConfig.mp_keep))
                   if value != default)  # other keep fractions get their own CSV
+    tag += f"_eval{a.eval_every}" if a.eval_every else ""
     csv = out / f"dct_{a.dataset}_{a.arch}{tag}.csv"
     modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
     if not a.report_only:
-        done = runs_done(csv, a.fresh, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices,
-                                        "steps": a.steps, "batch_size": a.batch_size}, ("seed", "dct"))
+        settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
+                    "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {})}
+        done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
         data = None
         for seed in range(a.seeds):  # one group of ranks per seed runs its modes
             todo = [m for m in modes if (seed, m) not in done]
@@ -74,12 +83,14 @@ def run(a) -> None:
             cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
                                 batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
                                 dp_keep=a.dp_keep, mp_keep=a.mp_keep,
-                                max_rows=a.max_rows, log_every=max(1, a.steps // 50)) for dct in todo]
+                                max_rows=a.max_rows, log_every=max(1, a.steps // 50), eval_every=a.eval_every)
+                    for dct in todo]
             if data is None or a.dataset == "synthetic":  # synthetic data depends on the seed
                 data = load_data(a.dataset, seed, a.num_samples, a.max_rows)
             for dct, r in zip(todo, train_runs(cfgs, data)):
                 append_result(csv, {k: v for k, v in r.items() if not k.startswith("_")})
-                print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}  step {r['step_ms']:.2f} ms  "
+                best = f" (at best validation, step {r['best_step']}: {r['test_auc_at_best']:.4f})" if a.eval_every else ""
+                print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}{best}  step {r['step_ms']:.2f} ms  "
                       f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
     if not csv.is_file():
         raise UserError(f"no results in {csv} yet; run without --report_only first")
@@ -99,6 +110,7 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
             "test AUC (mean ± sd)": f"{g.test_auc.mean():.4f} ± {g.test_auc.std(ddof=1) if len(g) > 1 else 0:.4f}",
             "paired ΔAUC [95% CI]": f"{d_auc[0]:+.4f} [{d_auc[1]:+.4f}, {d_auc[2]:+.4f}]",
             "paired Δlog loss [95% CI]": f"{d_ll[0]:+.4f} [{d_ll[1]:+.4f}, {d_ll[2]:+.4f}]",
+            **(early_stopping(g, base, seeds) if "test_auc_at_best" in df else {}),
             "MP bytes/step": f"{g.mp_bytes_per_step.mean():,.0f}",
             "MP reduction": f"{base.mp_bytes_per_step.mean() / g.mp_bytes_per_step.mean():.1f}x",
             "DP bytes/step": f"{g.dp_bytes_per_step.mean():,.0f}",
@@ -112,10 +124,26 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
           "of the same seed, mean and 95% Student-t interval over the seeds. Bytes are those handed to the "
           "collectives per step, summed over ranks; times are medians per step (ms, averaged over ranks, first 10% "
           "of steps skipped), median over seeds (loopback, unshaped: see benchmarks/dct_network.py for a "
-          "bandwidth-limited network).", "", *markdown(rows), ""]
+          "bandwidth-limited network).", *([
+              "", f"Early stopping (--eval_every {int(r0.eval_every)}): the last tenth of the training split is held out "
+              "for validation; every run scores validation and test every "
+              f"{int(r0.eval_every)} steps, and the 'at best valid' columns take the test scores at the run's step of "
+              "best validation AUC, paired by seed like the others."] if "eval_every" in df else []),
+          "", *markdown(rows), ""]
     atomic_write_text(out / f"{stem}.md", "\n".join(md))
     atomic_write_bytes(out / f"{stem}.png", plot(df))
     print("\n".join(md))
+
+
+def early_stopping(g: pd.DataFrame, base: pd.DataFrame, seeds) -> dict:
+    """Columns for the test scores at each run's best validation step, paired by seed."""
+    d_auc = mean_ci(g.test_auc_at_best[seeds] - base.test_auc_at_best[seeds])
+    d_ll = mean_ci(g.test_logloss_at_best[seeds] - base.test_logloss_at_best[seeds])
+    return {"best-valid step (median)": f"{g.best_step.median():.0f}",
+            "test AUC at best valid": f"{g.test_auc_at_best.mean():.4f} ± "
+                                      f"{g.test_auc_at_best.std(ddof=1) if len(g) > 1 else 0:.4f}",
+            "paired ΔAUC at best valid [95% CI]": f"{d_auc[0]:+.4f} [{d_auc[1]:+.4f}, {d_auc[2]:+.4f}]",
+            "paired Δlog loss at best valid [95% CI]": f"{d_ll[0]:+.4f} [{d_ll[1]:+.4f}, {d_ll[2]:+.4f}]"}
 
 
 def plot(df: pd.DataFrame) -> bytes:
@@ -124,7 +152,9 @@ def plot(df: pd.DataFrame) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    evals = "eval_curve" in df
+    fig, axes = plt.subplots(1, 3 if evals else 2, figsize=(16 if evals else 11, 4))
+    ax1, ax2 = axes[0], axes[1]
     for dct, g in df[df.seed == df.seed.min()].groupby("dct", sort=False):
         curve = json.loads(g.loss_curve.iloc[0])
         steps = sorted(int(s) for s in curve)
@@ -142,6 +172,15 @@ def plot(df: pd.DataFrame) -> bytes:
     ax2.set_ylabel("bytes per step (log)")
     ax2.legend()
     ax2.set_title("communication")
+    if evals:
+        for dct, g in df[df.seed == df.seed.min()].groupby("dct", sort=False):
+            curve = json.loads(g.eval_curve.iloc[0])
+            steps = sorted(int(s) for s in curve)
+            axes[2].plot(steps, [curve[str(s)][1] for s in steps], label=dct)
+        axes[2].set_xlabel("step")
+        axes[2].set_ylabel("test AUC")
+        axes[2].legend()
+        axes[2].set_title(f"test AUC during training (seed {df.seed.min()})")
     fig.tight_layout()
     from neuroshard.experiments.report import figure_png
 

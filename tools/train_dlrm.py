@@ -49,6 +49,10 @@ def main(argv=None) -> int:
     p.add_argument("--max_rows", type=int, default=d.max_rows, help="synthetic: rows of the largest table")
     p.add_argument("--evaluate", type=on_off, default=d.evaluate, metavar="{on,off}",
                    help="predict the test set at the end (AUC, log loss)")
+    p.add_argument("--eval_every", type=int, default=d.eval_every,
+                   help="0 (default): score the test set once, at the end; N: hold out the last tenth of the "
+                        "training split for validation, score validation and test every N steps, and also report "
+                        "the test scores at the step of the best validation AUC")
     p.add_argument("--results_csv", default="results/dct.csv")
     p.add_argument("--compute_model", default=None)
     p.add_argument("--fw_comm_model", default=None)
@@ -59,6 +63,9 @@ def main(argv=None) -> int:
     if r is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     print(f"test AUC {r['test_auc']:.4f}  log loss {r['test_logloss']:.4f}  ({r['num_test']} test samples)")
+    if "best_step" in r:
+        print(f"best validation AUC {r['best_valid_auc']:.4f} at step {r['best_step']}: test AUC "
+              f"{r['test_auc_at_best']:.4f}  log loss {r['test_logloss_at_best']:.4f}")
     print(f"per step: {r['step_ms']:.2f} ms = compute {r['compute_ms']:.2f} + MP comm {r['mp_comm_ms']:.2f} + "
           f"DP comm {r['dp_comm_ms']:.2f} (medians)")
     print(f"bytes per step: MP {r['mp_bytes_per_step']:,.0f}  DP {r['dp_bytes_per_step']:,.0f}")

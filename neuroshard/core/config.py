@@ -208,7 +208,8 @@ class TasksConfig:
 class ComputeCollectConfig:
     """Step 3a (collect_compute_cost_data.py): compute cost of random shards (DESIGN.md §3.1)."""
     data_size: int = flag(1000, "samples the output file should hold")
-    workers: int | None = flag(None, "CPU worker processes, one thread each (default: CPU count)")
+    workers: int | None = flag(None, "worker processes: on CPU one thread each (default: CPU count); "
+                                     "on CUDA one GPU each (default: every visible GPU)")
     max_tables: int = flag(15)
     max_mem: float = flag(4.0, "GB per shard")
     max_dim: int = flag(128)

@@ -149,6 +149,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
     from ..hardware.backends import resolve_hardware
     from ..hardware.evaluator import measure_plans, plan_device_tables
+    from ..hardware.launch import rank_gpus
 
     cfg.check()
     algs = expand_algs(cfg.alg)
@@ -157,6 +158,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     gpu_ids = cfg.hardware.gpu_ids
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     N = cfg.hardware.num_ranks(cfg.ndevices)
+    gpu_ids = rank_gpus(hw.device, N, gpu_ids)  # too few GPUs: refused before anything is written
     cluster = Cluster(N, cfg.max_mem).need_peers()
     max_mem, seed, search, task_path = cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
     warmup_iter, num_iter, rounds = cfg.warmup_iter, cfg.num_iter, cfg.rounds

@@ -26,6 +26,7 @@ from ..sharding.registry import expand_algs, make_sharder, shard_task
 from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
 from ..hardware.backends import resolve_hardware
+from ..hardware.launch import rank_gpus
 from .calibrate import (CalibrationConfig, calibrate, calibration_path, fingerprint, load_calibration,
                         save_calibration)
 from .measure import MeasureConfig, candidate_plans, measure_candidates
@@ -150,6 +151,7 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     if cfg.measure or cfg.calibrate is not None or (sim and calibration_path(out).is_file()):
         gpu_ids = cfg.hardware.gpu_ids
         hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
+        rank_gpus(hw.device, ndevices, gpu_ids)  # too few GPUs for the ranks: one line, before any measuring
     if sim is not None and hw is not None:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)

@@ -153,7 +153,7 @@ class TorchFusedEmbeddingBag:
         self.groups: dict[int, list[int]] = {}
         for t, d in enumerate(self.dims):
             self.groups.setdefault(d, []).append(t)
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator(device=self.device).manual_seed(0)  # drawn where the weights live: no host copy
         self.group_weights = {}
         self.row_offset = {}
         for d, tables in self.groups.items():
@@ -163,8 +163,8 @@ class TorchFusedEmbeddingBag:
                 total += self.rows[t]
             self.row_offset[d] = base
             bound = 1.0 / max(1, total) ** 0.5
-            w = (torch.rand(total, d, generator=g) * 2 - 1) * bound
-            self.group_weights[d] = w.to(self.device).requires_grad_()
+            w = (torch.rand(total, d, generator=g, device=self.device) * 2 - 1) * bound
+            self.group_weights[d] = w.requires_grad_()
 
     def prepare(self, indices, offsets):
         T = len(self.dims)

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, provenance, read_record_log
@@ -22,7 +23,7 @@ from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
 from .comm_bench import COMM_DATA_KIND, comm_rank
 from .compute_bench import COMPUTE_DATA_KIND, compute_worker, family_collection
-from .launch import in_torchrun, run_processes
+from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes
 
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
@@ -88,6 +89,8 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
     meta = {**hw.describe(), "batch_size": batch, "dataset_fingerprint": ds.fingerprint,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, **fam_meta, "provenance": provenance()}
     path = Path(cfg.out_dir) / "compute_cost_data.pkl"
+    if hw.device == "cuda" and not gpu_ids:  # one worker per GPU: two timing on one GPU would disturb each other
+        gpu_ids = cuda_ranks(cfg.workers or torch.cuda.device_count(), "worker")
     n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
     print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
     log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file", salvage=cfg.salvage)
@@ -115,6 +118,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     warmup_iter, num_iter, seed, batch_size = cfg.warmup_iter, cfg.num_iter, cfg.seed, cfg.batch_size
     T_range, sleep_range, max_dim = cfg.T_range, cfg.sleep_range, cfg.max_dim
     dev = resolve_device(cfg.device, gpu_ids)
+    gpu_ids = rank_gpus(dev, N, gpu_ids)  # refused before any file is touched when GPUs are too few
     sample_args = {"seed": seed, "T_range": tuple(T_range), "max_dim": max_dim, "sleep_range": tuple(sleep_range)}
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "mp_keep": cfg.mp_keep,

@@ -148,6 +148,27 @@ def _choose_failure(errors: dict[int, str], procs, what: str) -> str:
     return f"{what} {dead[0]} exited with code {procs[dead[0]].exitcode} without a report"
 
 
+def cuda_ranks(world: int, what: str = "rank") -> list[int]:
+    """GPU ids for `world` CUDA ranks given no --gpu_devices: one GPU each, 0..world-1. NCCL cannot put
+    two ranks on one GPU, so fewer visible GPUs than ranks is refused in one line."""
+    import torch
+
+    have = torch.cuda.device_count()
+    if world > have:
+        raise UserError(f"{world} {what}s on CUDA need {world} GPUs (one each) but {have} "
+                        f"{'is' if have == 1 else 'are'} visible; pass --device cpu, or fewer ranks "
+                        f"(--ndevices / --gpu_devices)")
+    return list(range(world))
+
+
+def rank_gpus(device: str | None, world: int, gpu_ids: list[int] | None, what: str = "rank") -> list[int] | None:
+    """The GPU of each of `world` ranks: --gpu_devices when given, else 0..world-1 on CUDA (checked
+    against the visible GPUs); None on CPU and under torchrun (its LOCAL_RANK picks the GPU)."""
+    if gpu_ids or device != "cuda" or in_torchrun():
+        return gpu_ids
+    return cuda_ranks(world, what)
+
+
 def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[Any], None],
                   group_device: str | None = None, gpu_ids: list[int] | None = None, what: str = "rank") -> None:
     """Run `fn(rank, world, emit, *args)` in `world` processes; `on_message` gets what they emit.
@@ -165,6 +186,7 @@ def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[A
         dist.barrier()
         dist.destroy_process_group()
         return
+    gpu_ids = rank_gpus(group_device, world, gpu_ids, what)
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")

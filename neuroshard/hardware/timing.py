@@ -17,7 +17,7 @@ import torch
 
 def _cache_bytes(device: str) -> int:
     if device == "cuda":
-        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+        return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20))
     try:
         text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
         return int(text.rstrip("K")) * 1024 if text.endswith("K") else int(text)

@@ -75,6 +75,8 @@ class TrainConfig:
     num_samples: int | None = None  # synthetic only
     max_rows: int | None = None     # synthetic only: rows of the largest table
     evaluate: bool = True           # predict the test set at the end (timing benchmarks skip it)
+    eval_every: int = 0             # >0: hold out the last tenth of the training split for validation, score
+    #                                 validation and test every this many steps; report test at the best validation
 
     def check(self) -> "TrainConfig":
         if self.dataset not in ("movielens", "synthetic"):
@@ -104,6 +106,7 @@ class TrainConfig:
         check_int("--seed", self.seed, 0)
         check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
         check_int("--log_every", self.log_every, 1, 1_000_000)
+        check_int("--eval_every", self.eval_every, 0, self.steps)
         if self.num_samples is not None:
             check_int("--num_samples", self.num_samples, 1000, 100_000_000)
         if self.max_rows is not None:
@@ -159,7 +162,6 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
 
     from .data import CTRData
     from .dct import DCTState, dct_hook, dense_hook
-    import torch.distributed as dist
 
     from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
@@ -181,9 +183,13 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     opt_dense = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
+    num_train = data.num_train
+    if cfg.eval_every:  # the last tenth of the training split becomes the validation set
+        num_train -= max(B, data.num_train // VALID_SHARE)
+    valid, test = torch.arange(num_train, data.num_train), torch.arange(data.num_train, data.num_samples)
     perm_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    order = torch.randperm(data.num_train, generator=perm_gen)
-    pos, losses, per_step = 0, [], []
+    order = torch.randperm(num_train, generator=perm_gen)
+    pos, losses, per_step, evals = 0, [], [], []
 
     def sparse_for(idx):
         _, sp, _ = data.batch(idx, my_tables)
@@ -199,9 +205,23 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         x, _, y = data.batch(idx[rank * b:(rank + 1) * b], [])
         return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
 
+    def predict(split):
+        """Every rank's predictions and labels of `split` (global batches of B, trimmed to the ranks), on rank 0."""
+        preds, labels = [], []
+        model.eval()
+        with torch.no_grad():
+            for start in range(0, len(split) - world + 1, B):
+                idx = split[start:start + B]
+                logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
+                preds.append(torch.sigmoid(logit))
+                labels.append(y)
+        model.train()
+        return [torch.cat(p) for p in _gather((torch.cat(preds or [torch.zeros(0)]),
+                                               torch.cat(labels or [torch.zeros(0)])), world)]
+
     for step in range(cfg.steps):
-        if pos + B > data.num_train:
-            order, pos = torch.randperm(data.num_train, generator=perm_gen), 0
+        if pos + B > num_train:
+            order, pos = torch.randperm(num_train, generator=perm_gen), 0
         idx = order[pos:pos + B]
         pos += B
         stats.reset()
@@ -223,29 +243,32 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         losses.append(float(loss.detach()))
         if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
             emit(("loss", step + 1, float(np.mean(losses[-cfg.log_every:]))))
-    # test predictions: this rank's slice of each global test batch
-    test = torch.arange(data.num_train, data.num_samples)
-    preds, labels = [], []
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, (len(test) - world + 1) if cfg.evaluate else 0, B):
-            idx = test[start:start + B]
-            logit, y = forward(idx[: len(idx) - len(idx) % world], model.module, CommStats())
-            preds.append(torch.sigmoid(logit))
-            labels.append(y)
-    # everything reaches rank 0 through the process group (under torchrun only rank 0 reports)
-    mine = (torch.cat(preds or [torch.zeros(0)]), torch.cat(labels or [torch.zeros(0)]),
-            torch.tensor(per_step, dtype=torch.float64), torch.tensor(losses, dtype=torch.float64))
-    everyone = []
-    for t in mine:
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            (vp, vl), (tp, tl) = predict(valid), predict(test)  # every rank takes part; rank 0 scores
+            if rank == 0:
+                evals.append((step + 1, auc(vp, vl), auc(tp, tl), log_loss(tp, tl)))
+    # test predictions at the end (every rank's slice of each global test batch), gathered on rank 0
+    preds, labels = predict(test if cfg.evaluate else test[:0])
+    steps_all, losses_all = _gather((torch.tensor(per_step, dtype=torch.float64),
+                                     torch.tensor(losses, dtype=torch.float64)), world)
+    if rank == 0:
+        emit(("done", preds.tolist(), labels.tolist(), torch.stack(steps_all).numpy(),
+              state.refreshed_at if state else [], [x.tolist() for x in losses_all], evals))
+
+
+VALID_SHARE = 10  # with --eval_every, 1/VALID_SHARE of the training split (at least one batch) validates
+
+
+def _gather(tensors, world: int) -> list[list[torch.Tensor]]:
+    """All ranks' copies of each tensor (same shape on every rank), through the process group."""
+    import torch.distributed as dist
+
+    out = []
+    for t in tensors:
         parts = [torch.empty_like(t) for _ in range(world)]
         dist.all_gather(parts, t)
-        everyone.append(parts)
-    if rank == 0:
-        preds_all, labels_all, steps_all, losses_all = everyone
-        emit(("done", torch.cat(preds_all).tolist(), torch.cat(labels_all).tolist(),
-              torch.stack(steps_all).numpy(), state.refreshed_at if state else [],
-              [x.tolist() for x in losses_all]))
+        out.append(parts)
+    return out
 
 
 # ----------------------------------------------------------------------------- metrics and the driver
@@ -393,7 +416,7 @@ def train_runs(cfgs: list[TrainConfig], data, before_run=None, shards: list | No
 
 def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     """Rank 0's report of a run -> the result row (plus `_`-prefixed details for callers)."""
-    preds, labels, steps, refreshed_at, rank_losses = done  # steps: [ranks, steps, 5]
+    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 5]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
@@ -416,6 +439,11 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "loss_curve": json.dumps({e: float(mean_loss[max(0, e - cfg.log_every):e].mean()) for e in ends}),
         "tau_refreshes": len(refreshed_at),
     }
+    if evals:  # test scores at the step of the best validation AUC (the first such step on ties)
+        best = max(range(len(evals)), key=lambda i: (evals[i][1], -i))
+        result.update(eval_every=cfg.eval_every, best_step=evals[best][0], best_valid_auc=evals[best][1],
+                      test_auc_at_best=evals[best][2], test_logloss_at_best=evals[best][3],
+                      eval_curve=json.dumps({s: [round(v, 5), round(t, 5)] for s, v, t, _ in evals}))
     # for callers (tests, benchmarks), not the CSV: exact per-rank losses, predictions, threshold refreshes
     result.update(_preds=preds, _refreshed_at=refreshed_at, _losses=rank_losses, _steps=steps)
     return result

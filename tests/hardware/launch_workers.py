@@ -21,9 +21,11 @@ def killed_rank_2(rank, world, emit):
     dist.barrier()
 
 
-def emit_then_sleep(rank, world, emit, n):
+def emit_then_sleep(rank, world, emit, n, flag_dir):
     for i in range(n):
         emit((rank, i))
+    time.sleep(0.5)  # the queue's feeder thread has written them to the pipe
+    open(os.path.join(flag_dir, f"sent_{rank}"), "w").close()
     time.sleep(60)
 
 

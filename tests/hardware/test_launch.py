@@ -25,19 +25,22 @@ def test_rank_killed_by_a_signal_is_named():
         run_processes(w.killed_rank_2, 3, (), print, group_device="cpu")
 
 
-def test_ctrl_c_keeps_every_result_already_sent():
-    got = []
+def test_ctrl_c_keeps_every_result_already_sent(tmp_path):
+    got, raised_at = [], []
 
     def on_message(msg):
         got.append(msg)
-        if len(got) == 1:
-            raise KeyboardInterrupt  # Ctrl-C while the other results are still in the pipe
+        if len(got) == 1:  # Ctrl-C once every worker has sent everything, while 9 results are still in the pipe
+            deadline = time.monotonic() + 120
+            while len(list(tmp_path.glob("sent_*"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raised_at.append(time.monotonic())
+            raise KeyboardInterrupt
 
-    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        run_processes(w.emit_then_sleep, 2, (5,), on_message, what="worker")
+        run_processes(w.emit_then_sleep, 2, (5, str(tmp_path)), on_message, what="worker")
     assert sorted(got) == [(r, i) for r in range(2) for i in range(5)]
-    assert time.monotonic() - t0 < 30  # the sleeping workers were terminated
+    assert time.monotonic() - raised_at[0] < 30  # the workers (asleep for 60 s) were terminated, not waited for
 
 
 def _alive(pid):

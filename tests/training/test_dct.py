@@ -41,6 +41,27 @@ def test_keep_one_is_bit_identical_to_no_compression(baseline):
         assert r["_preds"] == baseline["_preds"]
 
 
+def test_early_stopping_scores_do_not_disturb_training_and_pick_the_best_validation_step(baseline):
+    """--eval_every: scoring mid-training leaves training bit-identical (4 vs 6 steps apart, same held-out
+    tenth), the last scoring equals the final test AUC, and the reported test AUC is the one at the step
+    of the best validation AUC."""
+    from neuroshard.training.data import load_movielens
+
+    cfgs = [TrainConfig(**{**SMALL, "dct": "both", "eval_every": k}) for k in (4, 6)]
+    a, b = train_runs(cfgs, load_movielens())
+    assert a["_losses"] == b["_losses"] and a["_preds"] == b["_preds"]
+    assert a["_losses"] != baseline["_losses"]  # a tenth of the training split held out: other batches
+    curve = {int(k): v for k, v in json.loads(a["eval_curve"]).items()}
+    assert sorted(curve) == [4, 8, 12] and sorted(json.loads(b["eval_curve"])) == ["12", "6"]
+    assert curve[12][1] == pytest.approx(a["test_auc"], abs=1e-5) == pytest.approx(b["test_auc"], abs=1e-5)
+    best = max(sorted(curve), key=lambda s: curve[s][0])
+    assert a["best_step"] == best and a["test_auc_at_best"] == pytest.approx(curve[best][1], abs=1e-5)
+    assert a["best_valid_auc"] == pytest.approx(curve[best][0], abs=1e-5)
+    assert a["num_test"] == baseline["num_test"]  # the test split is untouched
+    with pytest.raises(UserError, match="--eval_every"):
+        TrainConfig(**{**SMALL, "eval_every": 13}).check()
+
+
 def test_threshold_is_recomputed_exactly_every_refresh():
     r = _run(dct="dp", steps=25, dp_refresh=10, dp_drift=1000)
     assert r["_refreshed_at"] == [(0, 0, "scheduled"), (10, 0, "scheduled"), (20, 0, "scheduled")]  # one bucket
