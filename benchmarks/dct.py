@@ -43,6 +43,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch_size", type=int, default=512)
     p.add_argument("--seeds", type=int, default=5, help="seeds; every mode runs with each")
+    p.add_argument("--first_seed", type=int, default=0, help="seeds run are first_seed .. first_seed + seeds - 1")
     p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
     p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
     p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
@@ -60,8 +61,8 @@ def run(a) -> None:
     TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, batch_size=a.batch_size,
                 dp_keep=a.dp_keep, mp_keep=a.mp_keep, num_samples=a.num_samples, max_rows=a.max_rows,
                 eval_every=a.eval_every).check()
-    if a.seeds < 1:
-        raise UserError(f"--seeds must be >= 1, got {a.seeds}")
+    if a.seeds < 1 or a.first_seed < 0:
+        raise UserError(f"--seeds must be >= 1 and --first_seed >= 0, got {a.seeds} and {a.first_seed}")
     if any(m not in DCT_MODES for m in a.modes.split(",")):
         raise UserError(f"--modes must be from {', '.join(DCT_MODES)}, got {a.modes!r}")
     out = Path(a.out_dir)
@@ -76,7 +77,7 @@ def run(a) -> None:
                     "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {})}
         done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
         data = None
-        for seed in range(a.seeds):  # one group of ranks per seed runs its modes
+        for seed in range(a.first_seed, a.first_seed + a.seeds):  # one group of ranks per seed runs its modes
             todo = [m for m in modes if (seed, m) not in done]
             if not todo:
                 continue

@@ -172,6 +172,19 @@ def _write_all(fd: int, data) -> None:
         view = view[os.write(fd, view):]
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux), else by setting and restoring it."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
     path = Path(path)
     if path.is_dir():
@@ -183,6 +196,7 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
         raise write_error(e, path.parent) from None
     try:
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; an artifact gets the mode open() would give
             write(_FdFile(fd))
             os.fsync(fd)
         except OSError as e:

@@ -176,10 +176,11 @@ def dct_hook(state: DCTState, bucket) -> torch.futures.Future[torch.Tensor]:
             for p in params:
                 state.residual.pop(id(p), None)
         buf.copy_(g)
-    elif m == 0:  # nothing to send anywhere (all-zero gradients, residuals included)
+    elif m == 0:  # nothing to send anywhere: every entry is under tau (or zero) on every rank
         state.stats.add("dp", nbytes(count), count_s)
-        for p in params:
-            state.residual.pop(id(p), None)
+        if state.error_feedback:  # nothing was delivered, so all of g waits for a later iteration
+            for p, piece in zip(params, torch.split(g, sizes)):
+                state.residual[id(p)] = piece
         buf.zero_()
     else:
         payload = payload_bytes(deltas, vals, m)

@@ -51,6 +51,20 @@ def test_hostile_torch_file_runs_no_code(tmp_path):
     assert not marker.exists()
 
 
+def test_written_files_get_the_mode_open_would_give(tmp_path):
+    """Not mkstemp's 0600: a results folder stays readable by the people the umask allows."""
+    from neuroshard.core.artifacts import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "a.md", "x")
+        with open(tmp_path / "b.md", "w") as f:
+            f.write("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.md").stat().st_mode & 0o777 == (tmp_path / "b.md").stat().st_mode & 0o777 == 0o640
+
+
 def test_failed_write_keeps_the_old_file(tmp_path):
     atomic_write_pickle(tmp_path / "x.pkl", {"old": 1})
     with pytest.raises(TypeError):

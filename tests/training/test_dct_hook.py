@@ -15,7 +15,8 @@ CONFIGS = [(*c, 0.005, 1.0, 1.5, 2) for c in REBUILD] + [
     (True, False, False, 1.0, 1.0, 1.5, 2),       # keep 1.0
     (False, False, False, 0.005, 10.0, 1000, 100),  # gradients grow 10x an iteration, no drift bound to speak of
     (False, False, False, 0.005, 10.0, 1.5, 100),   # ... with the default bound
-    (False, False, False, 0.005, 0.0, 1.5, 2)]      # all-zero gradients after the first iteration
+    (False, False, False, 0.005, 0.0, 1.5, 2),      # all-zero gradients after the first iteration
+    (True, False, False, 0.005, 0.0, 1.5, 100)]     # ... with error feedback: only the residual is left
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +100,18 @@ def test_encoding_round_trips_and_costs_four_bytes_an_entry():
     assert torch.equal(torch.nonzero(out).squeeze(1), idx)
     assert torch.equal(out[idx], vals.half().float())
     assert keep_count(8433, 0.005) == 42 and drift_cap(42, 1.5) == 63 and drift_cap(1, 1.5) == 1
+
+
+def test_nothing_is_lost_when_no_rank_has_an_entry_over_a_stale_tau(runs):
+    """Zero gradients after the first iteration, error feedback on (refresh 100): what is left is the
+    residual, all of it under the stale tau on every rank, so nothing goes out; it must stay the
+    residual (a version dropped it whenever no rank sent an entry, so DCT-DP forgot every gradient under
+    a stale tau until the next refresh)."""
+    delivered, true, residual, sent, refreshed = runs[len(REBUILD) + 4, 0]
+    fresh = {(it, b) for it, b, _ in refreshed}  # buckets DDP's rebuild made new get a fresh tau
+    stale = [cnt for it, b, _, _, cnt in sent if it > 0 and (it, b) not in fresh]
+    assert stale and all(cnt == 0 for cnt in stale)
+    for d, t, r in zip(delivered, true, residual):
+        torch.testing.assert_close(d + r, t, rtol=1e-4, atol=1e-7)
+    later = sum(float(r.abs().sum()) for r in residual)
+    assert later > 0.1 * sum(float((t - d).abs().sum()) for d, t in zip(delivered, true))
