@@ -156,8 +156,8 @@ def cuda_ranks(world: int, what: str = "rank") -> list[int]:
     have = torch.cuda.device_count()
     if world > have:
         raise UserError(f"{world} {what}s on CUDA need {world} GPUs (one each) but {have} "
-                        f"{'is' if have == 1 else 'are'} visible; pass --device cpu, or fewer ranks "
-                        f"(--ndevices / --gpu_devices)")
+                        f"{'is' if have == 1 else 'are'} visible; pass --device cpu, or fewer {what}s "
+                        f"({'--workers' if what == 'worker' else '--ndevices'} / --gpu_devices)")
     return list(range(world))
 
 

@@ -189,7 +189,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     valid, test = torch.arange(num_train, data.num_train), torch.arange(data.num_train, data.num_samples)
     perm_gen = torch.Generator().manual_seed(cfg.seed + 1)
     order = torch.randperm(num_train, generator=perm_gen)
-    pos, losses, per_step, evals = 0, [], [], []
+    pos, losses, per_step, evals, scored = 0, [], [], [], None
 
     def sparse_for(idx):
         _, sp, _ = data.batch(idx, my_tables)
@@ -206,7 +206,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
 
     def predict(split):
-        """Every rank's predictions and labels of `split` (global batches of B, trimmed to the ranks), on rank 0."""
+        """All ranks' predictions and labels of `split` (global batches of B, trimmed to the ranks), on every rank."""
         preds, labels = [], []
         model.eval()
         with torch.no_grad():
@@ -244,11 +244,13 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
             emit(("loss", step + 1, float(np.mean(losses[-cfg.log_every:]))))
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            (vp, vl), (tp, tl) = predict(valid), predict(test)  # every rank takes part; rank 0 scores
+            (vp, vl), scored = predict(valid), predict(test)  # every rank takes part; rank 0 scores
+            tp, tl = scored
             if rank == 0:
                 evals.append((step + 1, auc(vp, vl), auc(tp, tl), log_loss(tp, tl)))
-    # test predictions at the end (every rank's slice of each global test batch), gathered on rank 0
-    preds, labels = predict(test if cfg.evaluate else test[:0])
+    # test predictions at the end (every rank's slice of each global test batch), gathered; the last
+    # scoring of --eval_every already made them after the last step
+    preds, labels = scored if scored is not None and cfg.evaluate else predict(test if cfg.evaluate else test[:0])
     steps_all, losses_all = _gather((torch.tensor(per_step, dtype=torch.float64),
                                      torch.tensor(losses, dtype=torch.float64)), world)
     if rank == 0:
