@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.training.report import markdown, mean_ci, runs_done  # noqa: E402
+from neuroshard.training.report import markdown, mean_ci, read_results, runs_done  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
@@ -93,9 +93,7 @@ def run(a) -> None:
                 best = f" (at best validation, step {r['best_step']}: {r['test_auc_at_best']:.4f})" if a.eval_every else ""
                 print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}{best}  step {r['step_ms']:.2f} ms  "
                       f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
-    if not csv.is_file():
-        raise UserError(f"no results in {csv} yet; run without --report_only first")
-    report(pd.read_csv(csv), out, csv.stem)
+    report(read_results(csv, ("seed", "dct", "test_auc", "test_logloss", "loss_curve")), out, csv.stem)
 
 
 def report(df: pd.DataFrame, out: Path, stem: str) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import markdown, ratio_ci, runs_done  # noqa: E402
+from neuroshard.training.report import markdown, ratio_ci, read_results, runs_done  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 SCRIPT = "benchmarks/dct_network.py"
@@ -76,9 +76,7 @@ def main(argv=None) -> None:
         fail(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {a.modes!r}")
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
-        if not csv.is_file():
-            fail(f"no results in {csv} yet; run without --report_only first")
-        return report(pd.read_csv(csv), csv, Path(a.plot))
+        return report(read_results(csv, ("rep", "gbit", "dct", "step_ms")), csv, Path(a.plot))
     if not netns.inside():
         sys.exit(netns.run_in_namespace(SCRIPT))
     netns.setup_loopback()

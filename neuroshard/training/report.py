@@ -39,19 +39,42 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
     """The runs `csv` already holds, as tuples of its `keys` columns (none with `fresh`, which deletes it).
     Refused unless every row was made with `settings` (column -> value), so one table never mixes runs of
     different settings."""
-    import pandas as pd
-
-    from ..core.artifacts import check_results_csv
     from ..core.errors import UserError
 
     if fresh:
         csv.unlink(missing_ok=True)
     if not csv.is_file():
         return set()
-    check_results_csv(csv, "--out_dir:", (*settings, *keys), "benchmark")  # unreadable or another kind: one line
-    old = pd.read_csv(csv)
+    old = read_results(csv, (*settings, *keys))
     other = [k for k, v in settings.items() if k not in old or (old[k] != v).any()]
     if other:
         raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to start "
                         "over, or --out_dir for a separate folder")
     return set(zip(*(old[k] for k in keys)))
+
+
+JSON_COLUMNS = ("loss_curve", "eval_curve")  # cells the reports parse
+
+
+def read_results(csv, columns: tuple[str, ...]):
+    """A benchmark's results CSV (a DataFrame), checked first: unreadable bytes, a file of another kind
+    (no column of `columns`) or a damaged JSON cell get one line instead of a traceback."""
+    import json
+
+    import pandas as pd
+
+    from ..core.artifacts import check_results_csv
+    from ..core.errors import UserError
+
+    if not csv.is_file():
+        raise UserError(f"no results in {csv} yet; run without --report_only first")
+    check_results_csv(csv, "--out_dir:", columns, "benchmark")
+    df = pd.read_csv(csv)
+    for col in JSON_COLUMNS:
+        for i, cell in enumerate(df[col] if col in df else []):
+            try:
+                json.loads(cell)
+            except (TypeError, ValueError):
+                raise UserError(f"--out_dir: {csv} row {i + 1}: {col} is not valid JSON; the file is damaged: move "
+                                "it away or pass --fresh") from None
+    return df

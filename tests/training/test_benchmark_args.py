@@ -55,3 +55,16 @@ def test_a_resumed_csv_that_is_not_one_gets_one_line(tmp_path):
     r = _run("dct.py", "--out_dir", str(tmp_path))
     assert r.returncode == 2 and "is not a readable CSV" in r.stderr and "Traceback" not in r.stderr
     assert csv.read_bytes() == junk
+
+
+@pytest.mark.parametrize("script,name", [("dct.py", "dct_movielens_tiny.csv"), ("dct_network.py", "dct_network.csv")])
+def test_report_only_on_a_damaged_csv_gets_one_line(script, name, tmp_path):
+    csv = tmp_path / name
+    csv.write_bytes(b"garbage\x00\xff" * 50)
+    r = _run(script, "--report_only", "--out_dir", str(tmp_path))
+    assert r.returncode == 2 and "is not a readable CSV" in r.stderr and "Traceback" not in r.stderr
+    cols = "dataset,arch,ndevices,steps,batch_size,seed,rep,gbit,dct,test_auc,test_logloss,step_ms,loss_curve\n"
+    csv.write_text(cols + 'movielens,tiny,4,1000,512,0,0,1,none,0.6,0.6,10,"{""10"": 0.7"\n')  # a cut JSON cell
+    r = _run(script, "--report_only", "--out_dir", str(tmp_path))
+    assert r.returncode == 2 and "row 1: loss_curve is not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no table or plot written
