@@ -47,6 +47,8 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
     p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
     p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
+    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: adam or sgd")
+    p.add_argument("--lr", type=float, default=None, help="the MLPs' learning rate (default: adam 1e-3, sgd 0.1)")
     p.add_argument("--eval_every", type=int, default=0,
                    help="score validation and test every N steps; also pair the test AUC at the best validation step")
     p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")
@@ -60,7 +62,7 @@ def main(argv=None) -> None:
 def run(a) -> None:
     TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, batch_size=a.batch_size,
                 dp_keep=a.dp_keep, mp_keep=a.mp_keep, num_samples=a.num_samples, max_rows=a.max_rows,
-                eval_every=a.eval_every).check()
+                eval_every=a.eval_every, dense_opt=a.dense_opt, lr=a.lr).check()
     if a.seeds < 1 or a.first_seed < 0:
         raise UserError(f"--seeds must be >= 1 and --first_seed >= 0, got {a.seeds} and {a.first_seed}")
     if any(m not in DCT_MODES for m in a.modes.split(",")):
@@ -70,11 +72,15 @@ def run(a) -> None:
                                                                   ("mp", a.mp_keep, TrainConfig.mp_keep))
                   if value != default)  # other keep fractions get their own CSV
     tag += f"_eval{a.eval_every}" if a.eval_every else ""
+    tag += f"_{a.dense_opt}" if a.dense_opt != TrainConfig.dense_opt else ""
+    tag += f"_lr{a.lr:g}" if a.lr is not None else ""
     csv = out / f"dct_{a.dataset}_{a.arch}{tag}.csv"
     modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
     if not a.report_only:
         settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
-                    "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {})}
+                    "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {}),
+                    **({"dense_opt": a.dense_opt} if a.dense_opt != TrainConfig.dense_opt else {}),
+                    **({"lr": a.lr} if a.lr is not None else {})}
         done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
         data = None
         for seed in range(a.first_seed, a.first_seed + a.seeds):  # one group of ranks per seed runs its modes
@@ -84,7 +90,8 @@ def run(a) -> None:
             cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
                                 batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
                                 dp_keep=a.dp_keep, mp_keep=a.mp_keep,
-                                max_rows=a.max_rows, log_every=max(1, a.steps // 50), eval_every=a.eval_every)
+                                max_rows=a.max_rows, log_every=max(1, a.steps // 50), eval_every=a.eval_every,
+                                dense_opt=a.dense_opt, lr=a.lr)
                     for dct in todo]
             if data is None or a.dataset == "synthetic":  # synthetic data depends on the seed
                 data = load_data(a.dataset, seed, a.num_samples, a.max_rows)
@@ -118,7 +125,7 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
             "MP comm": f"{g.mp_comm_ms.median():.1f}", "DP comm": f"{g.dp_comm_ms.median():.1f}"})
     r0 = df.iloc[0]
     md = [f"# DCT on {r0.dataset}, arch {r0.arch}: {r0.ndevices} gloo ranks, {r0.steps} steps, batch {r0.batch_size}, "
-          f"{df.seed.nunique()} seeds", "",
+          f"{df.seed.nunique()} seeds" + (f", MLPs trained with {r0.dense_opt} (lr {r0.lr:g})" if "dense_opt" in df else ""), "",
           "Paired: for each seed every mode starts from the same weights and sees the same batches; Δ = mode − none "
           "of the same seed, mean and 95% Student-t interval over the seeds. Bytes are those handed to the "
           "collectives per step, summed over ranks; times are medians per step (ms, averaged over ranks, first 10% "

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import fields
 
 from neuroshard.core.cli import ArgumentParser, run_main
-from neuroshard.training.train import ARCHS, DCT_MODES, TrainConfig, train_dlrm
+from neuroshard.training.train import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, train_dlrm
 
 
 def on_off(text: str) -> bool:
@@ -40,7 +40,9 @@ def main(argv=None) -> int:
     p.add_argument("--bottom_mlp", default=d.bottom_mlp, help="hidden widths of the bottom MLP, e.g. 512-256")
     p.add_argument("--top_mlp", default=d.top_mlp, help="hidden widths of the top MLP, e.g. 1024-1024-512-256")
     p.add_argument("--emb_dim", type=int, default=d.emb_dim, help="embedding dim (default: the --arch's)")
-    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate of the MLPs")
+    p.add_argument("--dense_opt", default=d.dense_opt, choices=list(DENSE_OPTIMIZERS),
+                   help="the MLPs' optimizer (the embeddings always take SGD)")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the MLPs (default: adam 1e-3, sgd 0.1)")
     p.add_argument("--emb_lr", type=float, default=d.emb_lr, help="SGD learning rate of the embeddings")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--max_mem", type=float, default=d.max_mem, help="GB per device for the sharding plan")

@@ -39,6 +39,12 @@ DCT_MODES = ("none", "dp", "mp", "both")
 # (github.com/mlcommons/training, recommendation_v2/torchrec_dlrm: --dense_arch_layer_sizes 512,256,128
 # --over_arch_layer_sizes 1024,1024,512,256,1 --embedding_dim 128).
 ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-256", 128)}
+# the MLPs' optimizer and its default learning rate. `sgd` is plain SGD, as the DLRM reference trains
+# (github.com/facebookresearch/dlrm, dlrm_s_pytorch.py; its Kaggle script uses --learning-rate 0.1).
+# Under DCT-DP an MLP entry arrives as one accumulated lump every few hundred steps: SGD applies the lump
+# in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
+# its learning rate, so the entry moves far less than it would with every step's gradient.
+DENSE_OPTIMIZERS = {"adam": 1e-3, "sgd": 0.1}
 
 
 def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
@@ -67,7 +73,8 @@ class TrainConfig:
     bottom_mlp: str | None = None   # hidden widths, e.g. "512-256"; None: the --arch's
     top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
     emb_dim: int | None = None      # None: the --arch's (tiny 16, mlperf 128)
-    lr: float = 1e-3
+    dense_opt: str = "adam"         # the MLPs' optimizer: adam or sgd
+    lr: float | None = None         # the MLPs' learning rate; None: the --dense_opt's default (adam 1e-3, sgd 0.1)
     emb_lr: float = 0.5
     seed: int = 0
     max_mem: float = 4.0
@@ -101,7 +108,10 @@ class TrainConfig:
             check_int("--emb_dim", self.emb_dim, 4, 1024)
             if self.emb_dim % 4:
                 raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
-        check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
+        if self.dense_opt not in DENSE_OPTIMIZERS:
+            raise UserError(f"--dense_opt must be one of {', '.join(DENSE_OPTIMIZERS)}, got {self.dense_opt!r}")
+        if self.lr is not None:
+            check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
         check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
         check_int("--seed", self.seed, 0)
         check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
@@ -114,10 +124,11 @@ class TrainConfig:
         return self
 
     def resolved(self) -> "TrainConfig":
-        """The config with the --arch's layers and embedding dim filled in where not given."""
+        """The config with the --arch's layers and embedding dim, and the --dense_opt's learning rate,
+        filled in where not given."""
         bottom, top, dim = ARCHS[self.arch]
         return replace(self, bottom_mlp=self.bottom_mlp or bottom, top_mlp=self.top_mlp or top,
-                       emb_dim=self.emb_dim or dim)
+                       emb_dim=self.emb_dim or dim, lr=self.lr or DENSE_OPTIMIZERS[self.dense_opt])
 
     def dense_arch(self, dense_dim: int, num_tables: int):
         from .dlrm import DenseArch
@@ -180,7 +191,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     emb = ShardedEmbeddings(rank_shards[rank], data.num_rows, D, cfg.seed)
     widths = [sum(w for _, _, w in s) for s in rank_shards]
     my_tables = sorted({t for t, _, _ in rank_shards[rank]})
-    opt_dense = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt_dense = (torch.optim.Adam if cfg.dense_opt == "adam" else torch.optim.SGD)(model.parameters(), lr=cfg.lr)
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
     num_train = data.num_train
@@ -430,7 +441,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
         "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
         "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
-        "error_feedback": cfg.error_feedback,
+        "error_feedback": cfg.error_feedback, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),
         "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),

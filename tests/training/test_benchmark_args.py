@@ -18,6 +18,8 @@ def _run(script, *args, cwd=None):
     ("dct.py", ["--dp_keep", "0"], "--dp_keep must be a finite number"),
     ("dct.py", ["--seeds", "0"], "--seeds must be >= 1"),
     ("dct.py", ["--modes", "none,xx"], "--modes must be from"),
+    ("dct.py", ["--dense_opt", "rmsprop"], "--dense_opt must be one of adam, sgd"),
+    ("dct.py", ["--dense_opt", "sgd", "--lr", "inf"], "--lr must be a finite number"),
     ("dct_network.py", ["--bandwidths", "1,inf"], "--bandwidths must be Gbit/s from 0"),
     ("dct_network.py", ["--bandwidths", "1,x"], "--bandwidths must be numbers"),
     ("mp_aware_training.py", ["--gbit", "nan"], "--gbit must be a number of Gbit/s"),
