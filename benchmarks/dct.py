@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
     p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
     p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: adam or sgd")
-    p.add_argument("--lr", type=float, default=None, help="the MLPs' learning rate (default: adam 1e-3, sgd 0.1)")
+    p.add_argument("--lr", type=float, default=None, help="the MLPs' learning rate (default: adam 1e-3, sgd 1.0)")
     p.add_argument("--eval_every", type=int, default=0,
                    help="score validation and test every N steps; also pair the test AUC at the best validation step")
     p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")

@@ -587,6 +587,23 @@ def versions() -> dict[str, str]:
     return out
 
 
+_SOURCE_DIGEST: list[str] = []
+
+
+def source_digest() -> str:
+    """12 hex digits of SHA-256 over the neuroshard package's Python sources (relative paths and bytes,
+    in path order): the same code gives the same digest, installed or in a checkout, git or not."""
+    import hashlib
+
+    if not _SOURCE_DIGEST:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for path in sorted(root.rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        _SOURCE_DIGEST.append(h.hexdigest()[:12])
+    return _SOURCE_DIGEST[0]
+
+
 def provenance(**made_with: Any) -> dict[str, Any]:
     """Record of how an artifact was made: the given arguments plus versions, host and time."""
     return {

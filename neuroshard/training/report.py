@@ -37,8 +37,10 @@ def markdown(rows: list[dict]) -> list[str]:
 
 def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tuple]:
     """The runs `csv` already holds, as tuples of its `keys` columns (none with `fresh`, which deletes it).
-    Refused unless every row was made with `settings` (column -> value), so one table never mixes runs of
-    different settings."""
+    Refused unless every row was made with `settings` (column -> value) and by the same neuroshard code
+    (the rows' `code` column, the source digest), so one table never mixes runs of different settings or
+    of code before and after a change."""
+    from ..core.artifacts import source_digest
     from ..core.errors import UserError
 
     if fresh:
@@ -50,6 +52,11 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
     if other:
         raise UserError(f"{csv} holds runs made with other settings ({', '.join(other)}); pass --fresh to start "
                         "over, or --out_dir for a separate folder")
+    now = source_digest()
+    codes = sorted({str(c) for c in old["code"]} - {now}) if "code" in old else ["unrecorded"]
+    if codes and len(old):
+        raise UserError(f"{csv} holds runs made by other neuroshard code (source digest {', '.join(codes)}; this code "
+                        f"is {now}); pass --fresh to start over, or --out_dir for a separate folder")
     return set(zip(*(old[k] for k in keys)))
 
 

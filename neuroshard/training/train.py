@@ -39,12 +39,13 @@ DCT_MODES = ("none", "dp", "mp", "both")
 # (github.com/mlcommons/training, recommendation_v2/torchrec_dlrm: --dense_arch_layer_sizes 512,256,128
 # --over_arch_layer_sizes 1024,1024,512,256,1 --embedding_dim 128).
 ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-256", 128)}
-# the MLPs' optimizer and its default learning rate. `sgd` is plain SGD, as the DLRM reference trains
-# (github.com/facebookresearch/dlrm, dlrm_s_pytorch.py; its Kaggle script uses --learning-rate 0.1).
+# the MLPs' optimizer and its default learning rate. `sgd` is plain SGD at lr 1.0, as the MLPerf DLRM
+# reference trains the `mlperf` shape (github.com/facebookresearch/dlrm, bench/run_and_time.sh:
+# dlrm_s_pytorch.py --learning-rate=1.0 --mini-batch-size=2048, SGD for MLPs and embeddings).
 # Under DCT-DP an MLP entry arrives as one accumulated lump every few hundred steps: SGD applies the lump
 # in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
 # its learning rate, so the entry moves far less than it would with every step's gradient.
-DENSE_OPTIMIZERS = {"adam": 1e-3, "sgd": 0.1}
+DENSE_OPTIMIZERS = {"adam": 1e-3, "sgd": 1.0}
 
 
 def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
@@ -74,7 +75,7 @@ class TrainConfig:
     top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
     emb_dim: int | None = None      # None: the --arch's (tiny 16, mlperf 128)
     dense_opt: str = "adam"         # the MLPs' optimizer: adam or sgd
-    lr: float | None = None         # the MLPs' learning rate; None: the --dense_opt's default (adam 1e-3, sgd 0.1)
+    lr: float | None = None         # the MLPs' learning rate; None: the --dense_opt's default (adam 1e-3, sgd 1.0)
     emb_lr: float = 0.5
     seed: int = 0
     max_mem: float = 4.0
@@ -428,7 +429,10 @@ def train_runs(cfgs: list[TrainConfig], data, before_run=None, shards: list | No
 
 
 def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
-    """Rank 0's report of a run -> the result row (plus `_`-prefixed details for callers)."""
+    """Rank 0's report of a run -> the result row (plus `_`-prefixed details for callers). `code` is the
+    digest of the neuroshard sources that trained it (benchmarks resume only rows of the same code)."""
+    from ..core.artifacts import source_digest
+
     preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 5]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
@@ -450,7 +454,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,
         "loss_curve": json.dumps({e: float(mean_loss[max(0, e - cfg.log_every):e].mean()) for e in ends}),
-        "tau_refreshes": len(refreshed_at),
+        "tau_refreshes": len(refreshed_at), "code": source_digest(),
     }
     if evals:  # test scores at the step of the best validation AUC (the first such step on ties)
         best = max(range(len(evals)), key=lambda i: (evals[i][1], -i))

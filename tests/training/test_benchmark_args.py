@@ -2,6 +2,7 @@
 made with other settings into a CSV they resume."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,44 @@ def test_report_only_on_a_damaged_csv_gets_one_line(script, name, tmp_path):
     r = _run(script, "--report_only", "--out_dir", str(tmp_path))
     assert r.returncode == 2 and "row 1: loss_curve is not valid JSON" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no table or plot written
+
+
+def test_runs_of_other_code_are_not_resumed(tmp_path):
+    """A results CSV is resumed only by the code that made its rows (the `code` column, the source digest):
+    rows of other code, or rows that do not say, are refused in one line and the file is kept."""
+    from neuroshard.core.artifacts import source_digest
+    from neuroshard.core.errors import UserError
+    from neuroshard.training.report import runs_done
+
+    csv = tmp_path / "dct_movielens_tiny.csv"
+    settings = {"dataset": "movielens", "steps": 1000}
+    head = "dataset,steps,seed,dct,test_auc,code\n"
+    csv.write_text(head + f"movielens,1000,0,none,0.6,{source_digest()}\nmovielens,1000,0,both,0.6,{source_digest()}\n")
+    assert runs_done(csv, False, settings, ("seed", "dct")) == {(0, "none"), (0, "both")}
+    for text in (head + "movielens,1000,0,none,0.6,0123456789ab\n",      # made by other code
+                 "dataset,steps,seed,dct,test_auc\nmovielens,1000,0,none,0.6\n"):  # made before rows said
+        csv.write_text(text)
+        with pytest.raises(UserError, match="holds runs made by other neuroshard code .*pass --fresh"):
+            runs_done(csv, False, settings, ("seed", "dct"))
+        assert csv.read_text() == text
+    text = "dataset,arch,ndevices,steps,batch_size,seed,dct,test_auc,code\nmovielens,tiny,4,1000,512,0,none,0.6,0123456789ab\n"
+    csv.write_text(text)  # the script says so in one line, before any training
+    r = _run("dct.py", "--out_dir", str(tmp_path))
+    assert r.returncode == 2 and "other neuroshard code (source digest 0123456789ab" in r.stderr
+    assert "Traceback" not in r.stderr and csv.read_text() == text
+
+
+def test_the_source_digest_follows_the_code(tmp_path):
+    """The digest is of the package's sources: a copy of them gives the same digest, one changed byte another."""
+    import shutil
+
+    import neuroshard
+    from neuroshard.core.artifacts import source_digest
+
+    pkg = tmp_path / "neuroshard"
+    shutil.copytree(Path(neuroshard.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    digest = lambda: subprocess.run([sys.executable, "-c", "from neuroshard.core.artifacts import source_digest as d; "  # noqa: E731
+                                     "print(d())"], capture_output=True, text=True, cwd=tmp_path).stdout.strip()
+    assert digest() == source_digest()
+    (pkg / "training" / "dct.py").write_text((pkg / "training" / "dct.py").read_text() + "\n# changed\n")
+    assert digest() not in ("", source_digest())
