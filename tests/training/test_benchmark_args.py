@@ -20,6 +20,8 @@ def _run(script, *args, cwd=None):
     ("dct.py", ["--seeds", "0"], "--seeds must be >= 1"),
     ("dct.py", ["--modes", "none,xx"], "--modes must be from"),
     ("dct.py", ["--dense_opt", "rmsprop"], "--dense_opt must be one of adam, sgd"),
+    ("mp_interaction.py", ["--archs", "tiny,huge"], "--archs must be from tiny, mlperf"),
+    ("mp_interaction.py", ["--num_samples", "2"], "--num_samples must be >= 4"),
     ("dct.py", ["--dense_opt", "sgd", "--lr", "inf"], "--lr must be a finite number"),
     ("dct_network.py", ["--bandwidths", "1,inf"], "--bandwidths must be Gbit/s from 0"),
     ("dct_network.py", ["--bandwidths", "1,x"], "--bandwidths must be numbers"),
