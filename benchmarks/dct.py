@@ -1,7 +1,7 @@
 """DCT quality and bytes benchmark (by hand, not in CI): none / dp / mp / both, paired by seed.
 
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
-                         [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0]
+                         [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0] [--dense_opt sgd] [--lr L]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
 from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
@@ -47,8 +47,8 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
     p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
     p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
-    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: adam or sgd")
-    p.add_argument("--lr", type=float, default=None, help="the MLPs' learning rate (default: adam 1e-3, sgd 1.0)")
+    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
+    p.add_argument("--lr", type=float, default=None, help="the MLPs' learning rate (default: sgd 1.0, adam 1e-3)")
     p.add_argument("--eval_every", type=int, default=0,
                    help="score validation and test every N steps; also pair the test AUC at the best validation step")
     p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")
@@ -79,7 +79,7 @@ def run(a) -> None:
     if not a.report_only:
         settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
                     "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {}),
-                    **({"dense_opt": a.dense_opt} if a.dense_opt != TrainConfig.dense_opt else {}),
+                    "dense_opt": a.dense_opt,
                     **({"lr": a.lr} if a.lr is not None else {})}
         done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
         data = None

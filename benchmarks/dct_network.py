@@ -1,7 +1,7 @@
 """DCT on a bandwidth-limited network (by hand, not in CI; needs root): time per step of
 none / dp / mp / both at several link bandwidths.
 
-sudo python benchmarks/dct_network.py [--arch mlperf] [--ndevices 4] [--bandwidths 1,2.5,10,0] [--reps 2]
+sudo python benchmarks/dct_network.py [--arch mlperf] [--ndevices 4] [--bandwidths 1,2.5,10,0] [--reps 2] [--dense_opt sgd]
 
 The script re-runs itself inside a private network namespace of its own (`unshare -n`,
 neuroshard/hardware/netns.py): there it brings the namespace's loopback up and shapes it with a token bucket
@@ -60,6 +60,7 @@ def main(argv=None) -> None:
     p.add_argument("--bandwidths", default="1,2.5,10,0", help="Gbit/s, comma-separated; 0 = unshaped loopback")
     p.add_argument("--modes", default=",".join(DCT_MODES))
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
     p.add_argument("--out_dir", default="results")
     p.add_argument("--plot", default="docs/dct_network.png")
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
@@ -74,6 +75,7 @@ def main(argv=None) -> None:
         fail(f"--bandwidths must be Gbit/s from 0 (unshaped) to 1000, got {a.bandwidths!r}")
     if "none" not in modes or any(m not in DCT_MODES for m in modes):
         fail(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {a.modes!r}")
+    TrainConfig(dense_opt=a.dense_opt).check()
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
         return report(read_results(csv, ("rep", "gbit", "dct", "step_ms")), csv, Path(a.plot))
@@ -83,7 +85,7 @@ def main(argv=None) -> None:
     from neuroshard.training.data import load_data
 
     done = runs_done(csv, a.fresh, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
-                                    "batch_size": a.batch_size}, ("rep", "gbit", "dct"))
+                                    "batch_size": a.batch_size, "dense_opt": a.dense_opt}, ("rep", "gbit", "dct"))
     data = load_data(a.dataset)
     for rep in range(a.reps):  # one group of ranks per rep runs every (bandwidth, mode), shaping between runs
         todo = [(bws[(i + rep) % len(bws)], modes[(j + rep) % len(modes)])
@@ -92,7 +94,8 @@ def main(argv=None) -> None:
         if not todo:
             continue
         cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, dct=m, seed=0,
-                            batch_size=a.batch_size, log_every=a.steps, evaluate=False) for _, m in todo]
+                            batch_size=a.batch_size, log_every=a.steps, evaluate=False, dense_opt=a.dense_opt)
+                for _, m in todo]
         results = train_runs(cfgs, data, partial(shape_run, [g for g, _ in todo]))
         for (gbit, dct), r in zip(todo, results):
             append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})

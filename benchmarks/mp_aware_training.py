@@ -2,7 +2,7 @@
 not in CI; needs root.)
 
 sudo python benchmarks/mp_aware_training.py [--dataset synthetic] [--arch mlperf] [--gbit 1] [--mp_keep 0.05]
-                                            [--dct mp|both] [--reps 6]
+                                            [--dct mp|both] [--reps 6] [--dense_opt sgd]
 
 The training tables are sharded twice by NeuroShard, with the same compute model and search: once
 with the comm models of the uncompressed all-to-all (models/comm_<N>_{fw,bw}.pt, the "dense-comm
@@ -53,6 +53,7 @@ def main(argv=None) -> None:
     p.add_argument("--max_rows", type=int, default=200_000, help="synthetic: rows of the largest table")
     p.add_argument("--max_mem", type=float, default=4.0, help="GB per rank the plans must fit")
     p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
     p.add_argument("--out_dir", default="results")
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
     run(p.parse_args(argv))
@@ -65,7 +66,7 @@ def run(a) -> None:
         raise UserError(f"--reps must be >= 1, got {a.reps}")
     cfg = TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, alg="neuroshard", dct=a.dct,
                       mp_keep=a.mp_keep, steps=a.steps, batch_size=a.batch_size, seed=0, max_mem=a.max_mem,
-                      log_every=a.steps, evaluate=False,
+                      log_every=a.steps, evaluate=False, dense_opt=a.dense_opt,
                       num_samples=a.num_samples if a.dataset == "synthetic" else None,
                       max_rows=a.max_rows if a.dataset == "synthetic" else None).check()
     if not 0 < a.mp_keep < 1:
@@ -100,7 +101,8 @@ def run(a) -> None:
         print("the two plans coincide: nothing to measure")
         return
     done = runs_done(csv, a.fresh, {"gbit": a.gbit, "dataset": cfg.dataset, "arch": cfg.arch, "mp_keep": a.mp_keep,
-                                    "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices},
+                                    "steps": cfg.steps, "batch_size": cfg.batch_size, "ndevices": cfg.ndevices,
+                                    "dense_opt": cfg.dense_opt},
                      ("rep", "plan"))
     netns.shape(a.gbit)
     for rep in range(a.reps):

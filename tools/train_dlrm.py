@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--emb_dim", type=int, default=d.emb_dim, help="embedding dim (default: the --arch's)")
     p.add_argument("--dense_opt", default=d.dense_opt, choices=list(DENSE_OPTIMIZERS),
                    help="the MLPs' optimizer (the embeddings always take SGD)")
-    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the MLPs (default: adam 1e-3, sgd 1.0)")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the MLPs (default: sgd 1.0, adam 1e-3)")
     p.add_argument("--emb_lr", type=float, default=d.emb_lr, help="SGD learning rate of the embeddings")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--max_mem", type=float, default=d.max_mem, help="GB per device for the sharding plan")

@@ -45,7 +45,8 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # Under DCT-DP an MLP entry arrives as one accumulated lump every few hundred steps: SGD applies the lump
 # in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
 # its learning rate, so the entry moves far less than it would with every step's gradient.
-DENSE_OPTIMIZERS = {"adam": 1e-3, "sgd": 1.0}
+# `sgd` is the default; runs made before --dense_opt existed used Adam.
+DENSE_OPTIMIZERS = {"sgd": 1.0, "adam": 1e-3}
 
 
 def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
@@ -74,8 +75,8 @@ class TrainConfig:
     bottom_mlp: str | None = None   # hidden widths, e.g. "512-256"; None: the --arch's
     top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
     emb_dim: int | None = None      # None: the --arch's (tiny 16, mlperf 128)
-    dense_opt: str = "adam"         # the MLPs' optimizer: adam or sgd
-    lr: float | None = None         # the MLPs' learning rate; None: the --dense_opt's default (adam 1e-3, sgd 1.0)
+    dense_opt: str = "sgd"          # the MLPs' optimizer: sgd (the MLPerf DLRM reference's) or adam
+    lr: float | None = None         # the MLPs' learning rate; None: the --dense_opt's default (sgd 1.0, adam 1e-3)
     emb_lr: float = 0.5
     seed: int = 0
     max_mem: float = 4.0

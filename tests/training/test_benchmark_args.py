@@ -19,15 +19,17 @@ def _run(script, *args, cwd=None):
     ("dct.py", ["--dp_keep", "0"], "--dp_keep must be a finite number"),
     ("dct.py", ["--seeds", "0"], "--seeds must be >= 1"),
     ("dct.py", ["--modes", "none,xx"], "--modes must be from"),
-    ("dct.py", ["--dense_opt", "rmsprop"], "--dense_opt must be one of adam, sgd"),
+    ("dct.py", ["--dense_opt", "rmsprop"], "--dense_opt must be one of sgd, adam"),
     ("mp_interaction.py", ["--archs", "tiny,huge"], "--archs must be from tiny, mlperf"),
     ("mp_interaction.py", ["--num_samples", "2"], "--num_samples must be >= 4"),
-    ("dct.py", ["--dense_opt", "sgd", "--lr", "inf"], "--lr must be a finite number"),
+    ("dct.py", ["--dense_opt", "adam", "--lr", "inf"], "--lr must be a finite number"),
     ("dct_network.py", ["--bandwidths", "1,inf"], "--bandwidths must be Gbit/s from 0"),
     ("dct_network.py", ["--bandwidths", "1,x"], "--bandwidths must be numbers"),
+    ("dct_network.py", ["--dense_opt", "lamb"], "--dense_opt must be one of sgd, adam"),
     ("mp_aware_training.py", ["--gbit", "nan"], "--gbit must be a number of Gbit/s"),
     ("mp_aware_training.py", ["--mp_keep", "1"], "--mp_keep must be in (0, 1)"),
     ("mp_aware_training.py", ["--reps", "0"], "--reps must be >= 1"),
+    ("mp_aware_training.py", ["--dense_opt", "adamw"], "--dense_opt must be one of sgd, adam"),
 ])
 def test_bad_flags_get_one_line(script, args, fragment, tmp_path):
     r = _run(script, *args, "--out_dir", str(tmp_path))
@@ -44,7 +46,7 @@ def test_missing_models_are_named_before_any_work(tmp_path):
 
 def test_a_csv_of_other_settings_is_not_resumed(tmp_path):
     csv = tmp_path / "dct_movielens_tiny.csv"
-    text = "dataset,arch,ndevices,steps,batch_size,seed,dct,test_auc\nmovielens,tiny,4,1000,512,0,none,0.6\n"
+    text = "dataset,arch,ndevices,steps,batch_size,dense_opt,seed,dct,test_auc\nmovielens,tiny,4,1000,512,sgd,0,none,0.6\n"
     csv.write_text(text)
     r = _run("dct.py", "--steps", "500", "--out_dir", str(tmp_path))
     assert r.returncode == 2 and "holds runs made with other settings (steps)" in r.stderr
@@ -93,7 +95,8 @@ def test_runs_of_other_code_are_not_resumed(tmp_path):
         with pytest.raises(UserError, match="holds runs made by other neuroshard code .*pass --fresh"):
             runs_done(csv, False, settings, ("seed", "dct"))
         assert csv.read_text() == text
-    text = "dataset,arch,ndevices,steps,batch_size,seed,dct,test_auc,code\nmovielens,tiny,4,1000,512,0,none,0.6,0123456789ab\n"
+    text = ("dataset,arch,ndevices,steps,batch_size,dense_opt,seed,dct,test_auc,code\n"
+            "movielens,tiny,4,1000,512,sgd,0,none,0.6,0123456789ab\n")
     csv.write_text(text)  # the script says so in one line, before any training
     r = _run("dct.py", "--out_dir", str(tmp_path))
     assert r.returncode == 2 and "other neuroshard code (source digest 0123456789ab" in r.stderr

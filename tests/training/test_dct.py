@@ -176,11 +176,12 @@ def test_bad_settings_are_refused():
             TrainConfig(top_mlp=bad).check()
     with pytest.raises(UserError, match="--dp_drift"):
         TrainConfig(dp_drift=0.5).check()
-    with pytest.raises(UserError, match="--dense_opt must be one of adam, sgd, got 'lamb'"):
+    with pytest.raises(UserError, match="--dense_opt must be one of sgd, adam, got 'lamb'"):
         TrainConfig(dense_opt="lamb").check()
     with pytest.raises(UserError, match="--lr"):
         TrainConfig(dense_opt="sgd", lr=0).check()
-    assert (TrainConfig().resolved().lr, TrainConfig(dense_opt="sgd").resolved().lr) == (1e-3, 1.0)
+    assert (TrainConfig().resolved().lr, TrainConfig(dense_opt="adam").resolved().lr) == (1.0, 1e-3)
+    assert TrainConfig().dense_opt == "sgd"
     assert TrainConfig(dense_opt="sgd", lr=0.7).resolved().lr == 0.7
     c = TrainConfig(arch="mlperf", bottom_mlp="100-50").resolved()
     assert (c.bottom_mlp, c.top_mlp, c.emb_dim) == ("100-50", "1024-1024-512-256", 128)
