@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import io
 import os
 import pickle
@@ -587,21 +588,17 @@ def versions() -> dict[str, str]:
     return out
 
 
-_SOURCE_DIGEST: list[str] = []
-
-
+@functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """12 hex digits of SHA-256 over the neuroshard package's Python sources (relative paths and bytes,
     in path order): the same code gives the same digest, installed or in a checkout, git or not."""
     import hashlib
 
-    if not _SOURCE_DIGEST:
-        root = Path(__file__).resolve().parent.parent
-        h = hashlib.sha256()
-        for path in sorted(root.rglob("*.py")):
-            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-        _SOURCE_DIGEST.append(h.hexdigest()[:12])
-    return _SOURCE_DIGEST[0]
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def provenance(**made_with: Any) -> dict[str, Any]:

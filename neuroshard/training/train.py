@@ -46,7 +46,7 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
 # its learning rate, so the entry moves far less than it would with every step's gradient.
 # `sgd` is the default; runs made before --dense_opt existed used Adam.
-DENSE_OPTIMIZERS = {"sgd": 1.0, "adam": 1e-3}
+DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
 
 
 def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
@@ -130,7 +130,7 @@ class TrainConfig:
         filled in where not given."""
         bottom, top, dim = ARCHS[self.arch]
         return replace(self, bottom_mlp=self.bottom_mlp or bottom, top_mlp=self.top_mlp or top,
-                       emb_dim=self.emb_dim or dim, lr=self.lr or DENSE_OPTIMIZERS[self.dense_opt])
+                       emb_dim=self.emb_dim or dim, lr=self.lr or DENSE_OPTIMIZERS[self.dense_opt][1])
 
     def dense_arch(self, dense_dim: int, num_tables: int):
         from .dlrm import DenseArch
@@ -193,7 +193,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     emb = ShardedEmbeddings(rank_shards[rank], data.num_rows, D, cfg.seed)
     widths = [sum(w for _, _, w in s) for s in rank_shards]
     my_tables = sorted({t for t, _, _ in rank_shards[rank]})
-    opt_dense = (torch.optim.Adam if cfg.dense_opt == "adam" else torch.optim.SGD)(model.parameters(), lr=cfg.lr)
+    opt_dense = getattr(torch.optim, DENSE_OPTIMIZERS[cfg.dense_opt][0])(model.parameters(), lr=cfg.lr)
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
     num_train = data.num_train
