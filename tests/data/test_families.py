@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from neuroshard.core.errors import UserError
-from neuroshard.data.dataset import DLRMDataset
 from neuroshard.data.families import (FamilyMix, TablePool, build_family_tables, family_of_tables, family_tables,
                                       generate_family_raw, zipf_ids)
 from neuroshard.core.cli import shares

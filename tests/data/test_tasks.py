@@ -1,5 +1,4 @@
 """Sharding tasks (DESIGN.md §2.4): drawing, task files, and every bad task file or setting."""
-import pickle
 
 import numpy as np
 import pytest

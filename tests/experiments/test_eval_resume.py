@@ -12,7 +12,7 @@ from neuroshard.core.artifacts import read_record_log
 from neuroshard.data.tasks import generate_tasks, save_tasks
 from neuroshard.experiments.evaluate import EVAL_PROGRESS_KIND
 
-from conftest import ROOT, popen_interruptible
+from conftest import ROOT, popen_interruptible, run_python
 
 
 def test_eval_interrupt_and_resume(small_dataset, tmp_path):
@@ -34,7 +34,7 @@ def test_eval_interrupt_and_resume(small_dataset, tmp_path):
     assert not out.exists()
     kept = read_record_log(progress, EVAL_PROGRESS_KIND, "x")[1]
     assert 3 <= len(kept) < 24
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    done = run_python(*args[1:])
     assert done.returncode == 0, done.stderr
     assert f"{len(kept)} already measured" in done.stdout
     assert f"measuring {24 - len(kept)} plans" in done.stdout

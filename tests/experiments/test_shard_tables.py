@@ -2,7 +2,6 @@
 TorchRec export, a clear message without models, and --measure on real hardware."""
 import json
 
-import numpy as np
 import pytest
 
 from neuroshard.core.types import Cluster

@@ -19,7 +19,7 @@ from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmar
 from neuroshard.data.dataset import process_raw
 from neuroshard.hardware.launch import run_processes
 
-from conftest import ROOT, assert_clean_error, popen_interruptible, run_script
+from conftest import ROOT, assert_clean_error, popen_interruptible, run_python, run_script
 
 HW = resolve_hardware("cpu", "auto")
 
@@ -195,12 +195,12 @@ def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, extra_
     assert len(saved) >= 3 and all(s["cost_ms"] > 0 for s in saved)
     # resume: exactly the missing indices are measured, so the file holds 0..target-1 with no holes
     target = max(s["index"] for s in saved) + 4
-    done = subprocess.run(args + ["--data_size", str(target)], capture_output=True, text=True, timeout=300)
+    done = run_python(*args[1:], "--data_size", target, timeout=300)
     assert done.returncode == 0, done.stderr
     samples = load_cost_data(path, COMPUTE_DATA_KIND)[1]
     assert [s["index"] for s in samples] == list(range(target))
     # a run with other settings refuses to mix into the file, and leaves it as it was
-    bad = subprocess.run(args[:-6] + ["--max_mem", "0.02", "--data_size", "5"], capture_output=True, text=True)
+    bad = run_python(*args[1:-6], "--max_mem", "0.02", "--data_size", "5")
     assert_clean_error(bad, "max_mem_gb")
     assert len(load_cost_data(path, COMPUTE_DATA_KIND)[1]) == target
 
@@ -222,7 +222,7 @@ def test_comm_collection_interrupt_and_resume(tmp_path):
     _interrupt_after(args + ["--data_size", "100000"], path, COMM_DATA_KIND, 2, 0.3)
     saved = load_cost_data(path, COMM_DATA_KIND)[1]
     target = max(s["index"] for s in saved) + 3
-    done = subprocess.run(args + ["--data_size", str(target)], capture_output=True, text=True, timeout=300)
+    done = run_python(*args[1:], "--data_size", target, timeout=300)
     assert done.returncode == 0, done.stderr
     assert [s["index"] for s in load_cost_data(path, COMM_DATA_KIND)[1]] == list(range(target))
 

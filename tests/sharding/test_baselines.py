@@ -5,15 +5,13 @@ import numpy as np
 import pytest
 
 from neuroshard.sharding.baselines import GREEDY_KEYS
-from neuroshard.core.errors import PlanError, UserError
+from neuroshard.core.errors import PlanError
 from neuroshard.core.types import Cluster
 from neuroshard.sharding.greedy import greedy_place, largest_first
 from neuroshard.sharding.plan import ShardingPlan, apply_splits, check_complete, fits_memory
 from neuroshard.sharding.registry import BASELINES, make_sharder, shard_task
-from neuroshard.data.tasks import ShardingTask, generate_tasks, load_tasks, save_tasks
-from neuroshard.data.features import table_size_gb
+from neuroshard.data.tasks import ShardingTask
 
-from conftest import assert_clean_error, files_under, run_script
 
 
 def _task(rows, dims, pf=None):

@@ -15,7 +15,7 @@ from neuroshard.data.features import with_dim
 from neuroshard.data.tasks import ShardingTask
 
 from analytic_models import analytic_simulator
-from oracle_search import direct_search, grid_search
+from oracle_search import direct_search
 
 
 def random_task(rng, T, num_base_tables=40):

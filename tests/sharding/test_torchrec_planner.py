@@ -5,7 +5,6 @@ every input the planner cannot take is one clear UserError."""
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torchrec")

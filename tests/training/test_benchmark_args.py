@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 
 
 def _run(script, *args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
+    return run_python(ROOT / "benchmarks" / script, *args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize("script,args,fragment", [
