@@ -116,3 +116,28 @@ def test_the_source_digest_follows_the_code(tmp_path):
     assert digest() == source_digest()
     (pkg / "training" / "dct.py").write_text((pkg / "training" / "dct.py").read_text() + "\n# changed\n")
     assert digest() not in ("", source_digest())
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--ndevices", "1"], "--ndevices must be >= 2"),
+    (["--reps", "1"], "--reps must be >= 2"),
+    (["--total_dim", "1000"], "--total_dim must be a multiple of 4 x --ndevices (16)"),
+    (["--mp_keep", "1"], "--mp_keep 1 is the uncompressed all-to-all"),
+    (["--mp_keep", "nan"], "--mp_keep must be a finite number"),
+    (["--batch_size", "4095"], "--batch_size must be divisible by --ndevices (4)"),
+])
+def test_a2a_balance_refuses_bad_flags_before_any_work(args, fragment, tmp_path):
+    r = _run("a2a_balance.py", *args, "--out", str(tmp_path / "balance.json"))
+    assert r.returncode == 2, r.stderr
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a2a_balance_layouts_keep_the_total_and_put_the_excess_on_one_rank():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from a2a_balance import layouts_for
+
+    assert [d.tolist() for d in layouts_for(1024, 4)] == [[256] * 4, [448, 192, 192, 192], [640, 128, 128, 128]]
+    assert [d.tolist() for d in layouts_for(512, 2)] == [[256, 256], [448, 64]]  # 2.5x would leave the other none
+    for d in layouts_for(96, 4):
+        assert d.sum() == 96 and (d % 4 == 0).all() and (d >= 4).all()
