@@ -5,7 +5,10 @@
 Reads a compute-cost file collected with `--families_dir` (the family mix), then
 1. trains the compute model on all samples (80/10/10 split, seed 0) and reports test MSE, MAPE, R²
    and Spearman per sample family (the test split's samples of each family);
-2. for every family, trains a fresh model without it and tests on all of its samples (LOFO).
+2. for every family, trains a fresh model without it and tests on all of its samples (LOFO);
+3. with `--repeat_dir`, a second collection made with the same settings into another folder (the
+   collector draws sample i from (seed, i), so it measures the same shards again): per family, the
+   Spearman between the two collections' costs of the same shards, how well any model could rank them.
 Writes results/families.csv and results/families.md (the README table).
 """
 from __future__ import annotations
@@ -19,6 +22,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
+from neuroshard.core.cli import run_main  # noqa: E402
+from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
@@ -27,19 +32,45 @@ from neuroshard.models.family_eval import leave_one_family_out, per_family_metri
 from neuroshard.models.trainer import split_indices  # noqa: E402
 
 
-def main() -> None:
+def repeat_spearman(samples, repeat, fams) -> dict:
+    """Per family (and "all"), Spearman between the costs of the same shards in two collections."""
+    from scipy.stats import spearmanr
+
+    again = {s["index"]: s for s in repeat}
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for s, fam in zip(samples, fams):
+        r = again.get(s["index"])
+        if r is None:
+            continue
+        if r.get("family", "dataset") != fam or not np.array_equal(r["table_ids"], s["table_ids"]) \
+                or not np.array_equal(r["dims"], s["dims"]):
+            raise UserError(f"--repeat_dir sample {s['index']} is another shard than --data_dir's: collect the repeat "
+                            "with the same settings (seed, mix, --max_mem, tables)")
+        for key in (fam, "all"):
+            pairs.setdefault(key, []).append((s["cost_ms"], r["cost_ms"]))
+    return {k: float(spearmanr(*np.array(v).T)[0]) for k, v in pairs.items() if len(v) >= 3}
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data_dir", default="data/cost_data")
     p.add_argument("--dataset_dir", default="data/dlrm_datasets")
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--num_samples", type=int, default=None)
+    p.add_argument("--repeat_dir", default=None, help="a second collection of the same shards (compute_cost_data.pkl)")
     p.add_argument("--out_dir", default="results")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND)
     samples = samples[:a.num_samples] if a.num_samples else samples
+    fams = np.array([s.get("family", "dataset") for s in samples])
+    repeat = {}
+    if a.repeat_dir:
+        repeat = repeat_spearman(samples, load_cost_data(Path(a.repeat_dir) / "compute_cost_data.pkl",
+                                                         COMPUTE_DATA_KIND)[1], fams)
+        if not repeat:
+            raise UserError(f"--repeat_dir {a.repeat_dir} shares fewer than 3 samples with --data_dir")
     tables = cost_data_tables(meta, DLRMDataset.load(a.dataset_dir))
     feats, mask, y = compute_training_arrays(samples, tables.features)
-    fams = np.array([s.get("family", "dataset") for s in samples])
     print(f"{len(samples)} samples: " + ", ".join(f"{f} {int((fams == f).sum())}" for f in dict.fromkeys(fams)))
 
     model = ComputeCostModel(model_meta(meta))
@@ -57,23 +88,25 @@ def main() -> None:
             if m:
                 row.update({f"{tag}_n": m["n"], f"{tag}_mape": m["mape"], f"{tag}_r2": m["r2"],
                             f"{tag}_spearman": m["spearman"]})
+        if fam in repeat:
+            row["repeat_spearman"] = repeat[fam]
         rows.append(row)
         print(row)
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "families.csv", index=False)
-    lines = ["| family | samples | test MAPE | test R² | test Spearman | LOFO MAPE | LOFO R² | LOFO Spearman |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| family | samples | test MAPE | test R² | test Spearman | LOFO MAPE | LOFO R² | LOFO Spearman "
+             "| repeat Spearman |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         f = lambda k, pct=False: ("-" if pd.isna(r.get(k, np.nan)) else  # noqa: E731
                                   f"{100 * r[k]:.1f}%" if pct else f"{r[k]:.3f}")
         n = r.get("lofo_n", r.get("test_n", "-"))
         lines.append(f"| {r['family']} | {n} | {f('test_mape', True)} | {f('test_r2')} | {f('test_spearman')} | "
-                     f"{f('lofo_mape', True)} | {f('lofo_r2')} | {f('lofo_spearman')} |")
+                     f"{f('lofo_mape', True)} | {f('lofo_r2')} | {f('lofo_spearman')} | {f('repeat_spearman')} |")
     atomic_write_text(out / "families.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,0 +1,34 @@
+"""benchmarks/families.py --repeat_dir: the Spearman between two collections of the same shards."""
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from neuroshard.core.errors import UserError
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from families import repeat_spearman  # noqa: E402
+
+
+def _samples(costs, fams):
+    return [{"index": i, "family": f, "table_ids": np.array([i, i + 1]), "dims": np.array([16, 8]), "cost_ms": c}
+            for i, (c, f) in enumerate(zip(costs, fams))]
+
+
+def test_repeat_spearman_per_family_and_overall():
+    fams = ["a"] * 4 + ["b"] * 4
+    first = _samples([1, 2, 3, 4, 10, 20, 30, 40], fams)
+    again = _samples([1.1, 2.2, 3.1, 4.3, 40, 30, 20, 10], fams)   # a keeps its order, b reverses it
+    got = repeat_spearman(first, again, np.array(fams))
+    assert got["a"] == pytest.approx(1.0) and got["b"] == pytest.approx(-1.0)
+    assert -1 < got["all"] < 1
+    assert set(repeat_spearman(first, again[:2], np.array(fams))) == set()  # fewer than 3 pairs: nothing
+
+
+def test_a_repeat_of_other_shards_is_refused():
+    fams = ["a"] * 4
+    first, again = _samples([1, 2, 3, 4], fams), _samples([1, 2, 3, 4], fams)
+    again[2]["dims"] = np.array([16, 16])
+    with pytest.raises(UserError, match="sample 2 is another shard"):
+        repeat_spearman(first, again, np.array(fams))
