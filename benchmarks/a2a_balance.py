@@ -26,9 +26,8 @@ from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E40
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import check_mp_keep  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.experiments.calibrate import measure_layouts  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
-from neuroshard.hardware.comm_bench import layouts_rank  # noqa: E402
-from neuroshard.hardware.launch import run_processes  # noqa: E402
 
 HEAVY = (1.0, 1.75, 2.5)  # the heavy rank's W as a multiple of the mean
 
@@ -49,10 +48,9 @@ def layouts_for(total_dim: int, n: int) -> list[np.ndarray]:
 
 
 def measure(layouts, n: int, batch: int, mp_keep, warmup: int, iters: int) -> list[float]:
-    got = {}
-    args = ([(d, np.zeros(n)) for d in layouts], batch, "cpu", warmup, iters, mp_keep)
-    run_processes(layouts_rank, n, args, lambda m: got.__setitem__(m[0], (m[1], m[2])), group_device="cpu")
-    return [float(np.max(np.asarray(got[i][0]) + np.asarray(got[i][1]))) for i in range(len(layouts))]
+    """Per layout (no delays), the slowest rank's forward + backward ms."""
+    fw, bw = measure_layouts([(d, np.zeros(n)) for d in layouts], n, batch, "cpu", warmup, iters, mp_keep)
+    return [float(v) for v in (fw + bw).max(axis=1)]
 
 
 def main(argv=None) -> None:

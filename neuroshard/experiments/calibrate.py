@@ -176,7 +176,9 @@ def measure_shards(ds, hw, batch_size: int, shards, warmup: int, iters: int) -> 
     return costs
 
 
-def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, iters: int):
+def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, iters: int,
+                    mp_keep: float | None = None):
+    """Per layout, every rank's forward and backward all-to-all ms ([len, N] each); DCT-MP's with `mp_keep`."""
     from ..hardware.comm_bench import layouts_rank
     from ..hardware.launch import run_processes
 
@@ -186,7 +188,8 @@ def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, 
         i, f, b = msg
         fw[i], bw[i] = f, b
 
-    run_processes(layouts_rank, N, (layouts, batch_size, device, warmup, iters), on_message, group_device=device)
+    run_processes(layouts_rank, N, (layouts, batch_size, device, warmup, iters, mp_keep), on_message,
+                  group_device=device)
     return fw, bw
 
 
