@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
+from neuroshard.core.artifacts import atomic_write_text, check_output_file, provenance  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import check_mp_keep  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
@@ -77,6 +77,7 @@ def main(argv=None) -> None:
     mp = check_mp_keep(a.mp_keep)
     if mp is None:
         raise UserError("--mp_keep 1 is the uncompressed all-to-all, which is measured anyway; give K < 1")
+    check_output_file(a.out, "--out")
     layouts = layouts_for(a.total_dim, a.ndevices)
     kinds = {f"compressed (mp_keep {mp:g})": mp, "uncompressed": None}
     costs = {k: [[] for _ in layouts] for k in kinds}

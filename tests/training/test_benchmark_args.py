@@ -125,9 +125,10 @@ def test_the_source_digest_follows_the_code(tmp_path):
     (["--mp_keep", "1"], "--mp_keep 1 is the uncompressed all-to-all"),
     (["--mp_keep", "nan"], "--mp_keep must be a finite number"),
     (["--batch_size", "4095"], "--batch_size must be divisible by --ndevices (4)"),
+    (["--out", "."], "--out . is a folder"),
 ])
 def test_a2a_balance_refuses_bad_flags_before_any_work(args, fragment, tmp_path):
-    r = _run("a2a_balance.py", *args, "--out", str(tmp_path / "balance.json"))
+    r = _run("a2a_balance.py", "--out", str(tmp_path / "balance.json"), *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert fragment in r.stderr and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []
