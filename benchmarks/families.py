@@ -1,6 +1,7 @@
 """Compute-model accuracy per table family and leave-one-family-out (DESIGN.md §8). Run by hand:
 
     python benchmarks/families.py [--data_dir data/cost_data] [--dataset_dir data/dlrm_datasets] [--epochs 300]
+                                  [--input_transform raw|log]
 
 Reads a compute-cost file collected with `--families_dir` (the family mix), then
 1. trains the compute model on all samples (80/10/10 split, seed 0) and reports test MSE, MAPE, R²
@@ -27,7 +28,8 @@ from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
-from neuroshard.models.cost_models import ComputeCostModel, compute_training_arrays, model_meta  # noqa: E402
+from neuroshard.models.cost_models import (INPUT_TRANSFORMS, ComputeCostModel, compute_training_arrays,  # noqa: E402
+                                          model_meta)
 from neuroshard.models.family_eval import leave_one_family_out, per_family_metrics  # noqa: E402
 from neuroshard.models.trainer import split_indices  # noqa: E402
 
@@ -58,6 +60,8 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--num_samples", type=int, default=None)
     p.add_argument("--repeat_dir", default=None, help="a second collection of the same shards (compute_cost_data.pkl)")
+    p.add_argument("--input_transform", default="raw", choices=INPUT_TRANSFORMS,
+                   help="compute-model inputs: raw (the paper's) or log (log rows and pooling)")
     p.add_argument("--out_dir", default="results")
     a = p.parse_args(argv)
     meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND)
@@ -73,13 +77,14 @@ def main(argv=None) -> None:
     feats, mask, y = compute_training_arrays(samples, tables.features)
     print(f"{len(samples)} samples: " + ", ".join(f"{f} {int((fams == f).sum())}" for f in dict.fromkeys(fams)))
 
-    model = ComputeCostModel(model_meta(meta))
+    model_info = {**model_meta(meta), "input_transform": a.input_transform}
+    model = ComputeCostModel(dict(model_info))
     model.fit((feats, mask), y, epochs=a.epochs, progress=False)
     _, _, test = split_indices(len(y), 0.8, 0.1, 0)
     per = per_family_metrics(model, feats, mask, y, fams, test)
     per["all"] = {**model.meta["metrics"], "n": len(test)}
     print("trained on all families; test split per family:")
-    lofo = leave_one_family_out(feats, mask, y, fams, a.epochs, model_meta(meta))
+    lofo = leave_one_family_out(feats, mask, y, fams, a.epochs, model_info)
     rows = []
     for fam in [*dict.fromkeys(fams), "all"]:
         row = {"family": fam}

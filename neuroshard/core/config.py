@@ -282,6 +282,8 @@ class TrainComputeConfig:
     dataset_dir: str = flag("data/dlrm_datasets", "processed dataset the samples came from")
     out_path: str = flag("models/compute.pt")
     families_dir: str | None = flag(None, "family tables of the cost data (default: the folder it names)")
+    input_transform: str = flag("raw", "model inputs: raw (the paper's z-normalised features) or log "
+                                "(log rows and log(1 + pooling) first; README, table families)")
     fit: FitConfig = field(default_factory=FitConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 

@@ -77,7 +77,9 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
                               max_mem=P.max_mem, workers=P.compute_workers, hardware=HardwareConfig(gpu_devices=gpus),
                               families_dir=str(work / "data/family_tables") if mix else None)
     compute_model = models / "compute.pt"
-    tc = TrainComputeConfig(data_dir=str(cost), dataset_dir=str(data), out_path=str(compute_model), fit=fit)
+    # the family mix's device-sized tables and short pooling need log inputs (README, table families)
+    tc = TrainComputeConfig(data_dir=str(cost), dataset_dir=str(data), out_path=str(compute_model), fit=fit,
+                            input_transform="log" if mix else "raw")
     steps += [
         Step("3 compute cost data", _cmd("collect_compute_cost_data.py", cc), lambda: collect_compute(cc),
              redo_removes=[cost / "compute_cost_data.pkl"]),

@@ -6,6 +6,10 @@
   update a device's prediction incrementally.
 - `CommCostModel`: MLP in→128→64→32→16→N, in = 2N (forward: dim sums + delays) or N (backward:
   dim sums), predicting every rank's cost.
+- Compute-model inputs (`input_transform`, recorded in the model's meta): `raw` is the paper's (the 20
+  features z-normalised as they are); `log` first takes log(rows) and log(1 + pooling factor), so
+  that device-sized tables (rows 1e5-1e7) and short pooling (1-20) are not squeezed into a sliver of
+  the normalised range by the heavy tails of those two features. Models saved without the key are `raw`.
 `fine_tune` continues fitting a pre-trained model on a few new samples (calibration to a user's
 tables and hardware, DESIGN.md §8).
 Weights are saved with `torch.save` (plain tensors and data) and loaded with `weights_only=True`.
@@ -26,6 +30,26 @@ from ..data.features import FEATURE_NAMES, NUM_FEATURES, with_dim
 from .trainer import train
 
 NORM_EPS = 1e-6
+INPUT_TRANSFORMS = ("raw", "log")
+_ROW, _POOLING = FEATURE_NAMES.index("row"), FEATURE_NAMES.index("pooling_factor")
+
+
+def transform_features(x, input_transform: str):
+    """Compute-model features [..., 20] (numpy or torch) as the model's input: `raw` leaves them, `log`
+    takes log(max(rows, 1)) and log(1 + max(pooling, 0)). Returns a new array/tensor."""
+    if input_transform == "raw":
+        return x
+    lib = torch if isinstance(x, torch.Tensor) else np
+    x = x.clone() if lib is torch else np.array(x, dtype=np.float64)
+    x[..., _ROW] = lib.log(lib.clamp(x[..., _ROW], min=1.0) if lib is torch else np.maximum(x[..., _ROW], 1.0))
+    x[..., _POOLING] = lib.log1p(lib.clamp(x[..., _POOLING], min=0.0) if lib is torch else np.maximum(x[..., _POOLING], 0.0))
+    return x
+
+
+def check_input_transform(value) -> str:
+    if value not in INPUT_TRANSFORMS:
+        raise UserError(f"unknown compute-model input transform {value!r} (--input_transform takes {', '.join(INPUT_TRANSFORMS)})")
+    return value
 
 
 def _mlp(sizes: list[int], final_relu: bool) -> nn.Sequential:
@@ -124,8 +148,8 @@ class CostModel:
         try:
             model = cls._build(meta)
             model.net.load_state_dict(state)
-        except UserError:
-            raise
+        except UserError as e:
+            raise UserError(f"{path}: {e}; retrain it with {script}") from None
         except Exception as e:
             raise UserError(f"{path} does not hold the weights of a {cls.kind} ({type(e).__name__}); "
                             f"retrain it with {script}") from None
@@ -151,19 +175,25 @@ class ComputeCostModel(CostModel):
     kind = "compute_cost_model"
 
     def __init__(self, meta: dict[str, Any] | None = None):
-        super().__init__(ComputeNet(), {"feature_names": FEATURE_NAMES, **(meta or {})})
+        meta = {"feature_names": FEATURE_NAMES, "input_transform": "raw", **(meta or {})}
+        check_input_transform(meta["input_transform"])
+        super().__init__(ComputeNet(), meta)
+
+    @property
+    def input_transform(self) -> str:
+        return self.meta["input_transform"]
 
     @classmethod
     def _build(cls, meta):
         return cls(meta)
 
     def set_normalization(self, features: torch.Tensor, mask: torch.Tensor):
-        rows = features[mask.bool()]
+        rows = transform_features(features[mask.bool()], self.input_transform)
         super().set_normalization(rows)
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """features [S, T, 20], mask [S, T] (1 for real tables) -> cost [S]."""
-        e = self.net.table_net(self._normalize(features)) * mask.unsqueeze(-1)
+        e = self.net.table_net(self._normalize(transform_features(features, self.input_transform))) * mask.unsqueeze(-1)
         return self.net.head(e.sum(1)).squeeze(-1)
 
     # -- fast numpy path used by the simulator and the search --
@@ -176,7 +206,8 @@ class ComputeCostModel(CostModel):
     def embed(self, features: np.ndarray) -> np.ndarray:
         """Per-table embeddings [n, 32] of feature vectors [n, 20]."""
         mean, std, table_layers, _ = self._layers()
-        return _np_forward(table_layers, (np.asarray(features, np.float64) - mean) / std)
+        x = transform_features(np.asarray(features, np.float64), self.input_transform)
+        return _np_forward(table_layers, (x - mean) / std)
 
     def head(self, emb_sum: np.ndarray) -> np.ndarray:
         """Cost of sets from their embedding sums [..., 32] -> [...]."""

@@ -12,7 +12,8 @@ from ..data.dataset import DLRMDataset
 from ..hardware.collect import load_cost_data
 from ..hardware.comm_bench import COMM_DATA_KIND
 from ..hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables
-from .cost_models import CommCostModel, ComputeCostModel, comm_training_arrays, compute_training_arrays, model_meta
+from .cost_models import (CommCostModel, ComputeCostModel, check_input_transform, comm_training_arrays,
+                          compute_training_arrays, model_meta)
 
 MIN_SAMPLES = 10
 
@@ -36,6 +37,7 @@ def _print_metrics(name: str, report: dict) -> None:
 def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
     """Step 4a: fit the compute cost model on OUT_DIR's compute samples; writes `cfg.out_path`."""
     fit = cfg.fit.check(MIN_SAMPLES)
+    check_input_transform(cfg.input_transform)
     data_path = cfg.data_path
     dataset = DLRMDataset.load(cfg.dataset_dir)
     meta, samples = _samples(data_path, COMPUTE_DATA_KIND, fit.num_samples, cfg.salvage)
@@ -45,7 +47,8 @@ def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
     tables = cost_data_tables(meta, dataset, cfg.families_dir)  # the dataset, or dataset + family tables
     feats, mask, y = compute_training_arrays(samples, tables.features)
     kw = _fit_kwargs(fit)
-    model = ComputeCostModel(model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw))
+    model = ComputeCostModel({**model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw),
+                              "input_transform": cfg.input_transform})
     report = model.fit((feats, mask), y, epochs=fit.epochs, **kw)
     _print_metrics(f"compute model ({meta['backend']}/{meta['device']})", report)
     model.save(cfg.out_path)

@@ -17,7 +17,7 @@ CASES = {
         ("--batch_size", "1001"), ("--num_iter", "0"), ("--T_range", "9,3"), ("--max_dim", "0"), ("--mp_keep", "0")],
     "train_compute_cost_model.py": [
         ("--epochs", "0"), ("--lr", "0"), ("--train_ratio", "1.2"), ("--batch_size", "0"), ("--num_samples", "3"),
-        ("--valid_ratio", "0.5")],
+        ("--valid_ratio", "0.5"), ("--input_transform", "sqrt")],
     "train_comm_cost_model.py": [("--ndevices", "1"), ("--epochs", "-2"), ("--lr", "inf"), ("--mp_keep", "nan")],
     "eval_simulator.py": [
         ("--ndevices", "0"), ("--max_mem", "0"), ("--beam_width", "0"), ("--grid_steps", "0"), ("--max_splits", "-1"),

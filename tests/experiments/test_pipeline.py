@@ -4,6 +4,7 @@ import pytest
 
 from neuroshard.core.config import PipelineConfig, Preset
 from neuroshard.experiments.pipeline import PRESETS, run_pipeline
+from neuroshard.models.cost_models import ComputeCostModel
 
 TINY = Preset(num_tables=24, batch_size=256, row_scale=1e-3, task_max_mem=0.02, max_mem=0.01, T_range=(4, 8),
               num_train_tasks=2, num_test_tasks=3, ndevices=(2,), compute_samples=20, compute_workers=2,
@@ -25,6 +26,9 @@ def test_pipeline_runs_resumes_and_reports(tiny, tmp_path, capsys):
     assert (summary.measured_ms > 0).all()
     text = out.read_text()
     assert "Simulator fidelity" in text and "neuroshard" in text and (tmp_path / "results/summary.png").stat().st_size
+    # with the family mix the compute model takes log inputs, and the logged command says so
+    assert ComputeCostModel.load(tmp_path / "models/compute.pt").input_transform == "log"
+    assert "--input_transform log" in first
     # a second run skips every finished step; the collectors find their files complete
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out

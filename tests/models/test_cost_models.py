@@ -5,7 +5,7 @@ import torch
 
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
 from neuroshard.core.errors import UserError
-from neuroshard.models.trainer import regression_metrics
+from neuroshard.models.trainer import regression_metrics, split_indices
 
 from conftest import assert_clean_error, run_script
 
@@ -60,6 +60,35 @@ def test_save_load_round_trip(tmp_path):
     assert np.array_equal(comm.predict(x), back.predict(x)) and back.num_devices == 3
     with pytest.raises(UserError, match="not a compute_cost_model"):
         ComputeCostModel.load(tmp_path / "b.pt")
+
+
+def test_log_input_transform_is_applied_in_every_path(tmp_path):
+    """`log` inputs: the normalisation is of log(rows) and log(1 + pooling) (computed by hand here), the
+    search's numpy path (embed + head) gives the network's prediction, and the transform survives a reload."""
+    feats, mask, y = _linear_compute_data(300)
+    model = ComputeCostModel({"input_transform": "log"})
+    model.fit((feats, mask), y, epochs=3, progress=False)
+    train_split = split_indices(len(y), 0.8, 0.1, 0)[0]  # the normalisation is the training split's
+    rows = feats[train_split][mask[train_split].astype(bool)]
+    mean = model.net.x_mean.numpy()
+    assert np.isclose(mean[1], np.log(rows[:, 1]).mean(), rtol=1e-4)
+    assert np.isclose(mean[2], np.log1p(rows[:, 2]).mean(), rtol=1e-4)
+    assert np.isclose(mean[0], rows[:, 0].mean(), rtol=1e-4)  # dim and the bins are left as they are
+    pred = model.predict(feats[:20], mask[:20])
+    by_parts = [model.head(model.embed(f[m.astype(bool)]).sum(0)) for f, m in zip(feats[:20], mask[:20])]
+    assert np.allclose(pred, by_parts, rtol=1e-4)
+    model.save(tmp_path / "log.pt")
+    back = ComputeCostModel.load(tmp_path / "log.pt")
+    assert back.input_transform == "log" and np.array_equal(back.predict(feats, mask), model.predict(feats, mask))
+    raw = ComputeCostModel()
+    raw.fit((feats, mask), y, epochs=3, progress=False)
+    assert raw.input_transform == "raw" and np.isclose(raw.net.x_mean.numpy()[1], rows[:, 1].mean(), rtol=1e-4)
+    # a file naming an unknown transform is refused in one line that names the file
+    obj = torch.load(tmp_path / "log.pt", weights_only=True)
+    obj["meta"]["input_transform"] = "sqrt"
+    torch.save(obj, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match=r"bad\.pt: unknown compute-model input transform 'sqrt'.*retrain"):
+        ComputeCostModel.load(tmp_path / "bad.pt")
 
 
 def test_weights_load_refuses_code(tmp_path):
