@@ -36,19 +36,24 @@ _ROW, _POOLING = FEATURE_NAMES.index("row"), FEATURE_NAMES.index("pooling_factor
 
 def transform_features(x, input_transform: str):
     """Compute-model features [..., 20] (numpy or torch) as the model's input: `raw` leaves them, `log`
-    takes log(max(rows, 1)) and log(1 + max(pooling, 0)). Returns a new array/tensor."""
+    takes log(max(rows, 1)) and log(1 + max(pooling, 0)) of a copy."""
     if input_transform == "raw":
         return x
-    lib = torch if isinstance(x, torch.Tensor) else np
-    x = x.clone() if lib is torch else np.array(x, dtype=np.float64)
-    x[..., _ROW] = lib.log(lib.clamp(x[..., _ROW], min=1.0) if lib is torch else np.maximum(x[..., _ROW], 1.0))
-    x[..., _POOLING] = lib.log1p(lib.clamp(x[..., _POOLING], min=0.0) if lib is torch else np.maximum(x[..., _POOLING], 0.0))
+    if isinstance(x, torch.Tensor):
+        x = x.clone()
+        x[..., _ROW] = torch.log(x[..., _ROW].clamp(min=1.0))
+        x[..., _POOLING] = torch.log1p(x[..., _POOLING].clamp(min=0.0))
+        return x
+    x = np.array(x, dtype=np.float64)
+    x[..., _ROW] = np.log(np.maximum(x[..., _ROW], 1.0))
+    x[..., _POOLING] = np.log1p(np.maximum(x[..., _POOLING], 0.0))
     return x
 
 
 def check_input_transform(value) -> str:
     if value not in INPUT_TRANSFORMS:
-        raise UserError(f"unknown compute-model input transform {value!r} (--input_transform takes {', '.join(INPUT_TRANSFORMS)})")
+        raise UserError(f"unknown compute-model input transform {value!r} "
+                        f"(--input_transform takes {', '.join(INPUT_TRANSFORMS)})")
     return value
 
 
@@ -193,7 +198,8 @@ class ComputeCostModel(CostModel):
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """features [S, T, 20], mask [S, T] (1 for real tables) -> cost [S]."""
-        e = self.net.table_net(self._normalize(transform_features(features, self.input_transform))) * mask.unsqueeze(-1)
+        x = self._normalize(transform_features(features, self.input_transform))
+        e = self.net.table_net(x) * mask.unsqueeze(-1)
         return self.net.head(e.sum(1)).squeeze(-1)
 
     # -- fast numpy path used by the simulator and the search --
