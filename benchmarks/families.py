@@ -1,7 +1,7 @@
 """Compute-model accuracy per table family and leave-one-family-out (DESIGN.md §8). Run by hand:
 
     python benchmarks/families.py [--data_dir data/cost_data] [--dataset_dir data/dlrm_datasets] [--epochs 300]
-                                  [--input_transform raw|log]
+                                  [--input_transform raw|log] [--salvage]
 
 Reads a compute-cost file collected with `--families_dir` (the family mix), then
 1. trains the compute model on all samples (80/10/10 split, seed 0) and reports test MSE, MAPE, R²
@@ -63,14 +63,16 @@ def main(argv=None) -> None:
     p.add_argument("--input_transform", default="raw", choices=INPUT_TRANSFORMS,
                    help="compute-model inputs: raw (the paper's) or log (log rows and pooling)")
     p.add_argument("--out_dir", default="results")
+    p.add_argument("--salvage", action="store_true",
+                   help="keep the good records of a damaged cost-data file (the damaged ones are dropped)")
     a = p.parse_args(argv)
-    meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND)
+    meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND, a.salvage)
     samples = samples[:a.num_samples] if a.num_samples else samples
     fams = np.array([s.get("family", "dataset") for s in samples])
     repeat = {}
     if a.repeat_dir:
         repeat = repeat_spearman(samples, load_cost_data(Path(a.repeat_dir) / "compute_cost_data.pkl",
-                                                         COMPUTE_DATA_KIND)[1], fams)
+                                                         COMPUTE_DATA_KIND, a.salvage)[1], fams)
         if not repeat:
             raise UserError(f"--repeat_dir {a.repeat_dir} shares fewer than 3 samples with --data_dir")
     tables = cost_data_tables(meta, DLRMDataset.load(a.dataset_dir))

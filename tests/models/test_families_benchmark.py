@@ -32,3 +32,25 @@ def test_a_repeat_of_other_shards_is_refused():
     again[2]["dims"] = np.array([16, 16])
     with pytest.raises(UserError, match="sample 2 is another shard"):
         repeat_spearman(first, again, np.array(fams))
+
+
+def test_a_damaged_cost_file_is_refused_with_a_salvage_the_script_takes(tmp_path):
+    """The common damaged-file message names --salvage, so the script must take it and then read past it."""
+    import families
+
+    from neuroshard.core.artifacts import RecordLog
+    from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND
+
+    path = tmp_path / "compute_cost_data.pkl"
+    with RecordLog(path, COMPUTE_DATA_KIND, {"device": "cpu"}, ()) as log:
+        for i in range(6):
+            log.append({"index": i, "table_ids": [i], "dims": [4], "cost_ms": 1.0})
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    path.write_bytes(bytes(data))
+    args = ["--data_dir", str(tmp_path), "--dataset_dir", str(tmp_path / "no_dataset"), "--out_dir", str(tmp_path)]
+    with pytest.raises(UserError, match=r"is damaged .*rerun with --salvage to keep the 5 good"):
+        families.main(args)
+    with pytest.raises(UserError) as e:  # past the damaged record: now the missing dataset is what is refused
+        families.main(args + ["--salvage"])
+    assert "is damaged" not in str(e.value) and "no_dataset" in str(e.value)

@@ -29,6 +29,10 @@ def _run(script, *args, cwd=None):
     ("mp_aware_training.py", ["--mp_keep", "1"], "--mp_keep must be in (0, 1)"),
     ("mp_aware_training.py", ["--reps", "0"], "--reps must be >= 1"),
     ("mp_aware_training.py", ["--dense_opt", "adamw"], "--dense_opt must be one of sgd, adam"),
+    ("backward_width.py", ["--widths", "64,x"], "--widths must be positive whole numbers"),
+    ("backward_width.py", ["--widths", "64,-8"], "--widths must be positive whole numbers"),
+    ("backward_width.py", ["--reps", "0"], "--reps must be >= 1"),
+    ("backward_width.py", ["--pooling", "0"], "--pooling must be >= 1"),
 ])
 def test_bad_flags_get_one_line(script, args, fragment, tmp_path):
     r = _run(script, *args, "--out_dir", str(tmp_path))
