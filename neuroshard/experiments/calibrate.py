@@ -135,6 +135,14 @@ def _fine_tune_kept(model, inputs, y, tune, held, cfg: CalibrationConfig, copy_o
                                         "samples": {"fine_tune": int(len(tune)), "held_out": int(len(held))}}
 
 
+def fine_tune_compute(model, task, shards, costs_ms, cfg: CalibrationConfig) -> tuple[object, dict]:
+    """The compute half of `calibrate`: fine-tune on two thirds of the measured shards, keep the result only if
+    its MAPE on the held-out third is not worse. Returns (model, report)."""
+    tune, held = _split(len(shards), cfg.seed)
+    return _fine_tune_kept(model, compute_arrays(task, shards), np.asarray(costs_ms, dtype=np.float32), tune, held,
+                           cfg, _copy)
+
+
 def _copy(model):
     clone = type(model)._build(dict(model.meta))
     clone.net.load_state_dict(model.net.state_dict())
@@ -264,9 +272,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
         y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
     fw_y, bw_y = measure_layouts(layouts, cluster.num_devices, batch_size, hw.device, cfg.warmup_iter, cfg.num_iter)
     measured_s = time.perf_counter() - t0
-    tune, held = _split(len(shards), cfg.seed)
-    compute, rep_c = _fine_tune_kept(sim.compute, compute_arrays(task, shards), y.astype(np.float32), tune, held,
-                                     cfg, _copy)
+    compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
     dims = np.stack([d for d, _ in layouts]).astype(np.float32)
     delays = np.stack([d for _, d in layouts]).astype(np.float32)
     ctune, cheld = _split(len(layouts), cfg.seed + 1)

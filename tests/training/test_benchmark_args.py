@@ -33,6 +33,9 @@ def _run(script, *args, cwd=None):
     ("backward_width.py", ["--widths", "64,-8"], "--widths must be positive whole numbers"),
     ("backward_width.py", ["--reps", "0"], "--reps must be >= 1"),
     ("backward_width.py", ["--pooling", "0"], "--pooling must be >= 1"),
+    ("calibration_shards.py", ["--counts", "40,x"], "--counts must be whole numbers >= 15"),
+    ("calibration_shards.py", ["--counts", "5"], "--counts must be whole numbers >= 15"),
+    ("calibration_shards.py", ["--models_dir", "/nonexistent"], "missing cost model /nonexistent/compute.pt"),
 ])
 def test_bad_flags_get_one_line(script, args, fragment, tmp_path):
     r = _run(script, *args, "--out_dir", str(tmp_path))
