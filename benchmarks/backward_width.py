@@ -28,6 +28,7 @@ from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E40
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.data.families import zipf_ids  # noqa: E402
+from neuroshard.experiments.calibrate import MEASURE_LIMIT_GB  # noqa: E402
 from neuroshard.hardware.backends import make_fused, resolve_hardware  # noqa: E402
 
 TINY_ROWS = 100
@@ -68,14 +69,20 @@ def main(argv=None) -> None:
     p.add_argument("--backend", default="auto", choices=("auto", "fbgemm", "torch"))
     p.add_argument("--out_dir", default="results")
     a = p.parse_args(argv)
-    for name in ("rows", "dim", "pooling", "batch_size", "reps"):
+    for name in ("rows", "dim", "batch_size", "reps"):
         check_int(f"--{name}", getattr(a, name), 1)
+    check_int("--pooling", a.pooling, 1, 10_000)  # ids of a batch: batch_size * pooling on average
     try:
         widths = [int(w) for w in a.widths.split(",")]
     except ValueError:
         widths = []
     if not widths or min(widths) < 1:
         raise UserError(f"--widths must be positive whole numbers separated by commas, got {a.widths!r}")
+    # the heavy table, the widest tiny table and the output gradient are all allocated at once
+    size_gb = 4 * (a.rows * a.dim + TINY_ROWS * max(widths) + a.batch_size * (a.dim + max(widths))) / 1e9
+    if size_gb > MEASURE_LIMIT_GB:
+        raise UserError(f"--rows, --dim, --widths and --batch_size allocate {size_gb:.3g} GB, more than "
+                        f"{MEASURE_LIMIT_GB:g} GB; make them smaller")
     torch.set_num_threads(1)
     hw = resolve_hardware("cpu", a.backend)
     rng = np.random.default_rng(0)

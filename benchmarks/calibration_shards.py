@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
-from neuroshard.core.config import SearchParams  # noqa: E402
+from neuroshard.core.config import SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.features import table_size_gb  # noqa: E402
@@ -82,16 +82,13 @@ def main(argv=None) -> None:
         counts = sorted({int(c) for c in a.counts.split(",")})
     except ValueError:
         counts = []
-    if not counts or counts[0] < 15:
-        raise UserError(f"--counts must be whole numbers >= 15 (as --calibrate) separated by commas, got {a.counts!r}")
+    if not counts or counts[0] < 15 or counts[-1] > 100_000:
+        raise UserError(f"--counts must be whole numbers from 15 to 100000 (as --calibrate) separated by commas, "
+                        f"got {a.counts!r}")
     check_int("--ndevices", a.ndevices, 2, 64)
     check_float("--max_mem", a.max_mem, 0, None, lo_open=True)
-    models = Path(a.models_dir)
-    paths = [models / "compute.pt", models / f"comm_{a.ndevices}_fw.pt", models / f"comm_{a.ndevices}_bw.pt"]
-    missing = [str(q) for q in paths if not q.is_file()]
-    if missing:
-        raise UserError(f"missing cost model {', '.join(missing)}: train them first (README, step 4)")
-    sim = Simulator.load(*paths, num_devices=a.ndevices)
+    sim = Simulator.load(Path(a.models_dir) / "compute.pt", *comm_model_paths(a.models_dir, a.ndevices),
+                         num_devices=a.ndevices)
     batch = int(sim.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     cluster = Cluster(a.ndevices, a.max_mem)
@@ -115,14 +112,12 @@ def main(argv=None) -> None:
     test_y = y[2 * n:]
     test_shards = [(t, d) for _, t, d in tests]
     feats = compute_arrays(task, test_shards)
-    algs = [alg for alg, _, _ in tests]
+    algs = np.array([alg for alg, _, _ in tests])
 
     def score(model) -> dict:
         pred = model.predict(*feats)
-        ratio = pred / test_y
-        worst = {alg: float(max(pred[i] for i in range(len(algs)) if algs[i] == alg)
-                            / max(test_y[i] for i in range(len(algs)) if algs[i] == alg)) for alg in ALGS}
-        return {"within_15": float(np.mean(np.abs(ratio - 1) <= 0.15)), "max_device_ratio": worst}
+        worst = {alg: float(pred[algs == alg].max() / test_y[algs == alg].max()) for alg in ALGS}
+        return {"within_15": float(np.mean(np.abs(pred / test_y - 1) <= 0.15)), "max_device_ratio": worst}
 
     rows = [{"shards": "none (pre-trained)", "held_out_mape": None, **score(sim.compute)}]
     for k in counts:

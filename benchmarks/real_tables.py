@@ -29,7 +29,7 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
-from neuroshard.core.config import SearchParams  # noqa: E402
+from neuroshard.core.config import SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> None:
     a = p.parse_args()
     N = a.ndevices
     models = Path(a.models_dir)
-    paths = (models / "compute.pt", models / f"comm_{N}_fw.pt", models / f"comm_{N}_bw.pt")
+    paths = (models / "compute.pt", *comm_model_paths(models, N))
     sim0 = Simulator.load(*paths, num_devices=N)
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")

@@ -33,9 +33,12 @@ def _run(script, *args, cwd=None):
     ("backward_width.py", ["--widths", "64,-8"], "--widths must be positive whole numbers"),
     ("backward_width.py", ["--reps", "0"], "--reps must be >= 1"),
     ("backward_width.py", ["--pooling", "0"], "--pooling must be >= 1"),
-    ("calibration_shards.py", ["--counts", "40,x"], "--counts must be whole numbers >= 15"),
-    ("calibration_shards.py", ["--counts", "5"], "--counts must be whole numbers >= 15"),
-    ("calibration_shards.py", ["--models_dir", "/nonexistent"], "missing cost model /nonexistent/compute.pt"),
+    ("backward_width.py", ["--rows", "99999999999"], "allocate 5.12e+04 GB, more than 4 GB"),
+    ("backward_width.py", ["--pooling", "1000000"], "--pooling must be >= 1 and <= 10000"),
+    ("calibration_shards.py", ["--counts", "40,x"], "--counts must be whole numbers from 15 to 100000"),
+    ("calibration_shards.py", ["--counts", "5"], "--counts must be whole numbers from 15 to 100000"),
+    ("calibration_shards.py", ["--counts", "40,999999999"], "--counts must be whole numbers from 15 to 100000"),
+    ("calibration_shards.py", ["--models_dir", "/nonexistent"], "cost model not found: /nonexistent/compute.pt"),
 ])
 def test_bad_flags_get_one_line(script, args, fragment, tmp_path):
     r = _run(script, *args, "--out_dir", str(tmp_path))
