@@ -8,8 +8,8 @@ One fused embedding operator (the one compute-cost data is measured with: FBGEMM
 backend) holds the heavy table alone, or the heavy table plus one 100-row one-hot table of width w; the
 one-hot table is also timed alone. Ids are Zipf (exponent 1.1), lengths uniform 1..2p-1, one thread, as a
 compute-cost worker runs. Every case is timed once per round, rounds interleaved; medians of forward and of
-backward (forward + backward minus forward) per case, and the backward's excess over the sum of the two
-alone. Writes results/backward_width.{md,json}.
+backward per case, and per round each pair's time against the two tables' times alone (geometric mean,
+paired 95% interval). Writes results/backward_width.{md,json}.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.data.families import zipf_ids  # noqa: E402
 from neuroshard.experiments.calibrate import MEASURE_LIMIT_GB  # noqa: E402
+from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import make_fused, resolve_hardware  # noqa: E402
 
 TINY_ROWS = 100
@@ -100,20 +101,23 @@ def main(argv=None) -> None:
         for k, case in built.items():
             times[k].append(timed(*case))
     med = {k: np.median(np.array(v), axis=0) for k, v in times.items()}
-    rows = []
-    fw0, bw0 = med["heavy"]
-    rows.append((a.dim, fw0, bw0, None, None))
+
+    def vs_alone(w: int, part: int) -> str:
+        """Per round, the pair's time against the two tables' times alone: geo-mean and paired 95% CI."""
+        both = {r: t[part] for r, t in enumerate(times[f"heavy+{w}"])}
+        alone = {r: times["heavy"][r][part] + times[f"tiny{w}"][r][part] for r in both}
+        st = paired(both, alone)
+        return f"{st['ratio']:.2f} [{st['ci_lo']:.2f}, {st['ci_hi']:.2f}]"
+
+    lines = [f"Heavy table: {a.rows} rows, dim {a.dim}, pooling {a.pooling}; batch {a.batch_size}; {hw.backend}/cpu, "
+             f"1 thread; medians of {a.reps} interleaved rounds; vs the two alone: per-round ratios, geometric "
+             "mean [paired 95% CI].", "",
+             "| fused output width | forward ms | backward ms | forward vs the two alone | backward vs the two alone |",
+             "|---:|---:|---:|---:|---:|",
+             f"| {a.dim} | {med['heavy'][0]:.1f} | {med['heavy'][1]:.1f} | - | - |"]
     for w in widths:
         fw, bw = med[f"heavy+{w}"]
-        tfw, tbw = med[f"tiny{w}"]
-        rows.append((a.dim + w, fw, bw, fw / (fw0 + tfw), bw / (bw0 + tbw)))
-    lines = [f"Heavy table: {a.rows} rows, dim {a.dim}, pooling {a.pooling}; batch {a.batch_size}; {hw.backend}/cpu, "
-             f"1 thread; medians of {a.reps} interleaved rounds.", "",
-             "| fused output width | forward ms | backward ms | forward vs sum alone | backward vs sum alone |",
-             "|---:|---:|---:|---:|---:|"]
-    for width, fw, bw, rf, rb in rows:
-        lines.append(f"| {width} | {fw:.1f} | {bw:.1f} | {'-' if rf is None else f'{rf:.2f}'} | "
-                     f"{'-' if rb is None else f'{rb:.2f}'} |")
+        lines.append(f"| {a.dim + w} | {fw:.1f} | {bw:.1f} | {vs_alone(w, 0)} | {vs_alone(w, 1)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(a.out_dir)
@@ -121,7 +125,8 @@ def main(argv=None) -> None:
     atomic_write_text(out / "backward_width.md", text)
     atomic_write_text(out / "backward_width.json", json.dumps(
         {"settings": vars(a), "hardware": hw.describe(), "provenance": provenance(),
-         "median_ms": {k: {"forward": float(v[0]), "backward": float(v[1])} for k, v in med.items()}}, indent=1))
+         "median_ms": {k: {"forward": float(v[0]), "backward": float(v[1])} for k, v in med.items()},
+         "rounds_ms": {k: [[float(f), float(b)] for f, b in v] for k, v in times.items()}}, indent=1))
 
 
 if __name__ == "__main__":
