@@ -13,7 +13,7 @@ measuring run (the compute collector's worker, 5 warm-up + 10 timed iterations a
 Then, per count K and kind (and K/2 of each kind), the pre-trained compute model is fine-tuned on the
 first K shards exactly as `--calibrate K` does (`fine_tune_compute`) and tested on the plans' devices:
 the share of devices within ±15% and, per plan, its slowest device predicted / measured.
-Writes results/calibration_shards.{md,json}.
+Writes results/calibration_shards.{md,json}; the JSON keeps every measured shard (calibration and plan devices).
 """
 from __future__ import annotations
 
@@ -145,7 +145,10 @@ def main(argv=None) -> None:
     atomic_write_text(out / "calibration_shards.json", json.dumps(
         {"settings": vars(a), "hardware": hw.describe(), "provenance": provenance(), "rows": rows,
          "plan_devices": [{"alg": alg, "tables": t.tolist(), "dims": d.tolist(), "measured_ms": float(m)}
-                          for (alg, t, d), m in zip(tests, test_y)]}, indent=1))
+                          for (alg, t, d), m in zip(tests, test_y)],
+         "calibration_shards": {kind: [{"tables": t.tolist(), "dims": d.tolist(), "measured_ms": float(m)}
+                                       for (t, d), m in zip(kinds[kind], measured[kind])] for kind in kinds}},
+        indent=1))
 
 
 if __name__ == "__main__":

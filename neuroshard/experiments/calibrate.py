@@ -50,8 +50,8 @@ class CalibrationConfig:
     comm_layouts: int = 18        # all-to-all layouts of the user's dims; a third held out
     warmup_iter: int = 5
     num_iter: int = 10
-    epochs: int = 100             # fine-tuning: Adam steps of batch 64 from the pre-trained weights
-    lr: float = 1e-3
+    steps: int = 500              # fine-tuning: full-batch Adam steps on the relative error, from the pre-trained
+    lr: float = 1e-3              # weights (`CostModel.fine_tune`)
     seed: int = 0
 
     def check(self) -> "CalibrationConfig":
@@ -128,7 +128,9 @@ def _fine_tune_kept(model, inputs, y, tune, held, cfg: CalibrationConfig, copy_o
     """Fine-tune a copy of `model`; keep it only if its held-out MAPE is not worse. Returns (model, report)."""
     before = _err(model.predict(*(x[held] for x in inputs)), y[held])
     tuned = copy_of(model)
-    tuned.fine_tune(tuple(x[tune] for x in inputs), y[tune], epochs=cfg.epochs, lr=cfg.lr, seed=cfg.seed)
+    # the loss is relative: a cost below the timer's microsecond counts as one microsecond
+    tuned.fine_tune(tuple(x[tune] for x in inputs), np.maximum(y[tune], 1e-3), steps=cfg.steps, lr=cfg.lr,
+                    seed=cfg.seed)
     after = _err(tuned.predict(*(x[held] for x in inputs)), y[held])
     kept = after["mape"] <= before["mape"]
     return (tuned if kept else model), {"before": before, "after": after, "kept": kept,

@@ -27,7 +27,7 @@ from torch import nn
 from ..core.artifacts import atomic_torch_save, load_torch, provenance
 from ..core.errors import UserError
 from ..data.features import FEATURE_NAMES, NUM_FEATURES, with_dim
-from .trainer import train
+from .trainer import fine_tune_relative, train
 
 NORM_EPS = 1e-6
 INPUT_TRANSFORMS = ("raw", "log")
@@ -109,22 +109,20 @@ class CostModel:
         self._np = None
         return report
 
-    def fine_tune(self, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int = 200, lr: float = 3e-4,
-                  batch_size: int = 64, train_ratio: float = 0.7, valid_ratio: float = 0.2, seed: int = 0,
-                  progress: bool = False) -> dict:
-        """Continue fitting from the current (pre-trained) weights on new samples (calibration).
-
-        Same loop as `fit`, with the pre-training normalisation kept and the pre-trained weights as
-        the starting candidate for the best validation loss. The report goes to `meta["fine_tune"]`."""
+    def fine_tune(self, inputs: tuple[np.ndarray, ...], targets: np.ndarray, steps: int = 500, lr: float = 1e-3,
+                  seed: int = 0) -> dict:
+        """Continue fitting from the current (pre-trained) weights on a few new samples (calibration):
+        `fine_tune_relative`'s relative-error loss, the pre-training normalisation kept. Hold samples out
+        to judge it; the report goes to `meta["fine_tune"]`."""
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # a few dozen samples: one thread is as fast, and never stalls on a busy machine
         try:
-            report = train(self, inputs, targets, epochs, batch_size=batch_size, lr=lr, train_ratio=train_ratio,
-                           valid_ratio=valid_ratio, seed=seed, progress=progress, continue_fit=True)
+            report = fine_tune_relative(self, inputs, targets, steps, lr, seed)
         finally:
             torch.set_num_threads(threads)
-        self.meta.setdefault("fine_tune", []).append({k: v for k, v in report.items() if k != "history"})
-        self._np = None
+            self.net.eval()
+            self._np = None
+        self.meta.setdefault("fine_tune", []).append(report)
         return report
 
     def predict(self, *inputs: np.ndarray) -> np.ndarray:

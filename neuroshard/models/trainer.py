@@ -1,8 +1,14 @@
-"""The one training loop every cost model uses (DESIGN.md §3.3).
+"""The training loops of the cost models (DESIGN.md §3.3, §8).
 
-Split 80/10/10 (train/valid/test, seeded), z-normalise inputs with training statistics (set on the
-model by `model.set_normalization`), MSE loss, Adam, mini-batches, and keep the weights of the
-best validation epoch. Ends with test-split metrics: MSE, MAPE, R² and Spearman rank correlation.
+`train` (pre-training, the paper's): split 80/10/10 (train/valid/test, seeded), z-normalise inputs
+with training statistics (set on the model by `model.set_normalization`), MSE loss, Adam,
+mini-batches, and keep the weights of the best validation epoch. Ends with test-split metrics: MSE,
+MAPE, R² and Spearman rank correlation.
+
+`fine_tune_relative` (calibration to a user's tables): a few dozen new samples, so no split of its
+own (the caller holds samples out); the pre-training normalisation is kept; relative squared error
+((pred - y) / y)², because the user's costs span 1-100 ms and the plan's error that matters is
+relative; a fixed number of full-batch Adam steps.
 """
 from __future__ import annotations
 
@@ -35,12 +41,8 @@ def split_indices(n: int, train_ratio: float, valid_ratio: float, seed: int):
 
 def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int, batch_size: int = 512,
           lr: float = 1e-3, train_ratio: float = 0.8, valid_ratio: float = 0.1, seed: int = 0,
-          progress: bool = True, continue_fit: bool = False) -> dict:
-    """Fit `model.net` on (inputs, targets); returns history and test metrics.
-
-    `continue_fit` goes on from the model's current weights (fine-tuning): the normalisation
-    statistics stay those of the original training data, and the starting weights compete as
-    "epoch -1" for the best validation loss, so fine-tuning never ends worse on validation."""
+          progress: bool = True) -> dict:
+    """Fit `model.net` on (inputs, targets); returns history and test metrics."""
     torch.manual_seed(seed)
     n = len(targets)
     if n < 10:
@@ -48,8 +50,7 @@ def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: in
     tr, va, te = split_indices(n, train_ratio, valid_ratio, seed)
     X = [torch.as_tensor(x) for x in inputs]
     y = torch.as_tensor(np.asarray(targets, dtype=np.float32))
-    if not continue_fit:
-        model.set_normalization(*(x[tr] for x in X))
+    model.set_normalization(*(x[tr] for x in X))
     net = model.net
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
@@ -60,8 +61,6 @@ def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: in
             return float(torch.nn.functional.mse_loss(model.forward(*(x[idx] for x in X)), y[idx]))
 
     best, best_state, history = float("inf"), copy.deepcopy(net.state_dict()), []
-    if continue_fit:
-        best = loss_on(va)
     bar = tqdm(range(epochs), desc=f"train {model.kind}", disable=not progress)
     for epoch in bar:
         net.train()
@@ -83,3 +82,33 @@ def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: in
         pred = model.forward(*(x[te] for x in X)).numpy()
     return {"history": history, "best_valid_mse": best, "test": regression_metrics(pred, y[te].numpy()),
             "num_samples": {"train": len(tr), "valid": len(va), "test": len(te)}}
+
+
+def fine_tune_relative(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, steps: int, lr: float,
+                       seed: int, batch_size: int = 1024) -> dict:
+    """Continue fitting `model.net` from its current weights on (inputs, targets), all > 0: `steps` Adam steps
+    on the relative squared error, full batch up to `batch_size` samples (seeded mini-batches beyond).
+    Returns the mean relative error on these samples before and after."""
+    y = torch.as_tensor(np.asarray(targets, dtype=np.float32))
+    if len(y) == 0 or not bool(torch.isfinite(y).all()) or bool((y <= 0).any()):
+        raise ValueError("fine-tuning needs at least one sample and every target finite and > 0")
+    X = [torch.as_tensor(np.asarray(x, dtype=np.float32)) for x in inputs]
+    net = model.net
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+
+    def mean_rel_err() -> float:
+        net.eval()
+        with torch.no_grad():
+            return float(((model.forward(*X) - y) / y).abs().mean())
+
+    before = mean_rel_err()
+    net.train()
+    for _ in range(steps):
+        idx = torch.randperm(len(y), generator=gen)[:batch_size] if len(y) > batch_size else slice(None)
+        loss = (((model.forward(*(x[idx] for x in X)) - y[idx]) / y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {"steps": steps, "lr": lr, "samples": len(y), "mape_before": before, "mape_after": mean_rel_err()}

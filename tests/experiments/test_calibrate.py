@@ -72,7 +72,7 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     sim = Simulator.load(*paths, num_devices=2)
     cluster = Cluster(2, 0.02)
     hw = resolve_hardware("cpu", "auto")
-    cfg = CalibrationConfig(num_shards=24, comm_layouts=15, warmup_iter=1, num_iter=3, epochs=80, lr=1e-3)
+    cfg = CalibrationConfig(num_shards=24, comm_layouts=15, warmup_iter=1, num_iter=3, steps=300, lr=1e-3)
     lines = []
     cal, report = calibrate(sim, tl, cluster, hw, 256, cfg, log=lines.append)
     c = report["compute"]
