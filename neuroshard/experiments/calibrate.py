@@ -3,8 +3,9 @@
 Pre-train, **calibrate**, search, verify. `calibrate`:
 1. builds the user's tables on this machine: their real ids (`--ids`) or ids synthesised from each
    table's rows, pooling factor and reuse histogram (`user_tables_dataset`);
-2. measures `num_shards` (K) random shards of those tables (`sample_user_shards`: 1..2T/N tables,
-   each at its dim or a column shard of it, within a device's memory) exactly as the collector does
+2. measures `num_shards` (K) shards of those tables (`sample_user_shards`: the few tables with the most
+   lookups x dim each alone, then random shards of 1..2T/N tables, each at its dim or a column shard of
+   it, within a device's memory) exactly as the collector does
    (one worker, one thread, cache flushed, median of `num_iter` after `warmup_iter`);
 3. fine-tunes the pre-trained compute model on 2/3 of them (`ComputeCostModel.fine_tune`) and
    reports the error on the held-out third before and after;
@@ -40,6 +41,7 @@ from ..sharding.simulator import Simulator
 CALIBRATION_KIND = "neuroshard.calibration"
 MEASURE_LIMIT_GB = 4.0  # building the user's tables allocates every table: refuse more than this in total
 MIN_HELD_OUT = 5
+HEAVY_ALONE = 5  # calibration shards that are one heavy table alone (see sample_user_shards)
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,24 @@ def user_tables_dataset(tl, batch_size: int, seed: int, out_dir: Path, ids_path=
 
 def sample_user_shards(task, cluster: Cluster, num_shards: int, seed: int,
                        max_tries: int = 100_000) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Random shards (table positions, dims) of the task's tables that fit one device.
+    """Shards (table positions, dims) of the task's tables that fit one device.
 
-    1..ceil(2T/N) tables (at most 64), each at its dim or halved once or twice (a column shard)."""
+    First the `HEAVY_ALONE` tables with the most lookups x dim, each alone at its dim (halved until it fits),
+    at most num_shards // 8 of them: without them every shard that holds such a table has company, and the
+    fine-tuned model puts the company's cost on the table. Then random shards: 1..ceil(2T/N) tables (at most
+    64), each at its dim or halved once or twice (a column shard)."""
     rng = np.random.default_rng([seed, 31])
     T, N = task.num_tables, cluster.num_devices
     hi = max(1, min(64, int(np.ceil(2 * T / N))))
     rows = task.rows
     out = []
+    heavy = np.argsort(-(task.pooling_factors * task.dims), kind="stable")[:min(HEAVY_ALONE, num_shards // 8)]
+    for t in heavy:
+        dim = int(task.dims[t])
+        while table_size_gb(rows[[t]], np.array([dim])).sum() > cluster.max_mem_gb and can_split(dim):
+            dim //= 2
+        if table_size_gb(rows[[t]], np.array([dim])).sum() <= cluster.max_mem_gb:
+            out.append((np.array([t], dtype=np.int64), np.array([dim], dtype=np.int64)))
     for _ in range(max_tries):
         if len(out) == num_shards:
             return out
@@ -266,7 +278,9 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     task = tl.task
     shards = sample_user_shards(task, cluster, cfg.num_shards, cfg.seed)
     layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed)
-    log(f"calibrating: measuring {len(shards)} random shards of these tables ({cfg.warmup_iter} warm-up + "
+    alone = min(HEAVY_ALONE, cfg.num_shards // 8, task.num_tables)
+    log(f"calibrating: measuring {len(shards)} shards of these tables (the {alone} with the most lookups x dim "
+        f"alone, the rest random; {cfg.warmup_iter} warm-up + "
         f"{cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) and {len(layouts)} all-to-all layouts "
         f"of their dims on {cluster.num_devices} ranks")
     with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:

@@ -39,6 +39,14 @@ def test_user_shards_fit_a_device_and_use_column_shards(tmp_path):
         assert table_size_gb(task.rows[tabs], dims).sum() <= 0.01
         assert all(d <= task.dims[t] and task.dims[t] % d == 0 for t, d in zip(tabs, dims))
     assert any((dims < task.dims[tabs]).any() for tabs, dims in shards)
+    # first the 5 tables with the most lookups x dim, each alone: d (20 x 32), a (8 x 64), f (4 x 32), b, c
+    assert [(t.tolist(), d.tolist()) for t, d in shards[:5]] == [([3], [32]), ([0], [64]), ([5], [32]),
+                                                                 ([1], [64]), ([2], [16])]
+    assert all(len(t) == 1 for t, _ in shards[:5]) and not all(len(t) == 1 for t, _ in shards[5:])
+    # K // 8 heavy tables alone; one too big for a device alone (a: 20,000 x 64 floats, 0.0048 GB) is measured
+    # as its widest column shard that fits (0.004 GB devices)
+    tight = sample_user_shards(task, Cluster(2, 0.004), 16, seed=0)
+    assert len(tight) == 16 and [(t.tolist(), d.tolist()) for t, d in tight[:2]] == [([3], [32]), ([0], [32])]
     with pytest.raises(UserError, match="raise --max_mem"):
         sample_user_shards(task, Cluster(2, 1e-6), 5, seed=0, max_tries=50)
 
