@@ -14,7 +14,6 @@ paired 95% interval). Writes results/backward_width.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
+from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.data.families import zipf_ids  # noqa: E402
@@ -120,13 +119,10 @@ def main(argv=None) -> None:
         lines.append(f"| {a.dim + w} | {fw:.1f} | {bw:.1f} | {vs_alone(w, 0)} | {vs_alone(w, 1)} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "backward_width.md", text)
-    atomic_write_text(out / "backward_width.json", json.dumps(
-        {"settings": vars(a), "hardware": hw.describe(), "provenance": provenance(),
-         "median_ms": {k: {"forward": float(v[0]), "backward": float(v[1])} for k, v in med.items()},
-         "rounds_ms": {k: [[float(f), float(b)] for f, b in v] for k, v in times.items()}}, indent=1))
+    write_results(a.out_dir, "backward_width", text, {
+        "settings": vars(a), "hardware": hw.describe(),
+        "median_ms": {k: {"forward": float(v[0]), "backward": float(v[1])} for k, v in med.items()},
+        "rounds_ms": {k: [[float(f), float(b)] for f, b in v] for k, v in times.items()}})
 
 
 if __name__ == "__main__":

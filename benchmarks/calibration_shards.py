@@ -18,7 +18,6 @@ Writes results/calibration_shards.{md,json}; the JSON keeps every measured shard
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
+from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
@@ -139,16 +138,12 @@ def main(argv=None) -> None:
                      + ", ".join(f"{r['max_device_ratio'][alg]:.2f}" for alg in ALGS) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "calibration_shards.md", text)
-    atomic_write_text(out / "calibration_shards.json", json.dumps(
-        {"settings": vars(a), "hardware": hw.describe(), "provenance": provenance(), "rows": rows,
-         "plan_devices": [{"alg": alg, "tables": t.tolist(), "dims": d.tolist(), "measured_ms": float(m)}
-                          for (alg, t, d), m in zip(tests, test_y)],
-         "calibration_shards": {kind: [{"tables": t.tolist(), "dims": d.tolist(), "measured_ms": float(m)}
-                                       for (t, d), m in zip(kinds[kind], measured[kind])] for kind in kinds}},
-        indent=1))
+    write_results(a.out_dir, "calibration_shards", text, {
+        "settings": vars(a), "hardware": hw.describe(), "rows": rows,
+        "plan_devices": [{"alg": alg, "tables": t.tolist(), "dims": d.tolist(), "measured_ms": float(m)}
+                         for (alg, t, d), m in zip(tests, test_y)],
+        "calibration_shards": {kind: [{"tables": t.tolist(), "dims": d.tolist(), "measured_ms": float(m)}
+                                      for (t, d), m in zip(kinds[kind], measured[kind])] for kind in kinds}})
 
 
 if __name__ == "__main__":

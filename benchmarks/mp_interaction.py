@@ -12,7 +12,6 @@ and 20,000 rows at most per table, as the DCT quality benchmark does.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
+from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
@@ -72,10 +71,7 @@ def main(argv=None) -> None:
           "zero: share of dot products that are exactly 0 under DCT-MP; corr: median over pairs of the Pearson "
           "correlation, across samples, of the dot product with and without DCT-MP; rel. error: "
           "||compressed - uncompressed|| / ||uncompressed|| over all of them. Means over seeds.", "", *markdown(rows), ""]
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "mp_interaction.json", json.dumps({"provenance": provenance(), "runs": runs}, indent=1))
-    atomic_write_text(out / "mp_interaction.md", "\n".join(md))
+    write_results(a.out_dir, "mp_interaction", "\n".join(md), {"runs": runs})
     print("\n".join(md))
 
 

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import functools
 import io
+import json
 import os
 import pickle
 import platform
@@ -255,6 +256,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode())
+
+
+def write_results(out_dir: str | os.PathLike, stem: str, markdown: str, record: dict[str, Any]) -> None:
+    """A benchmark's results, each file written atomically: OUT_DIR/STEM.md (its table) and OUT_DIR/STEM.json
+    (`record` with the run's provenance)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{stem}.md", markdown)
+    atomic_write_text(out / f"{stem}.json", json.dumps({"provenance": provenance(), **record}, indent=1))
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:

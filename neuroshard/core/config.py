@@ -375,8 +375,8 @@ class ShardTablesConfig:
     alg: str = flag("neuroshard", "any sharding algorithm (default neuroshard), or plan:FILE")
     out: str = flag("plan.json")
     torchrec_plan: str | None = flag(None, "also write the plan as a TorchRec ShardingPlan (JSON)")
-    calibrate: int | None = flag(None, "K: measure K shards of these tables (the heaviest alone, the rest random) on this hardware and fine-tune "
-                                       "the cost models on them (e.g. 30); saved "
+    calibrate: int | None = flag(None, "K: measure K shards of these tables (the heaviest alone, the rest random) "
+                                       "on this hardware and fine-tune the cost models on them (e.g. 30); saved "
                                        "beside --out and reused by later runs on the same tables and hardware")
     calibrate_comm: int = flag(18, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
                                    "models on")

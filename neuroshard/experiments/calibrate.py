@@ -104,9 +104,9 @@ def sample_user_shards(task, cluster: Cluster, num_shards: int, seed: int,
     heavy = np.argsort(-(task.pooling_factors * task.dims), kind="stable")[:min(HEAVY_ALONE, num_shards // 8)]
     for t in heavy:
         dim = int(task.dims[t])
-        while table_size_gb(rows[[t]], np.array([dim])).sum() > cluster.max_mem_gb and can_split(dim):
+        while table_size_gb(rows[t], dim) > cluster.max_mem_gb and can_split(dim):
             dim //= 2
-        if table_size_gb(rows[[t]], np.array([dim])).sum() <= cluster.max_mem_gb:
+        if table_size_gb(rows[t], dim) <= cluster.max_mem_gb:
             out.append((np.array([t], dtype=np.int64), np.array([dim], dtype=np.int64)))
     for _ in range(max_tries):
         if len(out) == num_shards:
@@ -278,10 +278,9 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     task = tl.task
     shards = sample_user_shards(task, cluster, cfg.num_shards, cfg.seed)
     layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed)
-    alone = min(HEAVY_ALONE, cfg.num_shards // 8, task.num_tables)
-    log(f"calibrating: measuring {len(shards)} shards of these tables (the {alone} with the most lookups x dim "
-        f"alone, the rest random; {cfg.warmup_iter} warm-up + "
-        f"{cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) and {len(layouts)} all-to-all layouts "
+    log(f"calibrating: measuring {len(shards)} shards of these tables (the heaviest tables alone, the rest "
+        f"random; {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) "
+        f"and {len(layouts)} all-to-all layouts "
         f"of their dims on {cluster.num_devices} ranks")
     with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
