@@ -1,7 +1,7 @@
 """Real table sets through the user path: pre-train -> calibrate -> search -> verify (DESIGN.md §8). Run by hand:
 
     python benchmarks/real_tables.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2]
-        [--calibrate 40] [--measure_budget_s 90] [--models_dir models] [--ndevices 4] [--max_mem 0.04]
+        [--calibrate 120] [--calibrate_comm 18] [--measure_budget_s 90] [--models_dir models] [--ndevices 4] [--max_mem 0.04]
 
 For each cited table set in benchmarks/real_tables/ (26 Criteo features each; see the files' `source`),
 scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kept as they are):
@@ -33,7 +33,8 @@ from neuroshard.core.config import SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
-from neuroshard.experiments.measure import MeasureConfig, candidate_plans, measure_candidates  # noqa: E402
+from neuroshard.experiments.measure import (MeasureConfig, candidate_plans, measure_candidates,  # noqa: E402
+                                            simulated_parts)
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
@@ -59,7 +60,8 @@ def main() -> None:
     p.add_argument("--models_dir", default="models")
     p.add_argument("--ndevices", type=int, default=4)
     p.add_argument("--max_mem", type=float, default=0.04)
-    p.add_argument("--calibrate", type=int, default=40)
+    p.add_argument("--calibrate", type=int, default=120)
+    p.add_argument("--calibrate_comm", type=int, default=18, help="all-to-all layouts to check the comm models on")
     p.add_argument("--measure_budget_s", type=float, default=90.0)
     p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
     p.add_argument("--num_iter", type=int, default=5, help="timed, per candidate per round")
@@ -82,7 +84,8 @@ def main() -> None:
         print(f"\n=== {name}: {tl.task.num_tables} tables, {tl.task.total_size_gb():.4f} GB (rows x {SETS[name]}), "
               f"{N} x {a.max_mem} GB")
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
-        sim1, cal = calibrate(sim0, tl, cluster, hw, batch, CalibrationConfig(num_shards=a.calibrate))
+        sim1, cal = calibrate(sim0, tl, cluster, hw, batch, CalibrationConfig(num_shards=a.calibrate,
+                                                                              comm_layouts=a.calibrate_comm))
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
         res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
                                                                       num_iter=a.num_iter))
@@ -93,9 +96,16 @@ def main() -> None:
         for i, c in enumerate(cands):
             s0, s1 = sim0.plan_cost(tl.task, c.plan, cluster), sim1.plan_cost(tl.task, c.plan, cluster)
             meas = float(np.exp(np.mean(np.log(round_ms[i]))))
+            # where the calibrated simulator errs: compute and comm on the device that measured slowest
+            m_parts = np.asarray(res["candidates"][i]["measured_parts_ms"])
+            s_parts = np.asarray(simulated_parts(s1))
+            crit = int(np.argmax(m_parts.sum(axis=1)))
             rows.append({"set": name, "plan": "/".join(c.names), "written": i == best, "measured_ms": meas,
                          "sim_before_ms": s0.cost_ms, "sim_after_ms": s1.cost_ms,
-                         "sim_meas_before": s0.cost_ms / meas, "sim_meas_after": s1.cost_ms / meas, "rounds": R})
+                         "sim_meas_before": s0.cost_ms / meas, "sim_meas_after": s1.cost_ms / meas, "rounds": R,
+                         "critical_rank": crit, "compute_sim_meas_after": s_parts[crit, 0] / m_parts[crit, 0],
+                         "comm_sim_meas_after": s_parts[crit, 1:].sum() / m_parts[crit, 1:].sum(),
+                         "comm_share": m_parts[crit, 1:].sum() / m_parts[crit].sum()})
         best_h = min(HEURISTICS, key=lambda h: np.mean(np.log(round_ms[idx[h]])) if h in idx else np.inf)
         vs_h = paired(dict(enumerate(round_ms[best])), dict(enumerate(round_ms[idx[best_h]])))
         nan = {"ratio": np.nan, "ci_lo": np.nan, "ci_hi": np.nan}
@@ -122,12 +132,14 @@ def main() -> None:
     sm.to_csv(out / "real_tables_summary.csv", index=False)
     rho0 = spearmanr(df["sim_before_ms"], df["measured_ms"]).statistic
     rho1 = spearmanr(df["sim_after_ms"], df["measured_ms"]).statistic
-    lines = ["| set | plan | measured (ms) | simulated before / after calibration (ms) | sim/meas before / after |",
-             "|---|---|---:|---:|---:|"]
+    lines = ["| set | plan | measured (ms) | simulated before / after calibration (ms) | sim/meas before / after | "
+             "slowest device after calibration: compute / comm sim/meas (comm share) |",
+             "|---|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['set']} | {r['plan']}{' **(written)**' if r['written'] else ''} | {r['measured_ms']:.2f} | "
                      f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f} | "
-                     f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} |")
+                     f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} | {r['compute_sim_meas_after']:.2f} / "
+                     f"{r['comm_sim_meas_after']:.2f} ({100 * r['comm_share']:.0f}%) |")
     lines += ["", f"Spearman (simulated vs measured, all plans of all sets): before calibration {rho0:.3f}, "
                   f"after {rho1:.3f}. Plans within ±15%: before {(abs(df['sim_meas_before'] - 1) <= 0.15).mean():.0%}, "
                   f"after {(abs(df['sim_meas_after'] - 1) <= 0.15).mean():.0%}.", "",

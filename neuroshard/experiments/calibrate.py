@@ -10,8 +10,12 @@ Pre-train, **calibrate**, search, verify. `calibrate`:
 3. fine-tunes the pre-trained compute model on 2/3 of them (`ComputeCostModel.fine_tune`) and
    reports the error on the held-out third before and after;
 4. checks the comm models on `comm_layouts` all-to-all layouts of the user's dims (random
-   table-wise placements, random straggler delays) on N ranks, fine-tunes them the same way and
-   reports held-out error before and after.
+   table-wise placements; straggler delays up to `MIN_SPREAD_MS` in half of them and up to the slowest
+   shard measured in step 2 in the other half) on N ranks, fine-tunes them the same way and reports held-out error
+   before and after. The delays are where a plan's forward all-to-all waits for its slowest device:
+   a device that finishes its compute early spends the difference inside the collective, so the
+   range must reach the compute differences the user's plans have (tens of ms for multi-hot tables,
+   beyond the pre-training's 1-20 ms).
 A fine-tuned model is kept only where its held-out error is not worse than the pre-trained one's.
 The calibrated models are saved beside the plan (`calibration_path`) with a fingerprint of the
 tables, hardware, batch, device count and pre-trained models; a later run with the same
@@ -42,6 +46,11 @@ CALIBRATION_KIND = "neuroshard.calibration"
 MEASURE_LIMIT_GB = 4.0  # building the user's tables allocates every table: refuse more than this in total
 MIN_HELD_OUT = 5
 HEAVY_ALONE = 5  # calibration shards that are one heavy table alone (see sample_user_shards)
+MIN_SPREAD_MS = 10.0  # comm layouts' straggler spread reaches at least this (see comm_layouts)
+# How `calibrate` measures and fine-tunes; part of the fingerprint, so a calibration saved by an earlier method
+# is measured again rather than reused. Change it whenever the sampler or the fine-tuning changes.
+CALIBRATION_METHOD = ("v4: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
+                      "comm delays up to 10 ms in half the layouts, up to the slowest measured shard in the other half")
 
 
 @dataclass(frozen=True)
@@ -173,14 +182,19 @@ def compute_arrays(task, shards) -> tuple[np.ndarray, np.ndarray]:
     return feats, mask
 
 
-def comm_layouts(task, N: int, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(dim sums, delays ms) of random table-wise placements of the user's tables on N ranks."""
+def comm_layouts(task, N: int, count: int, seed: int, max_spread_ms: float = MIN_SPREAD_MS
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(dim sums, delays ms) of random table-wise placements of the user's tables on N ranks. A layout's
+    delays are uniform up to a spread drawn uniformly up to `MIN_SPREAD_MS` (even layouts: the small
+    delays of balanced plans stay covered) or up to `max_spread_ms` (odd layouts: the long waits of
+    unbalanced ones)."""
     rng = np.random.default_rng([seed, 33])
     out = []
-    for _ in range(count):
+    for i in range(count):
         dev = rng.integers(0, N, task.num_tables)
         dims = np.bincount(dev, weights=task.dims, minlength=N).astype(np.int64)
-        delays = rng.uniform(0, rng.uniform(0, 10.0), N)
+        bound = max(max_spread_ms, MIN_SPREAD_MS) if i % 2 else MIN_SPREAD_MS
+        delays = rng.uniform(0, rng.uniform(0, bound), N)
         out.append((dims, delays - delays.min()))
     return out
 
@@ -216,8 +230,9 @@ def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, 
 
 
 def fingerprint(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_gb: float, model_paths,
-                ids_path=None) -> str:
-    """What a calibration depends on: tables (features, dims, rows; ids), hardware, batch, devices, models."""
+                ids_path=None, method: str = CALIBRATION_METHOD) -> str:
+    """What a calibration depends on: tables (features, dims, rows; ids), hardware, batch, devices, models,
+    and the calibration method."""
     h = hashlib.sha1()
     for a in (task.data_features, task.dims, task.rows):
         h.update(np.ascontiguousarray(np.asarray(a, dtype=np.float64)).tobytes())
@@ -226,7 +241,7 @@ def fingerprint(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_
     if ids_path is not None:
         h.update(Path(ids_path).read_bytes())
     h.update(json.dumps({"hw": {k: hw_desc.get(k) for k in ("device", "backend", "device_name")},
-                         "batch": batch_size, "N": num_devices, "mem": max_mem_gb},
+                         "batch": batch_size, "N": num_devices, "mem": max_mem_gb, "method": method},
                         sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -277,14 +292,14 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     t0 = time.perf_counter()
     task = tl.task
     shards = sample_user_shards(task, cluster, cfg.num_shards, cfg.seed)
-    layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed)
     log(f"calibrating: measuring {len(shards)} shards of these tables (the heaviest tables alone, the rest "
         f"random; {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) "
-        f"and {len(layouts)} all-to-all layouts "
-        f"of their dims on {cluster.num_devices} ranks")
+        f"and {cfg.comm_layouts} all-to-all layouts of their dims on {cluster.num_devices} ranks")
     with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
+    spread_ms = max(MIN_SPREAD_MS, float(np.nanmax(y)))  # plans' straggler delays reach about a device's compute
+    layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed, spread_ms)
     fw_y, bw_y = measure_layouts(layouts, cluster.num_devices, batch_size, hw.device, cfg.warmup_iter, cfg.num_iter)
     measured_s = time.perf_counter() - t0
     compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
@@ -294,7 +309,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     fw, rep_fw = _fine_tune_kept(sim.fw, (np.concatenate([dims, delays], axis=1),), fw_y.astype(np.float32),
                                  ctune, cheld, cfg, _copy)
     bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
-    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "measure_s": measured_s,
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "comm_max_spread_ms": spread_ms, "measure_s": measured_s,
               "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
     for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
         b, a = r["before"], r["after"]

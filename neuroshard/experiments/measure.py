@@ -93,6 +93,8 @@ class Candidate:
     plan: ShardingPlan
     simulated_ms: float | None = None
     round_ms: list[float] = field(default_factory=list)
+    simulated_parts_ms: list[list[float]] | None = None  # per device [compute, fw, bw] as simulated
+    round_parts_ms: list[np.ndarray] = field(default_factory=list)  # per round, per rank [compute, fw, bw]
 
 
 def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
@@ -123,8 +125,14 @@ def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k:
             out[key].names.append(name)
         else:
             cost = sim.plan_cost(task, plan, cluster) if sim is not None else None
-            out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms)
+            out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms,
+                                 simulated_parts_ms=None if cost is None else simulated_parts(cost))
     return list(out.values())
+
+
+def simulated_parts(cost) -> list[list[float]]:
+    """Per device [compute, fw, bw] ms of a simulated `Cost`, the layout the measured parts have."""
+    return np.stack([cost.compute_ms, cost.fw_ms, cost.bw_ms], axis=1).astype(float).tolist()
 
 
 def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int, cfg: MeasureConfig,
@@ -155,8 +163,9 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
             rounds.append(costs)
             round_end_s.append(time.time() - t0)
             totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]
-            for c, t in zip(candidates, totals):
+            for c, t, parts in zip(candidates, totals, costs):
                 c.round_ms.append(t)
+                c.round_parts_ms.append(np.asarray(parts, np.float64))
             best = int(np.argmin(totals))
             log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms")
 
@@ -175,8 +184,10 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     rows = []
     for i, c in enumerate(candidates):
         st = paired(dict(enumerate(costs[:, i])), dict(enumerate(costs[:, best])), cfg.seed) if R >= 2 else {}
+        parts = np.median(np.stack(c.round_parts_ms[:R]), axis=0).tolist() if len(c.round_parts_ms) >= R else None
         rows.append({"names": c.names, "measured_ms": float(sep["geo_mean_ms"][i]),
                      "median_round_ms": float(np.median(costs[:, i])), "round_ms": [float(x) for x in costs[:, i]],
+                     "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
                      "simulated_ms": c.simulated_ms,
                      "ratio_to_best": st.get("ratio", float("nan")), "ci_lo": st.get("ci_lo", float("nan")),
                      "ci_hi": st.get("ci_hi", float("nan"))})

@@ -12,8 +12,8 @@ per table, writes `--out plan.json`, and optionally
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
-
 
 from ..core.artifacts import atomic_write_text, check_output_file, provenance
 from ..core.config import ShardTablesConfig
@@ -100,16 +100,18 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
     path = calibration_path(cfg.out)
     fp = fingerprint(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths, cfg.ids)
     found = load_calibration(path, fp)
-    if found is not None and (cfg.calibrate is None or found[1].get("config", {}).get("num_shards") == cfg.calibrate):
+    ccfg = None if cfg.calibrate is None else \
+        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
+    if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
         c = found[1]["compute"]
         print(f"reusing the calibrated cost models in {path} (same tables, hardware and models; held-out compute "
               f"MAPE {100 * c['before']['mape']:.1f}% -> {100 * c['after']['mape']:.1f}%)")
         return found[0], {k: v for k, v in found[1].items() if k != "provenance"}
     if cfg.calibrate is None:
         if path.is_file():
-            print(f"note: {path} was calibrated for other tables, hardware or models; not used (pass --calibrate K)")
+            print(f"note: {path} was calibrated for other tables, hardware or models, or by an earlier calibration "
+                  f"method; not used (pass --calibrate K)")
         return sim, None
-    ccfg = CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
     calibrated, report = calibrate(sim, tl, cluster, hw, batch, ccfg, cfg.ids)
     report["fingerprint"] = fp
     save_calibration(path, calibrated, report)

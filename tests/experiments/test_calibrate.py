@@ -8,8 +8,9 @@ import torch
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.experiments.calibrate import (CalibrationConfig, calibrate, calibration_path, fingerprint,
-                                              load_calibration, sample_user_shards, save_calibration)
+from neuroshard.experiments.calibrate import (MIN_SPREAD_MS, CalibrationConfig, calibrate, calibration_path,
+                                              comm_layouts, fingerprint, load_calibration, sample_user_shards,
+                                              save_calibration)
 from neuroshard.data.features import table_size_gb
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.models.cost_models import ComputeCostModel
@@ -71,6 +72,23 @@ def _mismatched_compute_model(path):
     m.save(path)
 
 
+def test_comm_layouts_place_every_table_and_spread_delays_up_to_the_given_bound(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    task = load_table_list(tmp_path / "t.csv").task
+    for bound in (MIN_SPREAD_MS, 80.0):
+        layouts = comm_layouts(task, 3, 200, 0, bound)
+        for i, (dims, delays) in enumerate(layouts):
+            assert dims.sum() == task.dims.sum() and len(dims) == len(delays) == 3
+            assert delays.min() == 0.0 and delays.max() <= (bound if i % 2 else MIN_SPREAD_MS)
+        # each layout's spread is drawn up to its bound: the range is covered, not only its bottom
+        for half, top in ((0, MIN_SPREAD_MS), (1, bound)):
+            spreads = np.array([d.max() for _, d in layouts[half::2]])
+            assert spreads.max() > 0.6 * top and np.median(spreads) < 0.6 * top
+    # the bound changes only the delays, not the placements (same seed)
+    a, b = comm_layouts(task, 3, 5, 0, 10.0), comm_layouts(task, 3, 5, 0, 80.0)
+    assert all((x[0] == y[0]).all() for x, y in zip(a, b))
+
+
 def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_path):
     (tmp_path / "t.csv").write_text(TABLES)
     tl = load_table_list(tmp_path / "t.csv")
@@ -85,6 +103,7 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     cal, report = calibrate(sim, tl, cluster, hw, 256, cfg, log=lines.append)
     c = report["compute"]
     assert c["samples"] == {"fine_tune": 16, "held_out": 8}
+    assert report["comm_max_spread_ms"] >= MIN_SPREAD_MS
     assert c["kept"] and c["after"]["mape"] < 0.5 * c["before"]["mape"], c
     assert cal.compute is not sim.compute
     assert any("held-out MAPE" in l for l in lines)
@@ -102,6 +121,8 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
     other = fingerprint(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
     assert other != fp and load_calibration(path, other) is None
+    older = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths, method="v2: an earlier fine-tuning")
+    assert older != fp and load_calibration(path, older) is None  # a calibration by another method is not reused
 
 
 def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):

@@ -91,6 +91,11 @@ def test_candidates_are_distinct_and_measured_best_is_not_the_bad_plan(tmp_path)
     best = "/".join(res["best"])
     assert all(rows[best]["measured_ms"] <= r["measured_ms"] for r in rows.values())
     assert all(len(r["round_ms"]) == res["rounds"] for r in rows.values())
+    # per rank [compute, fw, bw], measured (median over rounds) and simulated: device 1 of all_on_0 has no table
+    bad_row = rows[next(k for k in rows if "all_on_0" in k)]
+    m, s = np.asarray(bad_row["measured_parts_ms"]), np.asarray(bad_row["simulated_parts_ms"])
+    assert m.shape == s.shape == (2, 3) and m[1, 0] == 0.0 < m[0, 0] and s[1, 0] == 0.0 < s[0, 0]
+    assert np.isclose(s.sum(axis=1).max(), bad_row["simulated_ms"], rtol=1e-5)
     # which plan is fastest on tiny tables is the hardware's call (all on one device can win: no comm);
     # the rule is not: given round costs where the bad plan is slowest every round, it is never written
     from dataclasses import replace
