@@ -11,6 +11,9 @@ scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kep
 4. every candidate (NeuroShard's 3, the pre-calibration NeuroShard plan, the four greedy heuristics,
    TorchRec) is measured in interleaved rounds on the same ranks (`measure_candidates`), until the
    best is told apart or the budget ends; rounds are the pairs of the paired 95% intervals.
+Per plan it also splits the calibrated simulator's miss into compute and comm on the device that measured
+slowest; per set it times `speed_probe_ms` before calibrating and after measuring, so a run whose machine
+slowed down in between (calibration on a fast machine, plans measured on a slow one) shows it.
 Writes results/real_tables.csv (one row per set and plan) and results/real_tables.md.
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ from neuroshard.experiments.measure import (MeasureConfig, candidate_plans, meas
                                             simulated_parts)
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
+from neuroshard.hardware.timing import speed_probe_ms  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
@@ -83,12 +87,14 @@ def main() -> None:
             tl = load_table_list(scaled_table_list(name, SETS[name], Path(tmp) / f"{name}.json"), a.max_mem)
         print(f"\n=== {name}: {tl.task.num_tables} tables, {tl.task.total_size_gb():.4f} GB (rows x {SETS[name]}), "
               f"{N} x {a.max_mem} GB")
+        probe_start = speed_probe_ms()  # the machine's speed before calibrating and after measuring: drift
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, CalibrationConfig(num_shards=a.calibrate,
                                                                               comm_layouts=a.calibrate_comm))
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
         res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
                                                                       num_iter=a.num_iter))
+        probe_end = speed_probe_ms()
         R = res["rounds"]
         round_ms = {i: c.round_ms[:R] for i, c in enumerate(cands)}
         best = res["best_index"]
@@ -123,7 +129,8 @@ def main() -> None:
                         "ns_vs_heuristic_hi": ns_h["ci_hi"], "ns_vs_torchrec": ns_tr["ratio"],
                         "ns_vs_torchrec_lo": ns_tr["ci_lo"], "ns_vs_torchrec_hi": ns_tr["ci_hi"],
                         "compute_mape_before": cal["compute"]["before"]["mape"],
-                        "compute_mape_after": cal["compute"]["after"]["mape"], "seconds": time.perf_counter() - t0})
+                        "compute_mape_after": cal["compute"]["after"]["mape"],
+                        "probe_start_ms": probe_start, "probe_end_ms": probe_end, "seconds": time.perf_counter() - t0})
         print(summary[-1])
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
     out = Path(a.out_dir)
@@ -145,7 +152,8 @@ def main() -> None:
                   f"after {(abs(df['sim_meas_after'] - 1) <= 0.15).mean():.0%}.", "",
               "| set | written plan | rounds | best told apart | written vs best heuristic (95% CI) | written vs "
               "TorchRec (95% CI) | neuroshard#1 vs best heuristic | neuroshard#1 vs TorchRec | compute MAPE before / "
-              "after calibration | seconds |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "after calibration | speed probe start / end (ms) | seconds |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         lines.append(f"| {s['set']} | {s['written']} | {s['rounds']} | {'yes' if s['separated'] else 'no'} | "
                      f"{s['vs_heuristic']:.3f} [{s['vs_heuristic_lo']:.3f}, {s['vs_heuristic_hi']:.3f}] "
@@ -153,7 +161,8 @@ def main() -> None:
                      f"{s['vs_torchrec_hi']:.3f}] | {s['ns_vs_heuristic']:.3f} [{s['ns_vs_heuristic_lo']:.3f}, "
                      f"{s['ns_vs_heuristic_hi']:.3f}] | {s['ns_vs_torchrec']:.3f} [{s['ns_vs_torchrec_lo']:.3f}, "
                      f"{s['ns_vs_torchrec_hi']:.3f}] | {100 * s['compute_mape_before']:.1f}% / "
-                     f"{100 * s['compute_mape_after']:.1f}% | {s['seconds']:.0f} |")
+                     f"{100 * s['compute_mape_after']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
+                     f"{s['seconds']:.0f} |")
     atomic_write_text(out / "real_tables.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"total {time.perf_counter() - t_all:.0f} s")

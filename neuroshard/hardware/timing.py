@@ -65,3 +65,23 @@ def median_ms(fn: Callable[[], None], device: str, warmup: int, iters: int,
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def speed_probe_ms(repeats: int = 15) -> float:
+    """Median ms of ten 512 x 512 float32 matmuls on one CPU thread: how fast this machine is right now.
+
+    Benchmarks take it before and after a long measurement, so that a run whose machine slowed down in
+    between (other tenants on a shared host) shows it; the thread count is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                a @ a
+            times.append(1000.0 * (time.perf_counter() - t0))
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)

@@ -252,3 +252,17 @@ def test_interleaved_rounds_report_the_median_round(small_dataset):
         assert len(rounds) == 3 and all(r > 0 for r in rounds)
         assert cost.cost_ms == pytest.approx(sorted(rounds)[1])   # the median round's cost
     assert got[("b", 0)][0].compute_ms[1] == 0.0                  # an empty device computes nothing
+
+
+def test_speed_probe_times_real_work_and_restores_the_thread_count():
+    from neuroshard.hardware.timing import speed_probe_ms
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ms = speed_probe_ms(repeats=3)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    # ten 512^3 matmuls are 2.7 GFLOP: at least 1 ms on any machine, and finite
+    assert 1.0 < ms < 60_000.0
