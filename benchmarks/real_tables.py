@@ -31,8 +31,8 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
-from neuroshard.core.config import SearchParams, comm_model_paths  # noqa: E402
+from neuroshard.core.artifacts import write_results  # noqa: E402
+from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--models_dir", default="models")
     p.add_argument("--ndevices", type=int, default=4)
     p.add_argument("--max_mem", type=float, default=0.04)
-    p.add_argument("--calibrate", type=int, default=120)
+    p.add_argument("--calibrate", type=int, default=DEFAULT_CALIBRATE_K)
     p.add_argument("--calibrate_comm", type=int, default=18, help="all-to-all layouts to check the comm models on")
     p.add_argument("--measure_budget_s", type=float, default=90.0)
     p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
@@ -132,6 +132,13 @@ def main() -> None:
                         "compute_mape_after": cal["compute"]["after"]["mape"],
                         "probe_start_ms": probe_start, "probe_end_ms": probe_end, "seconds": time.perf_counter() - t0})
         print(summary[-1])
+        text = write_tables(rows, summary, a)  # after every set: an interrupted run keeps the sets it finished
+    print(text)
+    print(f"total {time.perf_counter() - t_all:.0f} s")
+
+
+def write_tables(rows: list[dict], summary: list[dict], a: argparse.Namespace) -> str:
+    """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown."""
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -163,9 +170,11 @@ def main() -> None:
                      f"{s['ns_vs_torchrec_hi']:.3f}] | {100 * s['compute_mape_before']:.1f}% / "
                      f"{100 * s['compute_mape_after']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
                      f"{s['seconds']:.0f} |")
-    atomic_write_text(out / "real_tables.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"total {time.perf_counter() - t_all:.0f} s")
+    text = "\n".join(lines) + "\n"
+    write_results(out, "real_tables", text, {"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
+                                             "plans": json.loads(df.to_json(orient="records")),
+                                             "sets": json.loads(sm.to_json(orient="records"))})
+    return text
 
 
 if __name__ == "__main__":

@@ -160,6 +160,9 @@ def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
             p.add_argument(*flags, dest=f.name, default=None, help=f"{help_} (default {shown})".strip())
         elif _scalar(tp) is bool:
             p.add_argument(*flags, dest=f.name, action="store_true", help=help_)
+        elif md.get("bare") is not None:
+            p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default, nargs="?",
+                           const=md["bare"], help=help_)
         else:
             p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default, help=help_)
 

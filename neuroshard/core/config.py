@@ -20,9 +20,9 @@ from pathlib import Path
 from .errors import UserError, check_float, check_int, check_range
 
 
-def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = ()):
-    """A config field that is also a command-line flag."""
-    md = {"help": help, "parse": parse, "aliases": aliases}
+def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = (), bare=None):
+    """A config field that is also a command-line flag; `bare`: the value the flag takes when given without one."""
+    md = {"help": help, "parse": parse, "aliases": aliases, "bare": bare}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=md)
     return field(default=default, metadata=md)
@@ -363,6 +363,8 @@ class EvalConfig(EvalSimConfig):
 
 # ----------------------------------------------------------------------------- a user's own tables
 
+DEFAULT_CALIBRATE_K = 120  # shards --calibrate measures when given without K
+
 @dataclass
 class ShardTablesConfig:
     """tools/shard_tables.py: a user's table list (or real ids) in, a sharding plan out."""
@@ -375,10 +377,11 @@ class ShardTablesConfig:
     alg: str = flag("neuroshard", "any sharding algorithm (default neuroshard), or plan:FILE")
     out: str = flag("plan.json")
     torchrec_plan: str | None = flag(None, "also write the plan as a TorchRec ShardingPlan (JSON)")
-    calibrate: int | None = flag(None, "K: measure K shards of these tables (the heaviest alone, the rest random) "
-                                       "on this hardware and fine-tune the cost models on them (e.g. 120: 30-80 s "
-                                       "for 26 tables on 4 ranks at the quick scale); saved beside --out and reused "
-                                       "by later runs on the same tables and hardware")
+    calibrate: int | None = flag(None, "[K]: measure K shards of these tables (the heaviest alone, the rest random) "
+                                       f"on this hardware and fine-tune the cost models on them; --calibrate alone: "
+                                       f"K = {DEFAULT_CALIBRATE_K} (30-80 s for 26 tables on 4 ranks at the quick "
+                                       "scale); saved beside --out and reused by later runs on the same tables and "
+                                       "hardware", bare=DEFAULT_CALIBRATE_K)
     calibrate_comm: int = flag(18, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
                                    "models on")
     measure: bool = flag(False, "measure NeuroShard's top plans, the heuristics' and TorchRec's in interleaved "

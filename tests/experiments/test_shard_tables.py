@@ -101,3 +101,21 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
     other = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.05,
                        "--out", tmp_path / "plan.json", "--device", "cpu", *model_args)
     assert other.returncode == 0 and "calibrated for other tables" in other.stdout
+
+
+def test_calibrate_alone_takes_the_default_k_and_a_given_k_wins():
+    from neuroshard.core.cli import config_from_args, step_parser
+    from neuroshard.core.config import DEFAULT_CALIBRATE_K, ShardTablesConfig
+
+    p = step_parser(ShardTablesConfig)
+
+    def parsed(*argv):
+        return config_from_args(ShardTablesConfig, p.parse_args(["--tables", "t.csv", *argv]))
+
+    assert parsed().calibrate is None
+    assert parsed("--calibrate").calibrate == DEFAULT_CALIBRATE_K == 120
+    c = parsed("--calibrate", "--measure")
+    assert (c.calibrate, c.measure) == (120, True)
+    assert parsed("--calibrate", "40").calibrate == 40
+    with pytest.raises(SystemExit):
+        parsed("--calibrate", "many")
