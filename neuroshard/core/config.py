@@ -378,7 +378,7 @@ class ShardTablesConfig:
     out: str = flag("plan.json")
     torchrec_plan: str | None = flag(None, "also write the plan as a TorchRec ShardingPlan (JSON)")
     calibrate: int | None = flag(None, "[K]: measure K shards of these tables (the heaviest alone, the rest random) "
-                                       f"on this hardware and fine-tune the cost models on them; --calibrate alone: "
+                                       "on this hardware and fine-tune the cost models on them; --calibrate alone: "
                                        f"K = {DEFAULT_CALIBRATE_K} (30-80 s for 26 tables on 4 ranks at the quick "
                                        "scale); saved beside --out and reused by later runs on the same tables and "
                                        "hardware", bare=DEFAULT_CALIBRATE_K)

@@ -193,7 +193,7 @@ def comm_layouts(task, N: int, count: int, seed: int, max_spread_ms: float = MIN
     for i in range(count):
         dev = rng.integers(0, N, task.num_tables)
         dims = np.bincount(dev, weights=task.dims, minlength=N).astype(np.int64)
-        bound = max(max_spread_ms, MIN_SPREAD_MS) if i % 2 else MIN_SPREAD_MS
+        bound = max_spread_ms if i % 2 else MIN_SPREAD_MS
         delays = rng.uniform(0, rng.uniform(0, bound), N)
         out.append((dims, delays - delays.min()))
     return out
