@@ -32,6 +32,7 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import write_results  # noqa: E402
+from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
@@ -58,7 +59,7 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--models_dir", default="models")
@@ -70,7 +71,8 @@ def main() -> None:
     p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
     p.add_argument("--num_iter", type=int, default=5, help="timed, per candidate per round")
     p.add_argument("--out_dir", default="results")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()  # before any work
     N = a.ndevices
     models = Path(a.models_dir)
     paths = (models / "compute.pt", *comm_model_paths(models, N))
@@ -89,8 +91,7 @@ def main() -> None:
               f"{N} x {a.max_mem} GB")
         probe_start = speed_probe_ms()  # the machine's speed before calibrating and after measuring: drift
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
-        sim1, cal = calibrate(sim0, tl, cluster, hw, batch, CalibrationConfig(num_shards=a.calibrate,
-                                                                              comm_layouts=a.calibrate_comm))
+        sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
         res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
                                                                       num_iter=a.num_iter))
@@ -178,4 +179,4 @@ def write_tables(rows: list[dict], summary: list[dict], a: argparse.Namespace) -
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, interrupted="interrupted: --out_dir's real_tables.* hold the sets finished before it")
