@@ -81,7 +81,7 @@ def main(argv=None) -> None:
     hw = resolve_hardware("cpu", "auto")
     cluster = Cluster(N, a.max_mem)
     search = SearchParams()
-    rows, summary = [], []
+    rows, summary, parts = [], [], []
     t_all = time.perf_counter()
     for name in a.sets.split(","):
         t0 = time.perf_counter()
@@ -113,6 +113,9 @@ def main(argv=None) -> None:
                          "critical_rank": crit, "compute_sim_meas_after": s_parts[crit, 0] / m_parts[crit, 0],
                          "comm_sim_meas_after": s_parts[crit, 1:].sum() / m_parts[crit, 1:].sum(),
                          "comm_share": m_parts[crit, 1:].sum() / m_parts[crit].sum()})
+            parts.append({"set": name, "plan": "/".join(c.names), "dim_sums": [int(v) for v in c.plan.device_dim_sums()],
+                          "measured_parts_ms": m_parts.round(4).tolist(),
+                          "simulated_parts_ms": s_parts.round(4).tolist()})  # per rank: [compute, fw, bw]
         best_h = min(HEURISTICS, key=lambda h: np.mean(np.log(round_ms[idx[h]])) if h in idx else np.inf)
         vs_h = paired(dict(enumerate(round_ms[best])), dict(enumerate(round_ms[idx[best_h]])))
         nan = {"ratio": np.nan, "ci_lo": np.nan, "ci_hi": np.nan}
@@ -133,13 +136,14 @@ def main(argv=None) -> None:
                         "compute_mape_after": cal["compute"]["after"]["mape"],
                         "probe_start_ms": probe_start, "probe_end_ms": probe_end, "seconds": time.perf_counter() - t0})
         print(summary[-1])
-        text = write_tables(rows, summary, a)  # after every set: an interrupted run keeps the sets it finished
+        text = write_tables(rows, summary, parts, a)  # after every set: an interrupted run keeps the sets it finished
     print(text)
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 
-def write_tables(rows: list[dict], summary: list[dict], a: argparse.Namespace) -> str:
-    """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown."""
+def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: argparse.Namespace) -> str:
+    """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown. The JSON also
+    holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms (`parts`)."""
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +178,8 @@ def write_tables(rows: list[dict], summary: list[dict], a: argparse.Namespace) -
     text = "\n".join(lines) + "\n"
     write_results(out, "real_tables", text, {"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
                                              "plans": json.loads(df.to_json(orient="records")),
-                                             "sets": json.loads(sm.to_json(orient="records"))})
+                                             "sets": json.loads(sm.to_json(orient="records")),
+                                             "per_rank_parts": parts})
     return text
 
 

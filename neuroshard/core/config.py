@@ -300,6 +300,9 @@ class TrainCommConfig:
     fw_out_path: str | None = flag(None, "default models/comm_<N>_fw.pt (with --mp_keep K: comm_<N>_mpK_fw.pt)")
     bw_out_path: str | None = flag(None, "default models/comm_<N>_bw.pt (with --mp_keep K: comm_<N>_mpK_bw.pt)")
     mp_keep: float | None = flag(None, MP_KEEP_HELP + "; reads comm_cost_data_<N>_mp<K>.pkl")
+    fw_wait_term: bool = flag(False, "forward model = MLP + each rank's wait for the last-ready rank (max delay - "
+                                     "its delay), so the MLP learns only the transfer; holds beyond the "
+                                     "collected --sleep_range (default off: the paper's model)")
     fit: FitConfig = field(default_factory=FitConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 

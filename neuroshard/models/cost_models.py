@@ -5,7 +5,12 @@
   the set enters only through the sum, `embed` (per table) and `head` (per sum) let the search
   update a device's prediction incrementally.
 - `CommCostModel`: MLP in→128→64→32→16→N, in = 2N (forward: dim sums + delays) or N (backward:
-  dim sums), predicting every rank's cost.
+  dim sums), predicting every rank's cost. With `fw_wait_term` (meta; off in the paper's model and in
+  models saved without the key) the forward model's output is the MLP's plus each rank's wait for the
+  last-ready rank, max(delays) - delay_r, so the MLP learns only the transfer. A rank that starts its
+  all-to-all early cannot finish before the last one has sent; measured fw minus that wait is a
+  2-5 ms transfer at every spread (benchmarks/comm_wait.py), while the paper's MLP must learn the
+  max itself and extrapolates it wrongly beyond the spreads it was trained on.
 - Compute-model inputs (`input_transform`, recorded in the model's meta): `raw` is the paper's (the 20
   features z-normalised as they are); `log` first takes log(rows) and log(1 + pooling factor), so
   that device-sized tables (rows 1e5-1e7) and short pooling (1-20) are not squeezed into a sliver of
@@ -236,9 +241,14 @@ class CommCostModel(CostModel):
             raise UserError(f"a comm model's direction must be fw or bw, got {direction!r}")
         if not isinstance(num_devices, int) or num_devices < 2:
             raise UserError(f"a comm model needs >= 2 devices, got {num_devices!r}")
+        meta = {"fw_wait_term": False, **(meta or {}), "ndevices": num_devices, "direction": direction}
+        if not isinstance(meta["fw_wait_term"], bool) or (meta["fw_wait_term"] and direction != "fw"):
+            raise UserError(f"fw_wait_term must be true or false, and true only for a forward model "
+                            f"(got {meta['fw_wait_term']!r} for {direction})")
         n_in = 2 * num_devices if direction == "fw" else num_devices
-        super().__init__(CommNet(n_in, num_devices), {**(meta or {}), "ndevices": num_devices, "direction": direction})
+        super().__init__(CommNet(n_in, num_devices), meta)
         self.num_devices, self.direction = num_devices, direction
+        self.wait_term = meta["fw_wait_term"]
 
     @classmethod
     def _build(cls, meta):
@@ -258,13 +268,22 @@ class CommCostModel(CostModel):
         if x.shape[-1] != self.net.x_mean.numel():
             raise UserError(f"{self.direction} comm model was trained for {self.num_devices} devices, "
                             f"got inputs for {x.shape[-1] // (2 if self.direction == 'fw' else 1)}")
-        return self.net.mlp(self._normalize(x))
+        out = self.net.mlp(self._normalize(x))
+        if self.wait_term:
+            delays = x[..., self.num_devices:]
+            out = out + (delays.max(dim=-1, keepdim=True).values - delays)
+        return out
 
     def predict_np(self, x: np.ndarray) -> np.ndarray:
         if self._np is None:
             self._np = (self.net.x_mean.double().numpy(), self.net.x_std.double().numpy(), _np_layers(self.net.mlp))
         mean, std, layers = self._np
-        return _np_forward(layers, (np.asarray(x, np.float64) - mean) / std)
+        x = np.asarray(x, np.float64)
+        out = _np_forward(layers, (x - mean) / std)
+        if self.wait_term:
+            delays = x[..., self.num_devices:]
+            out = out + (delays.max(axis=-1, keepdims=True) - delays)
+        return out
 
 
 # ----------------------------------------------------------------------------- training data
@@ -293,5 +312,6 @@ def comm_training_arrays(samples: list[dict], direction: str):
 
 def model_meta(data_meta: dict, **extra) -> dict:
     """What a model records about its training data (hardware, batch) plus provenance."""
-    keep = ("device", "backend", "device_name", "batch_size", "ndevices", "dataset_fingerprint", "family_mix")
+    keep = ("device", "backend", "device_name", "batch_size", "ndevices", "dataset_fingerprint", "family_mix",
+            "sleep_range")
     return {**{k: data_meta[k] for k in keep if k in data_meta}, "provenance": provenance(**extra)}

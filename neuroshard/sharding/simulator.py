@@ -3,7 +3,9 @@
 compute_r = compute model on device r's shards (0 for an empty device); bw_r = backward model on
 the dim sums; forward delays d_r = (compute_r + bw_r) - min_r(compute_r + bw_r); fw_r = forward
 model on dim sums + delays; cost = max_r (compute_r + bw_r + fw_r). Predicted costs are rounded to
-1 ns (`round_ms`) so that mathematically equal costs compare equal whatever the batch shape.
+1 ns (`round_ms`) so that mathematically equal costs compare equal whatever the batch shape. A forward
+model trained with `--fw_wait_term` adds each rank's wait max_r' d_r' - d_r to its MLP itself
+(`CommCostModel`); the simulator is the same for both forms.
 
 The three models must agree (forward and backward direction, device count, hardware, batch) and,
 for tasks drawn from a dataset, come from that dataset and batch (`check_dataset`).

@@ -13,7 +13,7 @@ from neuroshard.experiments.calibrate import (MIN_SPREAD_MS, CalibrationConfig, 
                                               save_calibration)
 from neuroshard.data.features import table_size_gb
 from neuroshard.hardware.backends import resolve_hardware
-from neuroshard.models.cost_models import ComputeCostModel
+from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
 from neuroshard.sharding.simulator import Simulator
 
 from analytic_models import save_hand_models
@@ -123,6 +123,24 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     assert other != fp and load_calibration(path, other) is None
     older = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths, method="v2: an earlier fine-tuning")
     assert older != fp and load_calibration(path, older) is None  # a calibration by another method is not reused
+
+
+def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_file(tmp_path):
+    """A calibration saved with a `--fw_wait_term` forward model loads back as one: same meta, same predictions
+    (which include each rank's wait for the last-ready rank)."""
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    paths = [models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt"]
+    sim = Simulator.load(*paths, num_devices=2)
+    fw = CommCostModel(2, "fw", {**sim.fw.meta, "fw_wait_term": True})
+    fw.net.load_state_dict(sim.fw.net.state_dict())
+    x = np.array([[64.0, 32.0, 0.0, 30.0]])
+    assert np.allclose(fw.predict_np(x) - sim.fw.predict_np(x), [[30.0, 0.0]])  # rank 0 waits 30 ms for rank 1
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    fp = fingerprint(tl.task, resolve_hardware("cpu", "auto").describe(), 256, 2, 0.02, paths)
+    save_calibration(tmp_path / "plan.calibration.pt", Simulator(sim.compute, fw, sim.bw), {"fingerprint": fp})
+    back, _ = load_calibration(tmp_path / "plan.calibration.pt", fp)
+    assert back.fw.wait_term and not back.bw.wait_term and np.allclose(back.fw.predict_np(x), fw.predict_np(x))
 
 
 def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
