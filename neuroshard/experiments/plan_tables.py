@@ -93,6 +93,12 @@ def _predicted(cost: Cost | None, batch: int) -> dict | None:
                                       "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()}
 
 
+def _coverage_note(sim: Simulator | None, plan, cost) -> None:
+    note = sim.comm_coverage_note(plan.device_dim_sums(), cost) if sim is not None and cost is not None else None
+    if note:
+        print(note)
+
+
 def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, batch: int, paths,
                          cfg: ShardTablesConfig) -> tuple[Simulator, dict | None]:
     """The simulator to plan with: calibrated models beside `--out` when they fit these tables and this
@@ -166,6 +172,7 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
           f"; * = critical device), planned in {res.search_s:.2f} s")
     print(device_report(tl, plan, cluster, cost))
     print("\nper table\n" + table_report(tl, plan))
+    _coverage_note(sim, plan, cost)
     spec = plan_spec(tl.names, tl.rows, tl.task.dims, plan)
     record = {"kind": PLAN_KIND, "alg": alg, "ndevices": ndevices, "max_mem_gb": max_mem, "splits": plan.splits,
               "tables": [{**t, "pooling_factor": float(tl.task.pooling_factors[i])} for i, t in enumerate(spec["tables"])],
@@ -190,6 +197,7 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
             print(f"\nwritten plan: the measured best ({'/'.join(best.names)}); per device and per table:")
             print(device_report(tl, plan, cluster, cost))
             print("\nper table\n" + table_report(tl, plan))
+            _coverage_note(sim, plan, cost)
             spec = plan_spec(tl.names, tl.rows, tl.task.dims, plan)
             record.update(alg="/".join(best.names), splits=plan.splits, tables=[
                 {**t, "pooling_factor": float(tl.task.pooling_factors[i])} for i, t in enumerate(spec["tables"])],

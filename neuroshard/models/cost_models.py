@@ -246,6 +246,11 @@ class CommCostModel(CostModel):
             raise UserError(f"fw_wait_term must be true or false, and true only for a forward model "
                             f"(got {meta['fw_wait_term']!r} for {direction})")
         n_in = 2 * num_devices if direction == "fw" else num_devices
+        top = meta.get("training_input_max")  # the largest dim sums (and delays) the model was trained on
+        if top is not None and not (isinstance(top, (list, tuple)) and len(top) == n_in and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in top)):
+            raise UserError(f"training_input_max must be {n_in} finite numbers for a {num_devices}-device "
+                            f"{direction} model")
         super().__init__(CommNet(n_in, num_devices), meta)
         self.num_devices, self.direction = num_devices, direction
         self.wait_term = meta["fw_wait_term"]

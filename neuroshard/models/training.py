@@ -81,7 +81,8 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostMode
         x, y = comm_training_arrays(samples, direction)
         model = CommCostModel(N, direction, {**model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw),
                                              "mp_keep": mp_keep,
-                                             "fw_wait_term": bool(cfg.fw_wait_term) and direction == "fw"})
+                                             "fw_wait_term": bool(cfg.fw_wait_term) and direction == "fw",
+                                             "training_input_max": [float(v) for v in x.max(0)]})
         report = model.fit((x,), y, epochs=fit.epochs, **kw)
         _print_metrics(f"{direction} comm model ({N} devices, {meta['device']}, {mp_text(mp_keep)})", report)
         model.save(out)

@@ -115,6 +115,28 @@ class Simulator:
         fw = self.fw.predict_np(np.concatenate([dim_sums, delays], axis=1))
         return round_ms((compute + bw + fw).max(axis=1)), fw, bw  # the order of Cost.per_device_ms
 
+    def comm_coverage_note(self, dim_sums, cost: Cost) -> str | None:
+        """One line if a plan's dim sums or straggler waits lie beyond the comm models' training data (the
+        models record it as `training_input_max`; None for models saved without it, or inside the data)."""
+        N = self.num_devices
+        top = self.fw.meta.get("training_input_max")
+        if top is None:
+            return None
+        dims = np.asarray(dim_sums, np.float64)
+        ready = np.asarray(cost.compute_ms) + np.asarray(cost.bw_ms)
+        wait = float(ready.max() - ready.min())
+        dim_top, wait_top = max(top[:N]), max(top[N:])
+        over = []
+        if dims.max() > 1.05 * dim_top:
+            over.append(f"a device's dim sum reaches {dims.max():.0f} (the comm data: at most {dim_top:.0f})")
+        if wait > 1.05 * wait_top:
+            over.append(f"a straggler wait {wait:.1f} ms (the comm data: at most {wait_top:.1f} ms)")
+        if not over:
+            return None
+        return ("note: this plan lies beyond the comm cost data: " + " and ".join(over) + "; its predicted comm is "
+                "extrapolated. Collect comm data that covers it (collect_comm_cost_data.py --T_range 10,60 "
+                "--sleep_range 1,100) and retrain, or pass --calibrate")
+
     def plan_cost(self, task: ShardingTask, plan: ShardingPlan, cluster: Cluster | None = None) -> Cost | None:
         """Simulated cost of one plan; None if it does not fit the cluster's memory (out of memory)."""
         self.check_devices(plan.num_devices)

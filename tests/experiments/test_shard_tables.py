@@ -53,6 +53,19 @@ def test_plan_is_complete_fits_memory_and_is_reported(tmp_path, alg):
     assert rec["predicted"]["cost_ms"] > 0 and rec["provenance"]["versions"]["torch"]
     tr = json.loads((tmp_path / "tr.json").read_text())
     assert [t["name"] for t in tr["tables"]] == tl.names
+    assert "beyond the comm cost data" not in out  # hand models record no training data range
+    if alg == "neuroshard":  # a forward model whose comm data held dim sums up to 1 per device: one note
+        from neuroshard.models.cost_models import CommCostModel
+
+        fw = CommCostModel.load(models / "comm_2_fw.pt")
+        fw.meta["training_input_max"] = [1.0, 1.0, 1e6, 1e6]
+        fw.save(models / "fw_small.pt")
+        proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", mem,
+                          "--out", tmp_path / "plan2.json", "--compute_model", models / "compute.pt",
+                          "--fw_comm_model", models / "fw_small.pt", "--bw_comm_model", models / "comm_2_bw.pt")
+        assert proc.returncode == 0, proc.stderr
+        notes = [l for l in proc.stdout.splitlines() if "beyond the comm cost data" in l]
+        assert len(notes) == 1 and "(the comm data: at most 1)" in notes[0] and "straggler" not in notes[0], notes
 
 
 def test_missing_models_say_how_to_get_them(tmp_path):

@@ -74,6 +74,11 @@ def test_wait_term_adds_each_ranks_wait_for_the_last_ready_rank_by_hand(tmp_path
     torch.save(obj, tmp_path / "bad.pt")
     with pytest.raises(UserError, match="bad.pt: fw_wait_term must be true or false.*retrain it"):
         CommCostModel.load(tmp_path / "bad.pt")
+    for top in ("abc", [1.0] * 7, [1.0] * 7 + [float("nan")], [True] * 8, {"a": 1}):  # the recorded data range
+        obj["meta"].update(fw_wait_term=True, training_input_max=top)
+        torch.save(obj, tmp_path / "bad.pt")
+        with pytest.raises(UserError, match="bad.pt: training_input_max must be 8 finite numbers"):
+            CommCostModel.load(tmp_path / "bad.pt")
 
 
 def test_wait_term_gets_the_last_ready_rank_right_where_the_paper_model_does_not():
@@ -213,6 +218,14 @@ def test_scripted_pipeline_trains_and_shards(small_dataset, tmp_path):
     fw, bw = CommCostModel.load(models / "fw_wait.pt"), CommCostModel.load(models / "bw_wait.pt")
     assert fw.meta["fw_wait_term"] is True and bw.meta["fw_wait_term"] is False
     assert fw.meta["sleep_range"] == (1.0, 4.0) and CommCostModel.load(models / "fw.pt").meta["fw_wait_term"] is False
+    from neuroshard.hardware.collect import load_cost_data
+    from neuroshard.hardware.comm_bench import COMM_DATA_KIND
+
+    _, samples = load_cost_data(cost / "comm_cost_data_2.pkl", COMM_DATA_KIND)  # the data's largest inputs, recorded
+    top = [max(s["dim_sums"][r] for s in samples) for r in range(2)] + \
+        [max(s["delays_ms"][r] for s in samples) for r in range(2)]
+    assert fw.meta["training_input_max"] == pytest.approx(top, rel=1e-6)
+    assert bw.meta["training_input_max"] == pytest.approx(top[:2], rel=1e-6)
     save_tasks(tmp_path / "t.pkl", generate_tasks(small_dataset, 3, (3, 7), 0.01, 32, seed=0), small_dataset)
     m = ["--compute_model", models / "compute.pt", "--fw_comm_model", models / "fw.pt",
          "--bw_comm_model", models / "bw.pt", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
