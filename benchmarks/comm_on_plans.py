@@ -24,6 +24,7 @@ from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import comm_model_paths  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.models.cost_models import CommCostModel  # noqa: E402
+from neuroshard.models.trainer import regression_metrics  # noqa: E402
 
 
 def load_plans(paths: list[str]) -> list[dict]:
@@ -80,14 +81,14 @@ def main(argv=None) -> None:
     for d, (fw, bw) in models.items():
         fw_p = fw.predict_np(np.concatenate([dims, delays], 1))
         bw_p = bw.predict_np(dims)
-        err_fw = np.abs(fw_p - meas[..., 1]) / meas[..., 1]
-        err_bw = np.abs(bw_p - meas[..., 2]) / meas[..., 2]
+        mape_fw, mape_fw_last = (regression_metrics(fw_p[m], meas[..., 1][m])["mape"] for m in (np.s_[:], last))
+        mape_bw = regression_metrics(bw_p, meas[..., 2])["mape"]
         cost = (meas[..., 0] + fw_p + bw_p).max(1)
         ok = np.abs(cost / total - 1) <= 0.15
         per_set = ", ".join(f"{s} {ok[[q['set'] == s for q in plans]].mean():.0%}" for s in sets)
         tag = "wait term" if fw.meta.get("fw_wait_term") else "paper"
-        print(f"| {d} ({tag}, sleep_range {fw.meta.get('sleep_range', '?')}) | {100 * err_fw.mean():.1f}% | "
-              f"{100 * err_fw[last].mean():.1f}% | {100 * err_bw.mean():.1f}% | {ok.mean():.0%} ({ok.sum()}/{len(ok)}) "
+        print(f"| {d} ({tag}, sleep_range {fw.meta.get('sleep_range', '?')}) | {100 * mape_fw:.1f}% | "
+              f"{100 * mape_fw_last:.1f}% | {100 * mape_bw:.1f}% | {ok.mean():.0%} ({ok.sum()}/{len(ok)}) "
               f"| {per_set} |")
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.cli import run_main  # noqa: E402
@@ -26,6 +27,7 @@ from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND  # noqa: E402
 from neuroshard.models.cost_models import CommCostModel, comm_training_arrays  # noqa: E402
+from neuroshard.models.trainer import regression_metrics  # noqa: E402
 
 FORMS = {"paper": False, "wait term": True}
 
@@ -34,10 +36,6 @@ def load(dir_: str, n: int):
     meta, samples = load_cost_data(comm_data_path(dir_, n, None), COMM_DATA_KIND)
     x, y = comm_training_arrays(samples, "fw")
     return meta, x, y
-
-
-def mape(pred, y, mask):
-    return float(np.mean(np.abs(pred[mask] - y[mask]) / y[mask]))
 
 
 def main(argv=None) -> None:
@@ -69,6 +67,7 @@ def main(argv=None) -> None:
         res = {}  # (form, test, ranks) -> [mape per seed]
         for seed in seeds:
             for form, wait_term in FORMS.items():
+                torch.manual_seed(seed)  # the initial weights too: both forms start alike, whatever ran before
                 model = CommCostModel(n, "fw", {"fw_wait_term": wait_term})
                 model.fit((tx,), ty, epochs=a.epochs, seed=seed, progress=False)
                 for d, (_, x, y) in tests.items():
@@ -76,7 +75,7 @@ def main(argv=None) -> None:
                     delays = x[:, n:]
                     last = delays == delays.max(1, keepdims=True)
                     for ranks, mask in (("all", np.ones_like(last)), ("last-ready", last), ("others", ~last)):
-                        res.setdefault((form, d, ranks), []).append(mape(pred, y, mask))
+                        res.setdefault((form, d, ranks), []).append(regression_metrics(pred[mask], y[mask])["mape"])
         for d in a.test:
             for ranks in ("all", "last-ready", "others"):
                 p_, w_ = np.array(res[("paper", d, ranks)]), np.array(res[("wait term", d, ranks)])
