@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import zlib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -138,12 +139,23 @@ def load_pickle(path: str | os.PathLike, what: str = "artifact") -> Any:
 
 
 def load_torch(path: str | os.PathLike, what: str) -> Any:
-    """`torch.load(weights_only=True)`: tensors and plain containers only, never arbitrary code."""
+    """`torch.load(weights_only=True)`: tensors and plain containers only, never arbitrary code. A file in
+    torch's zip format is first checked against the CRC-32 of every entry, which `torch.load` does not
+    check: a flipped byte in the weights is refused instead of loading as other weights."""
     import torch
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} not found: {path} (run the step that writes it, or pass the right path)")
+    bad = None
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, ValueError) as e:
+            bad = f"the archive ({type(e).__name__})"
+    if bad is not None:
+        raise UserError(f"{path} is damaged (a checksum fails in {bad}); write it again with {written_by(what)}")
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:

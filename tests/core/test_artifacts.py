@@ -124,3 +124,27 @@ def test_hostile_frame_in_a_record_log_runs_no_code(tmp_path):
         RecordLog(path, "k", {}, ())
     assert not marker.exists()
     assert os.path.getsize(path) > 0  # refused, not truncated
+
+
+def test_a_flipped_byte_in_saved_weights_is_refused_not_loaded_as_other_weights(tmp_path):
+    """torch.load does not check the zip's CRC-32s: a byte flipped inside a tensor's data loads as another
+    number. load_torch checks them first, so a damaged cost model is one clear error; the intact file loads."""
+    import struct
+    import zipfile
+
+    from neuroshard.models.cost_models import CommCostModel
+
+    path = CommCostModel(4, "fw").save(tmp_path / "fw.pt")
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size >= 64)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + 5] ^= 0x01  # one bit of one stored weight
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(bytes(raw))
+    # the flip really is one silent weight change to torch.load itself
+    a, b = (torch.load(p, weights_only=True)["state_dict"] for p in (path, damaged))
+    assert sum(not torch.equal(a[k], b[k]) for k in a) == 1
+    with pytest.raises(UserError, match=r"damaged.pt is damaged \(a checksum fails in .*/data/.*\); write it again"):
+        CommCostModel.load(damaged)
+    assert torch.equal(load_torch(path, "cost model")["state_dict"]["mlp.0.weight"], a["mlp.0.weight"])
