@@ -12,8 +12,10 @@ scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kep
    TorchRec) is measured in interleaved rounds on the same ranks (`measure_candidates`), until the
    best is told apart or the budget ends; rounds are the pairs of the paired 95% intervals.
 Per plan it also splits the calibrated simulator's miss into compute and comm on the device that measured
-slowest; per set it times `speed_probe_ms` before calibrating and after measuring, so a run whose machine
-slowed down in between (calibration on a fast machine, plans measured on a slow one) shows it.
+slowest; per set it times `speed_probe_ms` before calibrating and after measuring, and `--measure` measures
+the calibration's drift reference in every round (compute and all-to-all now against when calibrating), so a
+run whose machine changed speed in between shows it; the drift-corrected sim/meas scales the simulated parts
+by that drift.
 Writes results/real_tables.csv (one row per set and plan) and results/real_tables.md.
 """
 from __future__ import annotations
@@ -94,7 +96,8 @@ def main(argv=None) -> None:
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
         res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
-                                                                      num_iter=a.num_iter))
+                                                                      num_iter=a.num_iter), reference=cal["reference"])
+        drift = res["drift"]
         probe_end = speed_probe_ms()
         R = res["rounds"]
         round_ms = {i: c.round_ms[:R] for i, c in enumerate(cands)}
@@ -109,7 +112,8 @@ def main(argv=None) -> None:
             crit = int(np.argmax(m_parts.sum(axis=1)))
             rows.append({"set": name, "plan": "/".join(c.names), "written": i == best, "measured_ms": meas,
                          "sim_before_ms": s0.cost_ms, "sim_after_ms": s1.cost_ms,
-                         "sim_meas_before": s0.cost_ms / meas, "sim_meas_after": s1.cost_ms / meas, "rounds": R,
+                         "sim_meas_before": s0.cost_ms / meas, "sim_meas_after": s1.cost_ms / meas,
+                         "sim_meas_drift": res["candidates"][i]["simulated_drift_ms"] / meas, "rounds": R,
                          "critical_rank": crit, "compute_sim_meas_after": s_parts[crit, 0] / m_parts[crit, 0],
                          "comm_sim_meas_after": s_parts[crit, 1:].sum() / m_parts[crit, 1:].sum(),
                          "comm_share": m_parts[crit, 1:].sum() / m_parts[crit].sum()})
@@ -134,6 +138,9 @@ def main(argv=None) -> None:
                         "ns_vs_torchrec_lo": ns_tr["ci_lo"], "ns_vs_torchrec_hi": ns_tr["ci_hi"],
                         "compute_mape_before": cal["compute"]["before"]["mape"],
                         "compute_mape_after": cal["compute"]["after"]["mape"],
+                        "drift_compute": drift["compute"]["ratio"], "drift_compute_lo": drift["compute"]["ci_lo"],
+                        "drift_compute_hi": drift["compute"]["ci_hi"], "drift_comm": drift["comm"]["ratio"],
+                        "drift_comm_lo": drift["comm"]["ci_lo"], "drift_comm_hi": drift["comm"]["ci_hi"],
                         "probe_start_ms": probe_start, "probe_end_ms": probe_end, "seconds": time.perf_counter() - t0})
         print(summary[-1])
         text = write_tables(rows, summary, parts, a)  # after every set: an interrupted run keeps the sets it finished
@@ -151,17 +158,23 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
     sm.to_csv(out / "real_tables_summary.csv", index=False)
     rho0 = spearmanr(df["sim_before_ms"], df["measured_ms"]).statistic
     rho1 = spearmanr(df["sim_after_ms"], df["measured_ms"]).statistic
-    lines = ["| set | plan | measured (ms) | simulated before / after calibration (ms) | sim/meas before / after | "
-             "slowest device after calibration: compute / comm sim/meas (comm share) |",
+    rho2 = spearmanr(df["sim_meas_drift"] * df["measured_ms"], df["measured_ms"]).statistic
+    lines = ["| set | plan | measured (ms) | simulated before / after calibration (ms) | sim/meas before / after / "
+             "after, drift-corrected | slowest device after calibration: compute / comm sim/meas (comm share) |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['set']} | {r['plan']}{' **(written)**' if r['written'] else ''} | {r['measured_ms']:.2f} | "
                      f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f} | "
-                     f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} | {r['compute_sim_meas_after']:.2f} / "
-                     f"{r['comm_sim_meas_after']:.2f} ({100 * r['comm_share']:.0f}%) |")
+                     f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} / {r['sim_meas_drift']:.2f} | "
+                     f"{r['compute_sim_meas_after']:.2f} / {r['comm_sim_meas_after']:.2f} ({100 * r['comm_share']:.0f}%) |")
+    within = {k: (abs(df[k] - 1) <= 0.15).mean() for k in ("sim_meas_before", "sim_meas_after", "sim_meas_drift")}
     lines += ["", f"Spearman (simulated vs measured, all plans of all sets): before calibration {rho0:.3f}, "
-                  f"after {rho1:.3f}. Plans within ±15%: before {(abs(df['sim_meas_before'] - 1) <= 0.15).mean():.0%}, "
-                  f"after {(abs(df['sim_meas_after'] - 1) <= 0.15).mean():.0%}.", "",
+                  f"after {rho1:.3f}, after and drift-corrected {rho2:.3f}. Plans within ±15%: before "
+                  f"{within['sim_meas_before']:.0%}, after {within['sim_meas_after']:.0%}, after and drift-corrected "
+                  f"{within['sim_meas_drift']:.0%}.", "",
+              "| set | machine drift since calibrating: compute | all-to-all |", "|---|---:|---:|",
+              *(f"| {s['set']} | {s['drift_compute']:.3f} [{s['drift_compute_lo']:.3f}, {s['drift_compute_hi']:.3f}] | "
+                f"{s['drift_comm']:.3f} [{s['drift_comm_lo']:.3f}, {s['drift_comm_hi']:.3f}] |" for s in summary), "",
               "| set | written plan | rounds | best told apart | written vs best heuristic (95% CI) | written vs "
               "TorchRec (95% CI) | neuroshard#1 vs best heuristic | neuroshard#1 vs TorchRec | compute MAPE before / "
               "after calibration | speed probe start / end (ms) | seconds |",
@@ -177,6 +190,7 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
                      f"{s['seconds']:.0f} |")
     text = "\n".join(lines) + "\n"
     write_results(out, "real_tables", text, {"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
+                                             "spearman_drift_corrected": rho2,
                                              "plans": json.loads(df.to_json(orient="records")),
                                              "sets": json.loads(sm.to_json(orient="records")),
                                              "per_rank_parts": parts})

@@ -17,6 +17,10 @@ Pre-train, **calibrate**, search, verify. `calibrate`:
    range must reach the compute differences the user's plans have (tens of ms for multi-hot tables,
    beyond the pre-training's 1-20 ms).
 A fine-tuned model is kept only where its held-out error is not worse than the pre-trained one's.
+5. keeps a drift reference (`drift_reference`): the held-out shards in groups of N, one per rank, with their
+   measured compute and the backward all-to-all of each group's dims (measured with the layouts).
+   `--measure` measures one group in every round beside the candidates, so a machine that got faster or
+   slower between calibrating and measuring shows as a ratio, and the simulated costs can be read net of it.
 The calibrated models are saved beside the plan (`calibration_path`) with a fingerprint of the
 tables, hardware, batch, device count and pre-trained models; a later run with the same
 fingerprint reuses them without measuring (`load_calibration`).
@@ -49,8 +53,9 @@ HEAVY_ALONE = 5  # calibration shards that are one heavy table alone (see sample
 MIN_SPREAD_MS = 10.0  # comm layouts' straggler spread reaches at least this (see comm_layouts)
 # How `calibrate` measures and fine-tunes; part of the fingerprint, so a calibration saved by an earlier method
 # is measured again rather than reused. Change it whenever the sampler or the fine-tuning changes.
-CALIBRATION_METHOD = ("v4: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
-                      "comm delays up to 10 ms in half the layouts, up to the slowest measured shard in the other half")
+CALIBRATION_METHOD = ("v5: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
+                      "comm delays up to 10 ms in half the layouts, up to the slowest measured shard in the other half; "
+                      "a drift reference of held-out shards")
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,46 @@ def comm_layouts(task, N: int, count: int, seed: int, max_spread_ms: float = MIN
     return out
 
 
+def drift_reference(shards, costs_ms, held: np.ndarray, N: int, seed: int) -> list[dict]:
+    """The held-out shards in groups of N, one shard per rank (the last group filled up from the first shards):
+    per group {"devices": per rank [[table, dim], ...], "compute_ms": [N]}. `--measure` measures one group a
+    round, in turn, so the reference spans the held-out shards as calibration measured them."""
+    order = np.random.default_rng([seed, 34]).permutation(np.asarray(held))
+    G = -(-len(order) // N)
+    groups = []
+    for g in range(G):
+        pick = [int(order[(g * N + r) % len(order)]) for r in range(N)]
+        groups.append({"devices": [[[int(t), int(d)] for t, d in zip(*shards[i])] for i in pick],
+                       "compute_ms": [float(costs_ms[i]) for i in pick]})
+    return groups
+
+
+def reference_layouts(groups: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each reference group's all-to-all: its ranks' dim sums, no delays."""
+    return [(np.array([sum(d for _, d in dev) for dev in g["devices"]], np.int64), np.zeros(len(g["devices"])))
+            for g in groups]
+
+
+def check_reference(ref, num_tables: int, N: int, where: str) -> list[dict]:
+    """A drift reference read from a file: groups of N ranks of [table < num_tables, 1 <= dim <= 65536] pairs,
+    positive finite compute and bw ms. One line naming the file otherwise."""
+    try:
+        ok = isinstance(ref, list) and 1 <= len(ref) <= 100_000
+        for g in ref if ok else []:
+            devs = g["devices"]
+            ok = ok and len(devs) == N and all(len(dev) >= 1 and all(
+                len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+                and 0 <= x[0] < num_tables and 1 <= x[1] <= 1 << 16 for x in dev) for dev in devs)
+            for key in ("compute_ms", "bw_ms"):
+                v = np.asarray(g[key], np.float64)
+                ok = ok and v.shape == (N,) and bool(np.isfinite(v).all() and (v > 0).all())
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"{where} holds a damaged drift reference; delete it to calibrate again")
+    return ref
+
+
 def measure_shards(ds, hw, batch_size: int, shards, warmup: int, iters: int) -> np.ndarray:
     from ..hardware.compute_bench import shards_worker
     from ..hardware.launch import run_processes
@@ -259,8 +304,10 @@ def save_calibration(path, sim: Simulator, report: dict) -> Path:
     return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
 
 
-def load_calibration(path, fp: str) -> tuple[Simulator, dict] | None:
-    """The calibrated simulator saved at `path` if its fingerprint is `fp`; None if absent or for other inputs."""
+def load_calibration(path, fp: str, num_tables: int | None = None, num_devices: int | None = None
+                     ) -> tuple[Simulator, dict] | None:
+    """The calibrated simulator saved at `path` if its fingerprint is `fp`; None if absent or for other inputs.
+    With `num_tables` and `num_devices` its drift reference is checked too."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -270,6 +317,8 @@ def load_calibration(path, fp: str) -> tuple[Simulator, dict] | None:
         raise UserError(f"{path} is not a neuroshard calibration; delete it or choose another --out")
     if obj["report"].get("fingerprint") != fp:
         return None
+    if num_tables is not None:
+        check_reference(obj["report"].get("reference"), num_tables, num_devices, str(path))
     models = []
     for name, cls in (("compute", ComputeCostModel), ("fw", CommCostModel), ("bw", CommCostModel)):
         entry = obj["models"].get(name)
@@ -300,7 +349,12 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
         y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
     spread_ms = max(MIN_SPREAD_MS, float(np.nanmax(y)))  # plans' straggler delays reach about a device's compute
     layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed, spread_ms)
-    fw_y, bw_y = measure_layouts(layouts, cluster.num_devices, batch_size, hw.device, cfg.warmup_iter, cfg.num_iter)
+    reference = drift_reference(shards, y, _split(len(shards), cfg.seed)[1], cluster.num_devices, cfg.seed)
+    fw_y, bw_y = measure_layouts(layouts + reference_layouts(reference), cluster.num_devices, batch_size, hw.device,
+                                 cfg.warmup_iter, cfg.num_iter)
+    for g, b in zip(reference, bw_y[len(layouts):]):
+        g["bw_ms"] = [float(v) for v in b]
+    fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]
     measured_s = time.perf_counter() - t0
     compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
     dims = np.stack([d for d, _ in layouts]).astype(np.float32)
@@ -309,7 +363,8 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     fw, rep_fw = _fine_tune_kept(sim.fw, (np.concatenate([dims, delays], axis=1),), fw_y.astype(np.float32),
                                  ctune, cheld, cfg, _copy)
     bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
-    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "comm_max_spread_ms": spread_ms, "measure_s": measured_s,
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "comm_max_spread_ms": spread_ms, "reference": reference,
+              "measure_s": measured_s,
               "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
     for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
         b, a = r["before"], r["after"]

@@ -13,6 +13,15 @@ bootstrap 95% interval (`stats.paired`, rounds as pairs). Rounds stop when that 
 passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the
 best by geometric mean, so it never measured worse than another candidate; when the interval still
 includes 1 the result says plainly that the top plans cannot be told apart.
+
+With a calibration's drift `reference` (`calibrate.drift_reference`: the held-out calibration shards in
+groups of one per rank, their compute and backward all-to-all as measured when calibrating), round r also
+measures group r mod G, in a shuffled place like every plan, as one more plan that is never a candidate.
+The machine's drift since calibrating is the geometric mean over rounds of (the group's compute now / then)
+and of (its backward all-to-all now / then), each with a 95% interval over rounds (so the more rounds, the
+more of the held-out shards it covers); every candidate also gets its simulated cost
+with the simulated compute scaled by the first and both all-to-alls by the second
+(`simulated_drift_ms`), so a miss of the cost models can be told from a machine that changed speed.
 """
 from __future__ import annotations
 
@@ -79,8 +88,10 @@ class StopRule:
     min_rounds: int
     max_rounds: int
     seed: int = 0
+    num_candidates: int | None = None  # columns of round_costs that are candidates (the rest: the drift reference)
 
     def __call__(self, round_costs: np.ndarray, last_round_s: float) -> bool:
+        round_costs = np.asarray(round_costs)[:, :self.num_candidates]
         R = len(round_costs)
         if R >= self.max_rounds or time.time() + last_round_s > self.deadline:
             return True
@@ -136,7 +147,7 @@ def simulated_parts(cost) -> list[list[float]]:
 
 
 def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int, cfg: MeasureConfig,
-                       ids_path=None, log=print) -> dict:
+                       ids_path=None, log=print, reference: list[dict] | None = None) -> dict:
     """Measure the candidates in interleaved rounds (module docstring); returns the result record."""
     from ..data.tasks import ShardingTask
     from ..hardware.evaluator import plan_device_tables, rounds_rank
@@ -147,19 +158,27 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
     if batch_size % cluster.num_devices:
         raise UserError(f"the cost models' batch {batch_size} is not divisible by {cluster.num_devices} devices")
     t0 = time.time()
-    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, cfg.seed)
-    log(f"measuring {len(candidates)} distinct candidate plans ({', '.join('/'.join(c.names) for c in candidates)}) in "
+    P = len(candidates)
+    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, cfg.seed, num_candidates=P)
+    log(f"measuring {P} distinct candidate plans ({', '.join('/'.join(c.names) for c in candidates)}) in "
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
-        f"told apart from the runner-up (paired 95% interval) or {cfg.budget_s:g} s")
+        f"told apart from the runner-up (paired 95% interval) or {cfg.budget_s:g} s"
+        f"{'; each round also measures the calibration drift reference' if reference else ''}")
     rounds: list[np.ndarray] = []
+    ref_rounds: list[np.ndarray] = []
     round_end_s: list[float] = []  # when each round's costs arrived, seconds from the start
     with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
         plans = [plan_device_tables(task, c.plan) for c in candidates]
+        ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
+                     for g in reference] if reference else None
 
         def on_message(msg):
             r, costs = msg
+            if reference:
+                ref_rounds.append(np.asarray(costs[P], np.float64))
+                costs = costs[:P]
             rounds.append(costs)
             round_end_s.append(time.time() - t0)
             totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]
@@ -170,12 +189,35 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
             log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms")
 
         run_processes(rounds_rank, cluster.num_devices,
-                      (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop, cfg.mp_keep), on_message,
-                      group_device=hw.device)
-    return {**summarize(candidates, time.time() - t0, cfg, log), "round_end_s": round_end_s}
+                      (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop, cfg.mp_keep, ref_plans),
+                      on_message, group_device=hw.device)
+    drift = machine_drift(reference, ref_rounds, cfg.seed) if reference and ref_rounds else None
+    out = summarize(candidates, time.time() - t0, cfg, log, drift)
+    return {**out, "round_end_s": round_end_s}
 
 
-def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig, log=print) -> dict:
+def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+    """How much slower (> 1) or faster the reference measured in the rounds than when calibrating: per round
+    (group r mod G) the geometric mean over ranks of compute now / then and of backward all-to-all now / then;
+    the geometric mean over rounds with a bootstrap 95% interval (rounds resampled)."""
+    out = {"rounds": len(ref_rounds), "groups": len(reference)}
+    for name, col, key in (("compute", 0, "compute_ms"), ("comm", 2, "bw_ms")):
+        per_round = np.array([np.exp(np.log(np.asarray(parts)[:, col] / np.asarray(reference[r % len(reference)][key],
+                                                                                  np.float64)).mean())
+                              for r, parts in enumerate(ref_rounds)])
+        st = paired(dict(enumerate(per_round)), dict(enumerate(np.ones_like(per_round))), seed)
+        out[name] = {"ratio": st["ratio"], "ci_lo": st["ci_lo"], "ci_hi": st["ci_hi"]}
+    return out
+
+
+def drift_corrected_ms(simulated_parts_ms, drift: dict) -> float:
+    """A simulated plan's cost with compute scaled by the compute drift and both all-to-alls by the comm drift."""
+    s = np.asarray(simulated_parts_ms, np.float64)
+    return float((s[:, 0] * drift["compute"]["ratio"] + s[:, 1:].sum(axis=1) * drift["comm"]["ratio"]).max())
+
+
+def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig, log=print,
+              drift: dict | None = None) -> dict:
     """Best candidate, intervals against it, and the verdict, from the candidates' round costs."""
     R = min(len(c.round_ms) for c in candidates)
     costs = np.array([c.round_ms[:R] for c in candidates]).T  # [R, P]
@@ -189,6 +231,8 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                      "median_round_ms": float(np.median(costs[:, i])), "round_ms": [float(x) for x in costs[:, i]],
                      "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
                      "simulated_ms": c.simulated_ms,
+                     "simulated_drift_ms": drift_corrected_ms(c.simulated_parts_ms, drift)
+                     if drift and c.simulated_parts_ms is not None else None,
                      "ratio_to_best": st.get("ratio", float("nan")), "ci_lo": st.get("ci_lo", float("nan")),
                      "ci_hi": st.get("ci_hi", float("nan"))})
     names = "/".join(candidates[best].names)
@@ -203,20 +247,30 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                    f"{'/'.join(candidates[sep['runner_up']].names)} is {sep['ratio']:.3f} with a paired 95% interval "
                    f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] that includes 1 after {R} rounds "
                    f"({elapsed_s:.0f} s of a {cfg.budget_s:g} s budget); {names} is written as it never measured worse")
+    if drift:
+        c, m = drift["compute"], drift["comm"]
+        log(f"\nmachine drift since calibrating (the reference, measured in every round): compute x{c['ratio']:.2f} "
+            f"[{c['ci_lo']:.2f}, {c['ci_hi']:.2f}], all-to-all x{m['ratio']:.2f} [{m['ci_lo']:.2f}, {m['ci_hi']:.2f}]"
+            f"; the drift-corrected sim/meas scales the simulated parts by them")
     log("\n" + "\n".join(format_candidates(rows)))
     log(verdict)
     return {"best": candidates[best].names, "best_index": best, "separated": sep["separated"], "rounds": R,
             "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"], "verdict": verdict,
-            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "candidates": rows}
+            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "candidates": rows, "drift": drift}
 
 
 def format_candidates(rows: list[dict]) -> list[str]:
-    lines = [f"{'candidate':<34} {'measured ms':>11} {'simulated ms':>12} {'sim/meas':>8}  ratio to best [95% CI]",
-             "-" * 96]
+    drift = any(r.get("simulated_drift_ms") is not None for r in rows)
+    extra = f" {'drift-corrected':>15}" if drift else ""
+    lines = [f"{'candidate':<34} {'measured ms':>11} {'simulated ms':>12} {'sim/meas':>8}{extra}  ratio to best [95% CI]",
+             "-" * (96 + len(extra))]
     for r in sorted(rows, key=lambda r: r["measured_ms"]):
         sim, meas = r["simulated_ms"], r["measured_ms"]
         sim_text = "-" if sim is None else f"{sim:.3f}"
         ratio_text = "-" if sim is None else f"{sim / meas:.2f}"
+        if drift:
+            d = r.get("simulated_drift_ms")
+            ratio_text += f" {'-' if d is None else f'{d / meas:.2f}':>15}"
         lines.append(f"{'/'.join(r['names'])[:34]:<34} {meas:11.3f} {sim_text:>12} {ratio_text:>8}  "
                      f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]")
     return lines

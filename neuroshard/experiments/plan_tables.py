@@ -105,7 +105,7 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
     hardware (reused), newly calibrated ones with `--calibrate K`, else the pre-trained models."""
     path = calibration_path(cfg.out)
     fp = fingerprint(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths, cfg.ids)
-    found = load_calibration(path, fp)
+    found = load_calibration(path, fp, tl.task.num_tables, cluster.num_devices)
     ccfg = None if cfg.calibrate is None else \
         CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
@@ -188,7 +188,8 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
                              top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep)
         cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
-        measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids)
+        measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
+                                      reference=(calibration or {}).get("reference"))
         best = cands[measured["best_index"]]
         report["measured"] = measured
         if plan_key(best.plan) != plan_key(plan):

@@ -65,13 +65,14 @@ def eval_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch
 
 def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int,
                 plans: list[list[list[tuple[int, int]]]], warmup: int, iters: int, stop,
-                mp_keep: float | None = None) -> None:
+                mp_keep: float | None = None, reference_plans: list | None = None) -> None:
     """Measure `plans` in interleaved rounds until `stop` says enough.
 
     Every round measures every plan once, in an order shuffled per round (seeded, the same on every
-    rank), so neither a slow period nor a position in the round favours one plan. After every round
-    rank 0 emits (round index, [P, N, 3] per-device compute/fw/bw ms in plan order) and asks
-    `stop(round_costs [R, P], last_round_s)`; its answer is broadcast so every rank stops together."""
+    rank), so neither a slow period nor a position in the round favours one plan. With `reference_plans`
+    round r also measures reference_plans[r % len] as one more plan, last in the cost array. After every
+    round rank 0 emits (round index, [P (+1), N, 3] per-device compute/fw/bw ms in plan order) and asks
+    `stop(round_costs [R, P (+1)], last_round_s)`; its answer is broadcast so every rank stops together."""
     import time
 
     import torch
@@ -81,10 +82,11 @@ def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, bat
     r = 0
     while True:
         t0 = time.perf_counter()
-        order = np.random.default_rng([r, len(plans)]).permutation(len(plans))
-        costs = np.zeros((len(plans), world, 3))
+        todo = plans + ([reference_plans[r % len(reference_plans)]] if reference_plans else [])
+        order = np.random.default_rng([r, len(todo)]).permutation(len(todo))
+        costs = np.zeros((len(todo), world, 3))
         for i in order:
-            costs[i] = _measure_once(bench, rank, world, plans[i], hw, batch_size, warmup, iters, mp_keep)
+            costs[i] = _measure_once(bench, rank, world, todo[i], hw, batch_size, warmup, iters, mp_keep)
         flag = torch.zeros(1, dtype=torch.int64, device=hw.device)
         if rank == 0:
             emit((r, costs))

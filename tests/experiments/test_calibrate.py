@@ -8,9 +8,9 @@ import torch
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.experiments.calibrate import (MIN_SPREAD_MS, CalibrationConfig, calibrate, calibration_path,
-                                              comm_layouts, fingerprint, load_calibration, sample_user_shards,
-                                              save_calibration)
+from neuroshard.experiments.calibrate import (MIN_SPREAD_MS, CalibrationConfig, _split, calibrate,
+                                              calibration_path, check_reference, comm_layouts, fingerprint,
+                                              load_calibration, sample_user_shards, save_calibration)
 from neuroshard.data.features import table_size_gb
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
@@ -123,6 +123,27 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     assert other != fp and load_calibration(path, other) is None
     older = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths, method="v2: an earlier fine-tuning")
     assert older != fp and load_calibration(path, older) is None  # a calibration by another method is not reused
+
+    # the drift reference: the 8 held-out shards, in groups of one per rank, with the costs calibration measured
+    ref = report["reference"]
+    assert len(ref) == 4 and all(len(g["devices"]) == len(g["compute_ms"]) == len(g["bw_ms"]) == 2 for g in ref)
+    shards = sample_user_shards(tl.task, cluster, 24, 0)
+    held = {(tuple(int(t) for t in shards[i][0]), tuple(int(d) for d in shards[i][1])) for i in _split(24, 0)[1]}
+    got = {(tuple(t for t, _ in dev), tuple(d for _, d in dev)) for g in ref for dev in g["devices"]}
+    assert got == held
+    for g in ref:
+        assert all(table_size_gb(tl.rows[[t for t, _ in dev]], [d for _, d in dev]).sum() <= 0.02
+                   for dev in g["devices"])
+        assert all(np.isfinite(g[k]).all() and min(g[k]) > 0 for k in ("compute_ms", "bw_ms"))
+    assert load_calibration(path, fp, tl.task.num_tables, 2)[1]["reference"] == ref
+    for bad in ([], [{**ref[0], "devices": [[[99, 8]], [[0, 8]]]}], [{**ref[0], "compute_ms": [1.0, float("nan")]}],
+                [{**ref[0], "devices": ref[0]["devices"][:1]}], [{**ref[0], "bw_ms": [1.0, -2.0]}],
+                [{**ref[0], "devices": [[[0, True]], [[0, 8]]]}], [{"devices": "x"}], "x", None):
+        with pytest.raises(UserError, match="damaged drift reference"):
+            check_reference(bad, tl.task.num_tables, 2, "plan.calibration.pt")
+        save_calibration(path, cal, {**report, "fingerprint": fp, "reference": bad})
+        with pytest.raises(UserError, match="damaged drift reference"):
+            load_calibration(path, fp, tl.task.num_tables, 2)
 
 
 def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_file(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, measure_candidates,
+from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
+                                            machine_drift, measure_candidates,
                                             separation, summarize)
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.plan import ShardingPlan, apply_splits
@@ -105,3 +106,52 @@ def test_candidates_are_distinct_and_measured_best_is_not_the_bad_plan(tmp_path)
              for i, c in enumerate(cands)]
     out = summarize(timed, 1.0, MeasureConfig(), log=lambda *_: None)
     assert out["best"] == cands[0].names and "all_on_0" not in out["best"]
+
+
+def test_machine_drift_and_the_drift_corrected_cost_by_hand():
+    reference = [{"compute_ms": [2.0, 4.0], "bw_ms": [1.0, 1.0]}, {"compute_ms": [1.0, 1.0], "bw_ms": [2.0, 2.0]}]
+    # round 0 measures group 0 at 1.5x its compute and 2x its bw; round 1 group 1 at 1.5x and 2x; round 2 group 0 again
+    rounds = [np.array([[3.0, 9.0, 2.0], [6.0, 9.0, 2.0]]), np.array([[1.5, 9.0, 4.0], [1.5, 9.0, 4.0]]),
+              np.array([[3.0, 9.0, 2.0], [6.0, 9.0, 2.0]])]
+    d = machine_drift(reference, rounds)
+    assert d["rounds"] == 3 and d["groups"] == 2
+    assert np.isclose(d["compute"]["ratio"], 1.5) and np.isclose(d["comm"]["ratio"], 2.0)
+    assert np.isclose(d["compute"]["ci_lo"], 1.5) and np.isclose(d["comm"]["ci_hi"], 2.0)
+    # [compute, fw, bw] per device: device 1 = 4 * 1.5 + (1 + 1) * 2 = 10 > device 0 = 2 * 1.5 + 3 * 2 = 9
+    assert np.isclose(drift_corrected_ms([[2.0, 2.0, 1.0], [4.0, 1.0, 1.0]], d), 10.0)
+    # a drift that moves between rounds gets an interval around its geometric mean
+    rounds[1] = rounds[1] * np.array([1.0, 1.0, 2.0])
+    wide = machine_drift(reference, rounds)["comm"]
+    assert wide["ci_lo"] < wide["ratio"] < wide["ci_hi"] and np.isclose(wide["ratio"], 2.0 * 2 ** (1 / 3))
+
+
+def test_the_drift_reference_is_measured_every_round_and_never_a_candidate(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    cluster = Cluster(2, 0.02)
+    cands = candidate_plans(tl.task, cluster, analytic_simulator(2), SearchParams(max_splits=3), 256, 3)
+    # planted: calibration saw everything 10x slower than it is now
+    reference = [{"devices": [[[0, 8]], [[1, 8], [2, 8]]], "compute_ms": [1e3, 1e3], "bw_ms": [1e3, 1e3]},
+                 {"devices": [[[3, 16]], [[4, 8]]], "compute_ms": [1e3, 1e3], "bw_ms": [1e3, 1e3]}]
+    lines = []
+    res = measure_candidates(tl, cluster, cands, resolve_hardware("cpu", "auto"), 256,
+                             MeasureConfig(budget_s=8.0, warmup_iter=1, num_iter=2, min_rounds=3), log=lines.append,
+                             reference=reference)
+    d = res["drift"]
+    assert d["rounds"] == res["rounds"] >= 1 and d["groups"] == 2
+    assert 0 < d["compute"]["ratio"] < 0.05 and 0 < d["comm"]["ratio"] < 0.05, d  # ms now against 1,000 ms then
+    assert len(res["candidates"]) == len(cands)
+    assert all(len(r["round_ms"]) == res["rounds"] for r in res["candidates"])
+    for r in res["candidates"]:
+        assert np.isclose(r["simulated_drift_ms"], drift_corrected_ms(r["simulated_parts_ms"], d))
+    assert any("machine drift since calibrating" in line for line in lines)
+    assert any("drift-corrected" in line for line in lines)
+
+
+def test_the_stop_rule_ignores_the_drift_reference_column():
+    now = time.time()
+    sep = np.array([[1.0, 2.0, 50.0]] * 6)  # candidates told apart; the reference column is not a candidate
+    tie = np.array([[1.0, 1.0, 0.1]] * 6)   # candidates identical; the reference would look "separated"
+    assert StopRule(now + 100, 5, 50, num_candidates=2)(sep, 1.0)
+    assert not StopRule(now + 100, 5, 50, num_candidates=2)(tie, 1.0)
+    assert StopRule(now + 100, 5, 50)(tie, 1.0)  # without the cut, the reference column would stop the rounds

@@ -102,6 +102,13 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
     assert best["names"] == m["best"] and rec["alg"] in ("neuroshard", "/".join(m["best"]))
     assert ("measured best" in proc.stdout) or ("cannot be told apart" in proc.stdout)
     assert rec["calibration"]["compute"]["samples"]["held_out"] == 5
+    # the drift reference (the 5 held-out shards in groups of 2 ranks: 3 groups) was measured in every round
+    assert len(rec["calibration"]["reference"]) == 3
+    d = m["drift"]
+    assert d["rounds"] == m["rounds"] and d["groups"] == 3
+    assert all(0 < d[k]["ci_lo"] <= d[k]["ratio"] <= d[k]["ci_hi"] for k in ("compute", "comm"))
+    assert all(c["simulated_drift_ms"] > 0 for c in m["candidates"])
+    assert "machine drift since calibrating" in proc.stdout and "drift-corrected" in proc.stdout
     tl = load_table_list(tmp_path / "t.csv")
     plan = _plan_from_record(rec, tl)
     check_complete(tl.task, plan)
