@@ -224,20 +224,25 @@ def reference_layouts(groups: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]
             for g in groups]
 
 
-def check_reference(ref, num_tables: int, N: int, where: str) -> list[dict]:
-    """A drift reference read from a file: groups of N ranks of [table < num_tables, 1 <= dim <= 65536] pairs,
-    positive finite compute and bw ms. One line naming the file otherwise."""
+def check_reference(ref, rows, cluster: Cluster, where: str) -> list[dict]:
+    """A drift reference read from a file: groups of one shard per rank of `cluster`, each a list of
+    [table < len(rows), 1 <= dim <= 65536] pairs within a device's memory, with positive finite compute and bw ms.
+    One line naming the file otherwise (`--measure` builds what it names)."""
+    rows = np.asarray(rows, np.int64)
+    N = cluster.num_devices
     try:
         ok = isinstance(ref, list) and 1 <= len(ref) <= 100_000
         for g in ref if ok else []:
             devs = g["devices"]
             ok = ok and len(devs) == N and all(len(dev) >= 1 and all(
                 len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
-                and 0 <= x[0] < num_tables and 1 <= x[1] <= 1 << 16 for x in dev) for dev in devs)
+                and 0 <= x[0] < len(rows) and 1 <= x[1] <= 1 << 16 for x in dev) for dev in devs)
+            ok = ok and all(table_size_gb(rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum()
+                            <= cluster.max_mem_gb * (1 + 1e-9) for dev in devs)
             for key in ("compute_ms", "bw_ms"):
                 v = np.asarray(g[key], np.float64)
                 ok = ok and v.shape == (N,) and bool(np.isfinite(v).all() and (v > 0).all())
-    except (TypeError, KeyError, ValueError):
+    except (TypeError, KeyError, ValueError, IndexError):
         ok = False
     if not ok:
         raise UserError(f"{where} holds a damaged drift reference; delete it to calibrate again")
@@ -304,10 +309,9 @@ def save_calibration(path, sim: Simulator, report: dict) -> Path:
     return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
 
 
-def load_calibration(path, fp: str, num_tables: int | None = None, num_devices: int | None = None
-                     ) -> tuple[Simulator, dict] | None:
+def load_calibration(path, fp: str, task=None, cluster: Cluster | None = None) -> tuple[Simulator, dict] | None:
     """The calibrated simulator saved at `path` if its fingerprint is `fp`; None if absent or for other inputs.
-    With `num_tables` and `num_devices` its drift reference is checked too."""
+    With the `task` and `cluster` it was made for, its drift reference is checked too."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -317,8 +321,8 @@ def load_calibration(path, fp: str, num_tables: int | None = None, num_devices: 
         raise UserError(f"{path} is not a neuroshard calibration; delete it or choose another --out")
     if obj["report"].get("fingerprint") != fp:
         return None
-    if num_tables is not None:
-        check_reference(obj["report"].get("reference"), num_tables, num_devices, str(path))
+    if task is not None and cluster is not None:
+        check_reference(obj["report"].get("reference"), task.rows, cluster, str(path))
     models = []
     for name, cls in (("compute", ComputeCostModel), ("fw", CommCostModel), ("bw", CommCostModel)):
         entry = obj["models"].get(name)

@@ -105,7 +105,7 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
     hardware (reused), newly calibrated ones with `--calibrate K`, else the pre-trained models."""
     path = calibration_path(cfg.out)
     fp = fingerprint(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths, cfg.ids)
-    found = load_calibration(path, fp, tl.task.num_tables, cluster.num_devices)
+    found = load_calibration(path, fp, tl.task, cluster)
     ccfg = None if cfg.calibrate is None else \
         CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):

@@ -135,15 +135,17 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
         assert all(table_size_gb(tl.rows[[t for t, _ in dev]], [d for _, d in dev]).sum() <= 0.02
                    for dev in g["devices"])
         assert all(np.isfinite(g[k]).all() and min(g[k]) > 0 for k in ("compute_ms", "bw_ms"))
-    assert load_calibration(path, fp, tl.task.num_tables, 2)[1]["reference"] == ref
+    assert load_calibration(path, fp, tl.task, cluster)[1]["reference"] == ref
+    too_big = [[0, 4096], [1, 4096]]  # tables a and b at 4,096 columns: far beyond a device's 0.02 GB
     for bad in ([], [{**ref[0], "devices": [[[99, 8]], [[0, 8]]]}], [{**ref[0], "compute_ms": [1.0, float("nan")]}],
                 [{**ref[0], "devices": ref[0]["devices"][:1]}], [{**ref[0], "bw_ms": [1.0, -2.0]}],
-                [{**ref[0], "devices": [[[0, True]], [[0, 8]]]}], [{"devices": "x"}], "x", None):
+                [{**ref[0], "devices": [[[0, True]], [[0, 8]]]}], [{**ref[0], "devices": [too_big, [[0, 8]]]}],
+                [{**ref[0], "devices": [[[-1, 8]], [[0, 8]]]}], [{"devices": "x"}], "x", None):
         with pytest.raises(UserError, match="damaged drift reference"):
-            check_reference(bad, tl.task.num_tables, 2, "plan.calibration.pt")
+            check_reference(bad, tl.rows, cluster, "plan.calibration.pt")
         save_calibration(path, cal, {**report, "fingerprint": fp, "reference": bad})
         with pytest.raises(UserError, match="damaged drift reference"):
-            load_calibration(path, fp, tl.task.num_tables, 2)
+            load_calibration(path, fp, tl.task, cluster)
 
 
 def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_file(tmp_path):
