@@ -9,7 +9,8 @@ Pre-train, **calibrate**, search, verify. `calibrate`:
    (one worker, one thread, cache flushed, median of `num_iter` after `warmup_iter`);
 3. fine-tunes the pre-trained compute model on 2/3 of them (`ComputeCostModel.fine_tune`) and
    reports the error on the held-out third before and after;
-4. checks the comm models on `comm_layouts` all-to-all layouts of the user's dims (random
+4. checks the comm models on `comm_layouts` all-to-all layouts of the user's dims, measured on the all-to-all
+   the comm models were trained on (DCT-MP's compressed one for `--mp_keep` models) (random
    table-wise placements; straggler delays up to `MIN_SPREAD_MS` in half of them and up to the slowest
    shard measured in step 2 in the other half) on N ranks, fine-tunes them the same way and reports held-out error
    before and after. The delays are where a plan's forward all-to-all waits for its slowest device:
@@ -55,7 +56,8 @@ MIN_SPREAD_MS = 10.0  # comm layouts' straggler spread reaches at least this (se
 # is measured again rather than reused. Change it whenever the sampler or the fine-tuning changes.
 CALIBRATION_METHOD = ("v5: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
                       "comm delays up to 10 ms in half the layouts, up to the slowest measured shard in the other half; "
-                      "a drift reference of held-out shards")
+                      "a drift reference of held-out shards; comm layouts measured on the comm models' own all-to-all "
+                      "(DCT-MP's for --mp_keep models)")
 
 
 @dataclass(frozen=True)
@@ -354,8 +356,9 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     spread_ms = max(MIN_SPREAD_MS, float(np.nanmax(y)))  # plans' straggler delays reach about a device's compute
     layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed, spread_ms)
     reference = drift_reference(shards, y, _split(len(shards), cfg.seed)[1], cluster.num_devices, cfg.seed)
+    # the all-to-all the comm models know: DCT-MP's compressed one for models trained with --mp_keep
     fw_y, bw_y = measure_layouts(layouts + reference_layouts(reference), cluster.num_devices, batch_size, hw.device,
-                                 cfg.warmup_iter, cfg.num_iter)
+                                 cfg.warmup_iter, cfg.num_iter, sim.mp_keep)
     for g, b in zip(reference, bw_y[len(layouts):]):
         g["bw_ms"] = [float(v) for v in b]
     fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]

@@ -180,3 +180,29 @@ def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
     path.write_bytes(b"not a torch file")
     with pytest.raises(UserError):
         load_calibration(path, "x")
+
+
+def test_calibration_measures_the_all_to_all_its_comm_models_know(tmp_path, monkeypatch):
+    """Comm models trained with --mp_keep are checked (and the drift reference measured) on DCT-MP's compressed
+    all-to-all, not on the dense one (before, `--calibrate --mp_keep` fine-tuned them on dense traffic)."""
+    import neuroshard.experiments.calibrate as cal_mod
+    from analytic_models import hand_comm_model, hand_compute_model
+
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    seen, real = [], cal_mod.measure_layouts
+
+    def spy(layouts, N, batch_size, device, warmup, iters, mp_keep=None):
+        seen.append(mp_keep)
+        return real(layouts, N, batch_size, device, warmup, iters, mp_keep)
+
+    monkeypatch.setattr(cal_mod, "measure_layouts", spy)
+    for keep in (None, 0.25):
+        meta = {"batch_size": 256, "device": "cpu", **({"mp_keep": keep} if keep else {})}
+        compute = hand_compute_model()
+        compute.meta.update(batch_size=256, device="cpu")
+        sim = Simulator(compute, hand_comm_model(2, "fw", meta=meta), hand_comm_model(2, "bw", meta=meta))
+        cfg = CalibrationConfig(num_shards=15, comm_layouts=15, warmup_iter=1, num_iter=2, steps=20)
+        _, report = calibrate(sim, tl, Cluster(2, 0.02), resolve_hardware("cpu", "auto"), 256, cfg, log=lambda *_: None)
+        assert seen[-1] == keep
+        assert all(min(g["bw_ms"]) > 0 for g in report["reference"])
