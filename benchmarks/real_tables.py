@@ -10,7 +10,9 @@ scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kep
 3. NeuroShard searches again with the calibrated models (its best 3 distinct plans);
 4. every candidate (NeuroShard's 3, the pre-calibration NeuroShard plan, the four greedy heuristics,
    TorchRec) is measured in interleaved rounds on the same ranks (`measure_candidates`), until the
-   best is told apart or the budget ends; rounds are the pairs of the paired 95% intervals.
+   best is told apart or the budget ends; rounds are the pairs of the paired 95% intervals. A candidate
+   measured slower than the best is dropped from later rounds (racing; `--no_race` measures all in every
+   round), and its comparisons use the rounds it was measured in.
 Per plan it also splits the calibrated simulator's miss into compute and comm on the device that measured
 slowest; per set it times `speed_probe_ms` before calibrating and after measuring, and `--measure` measures
 the calibration's drift reference in every round (compute and all-to-all now against when calibrating), so a
@@ -72,6 +74,7 @@ def main(argv=None) -> None:
     p.add_argument("--measure_budget_s", type=float, default=90.0)
     p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
     p.add_argument("--num_iter", type=int, default=5, help="timed, per candidate per round")
+    p.add_argument("--no_race", action="store_true", help="measure every candidate in every round")
     p.add_argument("--out_dir", default="results")
     a = p.parse_args(argv)
     ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()  # before any work
@@ -96,7 +99,8 @@ def main(argv=None) -> None:
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
         res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
-                                                                      num_iter=a.num_iter), reference=cal["reference"])
+                                                                      num_iter=a.num_iter, race=not a.no_race),
+                                 reference=cal["reference"])
         drift = res["drift"]
         probe_end = speed_probe_ms()
         R = res["rounds"]
@@ -106,7 +110,7 @@ def main(argv=None) -> None:
         for i, c in enumerate(cands):
             s0, s1 = sim0.plan_cost(tl.task, c.plan, cluster), sim1.plan_cost(tl.task, c.plan, cluster)
             s_drift = res["candidates"][i]["simulated_drift_ms"]
-            meas = float(np.exp(np.mean(np.log(round_ms[i]))))
+            meas = res["candidates"][i]["measured_ms"]  # geometric mean over the rounds it was measured in
             # where the calibrated simulator errs: compute and comm on the device that measured slowest
             m_parts = np.asarray(res["candidates"][i]["measured_parts_ms"])
             s_parts = np.asarray(simulated_parts(s1))
@@ -114,14 +118,18 @@ def main(argv=None) -> None:
             rows.append({"set": name, "plan": "/".join(c.names), "written": i == best, "measured_ms": meas,
                          "sim_before_ms": s0.cost_ms, "sim_after_ms": s1.cost_ms, "sim_drift_ms": s_drift,
                          "sim_meas_before": s0.cost_ms / meas, "sim_meas_after": s1.cost_ms / meas,
-                         "sim_meas_drift": s_drift / meas, "rounds": R,
+                         "sim_meas_drift": s_drift / meas, "rounds": res["candidates"][i]["rounds"],
+                         "dropped": res["candidates"][i]["rounds"] < R,
                          "critical_rank": crit, "compute_sim_meas_after": s_parts[crit, 0] / m_parts[crit, 0],
                          "comm_sim_meas_after": s_parts[crit, 1:].sum() / m_parts[crit, 1:].sum(),
                          "comm_share": m_parts[crit, 1:].sum() / m_parts[crit].sum()})
             parts.append({"set": name, "plan": "/".join(c.names), "dim_sums": [int(v) for v in c.plan.device_dim_sums()],
                           "measured_parts_ms": m_parts.round(4).tolist(),
-                          "simulated_parts_ms": s_parts.round(4).tolist()})  # per rank: [compute, fw, bw]
-        best_h = min(HEURISTICS, key=lambda h: np.mean(np.log(round_ms[idx[h]])) if h in idx else np.inf)
+                          "simulated_parts_ms": s_parts.round(4).tolist(),  # per rank: [compute, fw, bw]
+                          "round_ms": res["candidates"][i]["round_ms"]})  # per round (None: dropped by then)
+        # the best heuristic: of those measured in the most rounds (racing drops the slower), the lowest geo-mean
+        best_h = min((h for h in HEURISTICS if h in idx), key=lambda h: (-res["candidates"][idx[h]]["rounds"],
+                                                                         res["candidates"][idx[h]]["measured_ms"]))
         vs_h = paired(dict(enumerate(round_ms[best])), dict(enumerate(round_ms[idx[best_h]])))
         nan = {"ratio": np.nan, "ci_lo": np.nan, "ci_hi": np.nan}
         vs_tr = paired(dict(enumerate(round_ms[best])), dict(enumerate(round_ms[idx["torchrec"]]))) \
@@ -151,7 +159,7 @@ def main(argv=None) -> None:
 
 def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: argparse.Namespace) -> str:
     """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown. The JSON also
-    holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms (`parts`)."""
+    holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms and its round costs (`parts`)."""
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +172,9 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
              "after, drift-corrected | slowest device after calibration: compute / comm sim/meas (comm share) |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['set']} | {r['plan']}{' **(written)**' if r['written'] else ''} | {r['measured_ms']:.2f} | "
+        dropped = f" (dropped after {r['rounds']} rounds)" if r.get("dropped") else ""
+        lines.append(f"| {r['set']} | {r['plan']}{' **(written)**' if r['written'] else ''}{dropped} | "
+                     f"{r['measured_ms']:.2f} | "
                      f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f} | "
                      f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} / {r['sim_meas_drift']:.2f} | "
                      f"{r['compute_sim_meas_after']:.2f} / {r['comm_sim_meas_after']:.2f} ({100 * r['comm_share']:.0f}%) |")

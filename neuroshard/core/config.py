@@ -391,6 +391,8 @@ class ShardTablesConfig:
                                 "rounds and write the measured best")
     measure_budget_s: float = flag(180.0, "with --measure: stop adding rounds after this many seconds")
     measure_top: int = flag(3, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
+    no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "
+                                "whose paired interval against the best lies above 1 is dropped from later rounds)")
     warmup_iter: int = flag(3, "warm-up iterations per plan per round (and per calibration shard: 5)")
     num_iter: int = flag(5, "timed iterations per plan per round (and per calibration shard: 10)")
     seed: int = flag(0)

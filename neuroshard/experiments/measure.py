@@ -14,6 +14,15 @@ passed by one more round (the first round always runs), or at `max_rounds`. The 
 best by geometric mean, so it never measured worse than another candidate; when the interval still
 includes 1 the result says plainly that the top plans cannot be told apart.
 
+Racing (`race`, the default): after each round from `min_rounds` on, a candidate whose paired interval
+against the current best lies wholly above 1 is dropped from later rounds (`still_measured`: a Student-t
+interval of the per-round log ratio, Bonferroni-corrected for the m candidates still measured,
+1 - 0.05 / m, as irace's t-test racing does). A dropped candidate measured slower than the best, with
+confidence, on the rounds both ran; its cost and intervals are from the rounds it was measured in (NaN
+in the rest), and the rounds that follow spend their time on the plans that are still close, so the best
+is told from the runner-up in fewer seconds. The best and the runner-up are always among the
+candidates measured in every round.
+
 With a calibration's drift `reference` (`calibrate.drift_reference`: the held-out calibration shards in
 groups of one per rank, their compute and backward all-to-all as measured when calibrating), round r also
 measures group r mod G, in a shuffled place like every plan, as one more plan that is never a candidate.
@@ -49,6 +58,7 @@ class MeasureConfig:
     top_k: int = 3               # NeuroShard candidates
     seed: int = 0
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
+    race: bool = True            # drop a candidate measured slower than the best (module docstring)
 
     def check(self) -> "MeasureConfig":
         check_float("--measure_budget_s", self.budget_s, 0.0, lo_open=True)
@@ -60,17 +70,37 @@ class MeasureConfig:
         return self
 
 
+def _geo_means(round_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate: geometric mean over the rounds it was measured in (NaN: not measured), and their count."""
+    logs = np.log(round_costs)
+    measured = np.isfinite(logs)
+    n = measured.sum(axis=0)
+    with np.errstate(invalid="ignore"):
+        geo = np.exp(np.where(measured, logs, 0.0).sum(axis=0) / n)
+    return geo, n
+
+
 def separation(round_costs: np.ndarray, seed: int = 0) -> dict:
-    """Best and runner-up of [R rounds, P candidates] costs, with their paired ratio and 95% interval."""
+    """Best and runner-up of [R rounds, P candidates] costs, with their paired ratio and 95% interval.
+
+    A NaN cost is a round the candidate was not measured in (dropped by racing); best and runner-up are
+    taken among the candidates measured in the most rounds (with racing: in every round)."""
     round_costs = np.asarray(round_costs, np.float64)
     R, P = round_costs.shape
-    geo = np.exp(np.log(round_costs).mean(axis=0))
-    order = np.argsort(geo, kind="stable")
+    geo, n = _geo_means(round_costs)
+    full = np.flatnonzero(n == n.max())
+    order = full[np.argsort(geo[full], kind="stable")]
     best = int(order[0])
     out = {"rounds": R, "geo_mean_ms": geo, "best": best, "runner_up": None, "separated": False,
            "ratio": float("nan"), "ci_lo": float("nan"), "ci_hi": float("nan")}
     if P < 2:
         out["separated"] = True
+        return out
+    if len(order) < 2:  # every other candidate was dropped: each measured slower than the best
+        ru = min((i for i in range(P) if i != best), key=lambda i: (-n[i], geo[i]))
+        out["runner_up"] = int(ru)
+        st = paired(dict(enumerate(round_costs[:, best])), dict(enumerate(round_costs[:, ru])), seed)
+        out.update(ratio=st["ratio"], ci_lo=st["ci_lo"], ci_hi=st["ci_hi"], separated=True)
         return out
     ru = int(order[1])
     out["runner_up"] = ru
@@ -78,6 +108,35 @@ def separation(round_costs: np.ndarray, seed: int = 0) -> dict:
         st = paired(dict(enumerate(round_costs[:, best])), dict(enumerate(round_costs[:, ru])), seed)
         out.update(ratio=st["ratio"], ci_lo=st["ci_lo"], ci_hi=st["ci_hi"], separated=bool(st["ci_hi"] < 1.0))
     return out
+
+
+def still_measured(round_costs: np.ndarray, min_rounds: int, alpha: float = 0.05) -> np.ndarray:
+    """Racing: which of the [R, P] candidates the next round measures (bool [P]).
+
+    Those measured in the last round, less any measured slower than the best of them (lowest geometric
+    mean): the paired Student-t interval of log(cost / best cost) over the rounds, at 1 - alpha / m with
+    m the number of others still measured (Bonferroni), lies wholly above 0. This is the elimination test
+    of irace's `t-test-bonferroni` racing; a t interval rather than the percentile bootstrap because with a
+    handful of rounds the bootstrap interval excludes 1 whenever every round falls on one side (4 rounds of
+    two equal plans: one time in eight)."""
+    from scipy.stats import t as student_t
+
+    round_costs = np.asarray(round_costs, np.float64)
+    R, P = round_costs.shape
+    keep = np.isfinite(round_costs[-1])
+    idx = np.flatnonzero(keep)
+    if R < max(min_rounds, 2) or len(idx) < 2:
+        return keep
+    logs = np.log(round_costs)
+    best = int(idx[int(np.argmin(logs[:, idx].mean(axis=0)))])  # survivors were measured in every round
+    others = [int(i) for i in idx if i != best]
+    q = student_t.ppf(1 - alpha / (2 * len(others)), R - 1)
+    for i in others:
+        d = logs[:, i] - logs[:, best]
+        lo = d.mean() - q * d.std(ddof=1) / np.sqrt(R)
+        if lo > 0:
+            keep[i] = False
+    return keep
 
 
 @dataclass
@@ -89,6 +148,7 @@ class StopRule:
     max_rounds: int
     seed: int = 0
     num_candidates: int | None = None  # columns of round_costs that are candidates (the rest: the drift reference)
+    race: bool = False              # drop candidates measured slower than the best (`still_measured`)
 
     def __call__(self, round_costs: np.ndarray, last_round_s: float) -> bool:
         round_costs = np.asarray(round_costs)[:, :self.num_candidates]
@@ -96,6 +156,13 @@ class StopRule:
         if R >= self.max_rounds or time.time() + last_round_s > self.deadline:
             return True
         return R >= self.min_rounds and separation(round_costs, self.seed)["separated"]
+
+    def active(self, round_costs: np.ndarray) -> np.ndarray:
+        """bool per candidate: measure it in the next round (all measured so far, unless racing drops some)."""
+        round_costs = np.asarray(round_costs, np.float64)[:, :self.num_candidates]
+        if not self.race:
+            return np.isfinite(round_costs[-1])
+        return still_measured(round_costs, self.min_rounds)
 
 
 @dataclass
@@ -159,10 +226,11 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         raise UserError(f"the cost models' batch {batch_size} is not divisible by {cluster.num_devices} devices")
     t0 = time.time()
     P = len(candidates)
-    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, cfg.seed, num_candidates=P)
+    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, cfg.seed, num_candidates=P, race=cfg.race)
     log(f"measuring {P} distinct candidate plans ({', '.join('/'.join(c.names) for c in candidates)}) in "
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
         f"told apart from the runner-up (paired 95% interval) or {cfg.budget_s:g} s"
+        f"{'; a candidate measured slower than the best is dropped from later rounds' if cfg.race else ''}"
         f"{'; each round also measures the calibration drift reference' if reference else ''}")
     rounds: list[np.ndarray] = []
     ref_rounds: list[np.ndarray] = []
@@ -181,12 +249,17 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
                 costs = costs[:P]
             rounds.append(costs)
             round_end_s.append(time.time() - t0)
-            totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]
+            totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]  # NaN: not measured (dropped)
+            dropped = [c for c, t in zip(candidates, totals) if np.isnan(t) and c.round_ms and not np.isnan(c.round_ms[-1])]
             for c, t, parts in zip(candidates, totals, costs):
                 c.round_ms.append(t)
                 c.round_parts_ms.append(np.asarray(parts, np.float64))
-            best = int(np.argmin(totals))
-            log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms")
+            best = int(np.nanargmin(totals))
+            left = int(np.isfinite(totals).sum())
+            log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms"
+                + (f"; {left} of {P} candidates measured" if left < P else "")
+                + (f" (dropped after round {r}, measured slower than the best: "
+                   f"{', '.join('/'.join(c.names) for c in dropped)})" if dropped else ""))
 
         run_processes(rounds_rank, cluster.num_devices,
                       (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop, cfg.mp_keep, ref_plans),
@@ -226,9 +299,11 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     rows = []
     for i, c in enumerate(candidates):
         st = paired(dict(enumerate(costs[:, i])), dict(enumerate(costs[:, best])), cfg.seed) if R >= 2 else {}
-        parts = np.median(np.stack(c.round_parts_ms[:R]), axis=0).tolist() if len(c.round_parts_ms) >= R else None
-        rows.append({"names": c.names, "measured_ms": float(sep["geo_mean_ms"][i]),
-                     "median_round_ms": float(np.median(costs[:, i])), "round_ms": [float(x) for x in costs[:, i]],
+        parts = np.nanmedian(np.stack(c.round_parts_ms[:R]), axis=0).tolist() if len(c.round_parts_ms) >= R else None
+        measured = np.isfinite(costs[:, i])
+        rows.append({"names": c.names, "measured_ms": float(sep["geo_mean_ms"][i]), "rounds": int(measured.sum()),
+                     "median_round_ms": float(np.median(costs[measured, i])),
+                     "round_ms": [float(x) if ok else None for x, ok in zip(costs[:, i], measured)],
                      "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
                      "simulated_ms": c.simulated_ms,
                      "simulated_drift_ms": drift_corrected_ms(c.simulated_parts_ms, drift)
@@ -256,7 +331,7 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     log(verdict)
     return {"best": candidates[best].names, "best_index": best, "separated": sep["separated"], "rounds": R,
             "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"], "verdict": verdict,
-            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "candidates": rows, "drift": drift}
+            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "candidates": rows, "drift": drift}
 
 
 def format_candidates(rows: list[dict]) -> list[str]:
@@ -264,7 +339,8 @@ def format_candidates(rows: list[dict]) -> list[str]:
     extra = f" {'drift-corrected':>15}" if drift else ""
     lines = [f"{'candidate':<34} {'measured ms':>11} {'simulated ms':>12} {'sim/meas':>8}{extra}  ratio to best [95% CI]",
              "-" * (96 + len(extra))]
-    for r in sorted(rows, key=lambda r: r["measured_ms"]):
+    R = max((r.get("rounds", 0) for r in rows), default=0)
+    for r in sorted(rows, key=lambda r: (-r.get("rounds", 0), r["measured_ms"])):
         sim, meas = r["simulated_ms"], r["measured_ms"]
         sim_text = "-" if sim is None else f"{sim:.3f}"
         ratio_text = "-" if sim is None else f"{sim / meas:.2f}"
@@ -272,5 +348,6 @@ def format_candidates(rows: list[dict]) -> list[str]:
             d = r.get("simulated_drift_ms")
             ratio_text += f" {'-' if d is None else f'{d / meas:.2f}':>15}"
         lines.append(f"{'/'.join(r['names'])[:34]:<34} {meas:11.3f} {sim_text:>12} {ratio_text:>8}  "
-                     f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]")
+                     f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
+                     + (f"  (dropped after {r['rounds']} rounds)" if r.get("rounds", R) < R else ""))
     return lines

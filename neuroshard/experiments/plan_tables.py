@@ -185,7 +185,7 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
     if cfg.measure:
         mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
-                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep)
+                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race)
         cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,

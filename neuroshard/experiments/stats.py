@@ -17,7 +17,7 @@ BOOTSTRAP = 10_000
 
 
 def paired(ours: dict[int, float], theirs: dict[int, float], seed: int = 0) -> dict:
-    """{task: cost} of two algorithms (valid tasks only) -> paired statistics."""
+    """{task: cost} of two algorithms (valid tasks only; a NaN cost is not valid) -> paired statistics."""
     tasks = sorted(set(ours) & set(theirs))
     r = np.array([ours[t] / theirs[t] for t in tasks if theirs[t] > 0 and ours[t] > 0])
     n = len(r)

@@ -68,33 +68,43 @@ def rounds_rank(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, bat
                 mp_keep: float | None = None, reference_plans: list | None = None) -> None:
     """Measure `plans` in interleaved rounds until `stop` says enough.
 
-    Every round measures every plan once, in an order shuffled per round (seeded, the same on every
-    rank), so neither a slow period nor a position in the round favours one plan. With `reference_plans`
-    round r also measures reference_plans[r % len] as one more plan, last in the cost array. After every
-    round rank 0 emits (round index, [P (+1), N, 3] per-device compute/fw/bw ms in plan order) and asks
-    `stop(round_costs [R, P (+1)], last_round_s)`; its answer is broadcast so every rank stops together."""
+    Every round measures every plan still in the race once, in an order shuffled per round (seeded, the
+    same on every rank), so neither a slow period nor a position in the round favours one plan. With
+    `reference_plans` round r also measures reference_plans[r % len] as one more plan, last in the cost
+    array. After every round rank 0 emits (round index, [P (+1), N, 3] per-device compute/fw/bw ms in plan
+    order, NaN for a plan not measured) and asks `stop(round_costs [R, P (+1)], last_round_s)` and, if the
+    stop has one, `stop.active(round_costs)` (bool [P]: the plans the next round measures); both answers
+    are broadcast so every rank stops, and measures, together."""
     import time
 
     import torch
 
     bench = ComputeBenchmark(DLRMDataset.load(dataset_dir), hw, batch_size, warmup, iters)
+    P = len(plans)
+    active = np.ones(P, bool)
     totals: list[list[float]] = []
     r = 0
     while True:
         t0 = time.perf_counter()
-        todo = plans + ([reference_plans[r % len(reference_plans)]] if reference_plans else [])
+        todo = [i for i in range(P) if active[i]] + ([P] if reference_plans else [])
         order = np.random.default_rng([r, len(todo)]).permutation(len(todo))
-        costs = np.zeros((len(todo), world, 3))
-        for i in order:
-            costs[i] = _measure_once(bench, rank, world, todo[i], hw, batch_size, warmup, iters, mp_keep)
-        flag = torch.zeros(1, dtype=torch.int64, device=hw.device)
+        costs = np.full((P + bool(reference_plans), world, 3), np.nan)
+        for j in order:
+            i = todo[j]
+            device_tables = plans[i] if i < P else reference_plans[r % len(reference_plans)]
+            costs[i] = _measure_once(bench, rank, world, device_tables, hw, batch_size, warmup, iters, mp_keep)
+        answer = torch.zeros(1 + P, dtype=torch.int64, device=hw.device)  # [stop, measure plan i next round...]
         if rank == 0:
             emit((r, costs))
             totals.append([Cost(c[:, 0], c[:, 1], c[:, 2]).cost_ms for c in costs])
-            flag[0] = int(bool(stop(np.array(totals), time.perf_counter() - t0)))
-        dist.broadcast(flag, src=0)
-        if int(flag[0]):
+            done = bool(stop(np.array(totals), time.perf_counter() - t0))
+            keep = active if done or not hasattr(stop, "active") else np.asarray(stop.active(np.array(totals)), bool)
+            answer[0] = int(done)
+            answer[1:] = torch.as_tensor(keep & active, dtype=torch.int64)
+        dist.broadcast(answer, src=0)
+        if int(answer[0]):
             return
+        active = answer[1:].cpu().numpy().astype(bool)
         r += 1
 
 

@@ -10,7 +10,7 @@ from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
                                             machine_drift, measure_candidates,
-                                            separation, summarize)
+                                            separation, still_measured, summarize)
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.plan import ShardingPlan, apply_splits
 from neuroshard.sharding.search import SearchParams, plan_key
@@ -90,7 +90,9 @@ def test_candidates_are_distinct_and_measured_best_is_not_the_bad_plan(tmp_path)
     assert all(t <= budget for t in res["round_end_s"][:-1]), res["round_end_s"]
     rows = {"/".join(r["names"]): r for r in res["candidates"]}
     best = "/".join(res["best"])
-    assert all(rows[best]["measured_ms"] <= r["measured_ms"] for r in rows.values())
+    # never worse than another candidate: on the rounds both ran (racing may have dropped the slower ones early)
+    assert all(r["ratio_to_best"] >= 1.0 for r in rows.values())
+    assert all(rows[best]["measured_ms"] <= r["measured_ms"] for r in rows.values() if r["rounds"] == res["rounds"])
     assert all(len(r["round_ms"]) == res["rounds"] for r in rows.values())
     # per rank [compute, fw, bw], measured (median over rounds) and simulated: device 1 of all_on_0 has no table
     bad_row = rows[next(k for k in rows if "all_on_0" in k)]
@@ -155,3 +157,89 @@ def test_the_stop_rule_ignores_the_drift_reference_column():
     assert StopRule(now + 100, 5, 50, num_candidates=2)(sep, 1.0)
     assert not StopRule(now + 100, 5, 50, num_candidates=2)(tie, 1.0)
     assert StopRule(now + 100, 5, 50)(tie, 1.0)  # without the cut, the reference column would stop the rounds
+
+
+def test_racing_drops_a_clearly_slower_candidate_and_never_the_best():
+    rng = np.random.default_rng(2)
+    R = 8
+    base = rng.uniform(9, 11, R)[:, None]  # a slow period hits every plan of a round alike
+    costs = base * np.array([1.0, 1.0, 1.5]) * rng.uniform(0.98, 1.02, (R, 3))
+    # before min rounds nothing is dropped; after it, only the 1.5x slower plan (its 8 rounds all above the best)
+    assert still_measured(costs[:4], min_rounds=5).tolist() == [True, True, True]
+    assert still_measured(costs, min_rounds=5).tolist() == [True, True, False]
+    # by hand: ratio 1.5 in every round but one at 0.2 -> the paired interval at 97.5% (two others) reaches below 1
+    close = np.ones((6, 3))
+    close[:, 2] = [1.5, 1.5, 1.5, 1.5, 1.5, 0.2]
+    assert still_measured(close, min_rounds=5).tolist() == [True, True, True]
+    # four rounds all a little above the best are not enough (a bootstrap interval would exclude 1 here): by hand,
+    # d = log ratios, mean 0.0412, sd 0.0316, t(0.9875, 3 dof) = 4.18 -> lower bound 0.0412 - 4.18 * 0.0158 < 0
+    few = np.ones((4, 3))
+    few[:, 2] = [1.01, 1.08, 1.02, 1.06]
+    assert still_measured(few, min_rounds=4).tolist() == [True, True, True]
+    few[:, 2] = [1.51, 1.58, 1.52, 1.56]  # the same spread 50% higher: lower bound 0.433 - 0.045 > 0
+    assert still_measured(few, min_rounds=4).tolist() == [True, True, False]
+    # a dropped candidate stays dropped (NaN from then on) and is never the best, even if its early rounds were cheap
+    later = np.vstack([costs, base[:2] * np.array([1.0, 1.0, np.nan])])
+    assert still_measured(later, min_rounds=5).tolist() == [True, True, False]
+    slow_machine = later.copy()
+    slow_machine[R:, :2] *= 3.0  # the machine got slower after the third candidate was dropped
+    sep = separation(slow_machine)
+    assert sep["best"] == 0 and sep["runner_up"] == 1 and np.isnan(slow_machine[-1, 2])
+    # StopRule.active: racing only when asked, the drift reference column is never a candidate
+    with_ref = np.hstack([costs, np.full((R, 1), 0.5)])
+    assert StopRule(time.time() + 100, 5, 50, num_candidates=3).active(with_ref).tolist() == [True] * 3
+    assert StopRule(time.time() + 100, 5, 50, num_candidates=3, race=True).active(with_ref).tolist() == [True, True, False]
+
+
+def test_summary_of_a_race_pairs_each_candidate_on_the_rounds_it_ran():
+    rng = np.random.default_rng(3)
+    R = 10
+    base = rng.uniform(9, 11, R)[:, None]
+    costs = base * np.array([1.0, 0.98, 1.6]) * rng.uniform(0.99, 1.01, (R, 3))
+    costs[6:, 2] = np.nan  # dropped after round 6
+    lines = []
+    res = summarize(_cands(costs), 1.0, MeasureConfig(), log=lines.append)
+    rows = {r["names"][0]: r for r in res["candidates"]}
+    assert res["best"] == ["p1"] and res["rounds"] == R
+    assert rows["p2"]["rounds"] == 6 and rows["p2"]["round_ms"][6:] == [None] * 4
+    assert np.isclose(rows["p2"]["measured_ms"], np.exp(np.log(costs[:6, 2]).mean()))
+    ratio = np.exp(np.mean(np.log(costs[:6, 2] / costs[:6, 1])))
+    assert np.isclose(rows["p2"]["ratio_to_best"], ratio) and rows["p2"]["ci_lo"] > 1.0
+    assert any("dropped after 6 rounds" in line for line in lines)
+    # only one candidate left measured: the best, told apart from the one dropped last
+    costs[4:, 0] = np.nan
+    res = summarize(_cands(costs), 1.0, MeasureConfig(), log=lambda *_: None)
+    assert res["best"] == ["p1"] and res["separated"] and res["ci_hi"] < 1.0
+
+
+HEAVY = """name,rows,dim,pooling_factor
+a,20000,128,100
+b,20000,128,100
+c,20000,128,100
+d,20000,128,100
+"""
+
+
+def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
+    """Two ranks, real measurements: everything on rank 0 (twice the lookups of the busiest rank of a balanced
+    plan) is dropped once it measured slower in every round; the two balanced plans run every round."""
+    from neuroshard.experiments.calibrate import user_tables_dataset
+    from neuroshard.hardware.evaluator import rounds_rank
+    from neuroshard.hardware.launch import run_processes
+    from race_stop import RaceUntilMaxRounds
+
+    (tmp_path / "t.csv").write_text(HEAVY)
+    tl = load_table_list(tmp_path / "t.csv")
+    ds = user_tables_dataset(tl, 256, 0, tmp_path)
+    plans = [[[(0, 128), (1, 128)], [(2, 128), (3, 128)]],   # balanced
+             [[(0, 128), (1, 128), (2, 128), (3, 128)], []],  # all on rank 0
+             [[(0, 128), (3, 128)], [(1, 128), (2, 128)]]]   # balanced, other pairs
+    got = []
+    stop = RaceUntilMaxRounds(time.time() + 600, 4, 9, num_candidates=3, race=True)
+    run_processes(rounds_rank, 2, (str(ds.path), resolve_hardware("cpu", "auto"), 256, plans, 1, 2, stop),
+                  lambda msg: got.append(msg[1]), group_device="cpu")
+    measured = np.array([[np.isfinite(c).all() for c in costs] for costs in got])  # [round, plan]
+    assert len(got) == 9
+    assert measured[:, 0].all() and measured[:, 2].all()
+    dropped_at = int(np.argmin(measured[:, 1]))
+    assert 4 <= dropped_at < 9 and not measured[dropped_at:, 1].any() and measured[:dropped_at, 1].all()

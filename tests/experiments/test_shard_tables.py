@@ -98,8 +98,14 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
     names = [n for c in m["candidates"] for n in c["names"]]
     assert {"neuroshard#1", "neuroshard#2", "neuroshard#3", "size_lookup_greedy"} <= set(names)
     assert m["rounds"] >= 1 and all(c["measured_ms"] > 0 for c in m["candidates"])
-    best = min(m["candidates"], key=lambda c: c["measured_ms"])
+    # racing (the default) may drop slower candidates; the best is among those measured in every round
+    assert m["race"] is True
+    full = [c for c in m["candidates"] if c["rounds"] == m["rounds"]]
+    best = min(full, key=lambda c: c["measured_ms"])
     assert best["names"] == m["best"] and rec["alg"] in ("neuroshard", "/".join(m["best"]))
+    assert all(c["ratio_to_best"] >= 1.0 for c in m["candidates"])
+    for c in m["candidates"]:
+        assert len(c["round_ms"]) == m["rounds"] and sum(x is not None for x in c["round_ms"]) == c["rounds"]
     assert ("measured best" in proc.stdout) or ("cannot be told apart" in proc.stdout)
     assert rec["calibration"]["compute"]["samples"]["held_out"] == 5
     # the drift reference (the 5 held-out shards in groups of 2 ranks: 3 groups) was measured in every round
@@ -135,7 +141,8 @@ def test_calibrate_alone_takes_the_default_k_and_a_given_k_wins():
     assert parsed().calibrate is None
     assert parsed("--calibrate").calibrate == DEFAULT_CALIBRATE_K == 120
     c = parsed("--calibrate", "--measure")
-    assert (c.calibrate, c.measure) == (120, True)
+    assert (c.calibrate, c.measure, c.no_race) == (120, True, False)
+    assert parsed("--measure", "--no_race").no_race
     assert parsed("--calibrate", "40").calibrate == 40
     with pytest.raises(SystemExit):
         parsed("--calibrate", "many")
