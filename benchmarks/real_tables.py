@@ -1,7 +1,8 @@
 """Real table sets through the user path: pre-train -> calibrate -> search -> verify (DESIGN.md §8). Run by hand:
 
     python benchmarks/real_tables.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2]
-        [--calibrate 120] [--calibrate_comm 18] [--measure_budget_s 90] [--models_dir models] [--ndevices 4] [--max_mem 0.04]
+        [--calibrate 120] [--calibrate_comm 18] [--measure_budget_s 90] [--no_race] [--models_dir models] [--ndevices 4]
+        [--max_mem 0.04]
 
 For each cited table set in benchmarks/real_tables/ (26 Criteo features each; see the files' `source`),
 scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kept as they are):
