@@ -19,9 +19,9 @@ against the current best lies wholly above 1 is dropped from later rounds (`stil
 interval of the per-round log ratio, Bonferroni-corrected for the m candidates still measured,
 1 - 0.05 / m, as irace's t-test racing does). A dropped candidate measured slower than the best, with
 confidence, on the rounds both ran; its cost and intervals are from the rounds it was measured in (NaN
-in the rest), and the rounds that follow spend their time on the plans that are still close, so the best
-is told from the runner-up in fewer seconds. The best and the runner-up are always among the
-candidates measured in every round.
+in the rest), and the rounds that follow spend their time on the plans that are still close (replayed
+on the real table sets' rounds, racing measured for 67-100% of the time that measuring every candidate
+takes; README). The best and the runner-up are always among the candidates measured in every round.
 
 With a calibration's drift `reference` (`calibrate.drift_reference`: the held-out calibration shards in
 groups of one per rank, their compute and backward all-to-all as measured when calibrating), round r also
