@@ -6,13 +6,18 @@ They are measured on the same ranks in interleaved rounds (A B C ... A B C ..., 
 candidate with `warmup_iter` warm-ups and `num_iter` timed iterations per rank, as eval.py does),
 on the user's ids (real with `--ids`, else synthesised from rows, pooling and reuse histogram).
 
-After every round (at least `min_rounds`), the candidate with the lowest geometric-mean cost over
-the rounds is the best, the second lowest the runner-up, and their paired ratio per round gets a
-bootstrap 95% interval (`stats.paired`, rounds as pairs). Rounds stop when that interval excludes
-1 (the best is told apart), when `budget_s` (from the start, process start-up included) would be
-passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the
+The candidate with the lowest geometric-mean cost over the rounds is the best, the second lowest the
+runner-up. The stop rule looks at them after rounds `look_rounds` (min_rounds, then x1.5: 5, 8, 12, 18,
+27, ...) and after the last round: look k gets a paired Student-t interval of the per-round log ratio at
+1 - 0.05 / (k (k + 1)) (alpha spending: the levels of all looks sum to 0.05, so "told apart" holds at
+95% however many looks a run makes; asking a 95% interval after every round called two equal plans told
+apart 38% of the time by round 30: benchmarks/stop_rule_equal_plans.py). Rounds stop when that interval
+excludes 1 (the best is told apart), when `budget_s` (from the start, process start-up included) would
+be passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the
 best by geometric mean, so it never measured worse than another candidate; when the interval still
-includes 1 the result says plainly that the top plans cannot be told apart.
+includes 1 the result says plainly that the top plans cannot be told apart. Every candidate's ratio to
+the best also gets a bootstrap 95% interval (`stats.paired`, rounds as pairs), a description of that one
+comparison.
 
 Racing (`race`, the default): after each round from `min_rounds` on, a candidate whose paired interval
 against the current best lies wholly above 1 is dropped from later rounds (`still_measured`: a Student-t
@@ -80,8 +85,42 @@ def _geo_means(round_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return geo, n
 
 
-def separation(round_costs: np.ndarray, seed: int = 0) -> dict:
-    """Best and runner-up of [R rounds, P candidates] costs, with their paired ratio and 95% interval.
+def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:
+    """The rounds after which the stop rule looks: min_rounds, then each x1.5 (rounded up), up to max_rounds."""
+    out = [min_rounds]
+    while out[-1] < max_rounds:
+        out.append(min(max_rounds, int(np.ceil(out[-1] * 1.5))))
+    return out
+
+
+def look_alpha(rounds: int, min_rounds: int, max_rounds: int, final: bool = False) -> float | None:
+    """The stop rule's level at `rounds`: look k of `look_rounds` gets 0.05 / (k (k + 1)); `final` (the verdict
+    after the last round) is the next look when `rounds` is not a scheduled one. None: no look there."""
+    looks = look_rounds(min_rounds, max_rounds)
+    if rounds in looks:
+        k = looks.index(rounds) + 1
+    elif final:
+        k = sum(r <= rounds for r in looks) + 1
+    else:
+        return None
+    return 0.05 / (k * (k + 1))
+
+
+def t_interval(ours: np.ndarray, theirs: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """Paired ratio ours/theirs over the rounds both measured: geometric mean and Student-t (1 - alpha) interval."""
+    from scipy.stats import t as student_t
+
+    ok = np.isfinite(ours) & np.isfinite(theirs)
+    d = np.log(ours[ok] / theirs[ok])
+    if len(d) < 2:
+        return float(np.exp(d.mean())) if len(d) else float("nan"), float("nan"), float("nan")
+    half = student_t.ppf(1 - alpha / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(np.exp(d.mean())), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
+
+
+def separation(round_costs: np.ndarray, alpha: float = 0.05) -> dict:
+    """Best and runner-up of [R rounds, P candidates] costs, with their paired ratio and its Student-t (1 - alpha)
+    interval; separated when it lies below 1.
 
     A NaN cost is a round the candidate was not measured in (dropped by racing); best and runner-up are
     taken among the candidates measured in the most rounds (with racing: in every round)."""
@@ -92,21 +131,21 @@ def separation(round_costs: np.ndarray, seed: int = 0) -> dict:
     order = full[np.argsort(geo[full], kind="stable")]
     best = int(order[0])
     out = {"rounds": R, "geo_mean_ms": geo, "best": best, "runner_up": None, "separated": False,
-           "ratio": float("nan"), "ci_lo": float("nan"), "ci_hi": float("nan")}
+           "ratio": float("nan"), "ci_lo": float("nan"), "ci_hi": float("nan"), "level": 1 - alpha}
     if P < 2:
         out["separated"] = True
         return out
     if len(order) < 2:  # every other candidate was dropped: each measured slower than the best
         ru = min((i for i in range(P) if i != best), key=lambda i: (-n[i], geo[i]))
         out["runner_up"] = int(ru)
-        st = paired(dict(enumerate(round_costs[:, best])), dict(enumerate(round_costs[:, ru])), seed)
-        out.update(ratio=st["ratio"], ci_lo=st["ci_lo"], ci_hi=st["ci_hi"], separated=True)
+        ratio, lo, hi = t_interval(round_costs[:, best], round_costs[:, ru], alpha)
+        out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, separated=True)
         return out
     ru = int(order[1])
     out["runner_up"] = ru
     if R >= 2:
-        st = paired(dict(enumerate(round_costs[:, best])), dict(enumerate(round_costs[:, ru])), seed)
-        out.update(ratio=st["ratio"], ci_lo=st["ci_lo"], ci_hi=st["ci_hi"], separated=bool(st["ci_hi"] < 1.0))
+        ratio, lo, hi = t_interval(round_costs[:, best], round_costs[:, ru], alpha)
+        out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, separated=bool(hi < 1.0))
     return out
 
 
@@ -155,7 +194,8 @@ class StopRule:
         R = len(round_costs)
         if R >= self.max_rounds or time.time() + last_round_s > self.deadline:
             return True
-        return R >= self.min_rounds and separation(round_costs, self.seed)["separated"]
+        alpha = look_alpha(R, self.min_rounds, self.max_rounds)
+        return alpha is not None and separation(round_costs, alpha)["separated"]
 
     def active(self, round_costs: np.ndarray) -> np.ndarray:
         """bool per candidate: measure it in the next round (all measured so far, unless racing drops some)."""
@@ -294,7 +334,7 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     """Best candidate, intervals against it, and the verdict, from the candidates' round costs."""
     R = min(len(c.round_ms) for c in candidates)
     costs = np.array([c.round_ms[:R] for c in candidates]).T  # [R, P]
-    sep = separation(costs, cfg.seed)
+    sep = separation(costs, look_alpha(R, cfg.min_rounds, cfg.max_rounds, final=True))
     best = sep["best"]
     rows = []
     for i, c in enumerate(candidates):
@@ -311,16 +351,18 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                      "ratio_to_best": st.get("ratio", float("nan")), "ci_lo": st.get("ci_lo", float("nan")),
                      "ci_hi": st.get("ci_hi", float("nan"))})
     names = "/".join(candidates[best].names)
+    level = f"{100 * sep['level']:.4g}%"
     if sep["runner_up"] is None:
         verdict = f"{names} is the only candidate"
     elif sep["separated"]:
         verdict = (f"{names} is the measured best: {100 * (1 - sep['ratio']):.1f}% faster than the runner-up "
-                   f"{'/'.join(candidates[sep['runner_up']].names)} (paired 95% interval of the ratio "
-                   f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}], {R} rounds)")
+                   f"{'/'.join(candidates[sep['runner_up']].names)} (paired {level} interval of the ratio "
+                   f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}], {R} rounds; 95% over all the stop rule's looks)")
     else:
         verdict = (f"the top plans cannot be told apart: {names} measured lowest, but its ratio to the runner-up "
-                   f"{'/'.join(candidates[sep['runner_up']].names)} is {sep['ratio']:.3f} with a paired 95% interval "
-                   f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] that includes 1 after {R} rounds "
+                   f"{'/'.join(candidates[sep['runner_up']].names)} is {sep['ratio']:.3f} with a paired {level} "
+                   f"interval [{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] (95% over all the stop rule's looks) that "
+                   f"includes 1 after {R} rounds "
                    f"({elapsed_s:.0f} s of a {cfg.budget_s:g} s budget); {names} is written as it never measured worse")
     if drift:
         c, m = drift["compute"], drift["comm"]
@@ -330,7 +372,8 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     log("\n" + "\n".join(format_candidates(rows)))
     log(verdict)
     return {"best": candidates[best].names, "best_index": best, "separated": sep["separated"], "rounds": R,
-            "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"], "verdict": verdict,
+            "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"],
+            "ci_level": sep["level"], "verdict": verdict,
             "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "candidates": rows, "drift": drift}
 
 

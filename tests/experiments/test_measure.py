@@ -9,7 +9,7 @@ from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
-                                            machine_drift, measure_candidates,
+                                            look_alpha, look_rounds, machine_drift, measure_candidates,
                                             separation, still_measured, summarize)
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.plan import ShardingPlan, apply_splits
@@ -59,7 +59,9 @@ def test_identical_plans_cannot_be_told_apart():
 def test_stop_rule_budget_and_rounds():
     sep = np.array([[1.0, 2.0]] * 6)
     now = time.time()
-    assert StopRule(now + 100, 5, 50)(sep, 1.0)               # separated after min rounds
+    assert StopRule(now + 100, 5, 50)(sep[:5], 1.0)           # separated at the first look (min rounds)
+    assert not StopRule(now + 100, 5, 50)(sep, 1.0)           # round 6 is not a look
+    assert StopRule(now + 100, 5, 50)(np.vstack([sep, sep[:2]]), 1.0)  # round 8 is
     assert not StopRule(now + 100, 8, 50)(sep, 1.0)           # not yet min rounds
     assert StopRule(now + 0.5, 8, 50)(sep[:1], 1.0)           # one more round would pass the budget
     assert StopRule(now + 100, 2, 6)(np.ones((6, 2)), 0.1)    # max rounds
@@ -154,9 +156,27 @@ def test_the_stop_rule_ignores_the_drift_reference_column():
     now = time.time()
     sep = np.array([[1.0, 2.0, 50.0]] * 6)  # candidates told apart; the reference column is not a candidate
     tie = np.array([[1.0, 1.0, 0.1]] * 6)   # candidates identical; the reference would look "separated"
-    assert StopRule(now + 100, 5, 50, num_candidates=2)(sep, 1.0)
-    assert not StopRule(now + 100, 5, 50, num_candidates=2)(tie, 1.0)
-    assert StopRule(now + 100, 5, 50)(tie, 1.0)  # without the cut, the reference column would stop the rounds
+    assert StopRule(now + 100, 6, 50, num_candidates=2)(sep, 1.0)
+    assert not StopRule(now + 100, 6, 50, num_candidates=2)(tie, 1.0)
+    assert StopRule(now + 100, 6, 50)(tie, 1.0)  # without the cut, the reference column would stop the rounds
+
+
+def test_the_looks_spend_five_percent_in_all_and_the_interval_is_students_t_by_hand():
+    assert look_rounds(5, 50) == [5, 8, 12, 18, 27, 41, 50]
+    assert look_alpha(5, 5, 50) == 0.025 and np.isclose(look_alpha(8, 5, 50), 0.05 / 6)
+    assert look_alpha(6, 5, 50) is None                               # between looks the rule does not ask
+    assert np.isclose(look_alpha(6, 5, 50, final=True), 0.05 / 6)     # the verdict after round 6: look 2
+    assert np.isclose(look_alpha(13, 5, 50, final=True), 0.05 / 20)   # after looks at 5, 8, 12: look 4
+    assert np.isclose(sum(look_alpha(r, 5, 10_000) for r in look_rounds(5, 10_000)), 0.05, atol=0.003)
+    # log(runner-up / best) per round 0.1, 0.2, 0.0, 0.1, 0.1: mean 0.1, sd 0.0707, t(0.975, 4) = 2.776 ->
+    # best / runner-up within [0.8288, 0.9879], told apart at 95%; at look 1's 97.5% (t 3.495): [0.8102, 1.0106], not
+    best = np.array([10.0, 12.0, 9.0, 11.0, 10.0])
+    costs = np.stack([best, best * np.exp([0.1, 0.2, 0.0, 0.1, 0.1])], axis=1)
+    at95 = separation(costs, 0.05)
+    assert at95["separated"] and np.isclose(at95["ci_lo"], 0.82878, atol=1e-4) and np.isclose(at95["ci_hi"], 0.98787, atol=1e-4)
+    first_look = separation(costs, look_alpha(5, 5, 50))
+    assert not first_look["separated"] and np.isclose(first_look["ci_hi"], 1.01059, atol=1e-4)
+    assert not StopRule(time.time() + 100, 5, 50)(costs, 1.0)
 
 
 def test_racing_drops_a_clearly_slower_candidate_and_never_the_best():
@@ -221,12 +241,12 @@ d,20000,128,100
 
 
 def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
-    """Two ranks, real measurements: everything on rank 0 (twice the lookups of the busiest rank of a balanced
-    plan) is dropped once it measured slower in every round; the two balanced plans run every round."""
+    """Two ranks, real measurements: after rank 0's stop rule drops a plan (here scripted, after round 4), no rank
+    measures it again, the others are measured every round, and the rounds' costs say so (NaN when dropped)."""
     from neuroshard.experiments.calibrate import user_tables_dataset
     from neuroshard.hardware.evaluator import rounds_rank
     from neuroshard.hardware.launch import run_processes
-    from race_stop import RaceUntilMaxRounds
+    from race_stop import ScriptedRace
 
     (tmp_path / "t.csv").write_text(HEAVY)
     tl = load_table_list(tmp_path / "t.csv")
@@ -235,11 +255,11 @@ def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
              [[(0, 128), (1, 128), (2, 128), (3, 128)], []],  # all on rank 0
              [[(0, 128), (3, 128)], [(1, 128), (2, 128)]]]   # balanced, other pairs
     got = []
-    stop = RaceUntilMaxRounds(time.time() + 600, 4, 9, num_candidates=3, race=True)
+    stop = ScriptedRace(time.time() + 600, 4, 7, num_candidates=3, race=True, drop=1, drop_after=4)
     run_processes(rounds_rank, 2, (str(ds.path), resolve_hardware("cpu", "auto"), 256, plans, 1, 2, stop),
                   lambda msg: got.append(msg[1]), group_device="cpu")
     measured = np.array([[np.isfinite(c).all() for c in costs] for costs in got])  # [round, plan]
-    assert len(got) == 9
+    assert len(got) == 7
     assert measured[:, 0].all() and measured[:, 2].all()
-    dropped_at = int(np.argmin(measured[:, 1]))
-    assert 4 <= dropped_at < 9 and not measured[dropped_at:, 1].any() and measured[:dropped_at, 1].all()
+    assert measured[:4, 1].all() and not measured[4:, 1].any()
+    assert all((c[1, 0, 0] > 0 and c[1, 1, 0] == 0) for c in got[:4])  # all on rank 0: rank 1 computes nothing
