@@ -2,7 +2,7 @@
 
     python benchmarks/race_replay.py results/real_tables.json [more.json ...]
 
-Per set it runs `still_measured` round by round on the recorded costs, as `--measure` would have, and
+Per set it asks `StopRule.active` round by round on the recorded costs, as `--measure` would have, and
 prints each plan racing drops (and the last round it would have been measured in), that plan's paired
 ratio to the best over the whole run with its 95% interval, whether the best itself was dropped, and the
 share of measuring time racing would have needed (round costs summed over the plans still measured,
@@ -20,20 +20,21 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.experiments.measure import MeasureConfig, separation, still_measured  # noqa: E402
+from neuroshard.experiments.measure import MeasureConfig, StopRule, separation  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
 
 
-def replay(names: list[str], costs: np.ndarray, min_rounds: int) -> dict:
-    """[R, P] round costs of every plan -> the drops racing makes and the time share it needs."""
+def replay(names: list[str], costs: np.ndarray, min_rounds: int, max_rounds: int = MeasureConfig().max_rounds) -> dict:
+    """[R, P] round costs of every plan -> the drops racing makes (`StopRule.active`) and the time share it needs."""
     R, P = costs.shape
+    rule = StopRule(float("inf"), min_rounds, max_rounds, race=True)
     best = separation(costs)["best"]
     active = np.ones(P, bool)
     raced = costs.copy()
     drops = []
     for r in range(1, R + 1):
         raced[r - 1, ~active] = np.nan
-        keep = still_measured(raced[:r], min_rounds)
+        keep = rule.active(raced[:r])
         for i in np.flatnonzero(active & ~keep):
             st = paired(dict(enumerate(costs[:, i])), dict(enumerate(costs[:, best])))
             drops.append({"plan": names[i], "last_round": r, "ratio_to_best": st["ratio"], "ci_lo": st["ci_lo"],

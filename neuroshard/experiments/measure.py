@@ -19,14 +19,15 @@ includes 1 the result says plainly that the top plans cannot be told apart. Ever
 the best also gets a bootstrap 95% interval (`stats.paired`, rounds as pairs), a description of that one
 comparison.
 
-Racing (`race`, the default): after each round from `min_rounds` on, a candidate whose paired interval
+Racing (`race`, the default): at each of the stop rule's looks, a candidate whose paired interval
 against the current best lies wholly above 1 is dropped from later rounds (`still_measured`: a Student-t
-interval of the per-round log ratio, Bonferroni-corrected for the m candidates still measured,
-1 - 0.05 / m, as irace's t-test racing does). A dropped candidate measured slower than the best, with
-confidence, on the rounds both ran; its cost and intervals are from the rounds it was measured in (NaN
-in the rest), and the rounds that follow spend their time on the plans that are still close (replayed
-on the real table sets' rounds, racing measured for 67-100% of the time that measuring every candidate
-takes; README). The best and the runner-up are always among the candidates measured in every round.
+interval of the per-round log ratio at 1 - alpha_k / m, alpha_k the look's level and m the candidates
+still measured besides the best, as irace's t-test racing does; so all drops together spend 5%). A
+dropped candidate measured slower than the best, with confidence, on the rounds both ran; its cost and
+intervals are from the rounds it was measured in (NaN in the rest), and the rounds that follow spend
+their time on the plans that are still close (replayed on the real table sets' rounds, racing measured
+for 76-100% of the time that measuring every candidate takes; README). The best and the runner-up are
+always among the candidates measured in every round.
 
 With a calibration's drift `reference` (`calibrate.drift_reference`: the held-out calibration shards in
 groups of one per rank, their compute and backward all-to-all as measured when calibrating), round r also
@@ -198,11 +199,13 @@ class StopRule:
         return alpha is not None and separation(round_costs, alpha)["separated"]
 
     def active(self, round_costs: np.ndarray) -> np.ndarray:
-        """bool per candidate: measure it in the next round (all measured so far, unless racing drops some)."""
+        """bool per candidate: measure it in the next round (all measured so far, unless racing drops some at a
+        look, at that look's level: drops over all looks and candidates spend 5% in all)."""
         round_costs = np.asarray(round_costs, np.float64)[:, :self.num_candidates]
-        if not self.race:
+        alpha = look_alpha(len(round_costs), self.min_rounds, self.max_rounds)
+        if not self.race or alpha is None:
             return np.isfinite(round_costs[-1])
-        return still_measured(round_costs, self.min_rounds)
+        return still_measured(round_costs, self.min_rounds, alpha)
 
 
 @dataclass

@@ -209,6 +209,8 @@ def test_racing_drops_a_clearly_slower_candidate_and_never_the_best():
     with_ref = np.hstack([costs, np.full((R, 1), 0.5)])
     assert StopRule(time.time() + 100, 5, 50, num_candidates=3).active(with_ref).tolist() == [True] * 3
     assert StopRule(time.time() + 100, 5, 50, num_candidates=3, race=True).active(with_ref).tolist() == [True, True, False]
+    # racing asks only at the stop rule's looks (5, 8, ...), so its drops spend the same 5%: not after round 6
+    assert StopRule(time.time() + 100, 5, 50, num_candidates=3, race=True).active(with_ref[:6]).tolist() == [True] * 3
 
 
 def test_summary_of_a_race_pairs_each_candidate_on_the_rounds_it_ran():
