@@ -136,17 +136,12 @@ def separation(round_costs: np.ndarray, alpha: float = 0.05) -> dict:
     if P < 2:
         out["separated"] = True
         return out
-    if len(order) < 2:  # every other candidate was dropped: each measured slower than the best
-        ru = min((i for i in range(P) if i != best), key=lambda i: (-n[i], geo[i]))
-        out["runner_up"] = int(ru)
-        ratio, lo, hi = t_interval(round_costs[:, best], round_costs[:, ru], alpha)
-        out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, separated=True)
-        return out
-    ru = int(order[1])
+    all_dropped = len(order) < 2  # every other candidate was dropped: each measured slower than the best
+    ru = int(min((i for i in range(P) if i != best), key=lambda i: (-n[i], geo[i]))) if all_dropped else int(order[1])
     out["runner_up"] = ru
     if R >= 2:
         ratio, lo, hi = t_interval(round_costs[:, best], round_costs[:, ru], alpha)
-        out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, separated=bool(hi < 1.0))
+        out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, separated=all_dropped or bool(hi < 1.0))
     return out
 
 
@@ -159,22 +154,16 @@ def still_measured(round_costs: np.ndarray, min_rounds: int, alpha: float = 0.05
     of irace's `t-test-bonferroni` racing; a t interval rather than the percentile bootstrap because with a
     handful of rounds the bootstrap interval excludes 1 whenever every round falls on one side (4 rounds of
     two equal plans: one time in eight)."""
-    from scipy.stats import t as student_t
-
     round_costs = np.asarray(round_costs, np.float64)
     R, P = round_costs.shape
     keep = np.isfinite(round_costs[-1])
     idx = np.flatnonzero(keep)
     if R < max(min_rounds, 2) or len(idx) < 2:
         return keep
-    logs = np.log(round_costs)
-    best = int(idx[int(np.argmin(logs[:, idx].mean(axis=0)))])  # survivors were measured in every round
+    best = int(idx[int(np.argmin(np.log(round_costs[:, idx]).mean(axis=0)))])  # survivors: measured every round
     others = [int(i) for i in idx if i != best]
-    q = student_t.ppf(1 - alpha / (2 * len(others)), R - 1)
     for i in others:
-        d = logs[:, i] - logs[:, best]
-        lo = d.mean() - q * d.std(ddof=1) / np.sqrt(R)
-        if lo > 0:
+        if t_interval(round_costs[:, i], round_costs[:, best], alpha / len(others))[1] > 1.0:
             keep[i] = False
     return keep
 
@@ -186,7 +175,6 @@ class StopRule:
     deadline: float                 # time.time() at which the budget ends
     min_rounds: int
     max_rounds: int
-    seed: int = 0
     num_candidates: int | None = None  # columns of round_costs that are candidates (the rest: the drift reference)
     race: bool = False              # drop candidates measured slower than the best (`still_measured`)
 
@@ -269,10 +257,10 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         raise UserError(f"the cost models' batch {batch_size} is not divisible by {cluster.num_devices} devices")
     t0 = time.time()
     P = len(candidates)
-    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, cfg.seed, num_candidates=P, race=cfg.race)
+    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, num_candidates=P, race=cfg.race)
     log(f"measuring {P} distinct candidate plans ({', '.join('/'.join(c.names) for c in candidates)}) in "
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
-        f"told apart from the runner-up (paired 95% interval) or {cfg.budget_s:g} s"
+        f"told apart from the runner-up (paired t interval, 95% over all the stop rule's looks) or {cfg.budget_s:g} s"
         f"{'; a candidate measured slower than the best is dropped from later rounds' if cfg.race else ''}"
         f"{'; each round also measures the calibration drift reference' if reference else ''}")
     rounds: list[np.ndarray] = []
