@@ -24,6 +24,9 @@ from neuroshard.experiments.measure import MeasureConfig, StopRule, separation  
 from neuroshard.experiments.stats import paired  # noqa: E402
 
 
+MAX_RESULT_BYTES = 64 << 20  # a real_tables.json of three sets is about 100 KB
+
+
 def replay(names: list[str], costs: np.ndarray, min_rounds: int, max_rounds: int = MeasureConfig().max_rounds) -> dict:
     """[R, P] round costs of every plan -> the drops racing makes (`StopRule.active`) and the time share it needs."""
     R, P = costs.shape
@@ -49,8 +52,12 @@ def main(argv=None) -> None:
     p.add_argument("runs", nargs="+", help="real_tables.json of runs made with --no_race")
     a = p.parse_args(argv)
     for path in a.runs:
+        f = Path(path)
+        if not f.is_file() or f.stat().st_size > MAX_RESULT_BYTES:  # a device, a directory, something huge
+            raise UserError(f"{path} is not a real_tables.json (not a regular file of at most "
+                            f"{MAX_RESULT_BYTES >> 20} MiB); pass the results/real_tables.json of a --no_race run")
         try:
-            rec = json.loads(Path(path).read_text())
+            rec = json.loads(f.read_text())
             parts = rec["per_rank_parts"]
             sets = list(dict.fromkeys(q["set"] for q in parts))
             if rec.get("config", {}).get("no_race") is not True:

@@ -47,6 +47,9 @@ def test_the_script_reads_a_no_race_run_and_refuses_others(tmp_path, capsys):
     holes[7, 2] = np.nan  # a plan racing dropped: its later rounds are null
     with pytest.raises(UserError, match="missing or non-positive round costs"):
         main([str(_run_file(tmp_path, holes))])
+    for other in ("/dev/zero", str(tmp_path)):  # an endless device, a directory: refused before reading
+        with pytest.raises(UserError, match="not a regular file"):
+            main([other])
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(UserError, match="is not a real_tables.json"):
         main([str(tmp_path / "bad.json")])
