@@ -14,6 +14,8 @@ scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kep
    best is told apart or the budget ends; rounds are the pairs of the paired 95% intervals. A candidate
    measured slower than the best is dropped from later rounds (racing; `--no_race` measures all in every
    round), and its comparisons use the rounds it was measured in.
+Per set it also says where the written plan's step goes (`measure.step_breakdown`): the share that is
+all-to-all after its slowest device's compute, and what a perfect balance of its shards' compute could save.
 Per plan it also splits the calibrated simulator's miss into compute and comm on the device that measured
 slowest; per set it times `speed_probe_ms` before calibrating and after measuring, and `--measure` measures
 the calibration's drift reference in every round (compute and all-to-all now against when calibrating), so a
@@ -151,7 +153,10 @@ def main(argv=None) -> None:
                         "drift_compute": drift["compute"]["ratio"], "drift_compute_lo": drift["compute"]["ci_lo"],
                         "drift_compute_hi": drift["compute"]["ci_hi"], "drift_comm": drift["comm"]["ratio"],
                         "drift_comm_lo": drift["comm"]["ci_lo"], "drift_comm_hi": drift["comm"]["ci_hi"],
-                        "probe_start_ms": probe_start, "probe_end_ms": probe_end, "seconds": time.perf_counter() - t0})
+                        "probe_start_ms": probe_start, "probe_end_ms": probe_end,
+                        "written_comm_share": (res["step"] or {}).get("comm_share", np.nan),
+                        "written_balance_headroom": (res["step"] or {}).get("balance_headroom", np.nan),
+                        "seconds": time.perf_counter() - t0})
         print(summary[-1])
         text = write_tables(rows, summary, parts, a)  # after every set: an interrupted run keeps the sets it finished
     print(text)
@@ -189,8 +194,9 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
                 f"{s['drift_comm']:.3f} [{s['drift_comm_lo']:.3f}, {s['drift_comm_hi']:.3f}] |" for s in summary), "",
               "| set | written plan | rounds | best told apart | written vs best heuristic (95% CI) | written vs "
               "TorchRec (95% CI) | neuroshard#1 vs best heuristic | neuroshard#1 vs TorchRec | compute MAPE before / "
-              "after calibration | speed probe start / end (ms) | seconds |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "after calibration | written plan's step: all-to-all share / balance headroom | speed probe start / "
+              "end (ms) | seconds |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         lines.append(f"| {s['set']} | {s['written']} | {s['rounds']} | {'yes' if s['separated'] else 'no'} | "
                      f"{s['vs_heuristic']:.3f} [{s['vs_heuristic_lo']:.3f}, {s['vs_heuristic_hi']:.3f}] "
@@ -198,7 +204,8 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
                      f"{s['vs_torchrec_hi']:.3f}] | {s['ns_vs_heuristic']:.3f} [{s['ns_vs_heuristic_lo']:.3f}, "
                      f"{s['ns_vs_heuristic_hi']:.3f}] | {s['ns_vs_torchrec']:.3f} [{s['ns_vs_torchrec_lo']:.3f}, "
                      f"{s['ns_vs_torchrec_hi']:.3f}] | {100 * s['compute_mape_before']:.1f}% / "
-                     f"{100 * s['compute_mape_after']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
+                     f"{100 * s['compute_mape_after']:.1f}% | {100 * s['written_comm_share']:.0f}% / "
+                     f"{100 * s['written_balance_headroom']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
                      f"{s['seconds']:.0f} |")
     text = "\n".join(lines) + "\n"
     write_results(out, "real_tables", text, {"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,

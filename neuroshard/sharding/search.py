@@ -171,6 +171,20 @@ def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, para
     return _plan(task, cluster, best) if np.isfinite(best[0]) else None
 
 
+def plan_with_splits(sim: Simulator, task: ShardingTask, cluster: Cluster, splits: list[int],
+                     params: SearchParams = SearchParams()) -> tuple[float, ShardingPlan] | None:
+    """The grid search's best placement of the shards after `splits` (shard positions, as `apply_splits` takes
+    them): (simulated cost, plan), or None if no threshold fits memory. For asking what a split the beam search
+    did not choose would give (benchmarks/split_heavy_table.py)."""
+    sim.check_devices(cluster.num_devices)
+    st = ShardTable(sim, task)
+    keys = [(s.table, s.dim) for s in apply_splits(task.dims, splits)]
+    cost, assign = grid_search_batch(sim, st, [keys], cluster, params)
+    if not np.isfinite(cost[0]):
+        return None
+    return float(cost[0]), _plan(task, cluster, (cost[0], list(splits), assign[0]))
+
+
 def neuroshard_top_plans(sim: Simulator, task: ShardingTask, cluster: Cluster, k: int,
                          params: SearchParams = SearchParams()) -> list[tuple[float, ShardingPlan]]:
     """The search's best plan, then the next best distinct plans it scored: up to k (simulated cost, plan).

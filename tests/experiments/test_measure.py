@@ -10,7 +10,7 @@ from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
                                             look_alpha, look_rounds, machine_drift, measure_candidates,
-                                            separation, still_measured, summarize)
+                                            separation, step_breakdown, still_measured, summarize)
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.plan import ShardingPlan, apply_splits
 from neuroshard.sharding.search import SearchParams, plan_key
@@ -233,6 +233,39 @@ def test_summary_of_a_race_pairs_each_candidate_on_the_rounds_it_ran():
     res = summarize(_cands(costs), 1.0, MeasureConfig(), log=lambda *_: None)
     assert res["best"] == ["p1"] and res["separated"] and res["ci_hi"] < 1.0
 
+
+
+def test_where_the_step_goes_by_hand():
+    # device 0: 2 ms compute + 3 fw (it waits) + 5 bw = 10; device 1: 6 + 1 + 3 = 10; device 2: 1 + 2 + 4 = 7
+    step = step_breakdown([[2.0, 3.0, 5.0], [6.0, 1.0, 3.0], [1.0, 2.0, 4.0]])
+    assert np.isclose(step["step_ms"], 10.0) and np.isclose(step["compute_max_ms"], 6.0)
+    assert np.isclose(step["compute_mean_ms"], 3.0)
+    assert np.isclose(step["comm_share"], 0.4) and np.isclose(step["balance_headroom"], 0.3)
+    # a perfectly balanced plan has nothing to gain from balance
+    assert step_breakdown([[4.0, 1.0, 5.0], [4.0, 2.0, 4.0]])["balance_headroom"] == 0.0
+    # no parts (a plan never measured), wrong layout or NaN: no breakdown rather than a wrong one
+    assert step_breakdown(None) is None and step_breakdown([[1.0, 2.0]]) is None
+    assert step_breakdown([[1.0, np.nan, 2.0], [1.0, 1.0, 1.0]]) is None
+
+
+def test_the_summary_says_where_the_best_plans_step_goes():
+    rng = np.random.default_rng(4)
+    R = 6
+    costs = rng.uniform(9, 11, R)[:, None] * np.array([1.0, 1.5])
+    cands = _cands(costs)
+    for c, parts in zip(cands, ([[2.0, 3.0, 5.0], [6.0, 1.0, 3.0]], [[9.0, 3.0, 3.0], [1.0, 11.0, 3.0]])):
+        c.round_parts_ms = [np.asarray(parts)] * R
+    lines = []
+    res = summarize(cands, 1.0, MeasureConfig(), log=lines.append)
+    assert res["best"] == ["p0"]
+    # the best plan's parts, not the other's: devices compute 2 and 6 ms in a 10 ms step
+    assert np.isclose(res["step"]["comm_share"], 0.4) and np.isclose(res["step"]["balance_headroom"], 0.2)
+    line = next(x for x in lines if x.startswith("where p0's step goes"))
+    assert "40% of it is all-to-all" in line and "at most 20.0%" in line
+    # candidates without measured parts: no line and no breakdown
+    lines = []
+    assert summarize(_cands(costs), 1.0, MeasureConfig(), log=lines.append)["step"] is None
+    assert not any(x.startswith("where") for x in lines)
 
 HEAVY = """name,rows,dim,pooling_factor
 a,20000,128,100

@@ -2,6 +2,8 @@
 TorchRec export, a clear message without models, and --measure on real hardware."""
 import json
 
+import numpy as np
+
 import pytest
 
 from neuroshard.core.types import Cluster
@@ -107,6 +109,11 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
     for c in m["candidates"]:
         assert len(c["round_ms"]) == m["rounds"] and sum(x is not None for x in c["round_ms"]) == c["rounds"]
     assert ("measured best" in proc.stdout) or ("cannot be told apart" in proc.stdout)
+    # where the written plan's step goes: from its own measured parts, and said in one line
+    parts = np.asarray(next(c for c in m["candidates"] if c["names"] == m["best"])["measured_parts_ms"])
+    assert np.isclose(m["step"]["step_ms"], parts.sum(axis=1).max())
+    assert 0.0 <= m["step"]["balance_headroom"] <= 1.0 - m["step"]["comm_share"]
+    assert f"where {'/'.join(m['best'])}'s step goes" in proc.stdout
     assert rec["calibration"]["compute"]["samples"]["held_out"] == 5
     # the drift reference (the 5 held-out shards in groups of 2 ranks: 3 groups) was measured in every round
     assert len(rec["calibration"]["reference"]) == 3
