@@ -38,7 +38,7 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from neuroshard.core.artifacts import write_results  # noqa: E402
+from neuroshard.core.artifacts import check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
@@ -81,6 +81,7 @@ def main(argv=None) -> None:
     p.add_argument("--out_dir", default="results")
     a = p.parse_args(argv)
     ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()  # before any work
+    check_output_dir(a.out_dir, "--out_dir")
     N = a.ndevices
     models = Path(a.models_dir)
     paths = (models / "compute.pt", *comm_model_paths(models, N))

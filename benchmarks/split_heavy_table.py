@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from neuroshard.core.artifacts import write_results  # noqa: E402
+from neuroshard.core.artifacts import check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
@@ -69,6 +69,7 @@ def main(argv=None) -> None:
         raise UserError(f"--sets: unknown set {unknown[0]!r}; choose from {', '.join(SETS)}")
     ccfg = CalibrationConfig(num_shards=a.calibrate).check()
     mcfg = MeasureConfig(budget_s=a.measure_budget_s, race=False).check()
+    check_output_dir(a.out_dir, "--out_dir")
     N, models = a.ndevices, Path(a.models_dir)
     sim0 = Simulator.load(models / "compute.pt", *comm_model_paths(models, N), num_devices=N)
     batch = int(sim0.compute.meta["batch_size"])

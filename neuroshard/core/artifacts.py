@@ -236,6 +236,18 @@ def check_output_file(path, flag: str) -> None:
         raise UserError(f"{flag} {path} is a folder; name a file to write")
 
 
+def check_output_dir(path, flag: str) -> None:
+    """Before any work: make the results folder, or say in one line why it cannot be, so that a long run never
+    fails at its end."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-", delete=True)
+        probe.close()
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write results there ({e.strerror or type(e).__name__}); "
+                        "choose a folder you can write") from None
+
+
 def check_results_csv(path: str | os.PathLike | None, flag: str, columns: tuple[str, ...], what: str) -> None:
     """Before any work: an existing results CSV that a run would add to must be readable and of this kind
     (its header names `columns`); otherwise one line says so, so a finished run never fails at its end."""

@@ -148,3 +148,16 @@ def test_a_flipped_byte_in_saved_weights_is_refused_not_loaded_as_other_weights(
     with pytest.raises(UserError, match=r"damaged.pt is damaged \(a checksum fails in .*/data/.*\); write it again"):
         CommCostModel.load(damaged)
     assert torch.equal(load_torch(path, "cost model")["state_dict"]["mlp.0.weight"], a["mlp.0.weight"])
+
+
+def test_a_results_folder_is_checked_before_any_work(tmp_path):
+    from neuroshard.core.artifacts import check_output_dir
+
+    check_output_dir(tmp_path / "a" / "b", "--out_dir")  # made, parents too
+    assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []  # no probe left
+    (tmp_path / "f").write_text("keep me")
+    with pytest.raises(UserError, match="--out_dir .*cannot write results there"):
+        check_output_dir(tmp_path / "f" / "sub", "--out_dir")  # a file where a folder must be
+    assert (tmp_path / "f").read_text() == "keep me"
+    with pytest.raises(UserError, match="cannot write results there"):
+        check_output_dir(tmp_path / "f", "--out_dir")
