@@ -31,7 +31,7 @@ always among the candidates measured in every round.
 
 The result also says where the best plan's step goes (`step_breakdown`): the share of it that is all-to-all
 after its slowest device's compute, and how much a perfect balance of its shards' compute could save. On the
-real table sets here the one-hot sets' steps are 68-81% all-to-all with 1-2% to gain from balance (README), so
+real table sets here the one-hot sets' steps are 65-81% all-to-all with 0.9-2.4% to gain from balance (README), so
 their top plans measure within a few per cent of each other and of TorchRec's.
 
 With a calibration's drift `reference` (`calibrate.drift_reference`: the held-out calibration shards in
