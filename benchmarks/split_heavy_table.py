@@ -21,8 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -32,7 +30,7 @@ from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
-from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
+from neuroshard.experiments.calibrate import CalibrationConfig, calibrate, heaviest_tables  # noqa: E402
 from neuroshard.experiments.measure import MeasureConfig, candidate_plans, measure_candidates  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.sharding.plan import can_split  # noqa: E402
@@ -42,8 +40,9 @@ from real_tables import SETS, scaled_table_list  # noqa: E402
 
 
 def heavy_splits(task) -> dict[str, list[int]]:
-    """{label: splits} for the table with the most lookups x dim in 2 and in 4 column shards (those it allows)."""
-    h = int(np.argmax(task.pooling_factors * task.dims))
+    """{label: splits} for the table with the most lookups x dim (as `--calibrate` ranks them) in 2 and in 4
+    column shards (those it allows)."""
+    h = int(heaviest_tables(task, 1)[0])
     d = int(task.dims[h])
     out = {}
     if can_split(d):
@@ -82,8 +81,8 @@ def main(argv=None) -> None:
             tl = load_table_list(scaled_table_list(name, SETS[name], Path(tmp) / f"{name}.json"), a.max_mem)
         print(f"\n=== {name}")
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
-        extra = {}
-        for label, splits in heavy_splits(tl.task).items():
+        extra, forced = {}, heavy_splits(tl.task)
+        for label, splits in forced.items():
             found = plan_with_splits(sim1, tl.task, cluster, splits, search)
             if found is not None:
                 extra[label] = found[1]
@@ -93,7 +92,7 @@ def main(argv=None) -> None:
         for r in rows:
             lines.append(f"| {name} | {'/'.join(r['names'])} | {r['simulated_ms']:.2f} | {r['measured_ms']:.2f} | "
                          f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}] |")
-        record["sets"][name] = {"result": res, "splits": {k: v for k, v in heavy_splits(tl.task).items()},
+        record["sets"][name] = {"result": res, "splits": forced,
                                 "plans": {"/".join(c.names): c.plan.to_dict() for c in cands}}
         text = "\n".join(lines) + f"\n\n{res['verdict']}\n"
         write_results(a.out_dir, "split_heavy_table", text, record)  # after every set

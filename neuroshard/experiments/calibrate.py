@@ -104,6 +104,11 @@ def user_tables_dataset(tl, batch_size: int, seed: int, out_dir: Path, ids_path=
     return process_raw(*raw, out_dir=Path(out_dir) / "user_tables", source=source, progress=False)
 
 
+def heaviest_tables(task, k: int) -> np.ndarray:
+    """Positions of the task's k tables with the most lookups x dim (ties: the earlier table first)."""
+    return np.argsort(-(task.pooling_factors * task.dims), kind="stable")[:k]
+
+
 def sample_user_shards(task, cluster: Cluster, num_shards: int, seed: int,
                        max_tries: int = 100_000) -> list[tuple[np.ndarray, np.ndarray]]:
     """Shards (table positions, dims) of the task's tables that fit one device.
@@ -117,7 +122,7 @@ def sample_user_shards(task, cluster: Cluster, num_shards: int, seed: int,
     hi = max(1, min(64, int(np.ceil(2 * T / N))))
     rows = task.rows
     out = []
-    heavy = np.argsort(-(task.pooling_factors * task.dims), kind="stable")[:min(HEAVY_ALONE, num_shards // 8)]
+    heavy = heaviest_tables(task, min(HEAVY_ALONE, num_shards // 8))
     for t in heavy:
         dim = int(task.dims[t])
         while table_size_gb(rows[t], dim) > cluster.max_mem_gb and can_split(dim):
