@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError, check_float, check_int, check_range
+from .types import check_max_mem_gb
 
 
 def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = (), bare=None):
@@ -195,7 +196,7 @@ class TasksConfig:
         check_range("--T_range", self.T_range, 1, strict=True)
         check_int("--data_size", self.data_size, 1, 1_000_000)
         check_int("--T_range upper bound", self.T_range[1], 2, 100_000)
-        check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
+        check_max_mem_gb(self.max_mem)
         check_int("--seed", self.seed, 0)
         if not self.split or any(c in self.split for c in "/\\") or self.split.startswith("."):
             raise UserError(f"--split must be a plain file name such as train or test, got {self.split!r}")
@@ -232,7 +233,7 @@ class ComputeCollectConfig:
         if self.workers is not None:
             check_int("--workers", self.workers, 1, 1024)
         check_int("--max_tables", self.max_tables, 1, 1000)
-        check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
+        check_max_mem_gb(self.max_mem)
         check_iters(self.warmup_iter, self.num_iter)
         check_int("--seed", self.seed, 0)
         self.hardware.check()

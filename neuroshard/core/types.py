@@ -4,6 +4,7 @@
 - `Cost`: per-device compute, forward and backward all-to-all costs (ms) of one plan, simulated or
   measured alike; the plan's cost is the slowest device's total.
 - `MEM_TOL_GB`: the one tolerance every memory check uses.
+- `check_max_mem_gb`: the one range check of `--max_mem` (GB per device), up to `MAX_DEVICE_MEM_GB`.
 """
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ import numpy as np
 from .errors import UserError, check_float, check_int
 
 MEM_TOL_GB = 1e-9
+MAX_DEVICE_MEM_GB = 1e6  # a petabyte per device: beyond any device, and still a whole number of bytes (TorchRec)
 COST_DECIMALS = 6  # costs are rounded to 1 ns so that equal sums compare equal whatever the order
 
 
 def round_ms(x):
     return np.round(x, COST_DECIMALS)
+
+
+def check_max_mem_gb(value) -> float:
+    """`--max_mem` (GB per device) as a float in (0, MAX_DEVICE_MEM_GB], else a `UserError` naming the flag."""
+    return check_float("--max_mem", value, 0.0, MAX_DEVICE_MEM_GB, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -28,7 +35,7 @@ class Cluster:
 
     def __post_init__(self):
         check_int("--ndevices", self.num_devices, 1, 4096)
-        check_float("--max_mem", self.max_mem_gb, 0.0, lo_open=True)
+        check_max_mem_gb(self.max_mem_gb)
 
     def fits(self, mem_gb) -> np.ndarray | bool:
         """Whether memory use (GB, any shape) is within a device's capacity."""

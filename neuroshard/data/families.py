@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..core.errors import UserError, check_float, check_int
+from ..core.types import check_max_mem_gb
 from .features import table_size_gb
 
 FAMILY_DIMS = (4, 8, 16, 32, 64, 128, 256)
@@ -89,7 +90,7 @@ class FamilyMix:
         check_int("--seed", self.seed, 0)
         check_int("--batch_size", self.batch_size, 1, 1 << 20)
         check_float("--row_scale", self.row_scale, 0.0, 1e3, lo_open=True)
-        check_float("--max_mem", self.max_mem_gb, 0.0, lo_open=True)
+        check_max_mem_gb(self.max_mem_gb)
         check_int("--max_shards", self.max_shards, 16, 1024)
         unknown = set(self.sample_share) - set(SAMPLE_FAMILIES)
         if unknown or any((not math.isfinite(v)) or v < 0 for v in self.sample_share.values()) \

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..core.errors import UserError, check_float, check_int
+from ..core.types import check_max_mem_gb
 
 DCT_MODES = ("none", "dp", "mp", "both")
 # hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
@@ -116,7 +117,7 @@ class TrainConfig:
             check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
         check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
         check_int("--seed", self.seed, 0)
-        check_float("--max_mem", self.max_mem, 0.0, lo_open=True)
+        check_max_mem_gb(self.max_mem)
         check_int("--log_every", self.log_every, 1, 1_000_000)
         check_int("--eval_every", self.eval_every, 0, self.steps)
         if self.num_samples is not None:

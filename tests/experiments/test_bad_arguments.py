@@ -10,6 +10,7 @@ from conftest import assert_clean_error, files_under, run_script
 CASES = {
     "collect_compute_cost_data.py": [
         ("--data_size", "0"), ("--workers", "0"), ("--max_tables", "0"), ("--max_mem", "-1"), ("--max_mem", "nan"),
+        ("--max_mem", "1e308"),
         ("--num_iter", "0"), ("--warmup_iter", "-1"), ("--max_dim", "7"), ("--batch_size", "0"),
         ("--batch_size", "100000"), ("--seed", "-1")],
     "collect_comm_cost_data.py": [
@@ -20,12 +21,12 @@ CASES = {
         ("--valid_ratio", "0.5"), ("--input_transform", "sqrt")],
     "train_comm_cost_model.py": [("--ndevices", "1"), ("--epochs", "-2"), ("--lr", "inf"), ("--mp_keep", "nan")],
     "eval_simulator.py": [
-        ("--ndevices", "0"), ("--max_mem", "0"), ("--beam_width", "0"), ("--grid_steps", "0"), ("--max_splits", "-1"),
+        ("--ndevices", "0"), ("--max_mem", "0"), ("--max_mem", "1e308"), ("--beam_width", "0"), ("--grid_steps", "0"), ("--max_splits", "-1"),
         ("--threshold_range", "0.5,1"), ("--num_candidates", "0"), ("--seed", "-1"), ("--alg", "a,,b"),
         ("--alg", "nope"), ("--alg", "plan:"), ("--threshold_range", "1,inf"), ("--mp_keep", "-1")],
     "tools/train_dlrm.py": [("--steps", "0"), ("--batch_size", "130"), ("--dp_keep", "0"), ("--mp_keep", "2"),
                             ("--dp_refresh", "0"), ("--ndevices", "1"), ("--emb_dim", "6")],
-    "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--beam_width", "0"), ("--alg", "all"),
+    "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--max_mem", "1e308"), ("--beam_width", "0"), ("--alg", "all"),
                               ("--gpu_devices", "0,0"), ("--mp_keep", "0")],
     "eval.py": [("--num_iter", "0"), ("--warmup_iter", "-1"), ("--batch_size", "0"), ("--ndevices", "1"),
                 ("--max_mem", "-3"), ("--gpu_devices", "a,b"), ("--mp_keep", "1.5")],
