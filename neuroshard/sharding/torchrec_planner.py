@@ -50,7 +50,7 @@ import numpy as np
 
 from ..core.config import SearchParams, comm_model_paths
 from ..core.errors import PlanError, UserError
-from ..core.types import Cluster, Cost
+from ..core.types import MAX_DEVICE_MEM_GB, Cluster, Cost
 from ..data.features import table_size_gb
 from ..data.table_list import parse_table_rows
 from ..data.tasks import ShardingTask
@@ -135,6 +135,10 @@ class NeuroShardPlanner:
             raise UserError(f"the topology gives rank {int(np.argmin(caps))} no {self.memory_kind} for embedding "
                             f"tables; pass Topology(..., {self.memory_kind.lower()}_cap=BYTES)")
         self.mem_cap_gb = min(caps) / 2**30
+        if self.mem_cap_gb > MAX_DEVICE_MEM_GB:
+            raise UserError(f"the topology gives each rank {self.mem_cap_gb:.3g} GB of {self.memory_kind}, more than "
+                            f"{MAX_DEVICE_MEM_GB:g} GB; pass Topology(..., {self.memory_kind.lower()}_cap=BYTES) "
+                            f"of at most {int(MAX_DEVICE_MEM_GB * 2**30)} bytes")
         self.cluster = Cluster(world, self.mem_cap_gb)
         fw, bw = comm_model_paths(models_dir, world)
         paths = (Path(compute_model or Path(models_dir) / "compute.pt"), Path(fw_comm_model or fw),

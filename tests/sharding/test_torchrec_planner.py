@@ -182,6 +182,8 @@ def test_bad_construction_is_one_line(models, tmp_path):
         NeuroShardPlanner(topo, batch_size=0, models_dir=models)
     with pytest.raises(UserError, match="no DDR for embedding tables"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu", ddr_cap=0), models_dir=models)
+    with pytest.raises(UserError, match=r"more than 1e\+06 GB; pass Topology\(\.\.\., hbm_cap=BYTES\)"):
+        NeuroShardPlanner(Topology(world_size=2, compute_device="cuda", hbm_cap=2**70), models_dir=models)
 
 
 def test_collective_plan_needs_a_matching_process_group(models, tmp_path):
