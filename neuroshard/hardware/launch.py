@@ -88,7 +88,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 def pin_to_core(rank: int) -> None:
     """With NEUROSHARD_PIN=1, pin a CPU rank/worker to core `rank % cores`. Off by default: measured
-    with benchmarks/comm_repeatability.py (4 gloo ranks, 2 cores), pinning doubled the run-to-run
+    with a probe of commit fec75ff (docs/findings.md; 4 gloo ranks, 2 cores), pinning doubled the run-to-run
     spread of all-to-all times (median 49% vs 24%) and made them slower."""
     if os.environ.get("NEUROSHARD_PIN") != "1" or not hasattr(os, "sched_setaffinity"):
         return

@@ -83,7 +83,7 @@ def test_wait_term_adds_each_ranks_wait_for_the_last_ready_rank_by_hand(tmp_path
 
 def test_wait_term_gets_the_last_ready_rank_right_where_the_paper_model_does_not():
     """All-to-alls where a rank costs its wait for the last-ready rank plus a 2-5 ms transfer (the structure
-    measured on CPU ranks, benchmarks/comm_wait.py), spreads up to 100 ms: trained alike, the wait-term model
+    measured on CPU ranks, docs/findings.md), spreads up to 100 ms: trained alike, the wait-term model
     predicts the last-ready rank (which waits for nobody) within 10%, the paper's model several times worse."""
     rng = np.random.default_rng(3)
     N, n = 4, 400
