@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import RecordLog, check_output_file, provenance
+from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.types import Cluster, Cost
@@ -99,7 +99,7 @@ def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordL
         return log
     good = [r for i, r in enumerate(log.records, 1) if i not in dict(problems)]
     log.close()
-    aside = path.with_name(path.name + ".bad")
+    aside = fresh_path(path, ".bad")  # an earlier run's .bad file is kept
     os.replace(path, aside)
     print(f"note: {path} record #{problems[0][0]} is not a measured plan ({problems[0][1]}; {len(problems)} such "
           f"record(s)): set the log aside as {aside}, keeping its {len(good)} good record(s); the rest are measured "
