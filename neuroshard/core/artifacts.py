@@ -292,6 +292,11 @@ def check_writable_file(path: str | os.PathLike, label: str, fix: str | None = N
     if path.exists() and not path.is_file():
         kind = next((name for test, name in _NOT_REGULAR if test(path.stat().st_mode)), "not a regular file")
         raise UserError(f"{label} {path} is {kind}, not a file to write; {fix}")
+    above = path.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"{label} {path}: {above} is a file, not a folder; {fix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.write-check-", delete=True).close()
