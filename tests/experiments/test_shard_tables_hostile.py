@@ -30,12 +30,12 @@ from analytic_models import save_hand_models
 from conftest import ROOT, files_under
 
 TABLES = """name,rows,dim,pooling_factor
-a,20000,64,8
-b,30000,64,1
-c,1000,16,1
-d,3000,32,20
-e,500,8,1
-f,8000,32,4
+user,18000,64,6
+item,25000,64,1
+city,900,16,1
+history,2500,32,18
+day,400,8,1
+tags,7000,32,3
 """
 
 pytestmark = pytest.mark.filterwarnings("ignore::scipy.stats.ConstantInputWarning")  # hand models' flat predictions
@@ -232,7 +232,7 @@ def test_a_failed_calibration_save_keeps_the_calibration_and_writes_the_plan(set
 def test_a_calibration_for_other_tables_is_replaced_with_a_note(setup, capsys, fake_measuring):
     tmp, args = setup
     assert run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)[0] == 0
-    (tmp / "t2.csv").write_text(TABLES.replace("f,8000,32,4", "f,9000,32,4"))
+    (tmp / "t2.csv").write_text(TABLES.replace("tags,7000", "tags,9000"))
     other = [a if a != str(tmp / "t.csv") else str(tmp / "t2.csv") for a in args]
     code, out, err = run(capsys, *other, "--out", tmp / "p.json")
     notes = [l for l in out.splitlines() if l.startswith("note:") and "calibrat" in l]
@@ -260,7 +260,7 @@ def test_reuse_is_decided_by_what_was_measured_not_an_edited_string(setup, capsy
     hw = resolve_hardware("cpu", "auto").describe()
     paths = [tmp / "models/compute.pt", tmp / "models/comm_2_fw.pt", tmp / "models/comm_2_bw.pt"]
     mine = calibration_inputs(tl.task, hw, 256, 2, 0.02, paths)
-    (tmp / "t2.csv").write_text(TABLES.replace("a,20000", "a,21000"))
+    (tmp / "t2.csv").write_text(TABLES.replace("user,18000", "user,21000"))
     theirs = calibration_inputs(load_table_list(tmp / "t2.csv").task, hw, 256, 2, 0.02, paths)
     # the fingerprint string edited to the other task's: still made for these tables, so not reused for those
     obj["report"]["fingerprint"] = cal_mod.fingerprint_of(theirs)
