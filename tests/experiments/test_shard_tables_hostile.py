@@ -302,3 +302,15 @@ def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake
     report = {**report, "measured": {**report["measured"], "compute_ms": [-1.0] * 15}}
     with pytest.raises(UserError, match="holds damaged measurements"):
         cal_mod.check_measured(report["measured"], tl.task, cluster, "f")
+
+
+def test_eval_simulator_never_writes_a_simulated_cost_that_cannot_be_true():
+    from neuroshard.experiments.evaluate import checked_cost
+
+    good = Cost(np.array([1.0, 2.0]), np.array([0.5, 0.5]), np.array([0.2, 0.0]))
+    assert checked_cost(good, ["m.pt"], {"task": 3, "alg": "neuroshard"}) is good
+    for bad in (Cost(np.array([1e30, 1.0]), good.fw_ms, good.bw_ms), Cost(good.compute_ms, np.array([-0.016, 1]),
+                                                                          good.bw_ms)):
+        with pytest.raises(UserError, match=r"the cost models \(m.pt\) predict a .* cost that cannot be true .*"
+                                            "for task 3's neuroshard plan; retrain them"):
+            checked_cost(bad, ["m.pt"], {"task": 3, "alg": "neuroshard"})
