@@ -200,7 +200,7 @@ def test_outputs_that_collide_or_replace_an_input_are_refused_before_work(tmp_pa
 def test_outputs_that_cannot_be_written_are_refused_before_work(tmp_path):
     (tmp_path / "a_file").write_text("x")
     os.mkfifo(tmp_path / "fifo")
-    cases = {tmp_path / "a_file" / "plan.json": "cannot write there", tmp_path: "is a folder",
+    cases = {tmp_path / "a_file" / "plan.json": "a_file is a file, not a folder", tmp_path: "is a folder",
              tmp_path / "fifo": "is a FIFO (named pipe), not a file to write"}
     if os.geteuid() != 0:
         ro = tmp_path / "ro"
