@@ -38,8 +38,9 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from neuroshard.core.artifacts import check_output_dir, write_results  # noqa: E402
-from neuroshard.core.cli import run_main  # noqa: E402
+from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
+from neuroshard.core.cli import ArgumentParser, run_main, str_list  # noqa: E402
+from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model_paths  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
@@ -67,7 +68,7 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--models_dir", default="models")
     p.add_argument("--ndevices", type=int, default=4)
@@ -80,19 +81,33 @@ def main(argv=None) -> None:
     p.add_argument("--no_race", action="store_true", help="measure every candidate in every round")
     p.add_argument("--out_dir", default="results")
     a = p.parse_args(argv)
-    ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()  # before any work
+    # every check before any work: a run that calibrates for minutes never fails at its end
+    ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()
+    mcfg = MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter, num_iter=a.num_iter,
+                         race=not a.no_race).check()
+    sets = str_list(a.sets, "--sets")
+    unknown = [s for s in sets if s not in SETS]
+    if unknown:
+        raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+    cluster = Cluster(a.ndevices, a.max_mem).need_peers()
     check_output_dir(a.out_dir, "--out_dir")
-    N = a.ndevices
+    with OutputLock([("--out_dir", Path(a.out_dir) / "real_tables.md")]):
+        measure_sets(a, sets, ccfg, mcfg, cluster)
+
+
+def measure_sets(a: argparse.Namespace, sets: tuple[str, ...], ccfg: CalibrationConfig, mcfg: MeasureConfig,
+                 cluster: Cluster) -> None:
+    """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
+    N = cluster.num_devices
     models = Path(a.models_dir)
     paths = (models / "compute.pt", *comm_model_paths(models, N))
     sim0 = Simulator.load(*paths, num_devices=N)
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
-    cluster = Cluster(N, a.max_mem)
     search = SearchParams()
     rows, summary, parts = [], [], []
     t_all = time.perf_counter()
-    for name in a.sets.split(","):
+    for name in sets:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             tl = load_table_list(scaled_table_list(name, SETS[name], Path(tmp) / f"{name}.json"), a.max_mem)
@@ -102,9 +117,7 @@ def main(argv=None) -> None:
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
-        res = measure_candidates(tl, cluster, cands, hw, batch, MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter,
-                                                                      num_iter=a.num_iter, race=not a.no_race),
-                                 reference=cal["reference"])
+        res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, reference=cal["reference"])
         drift = res["drift"]
         probe_end = speed_probe_ms()
         R = res["rounds"]
@@ -170,8 +183,8 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "real_tables.csv", index=False)
-    sm.to_csv(out / "real_tables_summary.csv", index=False)
+    atomic_write_text(out / "real_tables.csv", df.to_csv(index=False))
+    atomic_write_text(out / "real_tables_summary.csv", sm.to_csv(index=False))
     rho0 = spearmanr(df["sim_before_ms"], df["measured_ms"]).statistic
     rho1 = spearmanr(df["sim_after_ms"], df["measured_ms"]).statistic
     rho2 = spearmanr(df["sim_drift_ms"], df["measured_ms"]).statistic

@@ -126,11 +126,34 @@ def _unpickle_error(path: Path, what: str, e: Exception) -> UserError:
                      f"{written_by(what)}")
 
 
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+READ_FIX = "run the step that writes it, or pass the right path"
+
+
+def check_input_file(path: str | os.PathLike, what: str, fix: str = READ_FIX) -> Path:
+    """`path` as a regular file to read, else one `UserError` that says what is there instead: nothing, a folder,
+    a FIFO, a device (reading /dev/zero or a FIFO never ends), or a file this user cannot read. `fix` ends it."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {path}; {fix}") from None
+    except OSError as e:  # e.g. a path through a file, a loop of links, a folder without search permission
+        raise UserError(f"{what} {path} cannot be opened ({e.strerror or type(e).__name__}); {fix}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{what} {path} is a folder, not a file; {fix}")
+    kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    if kind is not None or not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} {path} is {kind or 'not a regular file'}, not a file to read; {fix}")
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{what} {path} is not readable (permission denied); {fix}")
+    return path
+
+
 def load_pickle(path: str | os.PathLike, what: str = "artifact") -> Any:
     """Load a neuroshard pickle with `SafeUnpickler`; every failure becomes one clear `UserError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path} (run the step that writes it, or pass the right path)")
+    path = check_input_file(path, what)
     try:
         with open(path, "rb") as f:
             return decode(SafeUnpickler(f).load())
@@ -144,9 +167,7 @@ def load_torch(path: str | os.PathLike, what: str) -> Any:
     check: a flipped byte in the weights is refused instead of loading as other weights."""
     import torch
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path} (run the step that writes it, or pass the right path)")
+    path = check_input_file(path, what)
     bad = None
     if zipfile.is_zipfile(path):
         try:
@@ -248,6 +269,132 @@ def check_output_dir(path, flag: str) -> None:
                         "choose a folder you can write") from None
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path once resolved, or hard links of one file."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, RuntimeError):
+        return False
+
+
+def _fix_for(label: str) -> str:
+    return f"choose another {label}" if label.startswith("--") else "choose another path"
+
+
+def check_writable_file(path: str | os.PathLike, label: str, fix: str | None = None) -> Path:
+    """Before any work: `path` can be written as a file (not a folder, FIFO or device; its folder can be made and
+    written), so that a long run never fails at its end. `label` names it in the line (a flag, or what it is)."""
+    path, fix = Path(path), fix or _fix_for(label)
+    if path.is_dir():
+        raise UserError(f"{label} {path} is a folder; {fix}")
+    if path.exists() and not path.is_file():
+        kind = next((name for test, name in _NOT_REGULAR if test(path.stat().st_mode)), "not a regular file")
+        raise UserError(f"{label} {path} is {kind}, not a file to write; {fix}")
+    above = path.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"{label} {path}: {above} is a file, not a folder; {fix}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.write-check-", delete=True).close()
+    except OSError as e:
+        raise UserError(f"{label} {path}: cannot write there ({e.strerror or type(e).__name__}); {fix}") from None
+    return path
+
+
+def check_outputs(outputs: dict[str, Any], inputs: dict[str, Any] | None = None,
+                  fixes: dict[str, str] | None = None) -> list[tuple[str, Path]]:
+    """Before any work, every file a run will write (label -> path; None: not written): each can be written
+    (`check_writable_file`), no two name one file (the second would replace the first) and none names a file
+    the run reads (`inputs`, label -> path), which it would replace. Returns the (label, path) pairs checked."""
+    fixes = fixes or {}
+    outs = [(label, Path(p)) for label, p in outputs.items() if p is not None and str(p)]
+    ins = [(label, Path(p)) for label, p in (inputs or {}).items() if p is not None and str(p)]
+    for i, (label, path) in enumerate(outs):
+        for other, other_path in outs[:i]:
+            if _same_file(path, other_path):
+                raise UserError(f"{other} and {label} both name {path}; one would replace the other: give each its "
+                                "own file")
+        for other, other_path in ins:
+            if _same_file(path, other_path):
+                raise UserError(f"{label} {path} is also the input {other}; writing it would replace what this run "
+                                f"reads: {fixes.get(label, _fix_for(label))}")
+        check_writable_file(path, label, fixes.get(label))
+    return outs
+
+
+class OutputLock:
+    """Exclusive locks on the files a run writes, held from before its work until its outputs are written: a
+    second run on the same outputs stops at once with one line, instead of both running and both reporting
+    success with one's files replacing the other's.
+
+    The lock of `DIR/NAME` is an `flock` on `DIR/.NAME.lock`, which holds the owner's pid and is removed on
+    release; a lock file left by a killed run is simply taken over (the kernel released its lock)."""
+
+    def __init__(self, outputs: list[tuple[str, Any]]):
+        self._held: list[tuple[Path, int]] = []
+        try:
+            for label, path in outputs:
+                self._take(label, Path(path))
+        except BaseException:
+            self.release()
+            raise
+
+    @staticmethod
+    def lock_path(path: Path) -> Path:
+        return path.with_name(f".{path.name}.lock")
+
+    def _take(self, label: str, path: Path) -> None:
+        lock = self.lock_path(path)
+        for _ in range(10):  # retried only when the owner removed the file between our open and our lock
+            try:
+                lock.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:
+                raise UserError(f"{label} {path}: cannot take its lock {lock} ({e.strerror or type(e).__name__}); "
+                                f"{_fix_for(label)}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                try:
+                    owner = os.read(fd, 32).decode(errors="replace").strip()
+                finally:
+                    os.close(fd)
+                who = f" (pid {owner})" if owner.isdigit() else ""
+                raise UserError(f"{label} {path} is being written by another run{who}; wait for it to finish or "
+                                f"{_fix_for(label)}") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(lock))
+            except OSError:
+                same = False
+            if not same:  # the previous owner removed this lock file as we opened it: lock the new one
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            self._held.append((lock, fd))
+            return
+        raise UserError(f"{label} {path}: its lock {lock} keeps changing hands; {_fix_for(label)}")
+
+    def release(self) -> None:
+        while self._held:
+            lock, fd = self._held.pop()
+            try:
+                os.unlink(lock)  # still held: no other run holds this file
+            except OSError:
+                pass
+            os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 def check_results_csv(path: str | os.PathLike | None, flag: str, columns: tuple[str, ...], what: str) -> None:
     """Before any work: an existing results CSV that a run would add to must be readable and of this kind
     (its header names `columns`); otherwise one line says so, so a finished run never fails at its end."""
@@ -292,9 +439,14 @@ def write_results(out_dir: str | os.PathLike, stem: str, markdown: str, record: 
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
+    """`torch.save` atomically. The archive is made in memory first and then written like any bytes: torch's
+    archive writer turns a failed write (a full disk) into a RuntimeError traceback that names no file, and the
+    bytes already made are what a caller can still save elsewhere."""
     import torch
 
-    return _atomic(path, lambda f: torch.save(obj, f))
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 # ----------------------------------------------------------------------------- append-only record logs
@@ -377,15 +529,27 @@ class ParsedLog:
     legacy: bool = False          # written before frames carried checksums (format 2)
 
 
+def fresh_path(path: str | os.PathLike, suffix: str) -> Path:
+    """`path` + `suffix`, or + `suffix.1`, `.2`, ... : the first that names nothing yet (a file set aside never
+    replaces one set aside before)."""
+    path = Path(path)
+    out, n = path.with_name(path.name + suffix), 0
+    while os.path.lexists(out):
+        n += 1
+        out = path.with_name(f"{path.name}{suffix}.{n}")
+    return out
+
+
 def _salvage_hint(path: Path, n_good: int) -> str:
     return (f"rerun with --salvage to keep the {n_good} good record(s) and drop the damaged one(s) (a collector or "
-            f"eval.py then measures them again), or move the file away (mv {path} {path}.damaged) to start over")
+            f"eval.py then measures them again), or move the file away (mv {path} {fresh_path(path, '.damaged')}) "
+            "to start over")
 
 
 def parse_record_log(data: bytes, path: Path, what: str, salvage: bool = False) -> ParsedLog:
     """Header and records of a record log's bytes; every damaged frame but a torn tail is refused (or salvaged)."""
     if data[:1] == b"\x80":
-        return _parse_legacy(data, path, what)
+        return _parse_legacy(data, path, what, salvage)
     objs, pos, dropped, torn = [], 0, 0, False
     while pos < len(data):
         end = _frame_at(data, pos)
@@ -415,8 +579,8 @@ def parse_record_log(data: bytes, path: Path, what: str, salvage: bool = False) 
             raise UserError(f"{path} is not a {what} (no neuroshard record frames); choose another path")
         if not objs:
             raise UserError(f"{path}: the header (record 0, byte 0) is damaged, so its records cannot be matched to "
-                            f"the settings that made them; move the file away (mv {path} {path}.damaged) and rerun "
-                            "to start over")
+                            f"the settings that made them; move the file away (mv {path} "
+                            f"{fresh_path(path, '.damaged')}) and rerun to start over")
         if not salvage:
             raise UserError(f"{path}: record #{len(objs)} (byte {pos}) is damaged (checksum mismatch); "
                             + _salvage_hint(path, len(objs) - 1 + _count_good_after(data, nxt)))
@@ -442,27 +606,81 @@ def _count_good_after(data: bytes, pos: int | None) -> int:
     return n
 
 
-def _parse_legacy(data: bytes, path: Path, what: str) -> ParsedLog:
-    """A format-2 log (pickles without checksums): read as before, a frame that does not load ends it."""
+_LEGACY_STARTS = tuple(b"\x80" + bytes([proto]) for proto in range(2, 6))  # a pickle's PROTO opcode
+
+
+def _legacy_at(data: bytes, pos: int) -> tuple[Any, int] | Exception:
+    """The object of the unchecksummed pickle at `pos` and where it ends, or why it does not load."""
     f = io.BytesIO(data)
-    objs, good_end = [], 0
-    while f.tell() < len(data):
-        try:
-            obj = decode(SafeUnpickler(f).load())
-        except pickle.UnpicklingError as e:
-            if "refusing" in str(e):
-                raise _unpickle_error(path, what, e) from None
+    f.seek(pos)
+    try:
+        return decode(SafeUnpickler(f).load()), f.tell()
+    except Exception as e:  # noqa: BLE001 - damaged bytes raise anything; the caller decides
+        return e
+
+
+def _cut_short(e: Exception) -> bool:
+    """Whether a pickle failed because its bytes ran out (a write cut by a crash), not because they are damaged."""
+    return isinstance(e, EOFError) or "truncated" in str(e) or "ran out of input" in str(e).lower()
+
+
+def _next_legacy(data: bytes, pos: int) -> int | None:
+    """Start of the next unchecksummed record after `pos` that loads as a dict (where reading resumes)."""
+    for start in range(pos + 1, len(data) - 1):
+        if data[start] == 0x80 and data[start:start + 2] in _LEGACY_STARTS:
+            got = _legacy_at(data, start)
+            if isinstance(got, tuple) and isinstance(got[0], dict):
+                return start
+    return None
+
+
+def _count_legacy_after(data: bytes, pos: int | None) -> int:
+    n = 0
+    while pos is not None and pos < len(data):
+        got = _legacy_at(data, pos)
+        if isinstance(got, tuple) and isinstance(got[0], dict):
+            n, pos = n + 1, got[1]
+        else:
+            pos = _next_legacy(data, pos)
+    return n
+
+
+def _parse_legacy(data: bytes, path: Path, what: str, salvage: bool = False) -> ParsedLog:
+    """A format-2 log (pickles one after another, no checksums), read record by record like the checksummed
+    one: a last record cut short is dropped as a torn tail; a record that does not load with good records after
+    it is refused with one line naming --salvage (with `salvage`: dropped, and reading resumes at the next one).
+    A pickle that asks for code is refused as unsafe wherever it is."""
+    objs, pos, dropped, torn = [], 0, 0, False
+    while pos < len(data):
+        got = _legacy_at(data, pos)
+        if isinstance(got, tuple) and isinstance(got[0], dict):
+            objs.append(got[0])
+            pos = got[1]
+            continue
+        if isinstance(got, pickle.UnpicklingError) and "refusing" in str(got):
+            raise _unpickle_error(path, what, got) from None
+        nxt = _next_legacy(data, pos)
+        if nxt is None and ((isinstance(got, Exception) and _cut_short(got)) or not data[pos:].strip(b"\0")):
+            torn = True  # the last append was cut by a crash: everything before it is good
             break
-        except (EOFError, ValueError, IndexError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
+        if not objs:
+            if nxt is None:
+                raise UserError(f"{path} is not a {what}; choose another path")
+            raise UserError(f"{path}: the header (record 0, byte 0) of this older, unchecksummed log is damaged, so "
+                            f"its records cannot be matched to the settings that made them; move the file away "
+                            f"(mv {path} {fresh_path(path, '.damaged')}) and rerun to start over")
+        if not salvage:
+            good = len(objs) - 1 + _count_legacy_after(data, nxt)
+            raise UserError(f"{path}: record #{len(objs)} (byte {pos}) of this older, unchecksummed log is damaged; "
+                            + _salvage_hint(path, good))
+        dropped += 1
+        if nxt is None:
             break
-        if not isinstance(obj, dict):
-            raise UserError(f"{path} is not a {what}; choose another output path")
-        objs.append(obj)
-        good_end = f.tell()
+        pos = nxt
     header = objs[0] if objs else None
     if header is None or not ("kind" in header and isinstance(header.get("meta"), dict)):
         raise UserError(f"{path} is not a {what}; choose another output path")
-    return ParsedLog(header, objs[1:], good_end, good_end < len(data), 0, legacy=True)
+    return ParsedLog(header, objs[1:], pos if torn else len(data), torn, dropped, legacy=True)
 
 
 def _open_log_file(path: Path) -> int:
@@ -595,12 +813,13 @@ class RecordLog:
 
 def read_record_log(path: str | os.PathLike, kind: str, what: str, salvage: bool = False) -> tuple[dict, list[dict]]:
     """(meta, records) of a record log, for readers (no lock needed: records are only appended)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path} (run the step that writes it, or pass the right path)")
+    path = check_input_file(path, what)
     parsed = parse_record_log(path.read_bytes(), path, what, salvage)
     if parsed.header is None or parsed.header.get("kind") != kind:
         raise UserError(f"{path} is not a {what}; write it with the matching neuroshard step")
+    if parsed.torn:
+        print(f"note: {path}: a last record cut by an interrupted write is left out; using the "
+              f"{len(parsed.records)} whole ones", file=sys.stderr)
     if parsed.dropped:
         print(f"note: {path}: --salvage dropped {parsed.dropped} damaged record(s), using the {len(parsed.records)} "
               "good ones", file=sys.stderr)

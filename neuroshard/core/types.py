@@ -5,6 +5,8 @@
   measured alike; the plan's cost is the slowest device's total.
 - `MEM_TOL_GB`: the one tolerance every memory check uses.
 - `check_max_mem_gb`: the one range check of `--max_mem` (GB per device), up to `MAX_DEVICE_MEM_GB`.
+- `implausible_ms`: the one check of a cost (ms) before it is printed or written as a result: finite, not
+  negative (positive where asked) and at most `MAX_PLAUSIBLE_MS`.
 """
 from __future__ import annotations
 
@@ -16,11 +18,28 @@ from .errors import UserError, check_float, check_int
 
 MEM_TOL_GB = 1e-9
 MAX_DEVICE_MEM_GB = 1e6  # a petabyte per device: beyond any device, and still a whole number of bytes (TorchRec)
+MAX_PLAUSIBLE_MS = 1e6  # 1,000 s for one batch on one device: beyond any step this project measures or predicts
 COST_DECIMALS = 6  # costs are rounded to 1 ns so that equal sums compare equal whatever the order
 
 
 def round_ms(x):
     return np.round(x, COST_DECIMALS)
+
+
+def implausible_ms(values, positive: bool = False) -> str | None:
+    """Why these costs (ms, any shape) cannot be true, in a few words, or None when they can: each finite, not
+    negative (with `positive`: above 0) and at most MAX_PLAUSIBLE_MS."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0:
+        return "no costs"
+    if not np.isfinite(v).all():
+        return f"{v[~np.isfinite(v)][0]} ms"
+    low = v.min()
+    if low < 0 or (positive and low == 0):
+        return f"{low:g} ms, not above 0" if positive else f"{low:g} ms, a negative cost"
+    if v.max() > MAX_PLAUSIBLE_MS:
+        return f"{v.max():g} ms, more than {MAX_PLAUSIBLE_MS:g} ms"
+    return None
 
 
 def check_max_mem_gb(value) -> float:

@@ -25,11 +25,12 @@ def max_rows_any_device(min_dim: int = 4, bytes_per_param: int = 4) -> int:
     return int(LARGEST_DEVICE_GB * 2**30 // (min_dim * bytes_per_param))
 
 
-def load_raw(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Load and validate a raw `(indices, offsets, lengths)` file (`.pt` or `.pt.gz`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--data file not found: {path} (download fbgemm_t856_bs65536.pt or use --synthetic)")
+def load_raw(path: str | Path, flag: str = "--data") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Load and validate a raw `(indices, offsets, lengths)` file (`.pt` or `.pt.gz`) given as `flag`."""
+    from ..core.artifacts import check_input_file
+
+    path = check_input_file(path, f"{flag} file", "download fbgemm_t856_bs65536.pt or use --synthetic"
+                            if flag == "--data" else "pass a raw DLRM ids file (.pt or .pt.gz)")
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:

@@ -56,8 +56,9 @@ class TableList:
 
 def _read_text(path: Path, flag: str) -> str:
     """A text file's contents, or one line naming why it cannot be read as UTF-8 text of a sane size."""
-    if not path.is_file():
-        raise UserError(f"{flag} file not found: {path}; pass a CSV or JSON table list (see README)")
+    from ..core.artifacts import check_input_file
+
+    check_input_file(path, f"{flag} file", "pass a CSV or JSON table list (see README)")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise UserError(f"{path}: {path.stat().st_size:,} bytes is more than a table list can be "
                         f"({MAX_FILE_BYTES:,}); pass a list of at most {MAX_TABLES:,} tables")
@@ -201,7 +202,7 @@ def tables_from_ids(path: str | Path, dims: list[int], max_mem_gb: float | None 
     """Tables from real ids (raw DLRM format) with user-given dims (one per table, or one for all)."""
     from .raw import load_raw
 
-    indices, offsets, lengths = load_raw(path)
+    indices, offsets, lengths = load_raw(path, "--ids")
     T, B = lengths.shape
     dims = list(dims)
     if len(dims) == 1:

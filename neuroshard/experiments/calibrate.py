@@ -22,14 +22,17 @@ A fine-tuned model is kept only where its held-out error is not worse than the p
    measured compute and the backward all-to-all of each group's dims (measured with the layouts).
    `--measure` measures one group in every round beside the candidates, so a machine that got faster or
    slower between calibrating and measuring shows as a ratio, and the simulated costs can be read net of it.
-The calibrated models are saved beside the plan (`calibration_path`) with a fingerprint of the
-tables, hardware, batch, device count and pre-trained models; a later run with the same
-fingerprint reuses them without measuring (`load_calibration`).
+The calibrated models are saved beside the plan (`calibration_path`) with what they were made for
+(`calibration_inputs`: the tables themselves, digests of the ids and pre-trained model files, hardware, batch,
+device count, memory and method), everything measured (`measured`) and a digest of both; a later run made
+for the same inputs reuses them without measuring (`find_calibration`), one made for other inputs is told
+what differs, and a file edited after saving is refused.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -40,7 +43,7 @@ import torch
 
 from ..core.artifacts import atomic_torch_save, load_torch, provenance
 from ..core.errors import UserError, check_int
-from ..core.types import Cluster
+from ..core.types import Cluster, implausible_ms
 from ..data.features import table_size_gb, with_dim
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..models.trainer import regression_metrics
@@ -231,24 +234,45 @@ def reference_layouts(groups: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]
             for g in groups]
 
 
-def check_reference(ref, rows, cluster: Cluster, where: str) -> list[dict]:
+def _shard_dim_ok(d: int, table_dim: int | None) -> bool:
+    """A shard's dim: a multiple of 4 up to 65536 and, with its table's dim, that dim halved 0 or more times."""
+    if not (4 <= d <= 1 << 16 and d % 4 == 0):
+        return False
+    if table_dim is None:
+        return True
+    while table_dim > d and can_split(table_dim):
+        table_dim //= 2
+    return table_dim == d
+
+
+def check_reference(ref, rows, cluster: Cluster, where: str, dims=None, measured: dict | None = None) -> list[dict]:
     """A drift reference read from a file: groups of one shard per rank of `cluster`, each a list of
-    [table < len(rows), 1 <= dim <= 65536] pairs within a device's memory, with positive finite compute and bw ms.
-    One line naming the file otherwise (`--measure` builds what it names)."""
+    [table < len(rows), dim] pairs (dim a multiple of 4 up to 65536, and with the tables' `dims` a column shard of
+    its table's) within a device's memory, with finite compute and bw ms in (0, MAX_PLAUSIBLE_MS]. With the
+    calibration's `measured` shards, every reference shard must be one of them with the compute measured for it
+    (the reference is what calibration measured, not a number edited in). One line naming the file otherwise
+    (`--measure` builds what it names)."""
     rows = np.asarray(rows, np.int64)
     N = cluster.num_devices
+    table_dim = (lambda t: int(dims[t])) if dims is not None else (lambda t: None)
     try:
         ok = isinstance(ref, list) and 1 <= len(ref) <= 100_000
         for g in ref if ok else []:
             devs = g["devices"]
             ok = ok and len(devs) == N and all(len(dev) >= 1 and all(
                 len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
-                and 0 <= x[0] < len(rows) and 1 <= x[1] <= 1 << 16 for x in dev) for dev in devs)
+                and 0 <= x[0] < len(rows) and _shard_dim_ok(x[1], table_dim(x[0])) for x in dev) for dev in devs)
             ok = ok and all(table_size_gb(rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum()
                             <= cluster.max_mem_gb * (1 + 1e-9) for dev in devs)
             for key in ("compute_ms", "bw_ms"):
                 v = np.asarray(g[key], np.float64)
-                ok = ok and v.shape == (N,) and bool(np.isfinite(v).all() and (v > 0).all())
+                ok = ok and v.shape == (N,) and implausible_ms(v, positive=True) is None
+        if ok and measured is not None:
+            by_shard = {}
+            for shard, ms in zip(measured["shards"], measured["compute_ms"]):
+                by_shard.setdefault(json.dumps(shard), []).append(float(ms))
+            ok = all(any(np.isclose(ms, c, rtol=1e-9, atol=0) for ms in by_shard.get(json.dumps(dev), []))
+                     for g in ref for dev, c in zip(g["devices"], g["compute_ms"]))
     except (TypeError, KeyError, ValueError, IndexError):
         ok = False
     if not ok:
@@ -286,21 +310,56 @@ def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, 
     return fw, bw
 
 
+def _file_digest(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest(obj) -> str:
+    """SHA-256 of plain data (lists, dicts, numbers, strings) in one canonical JSON form."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()).hexdigest()
+
+
+# what `calibration_inputs` holds, named as the notes name what differs
+INPUT_NAMES = {"tables": "tables", "ids": "ids", "hardware": "hardware", "batch_size": "batch",
+               "num_devices": "device count", "max_mem_gb": "device memory", "models": "pre-trained cost models",
+               "method": "calibration method"}
+
+
+def calibration_inputs(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_gb: float, model_paths,
+                       ids_path=None, method: str = CALIBRATION_METHOD) -> dict:
+    """What a calibration depends on, as plain data saved in it: the tables themselves (features, dims, rows),
+    digests of the ids and pre-trained model files, hardware, batch, devices, memory and calibration method.
+    Reuse compares these (`differences`), so a calibration is reused for exactly the tables it measured."""
+    return {"tables": {"features": np.asarray(task.data_features, np.float64).tolist(),
+                       "dims": [int(d) for d in task.dims], "rows": [int(r) for r in task.rows]},
+            "ids": None if ids_path is None else _file_digest(ids_path),
+            "hardware": {k: hw_desc.get(k) for k in ("device", "backend", "device_name")},
+            "batch_size": int(batch_size), "num_devices": int(num_devices), "max_mem_gb": float(max_mem_gb),
+            "models": [_file_digest(p) for p in model_paths], "method": method}
+
+
+def fingerprint_of(inputs: dict) -> str:
+    """16 hex digits naming `calibration_inputs` (shown and saved; reuse compares the inputs themselves)."""
+    return _digest(inputs)[:16]
+
+
 def fingerprint(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_gb: float, model_paths,
                 ids_path=None, method: str = CALIBRATION_METHOD) -> str:
-    """What a calibration depends on: tables (features, dims, rows; ids), hardware, batch, devices, models,
-    and the calibration method."""
-    h = hashlib.sha1()
-    for a in (task.data_features, task.dims, task.rows):
-        h.update(np.ascontiguousarray(np.asarray(a, dtype=np.float64)).tobytes())
-    for p in model_paths:
-        h.update(Path(p).read_bytes())
-    if ids_path is not None:
-        h.update(Path(ids_path).read_bytes())
-    h.update(json.dumps({"hw": {k: hw_desc.get(k) for k in ("device", "backend", "device_name")},
-                         "batch": batch_size, "N": num_devices, "mem": max_mem_gb, "method": method},
-                        sort_keys=True).encode())
-    return h.hexdigest()[:16]
+    """`fingerprint_of` the `calibration_inputs` of these arguments."""
+    return fingerprint_of(calibration_inputs(task, hw_desc, batch_size, num_devices, max_mem_gb, model_paths,
+                                             ids_path, method))
+
+
+def differences(made_for, inputs: dict) -> list[str]:
+    """What differs between the inputs a calibration was made for and these (names from INPUT_NAMES); a file
+    without them was made by an earlier release: its calibration method differs."""
+    if not isinstance(made_for, dict):
+        return [INPUT_NAMES["method"]]
+    return [name for key, name in INPUT_NAMES.items() if _digest(made_for.get(key)) != _digest(inputs.get(key))]
 
 
 def calibration_path(out) -> Path:
@@ -309,27 +368,46 @@ def calibration_path(out) -> Path:
     return out.with_name(out.stem + ".calibration.pt")
 
 
+def _content_digest(report: dict) -> str:
+    """Digest of what a calibration file says it measured and what for: a file edited after it was saved (a
+    fingerprint or reference changed by hand) no longer matches its digest."""
+    return _digest({k: report.get(k) for k in ("made_for", "measured", "reference", "config")})
+
+
 def save_calibration(path, sim: Simulator, report: dict) -> Path:
+    report = {**report, "digest": _content_digest(report)}
+    if isinstance(report.get("made_for"), dict):
+        report["fingerprint"] = fingerprint_of(report["made_for"])
     state = {name: {"kind": m.kind, "meta": m.meta, "state_dict": {k: v.detach().clone() for k, v in
                                                                   m.net.state_dict().items()}}
              for name, m in (("compute", sim.compute), ("fw", sim.fw), ("bw", sim.bw))}
     return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
 
 
-def load_calibration(path, fp: str, task=None, cluster: Cluster | None = None) -> tuple[Simulator, dict] | None:
-    """The calibrated simulator saved at `path` if its fingerprint is `fp`; None if absent or for other inputs.
-    With the `task` and `cluster` it was made for, its drift reference is checked too."""
+def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = None
+                     ) -> tuple[tuple[Simulator, dict] | None, list[str]]:
+    """(the calibrated simulator and report saved at `path`, []) when it was made for `inputs`
+    (`calibration_inputs`); (None, what differs) when it was made for other inputs; (None, []) when there is
+    no file. A file whose content no longer matches its digest is refused, and with the `task` and `cluster`
+    its drift reference is checked against the shards it measured."""
     path = Path(path)
-    if not path.is_file():
-        return None
+    if not os.path.lexists(path):
+        return None, []
     obj = load_torch(path, "calibration")
     if not isinstance(obj, dict) or obj.get("kind") != CALIBRATION_KIND or not isinstance(obj.get("models"), dict) \
             or not isinstance(obj.get("report"), dict):
         raise UserError(f"{path} is not a neuroshard calibration; delete it or choose another --out")
-    if obj["report"].get("fingerprint") != fp:
-        return None
+    report = obj["report"]
+    if "digest" in report and report["digest"] != _content_digest(report):
+        raise UserError(f"{path} was changed after it was saved (what it holds no longer matches its digest); "
+                        "delete it to calibrate again")
+    differ = differences(report.get("made_for"), inputs)
+    if differ:
+        return None, differ
     if task is not None and cluster is not None:
-        check_reference(obj["report"].get("reference"), task.rows, cluster, str(path))
+        measured = report.get("measured")
+        check_measured(measured, task, cluster, str(path))
+        check_reference(report.get("reference"), task.rows, cluster, str(path), task.dims, measured)
     models = []
     for name, cls in (("compute", ComputeCostModel), ("fw", CommCostModel), ("bw", CommCostModel)):
         entry = obj["models"].get(name)
@@ -342,7 +420,35 @@ def load_calibration(path, fp: str, task=None, cluster: Cluster | None = None) -
             raise UserError(f"{path} has non-finite weights; delete it to calibrate again")
         m.net.eval()
         models.append(m)
-    return Simulator(*models), obj["report"]
+    return (Simulator(*models), report), []
+
+
+def load_calibration(path, inputs: dict, task=None, cluster: Cluster | None = None) -> tuple[Simulator, dict] | None:
+    """The calibrated simulator saved at `path` if it was made for `inputs`; None if absent or for other inputs."""
+    return find_calibration(path, inputs, task, cluster)[0]
+
+
+def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
+    """What a calibration file says it measured: shards of the task's tables ([table, dim] pairs, column shards
+    of their tables, within a device's memory), each with a plausible compute ms; all-to-all ms per layout and
+    rank plausible too. One line naming the file otherwise."""
+    try:
+        shards, ms = measured["shards"], np.asarray(measured["compute_ms"], np.float64)
+        ok = isinstance(shards, list) and 1 <= len(shards) == len(ms) and implausible_ms(ms, positive=True) is None
+        for dev in shards if ok else []:
+            ok = ok and isinstance(dev, list) and len(dev) >= 1 and all(
+                len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+                and 0 <= x[0] < task.num_tables and _shard_dim_ok(x[1], int(task.dims[x[0]])) for x in dev)
+            ok = ok and table_size_gb(task.rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum() \
+                <= cluster.max_mem_gb * (1 + 1e-9)
+        for key in ("fw_ms", "bw_ms"):
+            v = np.asarray(measured[key], np.float64)
+            ok = ok and v.ndim == 2 and v.shape[1] == cluster.num_devices and implausible_ms(v) is None
+    except (TypeError, KeyError, ValueError, IndexError):
+        ok = False
+    if not ok:
+        raise UserError(f"{where} holds damaged measurements; delete it to calibrate again")
+    return measured
 
 
 def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: CalibrationConfig,
@@ -368,6 +474,16 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
         g["bw_ms"] = [float(v) for v in b]
     fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]
     measured_s = time.perf_counter() - t0
+    for what, values, positive in (("compute", y, True), ("forward all-to-all", fw_y, False),
+                                   ("backward all-to-all", bw_y, False)):
+        why = implausible_ms(values, positive)
+        if why:
+            raise UserError(f"calibrating measured a {what} cost that cannot be true ({why}): the timer or a worker "
+                            "failed; rerun the same command (nothing was saved)")
+    measured = {"shards": [[[int(t), int(d)] for t, d in zip(*sh)] for sh in shards],
+                "compute_ms": [float(v) for v in y],
+                "layouts": [{"dims": [int(v) for v in d], "delays_ms": [float(v) for v in w]} for d, w in layouts],
+                "fw_ms": fw_y.tolist(), "bw_ms": bw_y.tolist()}
     compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
     dims = np.stack([d for d, _ in layouts]).astype(np.float32)
     delays = np.stack([d for _, d in layouts]).astype(np.float32)
@@ -376,7 +492,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
                                  ctune, cheld, cfg, _copy)
     bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
     report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "comm_max_spread_ms": spread_ms, "reference": reference,
-              "measure_s": measured_s,
+              "measured": measured, "measure_s": measured_s,
               "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
     for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
         b, a = r["before"], r["after"]

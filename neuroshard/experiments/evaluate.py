@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import RecordLog, check_output_file, provenance
+from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
-from ..core.types import Cluster, Cost
+from ..core.types import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
@@ -89,6 +89,19 @@ def _progress_problem(r: dict, N: int) -> str | None:
     return None
 
 
+def checked_cost(cost: Cost, paths, row: dict) -> Cost:
+    """A simulated plan cost before it is written as a result: plausible (`implausible_ms`), else one line naming
+    the models that predicted it."""
+    for part, values, positive in (("compute", cost.compute_ms, False), ("forward all-to-all", cost.fw_ms, False),
+                                   ("backward all-to-all", cost.bw_ms, False), ("total", cost.per_device_ms, True)):
+        why = implausible_ms(values, positive)
+        if why:
+            raise UserError(f"the cost models ({', '.join(map(str, paths))}) predict a {part} cost that cannot be true "
+                            f"({why}) for task {row['task']}'s {row['alg']} plan; retrain them on more cost data "
+                            "(train_compute_cost_model.py / train_comm_cost_model.py)")
+    return cost
+
+
 def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordLog:
     """The progress log; one holding records that are not measured plans is set aside (`PATH.bad`) with one
     line, and its good records carried into a new log, so a bad log never blocks a rerun."""
@@ -99,7 +112,7 @@ def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordL
         return log
     good = [r for i, r in enumerate(log.records, 1) if i not in dict(problems)]
     log.close()
-    aside = path.with_name(path.name + ".bad")
+    aside = fresh_path(path, ".bad")  # an earlier run's .bad file is kept
     os.replace(path, aside)
     print(f"note: {path} record #{problems[0][0]} is not a measured plan ({problems[0][1]}; {len(problems)} such "
           f"record(s)): set the log aside as {aside}, keeping its {len(good)} good record(s); the rest are measured "
@@ -127,7 +140,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     sim = _simulator(paths, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
     rows = []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
-        cost = None if res.oom else sim.plan_cost(task, res.plan, cluster)
+        cost = None if res.oom else checked_cost(sim.plan_cost(task, res.plan, cluster), paths, row)
         row.update(oom=cost is None, cost_ms=cost.cost_ms if cost else float("nan"),
                    compute_ms=cost.compute_ms if cost else None, fw_ms=cost.fw_ms if cost else None,
                    bw_ms=cost.bw_ms if cost else None)
@@ -169,7 +182,8 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
     rows, plans = [], {}
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
-        row["sim_cost_ms"] = sim.plan_cost(task, res.plan).cost_ms if sim is not None and not res.oom else float("nan")
+        row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row).cost_ms \
+            if sim is not None and not res.oom else float("nan")
         rows.append(row)
         if not res.oom:
             plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
@@ -194,6 +208,11 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
               + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
 
         def on_result(key, cost: Cost, round_costs):
+            why = implausible_ms(cost.per_device_ms, positive=True) or implausible_ms(round_costs, positive=True)
+            if why:
+                raise UserError(f"task {key[1]}'s {key[0]} plan measured a cost that cannot be true ({why}): a timer "
+                                f"or rank failed; rerun the same command (the {len(log.records)} plans measured "
+                                f"before it are kept in {progress_path})")
             log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": cost.compute_ms,
                         "fw_ms": cost.fw_ms, "bw_ms": cost.bw_ms, "round_costs": list(round_costs)})
             measured[key] = cost

@@ -12,22 +12,26 @@ per table, writes `--out plan.json`, and optionally
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.artifacts import atomic_write_text, check_output_file, provenance
+from ..core.artifacts import (OutputLock, atomic_write_text, check_input_file, check_outputs, fresh_path,
+                              provenance)
 from ..core.config import ShardTablesConfig
 from ..core.errors import UserError
-from ..core.types import Cluster, Cost
+from ..core.types import Cluster, Cost, implausible_ms
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..sharding.plan import ShardingPlan
-from ..sharding.plan_file import PLAN_KIND
+from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX
 from ..sharding.registry import expand_algs, make_sharder, shard_task
 from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
 from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
-from .calibrate import (CalibrationConfig, calibrate, calibration_path, fingerprint, load_calibration,
+from .calibrate import (CalibrationConfig, calibrate, calibration_inputs, calibration_path, find_calibration,
                         save_calibration)
 from .measure import MeasureConfig, candidate_plans, measure_candidates
 from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
@@ -37,18 +41,23 @@ MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B eac
 MEASURE_BYTES_PER_LOOKUP = 64
 
 
-def _models_hint(N: int) -> str:
-    return (f"train them with `make reproduce` (4 devices) or steps 3-4: python collect_compute_cost_data.py && "
-            f"python train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices {N} && "
-            f"python train_comm_cost_model.py --ndevices {N}; or pass --compute_model/--fw_comm_model/--bw_comm_model")
+def _models_hint(N: int, mp_keep: float | None = None) -> str:
+    """The commands that make the cost models this run looks for (DCT-MP's comm models with `mp_keep`)."""
+    mp = "" if mp_keep is None else f" --mp_keep {mp_keep:g}"
+    make = "" if mp_keep is not None else "`make reproduce` (4 devices) or "
+    return (f"train them with {make}steps 3-4: python collect_compute_cost_data.py && "
+            f"python train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices {N}{mp} && "
+            f"python train_comm_cost_model.py --ndevices {N}{mp}; or pass --compute_model/--fw_comm_model/--bw_comm_model")
 
 
 def _simulator(paths, N: int, required: bool, mp_keep: float | None = None) -> Simulator | None:
-    missing = [str(p) for p in paths if not Path(p).is_file()]
+    missing = [str(p) for p in paths if not os.path.lexists(p)]
     if missing:
         if required:
-            raise UserError(f"cost models not found: {', '.join(missing)}; {_models_hint(N)}")
+            raise UserError(f"cost models not found: {', '.join(missing)}; {_models_hint(N, mp_keep)}")
         return None
+    for p in paths:  # a folder, FIFO or device in a model's place: named as such
+        check_input_file(p, "cost model", _models_hint(N, mp_keep))
     return Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
 
 
@@ -88,6 +97,18 @@ def table_report(tl: TableList, plan: ShardingPlan) -> str:
     return _table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows)
 
 
+def check_predicted(cost: Cost | None, what: str, fix: str) -> None:
+    """The costs the models predict for a plan, before they are printed or written: finite, not negative, a
+    positive total per device and at most MAX_PLAUSIBLE_MS (`implausible_ms`); one line naming them otherwise."""
+    if cost is None:
+        return
+    for part, values, positive in (("compute", cost.compute_ms, False), ("forward all-to-all", cost.fw_ms, False),
+                                   ("backward all-to-all", cost.bw_ms, False), ("total", cost.per_device_ms, True)):
+        why = implausible_ms(values, positive)
+        if why:
+            raise UserError(f"{what} predict a {part} cost that cannot be true ({why}) for this plan; {fix}")
+
+
 def _predicted(cost: Cost | None, batch: int) -> dict | None:
     return None if cost is None else {"batch_size": batch, "cost_ms": cost.cost_ms, "compute_ms": cost.compute_ms.tolist(),
                                       "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()}
@@ -101,11 +122,12 @@ def _coverage_note(sim: Simulator | None, plan, cost) -> None:
 
 def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, batch: int, paths,
                          cfg: ShardTablesConfig) -> tuple[Simulator, dict | None]:
-    """The simulator to plan with: calibrated models beside `--out` when they fit these tables and this
-    hardware (reused), newly calibrated ones with `--calibrate K`, else the pre-trained models."""
+    """The simulator to plan with: calibrated models beside `--out` when they were made for these tables, this
+    hardware and these models (reused), newly calibrated ones with `--calibrate K`, else the pre-trained models."""
     path = calibration_path(cfg.out)
-    fp = fingerprint(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths, cfg.ids)
-    found = load_calibration(path, fp, tl.task, cluster)
+    inputs = calibration_inputs(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths,
+                                cfg.ids)
+    found, differ = find_calibration(path, inputs, tl.task, cluster)
     ccfg = None if cfg.calibrate is None else \
         CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
@@ -113,16 +135,42 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
         print(f"reusing the calibrated cost models in {path} (same tables, hardware and models; held-out compute "
               f"MAPE {100 * c['before']['mape']:.1f}% -> {100 * c['after']['mape']:.1f}%)")
         return found[0], {k: v for k, v in found[1].items() if k != "provenance"}
+    other = (f"was calibrated for other tables, hardware or models ({', '.join(differ)} differ)" if differ else
+             "was calibrated with another --calibrate K, --calibrate_comm or --seed")
     if cfg.calibrate is None:
-        if path.is_file():
-            print(f"note: {path} was calibrated for other tables, hardware or models, or by an earlier calibration "
-                  f"method; not used (pass --calibrate K)")
+        if differ:
+            print(f"note: {path} {other}; not used (pass --calibrate K to replace it)")
         return sim, None
+    if found is not None or differ:
+        print(f"note: replacing {path}, which {other}")
     calibrated, report = calibrate(sim, tl, cluster, hw, batch, ccfg, cfg.ids)
-    report["fingerprint"] = fp
-    save_calibration(path, calibrated, report)
-    print(f"calibrated cost models saved to {path}")
-    return calibrated, {k: v for k, v in report.items() if k != "provenance"}
+    report["made_for"] = inputs
+    saved = save_calibration_somewhere(path, calibrated, report, cfg)
+    report["saved_to"] = None if saved is None else str(saved)
+    return calibrated, {k: v for k, v in report.items() if k not in ("provenance", "made_for")}
+
+
+def save_calibration_somewhere(path: Path, calibrated: Simulator, report: dict, cfg: ShardTablesConfig) -> Path | None:
+    """Save a new calibration beside `--out`; when that write fails (a full disk) save it in the temporary folder
+    instead, and failing that keep it for this run only (its measurements still go into the plan file). Minutes
+    of measuring are never lost to a failed save: one line says what was saved where. Returns where, or None."""
+    try:
+        save_calibration(path, calibrated, report)
+        print(f"calibrated cost models saved to {path}")
+        return path
+    except UserError as e:
+        why = "disk full" if str(e).startswith("disk full") else str(e).split(";")[0]
+    spare = fresh_path(Path(tempfile.gettempdir()) / f"neuroshard-{path.name}", "")
+    try:
+        save_calibration(spare, calibrated, report)
+        print(f"warning: could not save the calibration to {path} ({why}); saved it to {spare} instead and planned "
+              f"with it: move it back (mv {spare} {path}) and later runs reuse it", file=sys.stderr)
+        return spare
+    except UserError:
+        print(f"warning: could not save the calibration to {path} ({why}) nor to {spare}: planned with it, and its "
+              f"measurements go into {cfg.out} (calibration.measured); free some space and rerun with --calibrate "
+              f"{cfg.calibrate} to save it", file=sys.stderr)
+        return None
 
 
 def shard_tables(cfg: ShardTablesConfig) -> dict:
@@ -134,12 +182,29 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
         raise UserError(f"--alg takes one algorithm here, got {alg!r}")
     if cfg.measure:
         cluster.need_peers()
+    with OutputLock(check_run_outputs(cfg)):
+        return _shard_tables(cfg, cluster)
+
+
+CALIBRATION_LABEL = "the calibration file beside --out"
+
+
+def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
+    """Before any work: the files this run writes (--out, --torchrec_plan, with --calibrate the calibration file
+    beside --out) can be written, name no file twice and replace no input. Returns them for the lock."""
+    cal = calibration_path(cfg.out)
+    inputs = {"--tables": cfg.tables, "--ids": cfg.ids, "--compute_model": cfg.models.compute_model,
+              "--fw_comm_model": cfg.models.fw_comm_model, "--bw_comm_model": cfg.models.bw_comm_model}
+    if cfg.alg.startswith(PLAN_PREFIX):
+        inputs["--alg"] = cfg.alg[len(PLAN_PREFIX):]
+    return check_outputs({"--out": cfg.out, "--torchrec_plan": cfg.torchrec_plan,
+                          CALIBRATION_LABEL: cal if cfg.calibrate is not None else None}, inputs,
+                         {CALIBRATION_LABEL: "move it away or choose another --out"})
+
+
+def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
+    alg, ndevices, max_mem, seed, search = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search
     out, torchrec_plan = cfg.out, cfg.torchrec_plan
-    check_output_file(out, "--out")
-    check_output_file(torchrec_plan, "--torchrec_plan")
-    if torchrec_plan and Path(out).resolve() == Path(torchrec_plan).resolve():
-        raise UserError(f"--out and --torchrec_plan both name {out}; the TorchRec plan would replace the plan: give "
-                        "each its own file")
     if cfg.tables is not None:
         tl = load_table_list(cfg.tables, max_mem)
     else:
@@ -164,10 +229,16 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)
     if res.plan is None or res.oom:
+        other = "" if alg == "neuroshard" else ", or try --alg neuroshard"
         raise UserError(f"--alg {alg} found no plan within {ndevices} x {max_mem:g} GB for "
-                        f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem, add devices, or try --alg neuroshard")
+                        f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem or add devices{other}")
     plan = res.plan
     cost = sim.plan_cost(tl.task, plan) if sim else None
+    models_fix = (f"delete {calibration_path(out)} and calibrate again (--calibrate K)" if calibration is not None
+                  else "retrain them on more cost data or fine-tune them to these tables (--calibrate K)")
+    check_predicted(cost, "the calibrated cost models" if calibration is not None else "the cost models",
+                    models_fix + ("; or plan without cost models (e.g. --alg size_lookup_greedy)"
+                                  if alg != "neuroshard" or calibration is None else ""))
     print(f"\nper device ({'predicted at batch ' + str(batch) + ' by the cost models' if sim else 'no cost models'}"
           f"; * = critical device), planned in {res.search_s:.2f} s")
     print(device_report(tl, plan, cluster, cost))
@@ -190,11 +261,13 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
                                       reference=(calibration or {}).get("reference"))
+        check_measured_rows(measured["candidates"])
         best = cands[measured["best_index"]]
         report["measured"] = measured
         if plan_key(best.plan) != plan_key(plan):
             plan = best.plan
             cost = sim.plan_cost(tl.task, plan) if sim else None
+            check_predicted(cost, "the cost models", models_fix)
             print(f"\nwritten plan: the measured best ({'/'.join(best.names)}); per device and per table:")
             print(device_report(tl, plan, cluster, cost))
             print("\nper table\n" + table_report(tl, plan))
@@ -213,6 +286,18 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
         print(f"TorchRec plan written to {torchrec_plan} (load it with "
               "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
     return report
+
+
+def check_measured_rows(rows: list[dict]) -> None:
+    """Measured costs before they are written as results: each candidate's cost and parts plausible
+    (`implausible_ms`); a timer or rank that failed gives one line, not a plan chosen on numbers that cannot be."""
+    for r in rows:
+        parts = r.get("measured_parts_ms")
+        for values, positive in ((r["measured_ms"], True), (parts, False)):
+            why = None if values is None else implausible_ms(values, positive)
+            if why:
+                raise UserError(f"--measure measured a cost that cannot be true for {'/'.join(r['names'])} ({why}): "
+                                "a timer or rank failed; rerun the same command")
 
 
 def check_measure_budget(tl: TableList, batch: int) -> None:

@@ -26,9 +26,9 @@ MAX_PLAN_FILE_BYTES = 64 << 20
 
 def read_plan_file(path: str | Path) -> dict:
     """The plan in FILE as a TorchRec plan spec (checked: every column placed once on a real rank)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"plan file not found: {path}; write one with tools/shard_tables.py --out or --torchrec_plan")
+    from ..core.artifacts import check_input_file
+
+    path = check_input_file(path, "plan file", "write one with tools/shard_tables.py --out or --torchrec_plan")
     if path.stat().st_size > MAX_PLAN_FILE_BYTES:
         raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a plan file "
                         f"(limit {MAX_PLAN_FILE_BYTES:,})")

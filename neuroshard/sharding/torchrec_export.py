@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.artifacts import atomic_write_text, provenance
+from ..core.artifacts import atomic_write_text, check_input_file, provenance
 from ..core.errors import UserError
 from .plan import ShardingPlan
 
@@ -163,9 +163,7 @@ def write_torchrec_plan(path: str | Path, spec: dict, **made_with) -> Path:
 
 def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda"):
     """Read a `--torchrec_plan` file and build the TorchRec `ShardingPlan` from it."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"TorchRec plan not found: {path}; write one with tools/shard_tables.py --torchrec_plan")
+    path = check_input_file(path, "TorchRec plan", "write one with tools/shard_tables.py --torchrec_plan")
     if path.stat().st_size > MAX_PLAN_BYTES:
         raise UserError(f"{path}: {path.stat().st_size:,} bytes is more than a plan file can be ({MAX_PLAN_BYTES:,}); "
                         "rewrite it with tools/shard_tables.py --torchrec_plan")

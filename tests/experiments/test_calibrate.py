@@ -9,8 +9,9 @@ from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.experiments.calibrate import (MIN_SPREAD_MS, CalibrationConfig, _split, calibrate,
-                                              calibration_path, check_reference, comm_layouts, fingerprint,
-                                              load_calibration, sample_user_shards, save_calibration)
+                                              calibration_inputs, calibration_path, check_reference, comm_layouts,
+                                              find_calibration, load_calibration, sample_user_shards,
+                                              save_calibration)
 from neuroshard.data.features import table_size_gb
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
@@ -111,18 +112,18 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
         r = report[name]
         assert r["kept"] == (r["after"]["mape"] <= r["before"]["mape"])
 
-    fp = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths)
+    fp = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths)
     path = calibration_path(tmp_path / "plan.json")
     assert path.name == "plan.calibration.pt"
-    save_calibration(path, cal, {**report, "fingerprint": fp})
+    save_calibration(path, cal, {**report, "made_for": fp})
     again, rep = load_calibration(path, fp)
     feats = np.concatenate([np.full((1, 1), 64.0), tl.task.data_features[:1]], axis=1)
     assert np.allclose(again.compute.embed(feats), cal.compute.embed(feats))
     assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
-    other = fingerprint(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
-    assert other != fp and load_calibration(path, other) is None
-    older = fingerprint(tl.task, hw.describe(), 256, 2, 0.02, paths, method="v2: an earlier fine-tuning")
-    assert older != fp and load_calibration(path, older) is None  # a calibration by another method is not reused
+    other = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
+    assert find_calibration(path, other) == (None, ["device memory"])
+    older = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths, method="v2: an earlier fine-tuning")
+    assert find_calibration(path, older) == (None, ["calibration method"])  # another method's: not reused
 
     # the drift reference: the 8 held-out shards, in groups of one per rank, with the costs calibration measured
     ref = report["reference"]
@@ -143,7 +144,7 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
                 [{**ref[0], "devices": [[[-1, 8]], [[0, 8]]]}], [{"devices": "x"}], "x", None):
         with pytest.raises(UserError, match="damaged drift reference"):
             check_reference(bad, tl.rows, cluster, "plan.calibration.pt")
-        save_calibration(path, cal, {**report, "fingerprint": fp, "reference": bad})
+        save_calibration(path, cal, {**report, "made_for": fp, "reference": bad})
         with pytest.raises(UserError, match="damaged drift reference"):
             load_calibration(path, fp, tl.task, cluster)
 
@@ -160,8 +161,8 @@ def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_f
     assert np.allclose(fw.predict_np(x) - sim.fw.predict_np(x), [[30.0, 0.0]])  # rank 0 waits 30 ms for rank 1
     (tmp_path / "t.csv").write_text(TABLES)
     tl = load_table_list(tmp_path / "t.csv")
-    fp = fingerprint(tl.task, resolve_hardware("cpu", "auto").describe(), 256, 2, 0.02, paths)
-    save_calibration(tmp_path / "plan.calibration.pt", Simulator(sim.compute, fw, sim.bw), {"fingerprint": fp})
+    fp = calibration_inputs(tl.task, resolve_hardware("cpu", "auto").describe(), 256, 2, 0.02, paths)
+    save_calibration(tmp_path / "plan.calibration.pt", Simulator(sim.compute, fw, sim.bw), {"made_for": fp})
     back, _ = load_calibration(tmp_path / "plan.calibration.pt", fp)
     assert back.fw.wait_term and not back.bw.wait_term and np.allclose(back.fw.predict_np(x), fw.predict_np(x))
 
@@ -172,14 +173,14 @@ def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
     for obj in hostile_objects(marker):
         torch.save(obj, path)
         with pytest.raises(UserError):
-            load_calibration(path, "x")
+            load_calibration(path, {})
         assert not marker.exists()
-    torch.save({"kind": "neuroshard.calibration", "report": {"fingerprint": "x"}, "models": {"compute": {}}}, path)
+    torch.save({"kind": "neuroshard.calibration", "report": {"made_for": {}}, "models": {"compute": {}}}, path)
     with pytest.raises(UserError, match="damaged"):
-        load_calibration(path, "x")
+        load_calibration(path, {})
     path.write_bytes(b"not a torch file")
     with pytest.raises(UserError):
-        load_calibration(path, "x")
+        load_calibration(path, {})
 
 
 def test_calibration_measures_the_all_to_all_its_comm_models_know(tmp_path, monkeypatch):

@@ -1,0 +1,61 @@
+"""benchmarks/real_tables.py checks everything cheap before it calibrates for minutes (issue 39), in-process:
+a budget that is not a number, an unknown table set, too few devices, an --out_dir it cannot write or one
+another run is writing: one line, exit 2, nothing written, no models loaded."""
+import importlib.util
+import os
+import signal
+
+import pytest
+
+from neuroshard.core.artifacts import OutputLock
+from neuroshard.core.cli import run_main
+
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("real_tables_script", ROOT / "benchmarks" / "real_tables.py")
+real_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(real_tables)
+
+
+def _run(capsys, monkeypatch, *argv):
+    def no_work(*a, **k):
+        raise AssertionError("work started before the checks")
+
+    monkeypatch.setattr(real_tables, "measure_sets", no_work)
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(real_tables.main, [str(a) for a in argv])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return e.value.code, lines[0]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--measure_budget_s", "nan"], "--measure_budget_s must be a finite number > 0, got nan"),
+    (["--measure_budget_s", "-5"], "--measure_budget_s must be a finite number > 0"),
+    (["--measure_budget_s", "soon"], "argument --measure_budget_s: invalid float value: 'soon'"),
+    (["--sets", "criteo_kaggle,criteo_tb"], "--sets: unknown table set 'criteo_tb'; choose from criteo_kaggle, "),
+    (["--sets", "criteo_kaggle,"], "--sets has an empty entry"),
+    (["--ndevices", "1"], "--ndevices must be >= 2"),
+    (["--max_mem", "inf"], "--max_mem must be a finite number"),
+    (["--num_iter", "0"], "--num_iter must be"),
+])
+def test_bad_flags_get_one_line_before_any_work(capsys, monkeypatch, tmp_path, args, words):
+    code, line = _run(capsys, monkeypatch, *args, "--out_dir", tmp_path / "out")
+    assert code == 2 and words in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_it_cannot_write_or_another_run_holds_gets_one_line(capsys, monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("x")
+    code, line = _run(capsys, monkeypatch, "--out_dir", tmp_path / "file")
+    assert code == 2 and f"--out_dir {tmp_path}/file: cannot write results there" in line
+    out = tmp_path / "out"
+    with OutputLock([("--out_dir", out / "real_tables.md")]):
+        code, line = _run(capsys, monkeypatch, "--out_dir", out)
+    assert code == 2 and f"is being written by another run (pid {os.getpid()})" in line
+    assert os.listdir(out) == []

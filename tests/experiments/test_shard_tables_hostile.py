@@ -1,0 +1,316 @@
+"""tools/shard_tables.py under hostile input and faults (issue 39), run in-process: outputs that collide or cannot
+be written and a second run on one --out stop before any work with one line; a calibration whose save fails
+is kept (saved elsewhere, or its measurements in the plan) and the plan is still written; costs that cannot be
+true are never printed or written; a calibration is reused for what it measured, replaced with a note, and
+refused when edited; fix lines name commands that work."""
+import errno
+import functools
+import importlib.util
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+import neuroshard.experiments.calibrate as cal_mod
+import neuroshard.experiments.plan_tables as pt
+from neuroshard.core.artifacts import OutputLock
+from neuroshard.core.cli import run_main
+from neuroshard.core.errors import UserError, write_error
+from neuroshard.core.types import Cluster, Cost
+from neuroshard.data.table_list import load_table_list
+from neuroshard.experiments.calibrate import (calibration_inputs, check_reference, find_calibration,
+                                              save_calibration)
+from neuroshard.hardware.backends import resolve_hardware
+from neuroshard.sharding.simulator import Simulator
+
+from analytic_models import save_hand_models
+from conftest import ROOT, files_under
+
+TABLES = """name,rows,dim,pooling_factor
+user,18000,64,6
+item,25000,64,1
+city,900,16,1
+history,2500,32,18
+day,400,8,1
+tags,7000,32,3
+"""
+
+pytestmark = pytest.mark.filterwarnings("ignore::scipy.stats.ConstantInputWarning")  # hand models' flat predictions
+
+_spec = importlib.util.spec_from_file_location("shard_tables_script", ROOT / "tools" / "shard_tables.py")
+script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(script)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLES)
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    args = ["--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.02, "--device", "cpu",
+            "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
+            "--bw_comm_model", models / "comm_2_bw.pt"]
+    return tmp_path, [str(a) for a in args]
+
+
+def run(capsys, *argv):
+    """tools/shard_tables.py ARGV in this process: (exit code, stdout, stderr)."""
+    import signal
+
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(script.main, [str(a) for a in argv], interrupted="interrupted: nothing was written")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def one_error(err: str) -> str:
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def fake_measuring(monkeypatch):
+    """Calibration measures nothing: a shard costs 0.5 ms + 1 ms per 32 columns, an all-to-all grows with its dims."""
+    calls = []
+
+    def shards(ds, hw, batch_size, shards, warmup, iters):
+        calls.append(len(shards))
+        return np.array([0.5 + sum(d for d in dims) / 32.0 for _, dims in shards])
+
+    def layouts(layouts, N, batch_size, device, warmup, iters, mp_keep=None):
+        dims = np.array([d for d, _ in layouts], np.float64)
+        return 0.5 + dims / 64.0, 0.4 + dims / 80.0
+
+    monkeypatch.setattr(pt, "CalibrationConfig", functools.partial(cal_mod.CalibrationConfig, steps=20))
+    monkeypatch.setattr(cal_mod, "measure_shards", shards)
+    monkeypatch.setattr(cal_mod, "measure_layouts", layouts)
+    return calls
+
+
+def _no_work(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("work started before the outputs were checked")
+
+    monkeypatch.setattr(pt, "load_table_list", refuse)
+    monkeypatch.setattr(pt, "calibrate", refuse)
+
+
+# ----------------------------------------------------------------------------- outputs, before any work
+
+def test_outputs_that_collide_are_refused_before_any_work(setup, capsys, monkeypatch):
+    tmp, args = setup
+    _no_work(monkeypatch)
+    before = files_under(tmp)
+    cases = [(["--out", tmp / "p.json", "--torchrec_plan", tmp / "p.calibration.pt", "--calibrate", 15],
+              "--torchrec_plan and the calibration file beside --out both name"),
+             (["--out", tmp / "p.json", "--torchrec_plan", tmp / "p.json"], "--out and --torchrec_plan both name"),
+             (["--out", tmp / "t.csv"], "--out {}/t.csv is also the input --tables; writing it would replace"),
+             (["--out", tmp / "p.json", "--torchrec_plan", tmp / "models/compute.pt"],
+              "is also the input --compute_model")]
+    for extra, words in cases:
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 2 and words.format(tmp) in one_error(err), err
+    assert files_under(tmp) == before
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work(setup, capsys, monkeypatch):
+    tmp, args = setup
+    _no_work(monkeypatch)
+    (tmp / "p.calibration.pt").mkdir()
+    os.mkfifo(tmp / "fifo.json")
+    cases = [(["--out", tmp / "p.json", "--calibrate", 15],
+              "the calibration file beside --out {}/p.calibration.pt is a folder; move it away or choose another --out"),
+             (["--out", tmp / "t.csv" / "p.json"], "--out {0}/t.csv/p.json: {0}/t.csv is a file, not a folder"),
+             (["--out", tmp / "models"], "--out {}/models is a folder; choose another --out"),
+             (["--out", tmp / "fifo.json"], "is a FIFO (named pipe), not a file to write; choose another --out"),
+             (["--out", "/proc/neuroshard/p.json"], "--out /proc/neuroshard/p.json: cannot write there")]
+    for extra, words in cases:
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 2 and words.format(tmp) in one_error(err), err
+    assert not (tmp / "p.json").exists() and not list(tmp.glob(".*"))
+
+
+def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
+    tmp, args = setup
+    with OutputLock([("--out", tmp / "p.json")]):  # the first run, still running
+        code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")
+    assert code == 2 and "--out {}/p.json is being written by another run (pid {})".format(tmp, os.getpid()) \
+        in one_error(err) and "choose another --out" in err
+    assert not (tmp / "p.json").exists()
+    code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")  # after it: runs
+    assert code == 0 and (tmp / "p.json").is_file() and not (tmp / ".p.json.lock").exists()
+
+
+# ----------------------------------------------------------------------------- fix lines
+
+def test_fix_lines_name_commands_that_work(setup, capsys):
+    tmp, args = setup
+    code, out, err = run(capsys, "--tables", tmp / "t.csv", "--ndevices", 2, "--mp_keep", 0.25,
+                         "--compute_model", tmp / "models/compute.pt", "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and "comm_2_mp0.25_fw.pt" in line
+    assert "collect_comm_cost_data.py --ndevices 2 --mp_keep 0.25" in line
+    assert "train_comm_cost_model.py --ndevices 2 --mp_keep 0.25" in line and "make reproduce" not in line
+    code, out, err = run(capsys, *args, "--max_mem", 0.001, "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and "--alg neuroshard found no plan" in line and "try --alg neuroshard" not in line
+    code, out, err = run(capsys, *args, "--max_mem", 0.001, "--alg", "dim_greedy", "--out", tmp / "p.json")
+    assert code == 2 and "or try --alg neuroshard" in one_error(err)
+    assert not (tmp / "p.json").exists()
+
+
+# ----------------------------------------------------------------------------- costs that cannot be true
+
+@pytest.mark.parametrize("bad", [1e30, -0.016, float("nan")])
+def test_predicted_costs_that_cannot_be_true_are_never_written(setup, capsys, monkeypatch, bad):
+    tmp, args = setup
+    real = Simulator.plan_cost
+
+    def plan_cost(self, task, plan, cluster=None):
+        c = real(self, task, plan, cluster)
+        return Cost(np.full_like(c.compute_ms, bad), c.fw_ms, c.bw_ms)
+
+    monkeypatch.setattr(Simulator, "plan_cost", plan_cost)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and "the cost models predict a compute cost that cannot be true" in line, line
+    assert "--calibrate K" in line and "per device" not in out
+    assert not (tmp / "p.json").exists()
+
+
+# ----------------------------------------------------------------------------- calibration files
+
+def test_a_failed_calibration_save_keeps_the_calibration_and_writes_the_plan(setup, capsys, monkeypatch,
+                                                                             fake_measuring):
+    tmp, args = setup
+    spare_dir = tmp / "spare"
+    spare_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spare_dir))
+    real = pt.save_calibration
+
+    def disk_full_beside_out(path, sim, report):
+        if path.parent == tmp:
+            raise write_error(OSError(errno.ENOSPC, "No space left on device"), path)
+        return real(path, sim, report)
+
+    monkeypatch.setattr(pt, "save_calibration", disk_full_beside_out)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)
+    assert code == 0, err
+    spare = spare_dir / "neuroshard-p.calibration.pt"
+    warn = [l for l in err.splitlines() if l.startswith("warning:")]
+    assert warn == [f"warning: could not save the calibration to {tmp}/p.calibration.pt (disk full); saved it to "
+                    f"{spare} instead and planned with it: move it back (mv {spare} {tmp}/p.calibration.pt) and later "
+                    "runs reuse it"], err
+    rec = json.loads((tmp / "p.json").read_text())
+    assert rec["calibration"]["saved_to"] == str(spare) and len(rec["calibration"]["measured"]["compute_ms"]) == 15
+    os.replace(spare, tmp / "p.calibration.pt")  # as the line says: later runs reuse it
+    code, out, err = run(capsys, *args, "--out", tmp / "p2.json")
+    assert code == 0 and "reusing the calibrated cost models" not in out  # beside p2.json: not this one
+    os.replace(tmp / "p.calibration.pt", tmp / "p2.calibration.pt")
+    code, out, err = run(capsys, *args, "--out", tmp / "p2.json")
+    assert code == 0 and "reusing the calibrated cost models" in out, out + err
+
+    # no space anywhere: the plan still holds every measurement
+    monkeypatch.setattr(pt, "save_calibration", lambda path, sim, report: (_ for _ in ()).throw(
+        write_error(OSError(errno.ENOSPC, "No space left on device"), path)))
+    code, out, err = run(capsys, *args, "--out", tmp / "p3.json", "--calibrate", 15, "--calibrate_comm", 15)
+    assert code == 0, err
+    warn = [l for l in err.splitlines() if l.startswith("warning:")]
+    assert len(warn) == 1 and "nor to" in warn[0] and f"go into {tmp}/p3.json (calibration.measured)" in warn[0]
+    rec = json.loads((tmp / "p3.json").read_text())
+    assert rec["calibration"]["saved_to"] is None and len(rec["calibration"]["measured"]["shards"]) == 15
+    assert not (tmp / "p3.calibration.pt").exists() and not list(tmp.glob(".*.tmp"))
+
+
+def test_a_calibration_for_other_tables_is_replaced_with_a_note(setup, capsys, fake_measuring):
+    tmp, args = setup
+    assert run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)[0] == 0
+    (tmp / "t2.csv").write_text(TABLES.replace("tags,7000", "tags,9000"))
+    other = [a if a != str(tmp / "t.csv") else str(tmp / "t2.csv") for a in args]
+    code, out, err = run(capsys, *other, "--out", tmp / "p.json")
+    notes = [l for l in out.splitlines() if l.startswith("note:") and "calibrat" in l]
+    assert code == 0 and notes == [f"note: {tmp}/p.calibration.pt was calibrated for other tables, hardware or models "
+                                   "(tables differ); not used (pass --calibrate K to replace it)"], out
+    code, out, err = run(capsys, *other, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)
+    notes = [l for l in out.splitlines() if l.startswith("note:") and "calibrat" in l]
+    assert code == 0 and notes == [f"note: replacing {tmp}/p.calibration.pt, which was calibrated for other tables, "
+                                   "hardware or models (tables differ)"], out
+    assert fake_measuring == [15, 15]
+    code, out, err = run(capsys, *other, "--out", tmp / "p.json")
+    assert "reusing the calibrated cost models" in out
+
+
+def _calibration(tmp, capsys, args):
+    assert run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)[0] == 0
+    path = tmp / "p.calibration.pt"
+    return path, torch.load(path, weights_only=True)
+
+
+def test_reuse_is_decided_by_what_was_measured_not_an_edited_string(setup, capsys, fake_measuring):
+    tmp, args = setup
+    path, obj = _calibration(tmp, capsys, args)
+    tl = load_table_list(tmp / "t.csv")
+    hw = resolve_hardware("cpu", "auto").describe()
+    paths = [tmp / "models/compute.pt", tmp / "models/comm_2_fw.pt", tmp / "models/comm_2_bw.pt"]
+    mine = calibration_inputs(tl.task, hw, 256, 2, 0.02, paths)
+    (tmp / "t2.csv").write_text(TABLES.replace("user,18000", "user,21000"))
+    theirs = calibration_inputs(load_table_list(tmp / "t2.csv").task, hw, 256, 2, 0.02, paths)
+    # the fingerprint string edited to the other task's: still made for these tables, so not reused for those
+    obj["report"]["fingerprint"] = cal_mod.fingerprint_of(theirs)
+    torch.save(obj, path)
+    assert find_calibration(path, theirs)[1] == ["tables"]
+    # what it was made for edited too: the content no longer matches its digest
+    obj["report"]["made_for"] = theirs
+    torch.save(obj, path)
+    with pytest.raises(UserError, match="was changed after it was saved .*delete it to calibrate again"):
+        find_calibration(path, theirs)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    assert code == 2 and "was changed after it was saved" in one_error(err) and not out.count("per device")
+    assert find_calibration(tmp / "none.pt", mine) == (None, [])
+
+
+def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake_measuring):
+    tmp, args = setup
+    path, obj = _calibration(tmp, capsys, args)
+    report = obj["report"]
+    tl = load_table_list(tmp / "t.csv")
+    cluster = Cluster(2, 0.02)
+    check_reference(report["reference"], tl.rows, cluster, "f", tl.task.dims, report["measured"])
+    first = report["reference"][0]
+    (t, d), rest = first["devices"][0][0], first["devices"][0][1:]
+    for bad in ({**first, "compute_ms": [v * 3 for v in first["compute_ms"]]},  # a false drift of x3
+                {**first, "devices": [[[t, d - 2], *rest], first["devices"][1]]},  # not a multiple of 4
+                {**first, "devices": [[[t, d * 2], *rest], first["devices"][1]]} if d * 2 > tl.task.dims[t] else None,
+                {**first, "bw_ms": [1e9, 1.0]}):
+        if bad is None:
+            continue
+        with pytest.raises(UserError, match="damaged drift reference"):
+            check_reference([bad], tl.rows, cluster, "f", tl.task.dims, report["measured"])
+        # saved by the program itself (so its digest matches): still refused when read, before any planning
+        save_calibration(path, Simulator.load(*(tmp / "models" / n for n in ("compute.pt", "comm_2_fw.pt",
+                                                                           "comm_2_bw.pt")), num_devices=2),
+                         {**report, "reference": [bad, *report["reference"][1:]]})
+        code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+        assert code == 2 and f"{path} holds a damaged drift reference; delete it" in one_error(err)
+    report = {**report, "measured": {**report["measured"], "compute_ms": [-1.0] * 15}}
+    with pytest.raises(UserError, match="holds damaged measurements"):
+        cal_mod.check_measured(report["measured"], tl.task, cluster, "f")
+
+
+def test_eval_simulator_never_writes_a_simulated_cost_that_cannot_be_true():
+    from neuroshard.experiments.evaluate import checked_cost
+
+    good = Cost(np.array([1.0, 2.0]), np.array([0.5, 0.5]), np.array([0.2, 0.0]))
+    assert checked_cost(good, ["m.pt"], {"task": 3, "alg": "neuroshard"}) is good
+    for bad in (Cost(np.array([1e30, 1.0]), good.fw_ms, good.bw_ms), Cost(good.compute_ms, np.array([-0.016, 1]),
+                                                                          good.bw_ms)):
+        with pytest.raises(UserError, match=r"the cost models \(m.pt\) predict a .* cost that cannot be true .*"
+                                            "for task 3's neuroshard plan; retrain them"):
+            checked_cost(bad, ["m.pt"], {"task": 3, "alg": "neuroshard"})
