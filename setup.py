@@ -11,6 +11,6 @@ setup(
                 "and DCT communication compression",
     packages=find_packages(include=["neuroshard", "neuroshard.*"]),
     python_requires=">=3.10",
-    install_requires=["torch==2.13.0", "numpy", "scipy", "pandas", "tqdm", "matplotlib"],
+    install_requires=["torch==2.13.0", "numpy", "scipy", "pandas", "tqdm", "matplotlib", "threadpoolctl"],
     extras_require={"fbgemm": ["fbgemm-gpu-cpu==1.8.0"], "test": ["pytest"]},
 )

@@ -1,75 +1,237 @@
-"""Search speed: NeuroShard vs TorchRec's planner on tasks of 10-60 tables (4 and 8 devices) and one
-856-table task on 16 devices. Run by hand: python benchmarks/search_speed.py [--data_dir ...]
+"""Planning speed: `NeuroShardPlanner.plan` against TorchRec's `EmbeddingShardingPlanner.plan`, paired and
+interleaved, on TorchRec modules of 10, 30 and 60 tables on 4 and 8 ranks and of the DLRM dataset's 856
+tables on 16 ranks; then the bare search (`neuroshard_search`) on the pipeline's tasks. Run by hand:
 
-Uses trained cost models if --compute_model exists (timing does not depend on the weights, only on
-the network shapes), otherwise the same architectures with random weights. One CPU thread.
+    python benchmarks/search_speed.py [--reps 7] [--reps_856 3] [--models_dir models] [--out_dir results]
+
+Small modules (as issue 36 measured them): dims 16-128, rows 1k-40k, pooling factors 1-30, 0.5 GB of DDR
+per rank, batch 512 per rank, CPU topology. The 856-table module: the synthetic DLRM generator's rows
+(x `--row_scale_856`) and pooling factors (the published dataset's statistics), dims 16-128, 4 GB of DDR
+per rank. Both planners see the same module and `ParameterConstraints` (pooling factors) and plan once
+per round, in alternating order; the paired ratio is NeuroShard / TorchRec per round, with the geometric
+mean and a 95% bootstrap interval (`experiments.stats.paired`). Cost models: `--models_dir`'s for N ranks
+when present, else the real network shapes with random weights (the planning time depends on the shapes,
+not the weights; the output says which). Writes `<out_dir>/search_speed.csv` (one row per planner and
+round), `search_speed.md`, `search_speed.json` (summary and provenance) and `search_speed.png` (planning time
+against table count).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.types import Cluster  # noqa: E402
-from neuroshard.data.dataset import DLRMDataset  # noqa: E402
-from neuroshard.data.features import dim_choices, table_size_gb  # noqa: E402
-from neuroshard.data.tasks import ShardingTask  # noqa: E402
-from neuroshard.models.cost_models import CommCostModel, ComputeCostModel  # noqa: E402
-from neuroshard.sharding.search import NeuroShardSharder  # noqa: E402
-from neuroshard.sharding.simulator import Simulator  # noqa: E402
+from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text, check_output_dir, write_results  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import comm_model_paths, flag  # noqa: E402
+from neuroshard.core.errors import check_float, check_int  # noqa: E402
+from neuroshard.experiments.stats import paired  # noqa: E402
+
+SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
+LARGE = (856, 16)
+DIMS = (16, 32, 64, 128)
 
 
-def simulator(n: int, compute_path: Path) -> Simulator:
-    compute = ComputeCostModel.load(compute_path) if compute_path.exists() else ComputeCostModel({"device": "cpu"})
-    return Simulator(compute, CommCostModel(n, "fw", {"device": compute.meta.get("device")}),
-                     CommCostModel(n, "bw", {"device": compute.meta.get("device")}))
+@dataclass
+class SearchSpeedConfig:
+    """Planning speed of NeuroShardPlanner against TorchRec's planner (benchmarks/search_speed.py)."""
+
+    reps: int = flag(7, "paired rounds of each small module (10-60 tables)")
+    reps_856: int = flag(3, "paired rounds of the 856-table module (TorchRec's planner takes minutes a round)")
+    skip_856: bool = flag(False, "leave out the 856-table module")
+    row_scale_856: float = flag(0.01, "rows of the 856 synthetic DLRM tables x this (the quick preset's scale)")
+    models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt; random weights where missing")
+    data_dir: str = flag("data/dlrm_datasets", "the pipeline's dataset, for the bare search on its tasks")
+    tasks: str = flag("data/tasks/test_tasks.json", "the pipeline's tasks for the bare search (skipped if absent)")
+    out_dir: str = flag("results", "where search_speed.csv, .md and .png go")
+    seed: int = flag(0, "seed of the modules' tables")
+
+    def check(self) -> "SearchSpeedConfig":
+        check_int("--reps", self.reps, 2, 1000)
+        check_int("--reps_856", self.reps_856, 2, 1000)
+        check_float("--row_scale_856", self.row_scale_856, 1e-6, 1.0)
+        return self
 
 
-def draw_task(ds: DLRMDataset, T: int, rng) -> ShardingTask:
-    return ShardingTask.from_dataset(ds, rng.integers(0, ds.num_tables, T), rng.choice(dim_choices(128), T))
+def simulator(n: int, models_dir: Path):
+    """The models for n ranks from `models_dir`, else the real shapes with random weights; and which it is."""
+    import torch
+
+    from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
+    from neuroshard.sharding.simulator import Simulator
+
+    fw, bw = comm_model_paths(models_dir, n)
+    if (models_dir / "compute.pt").is_file() and fw.is_file() and bw.is_file():
+        return Simulator.load(models_dir / "compute.pt", fw, bw, num_devices=n), "trained"
+    torch.manual_seed(n)
+    compute = ComputeCostModel({"device": "cpu", "input_transform": "log"})
+    return Simulator(compute, CommCostModel(n, "fw", {"device": "cpu"}), CommCostModel(n, "bw", {"device": "cpu"})), \
+        "random weights"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--data_dir", default="data/dlrm_datasets")
-    p.add_argument("--compute_model", default="models/compute.pt")
-    p.add_argument("--tasks_per_size", type=int, default=5)
-    p.add_argument("--out_csv", default="results/bench_search_speed.csv")
-    p.add_argument("--skip_torchrec", action="store_true")
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    ds = DLRMDataset.load(args.data_dir)
-    rng = np.random.default_rng(0)
-    algs = {"neuroshard": lambda n: NeuroShardSharder(simulator(n, Path(args.compute_model)))}
-    if not args.skip_torchrec:
-        from neuroshard.sharding.torchrec_baseline import TorchRecSharder
+def save_models(sim, folder: Path, n: int) -> Path:
+    """The simulator's models as files, for NeuroShardPlanner (which loads them itself)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fw, bw = comm_model_paths(folder, n)
+    sim.compute.save(folder / "compute.pt")
+    sim.fw.save(fw)
+    sim.bw.save(bw)
+    return folder
 
-        algs["torchrec"] = lambda n: TorchRecSharder(ds.batch_size)
-    cases = [(T, n) for n in (4, 8) for T in (10, 20, 30, 40, 50, 60) for _ in range(args.tasks_per_size)] + [(856, 16)]
-    rows = []
-    sharders = {(a, n): f(n) for a, f in algs.items() for n in (4, 8, 16)}
+
+def module_tables(T: int, rng, cfg: SearchSpeedConfig) -> list[tuple[str, int, int, float]]:
+    """(name, rows, dim, pooling factor) of a benchmark module's tables."""
+    dims = rng.choice(DIMS, T)
+    if T == LARGE[0]:
+        from neuroshard.data.synthetic import SyntheticConfig, synthetic_table_stats
+
+        rows, pooling = synthetic_table_stats(SyntheticConfig(num_tables=T, seed=cfg.seed,
+                                                              row_scale=cfg.row_scale_856))
+        rows = np.maximum(rows, 1)
+    else:
+        rows, pooling = rng.integers(1_000, 40_001, T), rng.uniform(1.0, 30.0, T)
+    return [(f"t{i}", int(rows[i]), int(dims[i]), float(pooling[i])) for i in range(T)]
+
+
+def planners(tables, n: int, models: Path):
+    """NeuroShardPlanner and EmbeddingShardingPlanner for the same module, topology and constraints."""
+    import torch
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from neuroshard import NeuroShardPlanner
+
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t, embedding_dim=d, num_embeddings=r,
+                                                            feature_names=[t]) for t, r, d, _ in tables],
+                                 device=torch.device("meta"))
+    constraints = {t: ParameterConstraints(pooling_factors=[pf]) for t, _, _, pf in tables}
+    topology = Topology(world_size=n, compute_device="cpu", ddr_cap=int((4 if len(tables) == LARGE[0] else 0.5) * 2**30))
+    ours = NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False)
+    theirs = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints, debug=False)
+    return ebc, ours, theirs
+
+
+def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from tqdm import tqdm
+
+    sharders = [EmbeddingBagCollectionSharder()]
+    rows, rng = [], np.random.default_rng(cfg.seed)
+    built = []
     for T, n in cases:
-        task = draw_task(ds, T, rng)
-        mem = max(table_size_gb(task.rows, task.dims).sum() / n * 1.3, task.sizes_gb().max())
-        for alg in algs:
-            t0 = time.perf_counter()
-            plan = sharders[(alg, n)](task, Cluster(n, mem))
-            rows.append({"alg": alg, "tables": T, "devices": n, "seconds": time.perf_counter() - t0,
-                         "planned": plan is not None})
-            print(f"{alg:<11} {T:>4} tables {n:>2} devices {rows[-1]['seconds']:8.3f} s", flush=True)
-    df = pd.DataFrame(rows)
-    table = df.groupby(["devices", "tables", "alg"]).seconds.median().unstack("alg")
-    print("\nmedian planning time (s), one CPU thread\n" + table.to_string(float_format=lambda x: f"{x:.3f}"))
-    Path(args.out_csv).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out_csv, index=False)
-    print(f"wrote {args.out_csv}")
+        sim, kind = simulator(n, Path(cfg.models_dir))
+        models = Path(cfg.models_dir) if kind == "trained" else save_models(sim, out / "search_speed_models" / str(n), n)
+        built.append((T, n, kind, *planners(module_tables(T, rng, cfg), n, models)))
+    rounds = max(reps_of(T) for T, _ in cases)
+    with tqdm(total=sum(2 * reps_of(T) for T, _ in cases), desc="plan (interleaved)") as bar:
+        for rep in range(rounds):
+            for T, n, kind, ebc, ours, theirs in built:
+                if rep >= reps_of(T):
+                    continue
+                order = [("neuroshard", ours), ("torchrec", theirs)][:: 1 if rep % 2 == 0 else -1]
+                for name, planner in order:
+                    t0 = time.perf_counter()
+                    planner.plan(ebc, sharders)
+                    rows.append({"planner": name, "tables": T, "ranks": n, "round": rep, "models": kind,
+                                 "seconds": time.perf_counter() - t0})
+                    bar.update(1)
+    return rows
+
+
+def bare_search(cfg) -> list[dict]:
+    """neuroshard_search on each of the pipeline's tasks (its own cost models), one call per task."""
+    from neuroshard.core.types import Cluster
+    from neuroshard.data.dataset import DLRMDataset
+    from neuroshard.data.tasks import load_tasks
+    from neuroshard.sharding.search import neuroshard_search
+
+    if not Path(cfg.tasks).is_file() or not Path(cfg.data_dir).is_dir():
+        print(f"bare search skipped: no {cfg.tasks} (run the pipeline first: make reproduce)")
+        return []
+    import json
+
+    meta = json.loads(Path(cfg.tasks).read_text()).get("provenance", {})
+    n, mem = int(meta.get("ndevices", 4)), float(meta.get("max_mem", 4.0))
+    sim, kind = simulator(n, Path(cfg.models_dir))
+    out = []
+    for i, task in enumerate(load_tasks(cfg.tasks, DLRMDataset.load(cfg.data_dir))):
+        t0 = time.perf_counter()
+        neuroshard_search(sim, task, Cluster(n, mem))
+        out.append({"task": i, "tables": task.num_tables, "ranks": n, "models": kind,
+                    "seconds": time.perf_counter() - t0})
+    return out
+
+
+def report(rows: list[dict], bare: list[dict]) -> tuple[str, list[dict]]:
+    summary = []
+    for T, n in sorted({(r["tables"], r["ranks"]) for r in rows}):
+        times = {p: {r["round"]: r["seconds"] for r in rows if (r["tables"], r["ranks"], r["planner"]) == (T, n, p)}
+                 for p in ("neuroshard", "torchrec")}
+        s = paired(times["neuroshard"], times["torchrec"])
+        summary.append({"tables": T, "ranks": n, "rounds": s["n"],
+                        "neuroshard_s": float(np.median(list(times["neuroshard"].values()))),
+                        "torchrec_s": float(np.median(list(times["torchrec"].values()))),
+                        "ratio": s["ratio"], "ci_lo": s["ci_lo"], "ci_hi": s["ci_hi"]})
+    lines = ["| tables | ranks | rounds | NeuroShardPlanner (s, median) | TorchRec (s, median) | ratio [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {s['tables']} | {s['ranks']} | {s['rounds']} | {s['neuroshard_s']:.3f} | {s['torchrec_s']:.3f} | "
+              f"{s['ratio']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}] |" for s in summary]
+    if bare:
+        secs = np.array([b["seconds"] for b in bare])
+        lines += ["", f"bare search on the pipeline's {len(bare)} tasks ({bare[0]['tables']}-"
+                  f"{max(b['tables'] for b in bare)} tables, {bare[0]['ranks']} devices): median {np.median(secs):.3f} s, "
+                  f"max {secs.max():.3f} s"]
+    return "\n".join(lines) + "\n", summary
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n, marker in zip(sorted({s["ranks"] for s in summary}), "osd^"):
+        pts = [s for s in summary if s["ranks"] == n]
+        for key, color in (("neuroshard_s", "C0"), ("torchrec_s", "C1")):
+            ax.plot([s["tables"] for s in pts], [s[key] for s in pts], marker=marker, color=color,
+                    label=f"{'NeuroShardPlanner' if key == 'neuroshard_s' else 'TorchRec'} ({n} ranks)")
+    ax.set(xscale="log", yscale="log", xlabel="tables", ylabel="planning time (s, median)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def main(argv=None) -> None:
+    p = step_parser(SearchSpeedConfig, __doc__.split("\n\n")[0])
+    cfg = config_from_args(SearchSpeedConfig, p.parse_args(argv)).check()
+    out = Path(cfg.out_dir)
+    check_output_dir(out, "--out_dir")
+    from neuroshard.sharding.torchrec_baseline import _import
+
+    _import()  # one line when TorchRec is missing
+    cases = SMALL + ([] if cfg.skip_856 else [LARGE])
+    rows = time_pairs(cases, lambda T: cfg.reps_856 if T == LARGE[0] else cfg.reps, out, cfg)
+    bare = bare_search(cfg)
+    table, summary = report(rows, bare)
+    print(table)
+    import pandas as pd
+
+    atomic_write_text(out / "search_speed.csv", pd.DataFrame(rows).to_csv(index=False))
+    write_results(out, "search_speed", f"# Planning speed\n\n{table}",
+                  {"script": "benchmarks/search_speed.py", "config": asdict(cfg), "summary": summary, "bare": bare})
+    plot(summary, out / "search_speed.png")
+    print(f"wrote {out / 'search_speed.csv'}, .md, .json and .png")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

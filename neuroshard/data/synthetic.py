@@ -129,20 +129,31 @@ def synthesize_tables(rows, pooling_factors, unique_shares, batch_size: int, see
     return _raw(ids, lengths)
 
 
-def generate_synthetic_raw(cfg: SyntheticConfig, progress: bool = True):
-    """Generate `(indices, offsets, lengths)` following `cfg` (deterministic for a seed)."""
-    cfg.check()
-    rng = np.random.default_rng(cfg.seed)
-    T, B = cfg.num_tables, cfg.batch_size
+def _rows_and_pooling(cfg: SyntheticConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    T = cfg.num_tables
     log_rows = rng.uniform(math.log(cfg.min_rows), math.log(cfg.max_rows), T)
     rows = np.maximum(1, np.round(np.exp(log_rows) * cfg.row_scale)).astype(np.int64)
-
     low = rng.random(T) < cfg.low_pooling_share
     pf = np.where(low, rng.uniform(0.0, 1.0, T), rng.lognormal(0.0, cfg.pooling_sigma, T))
     for _ in range(20):  # rescale the heavy tables so the mean matches, respecting the cap
         high_mean_needed = (cfg.mean_pooling * T - pf[low].sum()) / max(1, (~low).sum())
         pf[~low] *= high_mean_needed / pf[~low].mean()
         pf = np.minimum(pf, cfg.max_pooling)
+    return rows, pf
+
+
+def synthetic_table_stats(cfg: SyntheticConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and pooling factors of `cfg`'s tables, as `generate_synthetic_raw` draws them (no ids)."""
+    cfg.check()
+    return _rows_and_pooling(cfg, np.random.default_rng(cfg.seed))
+
+
+def generate_synthetic_raw(cfg: SyntheticConfig, progress: bool = True):
+    """Generate `(indices, offsets, lengths)` following `cfg` (deterministic for a seed)."""
+    cfg.check()
+    rng = np.random.default_rng(cfg.seed)
+    T, B = cfg.num_tables, cfg.batch_size
+    rows, pf = _rows_and_pooling(cfg, rng)
     rate = pf[:, None] * rng.gamma(cfg.length_shape, 1.0 / cfg.length_shape, (T, B))
     lengths = rng.poisson(rate).astype(np.int64)
 

@@ -15,15 +15,19 @@ table-wise placements, every candidate scored by the simulator.
 `neuroshard_top_plans` also returns the next best distinct plans the search scored (for measuring
 several candidates, DESIGN.md §8); its first plan is always `neuroshard_search`'s.
 
-Speed: every (state, candidate, threshold) greedy of one depth runs in lockstep on numpy arrays,
-and a device's prediction is updated incrementally (its embedding sum plus the new shard's, then the
-small head network). tests/oracle_search.py is the direct, one-at-a-time implementation; both
-return exactly the same plan.
+Speed: every (state, candidate, threshold) greedy of one depth runs in lockstep on numpy arrays, a
+device's prediction is updated incrementally (its embedding sum plus the new shard's, then the small
+head network), rows whose next shard fits no device leave the batch, and BLAS runs on one thread.
+tests/oracle_search.py is the direct, one-at-a-time implementation; both return exactly the same plan,
+and tests/sharding/search_golden.json holds the plans of the search before these speed-ups.
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ..core.config import SearchParams
 from ..core.types import MEM_TOL_GB, Cluster, round_ms
@@ -51,6 +55,10 @@ class ShardTable:
         self.single_cost = round_ms(sim.compute.head(self.emb))
         self.size = table_size_gb(task.rows[tables], dims)
         self.dim = dims.astype(np.float64)
+
+
+# places shard lists of one length: (ShardTable, lists, cluster, params) -> (costs [E], assignments [E, L])
+Partition = Callable[["ShardTable", list, Cluster, SearchParams], tuple[np.ndarray, np.ndarray]]
 
 
 def candidate_shards(shard_keys: list[tuple[int, int]], st: ShardTable, num_candidates: int,
@@ -85,40 +93,42 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
     order = np.argsort(-st.single_cost[item], axis=1, kind="stable")       # [E, L] shard positions
     total_dim = st.dim[item].sum(axis=1)                                   # [E]
     cap = (thresholds[None, :] * total_dim[:, None] / N).reshape(-1)       # [R]
-    R = E * G
+    R, D = E * G, st.emb.shape[1]
+    # per placing row (expansion x threshold); rows whose shard fits no device leave the batch
+    live = np.arange(R)                                                    # their global row ids
     exp_of = np.repeat(np.arange(E), G)
-    emb_sum = np.zeros((R, N, st.emb.shape[1]))
+    emb_sum = np.zeros((R, N, D))
     cost = np.zeros((R, N))
     mem = np.zeros((R, N))
     dsum = np.zeros((R, N))
     count = np.zeros((R, N), dtype=np.int64)
-    alive = np.ones(R, dtype=bool)
     assign = np.full((R, L), -1)
-    rows = np.arange(R)
     for k in range(L):
         pos = order[exp_of, k]
         it = item[exp_of, pos]
         sz, dm = st.size[it], st.dim[it]
         ok = (mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB) & (dsum + dm[:, None] <= cap[:, None] + MEM_TOL_GB)
-        ok &= alive[:, None]
-        alive &= ok.any(axis=1)
+        fits = ok.any(axis=1)
+        if not fits.all():
+            keep = np.flatnonzero(fits)
+            live, exp_of, cap, pos, it, sz, dm, ok, emb_sum, cost, mem, dsum, count = (
+                a[keep] for a in (live, exp_of, cap, pos, it, sz, dm, ok, emb_sum, cost, mem, dsum, count))
+            if len(live) == 0:
+                break
+        # the device with the lowest cost among those with room; ties: less memory, then the lower id
         c = np.where(ok, cost, np.inf)
-        tie = ok & (c == c.min(axis=1, keepdims=True))
-        m = np.where(tie, mem, np.inf)
-        tie &= m == m.min(axis=1, keepdims=True)
-        dev = tie.argmax(axis=1)
-        r, d = rows[alive], dev[alive]
-        if len(r) == 0:
-            break
-        emb_sum[r, d] = emb_sum[r, d] + st.emb[it[r]]
-        mem[r, d] += sz[r]
-        dsum[r, d] += dm[r]
-        count[r, d] += 1
-        cost[r, d] = sim.set_cost(emb_sum[r, d], count[r, d])
-        assign[r, pos[r]] = d
+        dev = np.where(c == c.min(axis=1, keepdims=True), mem, np.inf).argmin(axis=1)
+        cell = np.arange(len(live)) * N + dev                              # (row, device) in the flat views
+        flat_emb = emb_sum.reshape(-1, D)
+        flat_emb[cell] = flat_emb[cell] + st.emb[it]
+        mem.reshape(-1)[cell] += sz
+        dsum.reshape(-1)[cell] += dm
+        count.reshape(-1)[cell] += 1
+        cost.reshape(-1)[cell] = sim.set_cost(flat_emb[cell], count.reshape(-1)[cell])
+        assign[live, pos] = dev
     total = np.full(R, np.inf)
-    if alive.any():
-        total[alive] = sim.total_cost(cost[alive], dsum[alive])[0]
+    if len(live):
+        total[live] = sim.total_cost(cost, dsum)[0]
     total = total.reshape(E, G)
     best_g = total.argmin(axis=1)  # first threshold among equals
     best = total[np.arange(E), best_g]
@@ -126,14 +136,34 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
 
 
 def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams,
-            seen: list | None = None, no_split: frozenset[int] = frozenset()) -> tuple:
+            seen: list | None = None, no_split: frozenset[int] = frozenset(),
+            partition: Partition | None = None) -> tuple:
     """The beam search; returns (cost, splits, assignment) of the best plan; tables in `no_split` stay
     whole (table-wise). With `seen`, every scored expansion's (cost, splits, assignment) is appended to
-    it in generation order."""
+    it in generation order. `partition` places each depth's shard lists (default: `grid_search_batch`).
+
+    BLAS runs on one thread here: the search multiplies thousands of small matrices, and a multi-threaded
+    BLAS on a busy machine waits for its threads on every one of them (a 60-table plan took 3-4 s instead
+    of 0.3 s under load)."""
     sim.check_devices(cluster.num_devices)
+    if partition is None:
+        def partition(st, states, cluster, params):
+            return grid_search_batch(sim, st, states, cluster, params)
+    with _blas_threads().limit(limits=1, user_api="blas"):
+        return _beam_search(sim, task, cluster, params, seen, no_split, partition)
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_threads() -> ThreadpoolController:
+    """The process's thread pools, found once (finding them reads every loaded library: ~50 ms)."""
+    return ThreadpoolController()
+
+
+def _beam_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams,
+                 seen: list | None, no_split: frozenset[int], partition: Partition) -> tuple:
     st = ShardTable(sim, task)
     base = [(t, int(d)) for t, d in enumerate(task.dims)]
-    cost, assign = grid_search_batch(sim, st, [base], cluster, params)
+    cost, assign = partition(st, [base], cluster, params)
     best = (cost[0], [], assign[0])
     if seen is not None:
         seen.append(best)
@@ -143,7 +173,7 @@ def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: Search
                       for splits, keys in beam for c in candidate_shards(keys, st, params.num_candidates, no_split)]
         if not expansions:
             break
-        costs, assigns = grid_search_batch(sim, st, [e[1] for e in expansions], cluster, params)
+        costs, assigns = partition(st, [e[1] for e in expansions], cluster, params)
         if seen is not None:
             seen.extend((costs[j], expansions[j][0], assigns[j]) for j in range(len(expansions)))
         ranked = np.argsort(costs, kind="stable")  # by cost, then generation order
@@ -165,24 +195,11 @@ def plan_key(plan: ShardingPlan) -> tuple:
 
 
 def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams = SearchParams(),
-                      no_split: frozenset[int] = frozenset()) -> ShardingPlan | None:
-    """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise)."""
-    best = _search(sim, task, cluster, params, no_split=no_split)
+                      no_split: frozenset[int] = frozenset(), partition: Partition | None = None) -> ShardingPlan | None:
+    """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise);
+    `partition` replaces the grid search (`grid_search_batch`'s arguments and results, less the simulator)."""
+    best = _search(sim, task, cluster, params, no_split=no_split, partition=partition)
     return _plan(task, cluster, best) if np.isfinite(best[0]) else None
-
-
-def plan_with_splits(sim: Simulator, task: ShardingTask, cluster: Cluster, splits: list[int],
-                     params: SearchParams = SearchParams()) -> tuple[float, ShardingPlan] | None:
-    """The grid search's best placement of the shards after `splits` (shard positions, as `apply_splits` takes
-    them): (simulated cost, plan), or None if no threshold fits memory. For asking what a split the beam search
-    did not choose would give (benchmarks/split_heavy_table.py)."""
-    sim.check_devices(cluster.num_devices)
-    st = ShardTable(sim, task)
-    keys = [(s.table, s.dim) for s in apply_splits(task.dims, splits)]
-    cost, assign = grid_search_batch(sim, st, [keys], cluster, params)
-    if not np.isfinite(cost[0]):
-        return None
-    return float(cost[0]), _plan(task, cluster, (cost[0], list(splits), assign[0]))
 
 
 def neuroshard_top_plans(sim: Simulator, task: ShardingTask, cluster: Cluster, k: int,

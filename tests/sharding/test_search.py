@@ -184,37 +184,3 @@ def test_top_plans_start_with_the_best_plan_and_are_distinct():
             check_complete(task, p)
             assert fits_memory(task, p, cluster)
             assert abs(sim.plan_cost(task, p, cluster).cost_ms - c) < 1e-6
-
-
-def test_plan_with_splits_reproduces_the_search_and_places_a_forced_split():
-    from neuroshard.sharding.search import plan_key, plan_with_splits
-
-    rng = np.random.default_rng(23)
-    hit = 0
-    for trial in range(6):
-        N = 3
-        task = random_task(rng, 9)
-        sim = analytic_simulator(N) if trial % 2 else random_neural_simulator(N, trial)
-        # room for every table whole, so any split of one table leaves a placement that fits
-        cluster = Cluster(N, max(task.sizes_gb().sum() / N * 1.6, task.sizes_gb().max() * 1.2))
-        params = SearchParams(max_splits=3)
-        best = neuroshard_search(sim, task, cluster, params)
-        # the search's own splits give back the search's own plan, at the cost the simulator gives it
-        cost, again = plan_with_splits(sim, task, cluster, best.splits, params)
-        assert plan_key(again) == plan_key(best) and again.splits == best.splits
-        assert abs(sim.plan_cost(task, again, cluster).cost_ms - cost) < 1e-6
-        # a split the search may not have chosen: a complete plan holding both halves, never cheaper than the best
-        h = int(np.argmax(task.dims))
-        if task.dims[h] < 8:
-            continue
-        hit += 1
-        cost, forced = plan_with_splits(sim, task, cluster, [h], params)
-        check_complete(task, forced)
-        assert fits_memory(task, forced, cluster)
-        halves = sorted((s.col_start, s.dim) for s in forced.shards if s.table == h)
-        assert halves == [(0, int(task.dims[h]) // 2), (int(task.dims[h]) // 2, int(task.dims[h]) // 2)]
-        assert cost >= sim.plan_cost(task, best, cluster).cost_ms - 1e-6
-    assert hit >= 3
-    # no placement fits: None, not a plan
-    task = random_task(rng, 4)
-    assert plan_with_splits(analytic_simulator(2), task, Cluster(2, 1e-9), [], SearchParams()) is None

@@ -2,6 +2,7 @@
 EmbeddingBagCollection of a model (nested too) within each rank's memory, honouring sharding_types;
 DistributedModelParallel runs the collective plan on 2 gloo ranks with the unsharded model's outputs;
 every input the planner cannot take is one clear UserError."""
+import logging
 import subprocess
 import sys
 
@@ -64,8 +65,9 @@ def test_import_neuroshard_does_not_import_torchrec():
     assert proc.returncode == 0 and proc.stdout.strip() == "NeuroShardPlanner", proc.stderr
 
 
-def test_plan_covers_both_collections_within_a_tight_cap(models, capsys):
-    tr_plan = planner(models, TIGHT).plan(w.TwoTowerModel(), sharders())
+def test_plan_covers_both_collections_within_a_tight_cap(models, caplog):
+    with caplog.at_level(logging.INFO, logger="neuroshard.sharding.planner"):
+        tr_plan = planner(models, TIGHT).plan(w.TwoTowerModel(), sharders())
     shards, per_rank = placements(tr_plan)
     assert set(tr_plan.plan) == {"top", "tower.ebc"}  # the nested EBC under its module path
     assert {name for _, name in shards} == {n for n, *_ in ALL}
@@ -78,10 +80,10 @@ def test_plan_covers_both_collections_within_a_tight_cap(models, capsys):
     assert {rank for *_, rank in shards[("top", "user")]} == {0, 1}  # too big for one rank: split
     assert tr_plan.plan["top"]["user"].sharding_type == "column_wise"
     assert all(ps.compute_kernel == "fused" for mp in tr_plan.plan.values() for ps in mp.values())
-    out = capsys.readouterr().out  # TorchRec-style stats: one row per rank, memory and predicted ms
+    out = caplog.text  # TorchRec-style stats through logging: one row per rank, memory and predicted ms
     assert "NeuroShard planner: 2 EmbeddingBagCollection(s), 5 tables" in out
     assert "HBM (MB)" in out and "compute (ms)" in out and "fw comm (ms)" in out and "tower.ebc.history" in out
-    rank_rows = [line for line in out.splitlines() if line.startswith(("# 0 ", "# 1 "))]
+    rank_rows = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("# 0 ", "# 1 "))]
     assert len(rank_rows) == 2, out
 
 
@@ -176,6 +178,9 @@ def test_bad_construction_is_one_line(models, tmp_path):
         NeuroShardPlanner(topo, compute_model=tmp_path / "junk.pt", models_dir=models)
     with pytest.raises(UserError, match="needs topology="):
         NeuroShardPlanner(4, models_dir=models)
+    for world in (0, 1):  # a world the comm models cannot describe: said as such, not as a wrong type
+        with pytest.raises(UserError, match=rf"2 or more ranks .*got Topology\(world_size={world}\); a single rank"):
+            NeuroShardPlanner(Topology(world_size=world, compute_device="cpu", ddr_cap=10**6), models_dir=models)
     with pytest.raises(UserError, match=r"constraints\['user'\] is a dict"):
         NeuroShardPlanner(topo, constraints={"user": {"pooling_factors": [3.0]}}, models_dir=models)
     with pytest.raises(UserError, match="batch_size must be a whole number"):
@@ -221,3 +226,35 @@ def test_collective_plan_runs_in_distributed_model_parallel(models):
         assert {n: sorted(c) for n, c in held.items()} == {n: c for n, c in want.items() if c}, rank
         assert types["top"]["geo"] == "column_wise" and types["top"]["user"] == "column_wise"
     assert set(specs) == {"top", "tower.ebc"}
+
+
+def test_components_are_replaceable_and_a_misspelt_constraint_is_a_warning(models, caplog):
+    """The caller's partitioner and stats are the ones used (TorchRec's planner takes its components the same
+    way); the plan is the same as with the defaults; a constraint naming no table is logged as a warning."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from neuroshard.sharding.planner import GridSearchPartitioner, NeuroShardStats
+
+    class CountingPartitioner(GridSearchPartitioner):
+        calls = 0
+
+        def partition(self, *args):
+            CountingPartitioner.calls += 1
+            return super().partition(*args)
+
+    class KeptStats(NeuroShardStats):
+        def log(self, result):
+            self.kept = self.format(result)
+
+    default = planner(models, TIGHT, debug=False)
+    stats = KeptStats()
+    custom = planner(models, TIGHT, partitioner=CountingPartitioner(default.simulator), stats=stats)
+    custom.constraints["usr"] = ParameterConstraints(pooling_factors=[3.0])  # misspelt "user"
+    custom.enumerator.constraints = custom.constraints
+    with caplog.at_level(logging.WARNING, logger="neuroshard.sharding.planner"):
+        got = placements(custom.plan(w.TwoTowerModel(), sharders()))
+    assert got == placements(default.plan(w.TwoTowerModel(), sharders()))
+    assert CountingPartitioner.calls >= 2  # the unsplit shards, then every depth of the beam
+    assert "NeuroShard planner: 2 EmbeddingBagCollection(s)" in stats.kept and "note: cost models " in stats.kept
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("unused: small, tiny, usr, wide;" in m for m in warned), warned

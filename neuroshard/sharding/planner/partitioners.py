@@ -1,0 +1,22 @@
+"""The partitioner: NeuroShard's greedy grid search over dim-sum thresholds (DESIGN.md §3.5)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.config import SearchParams
+from ...core.types import Cluster
+from ..search import ShardTable, grid_search_batch
+from ..simulator import Simulator
+from .types import Partitioner
+
+
+class GridSearchPartitioner(Partitioner):
+    """For each threshold, shards (most expensive first) go to the cheapest rank with room whose dim sum stays
+    under the threshold; the simulator scores each complete placement and the best threshold wins."""
+
+    def __init__(self, simulator: Simulator):
+        self.simulator = simulator
+
+    def partition(self, shards: ShardTable, states: list[list[tuple[int, int]]], cluster: Cluster,
+                  params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
+        return grid_search_batch(self.simulator, shards, states, cluster, params)

@@ -1,0 +1,64 @@
+"""The planner's statistics: one row per rank (tables, shards, memory, predicted compute and all-to-all) and
+one per table (sharding type, columns and ranks), logged through `logging` as TorchRec's planner logs
+its stats (`logging.basicConfig(level=logging.INFO)` shows them)."""
+from __future__ import annotations
+
+import logging
+import textwrap
+
+from .types import COLUMN_WISE, PlannerResult, Stats
+
+NOTE_WIDTH = 100  # notes wrap at this many characters
+logger = logging.getLogger(__name__)
+
+
+class NeuroShardStats(Stats):
+    def log(self, result: PlannerResult) -> None:
+        for line in self.format(result).splitlines():
+            logger.info(line)
+
+    @staticmethod
+    def format(result: PlannerResult) -> str:
+        """The statistics as a box of text."""
+        plan, cost, task, N = result.plan, result.cost, result.task, result.cluster.num_devices
+        cap_gb = result.cluster.max_mem_gb
+        mem = plan.device_mem_gb(task)
+        per_rank = [[int(s.table) for s in shards] for shards in plan.per_device()]
+        cw = {t for t, kind in enumerate(result.sharding_types) if kind == COLUMN_WISE}
+        unit, scale = ("GB", 1) if cap_gb >= 1 else ("MB", 1024)
+        head = ["rank", "tables", "shards TW/CW", f"{result.memory_kind} ({unit})", "compute (ms)", "fw comm (ms)",
+                "bw comm (ms)", "total (ms)"]
+        body = []
+        for r in range(N):
+            n_cw = sum(t in cw for t in per_rank[r])
+            body.append([f"{r}{' *' if r == cost.critical_device else ''}", str(len(set(per_rank[r]))),
+                         f"{len(per_rank[r]) - n_cw}/{n_cw}", f"{mem[r] * scale:.3f} ({100 * mem[r] / cap_gb:.0f}%)",
+                         *(f"{x:.3f}" for x in (cost.compute_ms[r], cost.fw_ms[r], cost.bw_ms[r],
+                                                cost.per_device_ms[r]))])
+        tbody = []
+        for t, table in enumerate(result.tables):
+            pieces = sorted((s.col_start, s.dim, d) for s, d in zip(plan.shards, plan.device_of) if s.table == t)
+            tbody.append([table.qualified_name, f"{int(task.rows[t])} x {int(task.dims[t])}",
+                          f"{task.pooling_factors[t]:g}", result.sharding_types[t],
+                          " ".join(f"{c}:{c + w}@{d}" for c, w, d in pieces)])
+        lines = [f"NeuroShard planner: {len(result.specs)} EmbeddingBagCollection(s), {task.num_tables} tables, "
+                 f"{len(plan.splits)} column split(s), searched in {result.search_s:.2f} s",
+                 f"{N} ranks x {cap_gb * scale:.3f} {unit} {result.memory_kind} (weights only, fp32)",
+                 f"predicted embedding cost {cost.cost_ms:.3f} ms per step at global batch {result.model_batch or '?'} "
+                 f"on {result.hardware} (* the slowest rank)",
+                 "", *_columns(head, body), "",
+                 *_columns(["table", "rows x dim", "pooling", "sharding", "columns@rank"], tbody),
+                 "", *(part for note in result.notes for part in textwrap.wrap(note, NOTE_WIDTH, subsequent_indent="  "))]
+        width = max(map(len, lines)) + 4
+        bar = "#" * width
+        return "\n".join([bar, *(f"# {line.ljust(width - 4)} #" for line in lines), bar])
+
+
+def _columns(head: list[str], body: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+
+    def fmt(row):
+        return "  ".join(c.ljust(w) if i in (0, len(widths) - 1) else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+
+    return [fmt(head), *map(fmt, body)]

@@ -1,0 +1,102 @@
+"""What flows between `NeuroShardPlanner`'s components, and the interface of each (TorchRec's
+`planner/types.py` in small): an `Enumerator` turns a TorchRec module into tables and a task, a
+`Proposer` chooses column splits and asks a `Partitioner` to place each candidate list of shards, a
+`PerfModel` rates a plan, and `Stats` reports the result. `NeuroShardPlanner` only composes them; each
+can be replaced by the caller."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...core.config import SearchParams
+from ...core.types import Cluster, Cost
+from ...data.tasks import ShardingTask
+from ..plan import ShardingPlan
+
+if TYPE_CHECKING:
+    from ..search import ShardTable
+
+TABLE_WISE, COLUMN_WISE, FUSED = "table_wise", "column_wise", "fused"
+
+
+@dataclass
+class PlannedTable:
+    """One table of one EmbeddingBagCollection, as the search sees it."""
+
+    module_path: str
+    name: str                 # the table's name in its EBC (TorchRec's parameter name)
+    column_wise_only: bool    # table-wise forbidden: hand it out column-wise even when whole
+    splittable: bool          # column-wise allowed (by the constraints and the sharder)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.module_path}.{self.name}" if self.module_path else self.name
+
+    @property
+    def where(self) -> str:
+        return f"table {self.name!r} of EmbeddingBagCollection {self.module_path or '<root>'!r}"
+
+
+@dataclass
+class Enumeration:
+    """The enumerator's output: every table in TorchRec's walk order, its table-list row, the task."""
+
+    tables: list[PlannedTable]
+    rows: list[dict]          # name (qualified), rows, dim, pooling_factor: what plan_spec takes
+    task: ShardingTask
+    no_split: frozenset[int]  # tables that stay whole (table-wise only)
+    notes: list[str]          # defaulted pooling factors, ignored constraints
+
+
+@dataclass
+class PlannerResult:
+    """What `plan` decided: the tables and their task, NeuroShard's plan and predicted cost, one spec per EBC,
+    and what the statistics show about where it was planned."""
+
+    tables: list[PlannedTable]
+    task: ShardingTask
+    plan: ShardingPlan
+    cost: Cost
+    sharding_types: list[str]  # per table: table_wise or column_wise, as handed to TorchRec
+    specs: dict[str, dict]     # module path -> torchrec_export plan spec
+    search_s: float
+    notes: list[str]
+    cluster: Cluster
+    memory_kind: str           # HBM or DDR
+    model_batch: int | None    # the global batch the cost models were trained at
+    hardware: str              # what the cost models were measured on
+
+
+class Enumerator(abc.ABC):
+    @abc.abstractmethod
+    def enumerate(self, module, sharders) -> Enumeration:
+        """The tables of every EmbeddingBagCollection a sharder shards, with their options."""
+
+
+class PerfModel(abc.ABC):
+    @abc.abstractmethod
+    def rate(self, task: ShardingTask, plan: ShardingPlan) -> Cost:
+        """The plan's predicted cost per rank."""
+
+
+class Partitioner(abc.ABC):
+    @abc.abstractmethod
+    def partition(self, shards: "ShardTable", states: list[list[tuple[int, int]]], cluster: Cluster,
+                  params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
+        """Best placement of each shard list (all of one length): costs [E] (inf: none fits), ranks [E, L]."""
+
+
+class Proposer(abc.ABC):
+    @abc.abstractmethod
+    def propose(self, task: ShardingTask, cluster: Cluster, no_split: frozenset[int], params: SearchParams,
+                partitioner: Partitioner) -> ShardingPlan | None:
+        """The best plan over the column splits it tries, each placed by `partitioner`; None if none fits."""
+
+
+class Stats(abc.ABC):
+    @abc.abstractmethod
+    def log(self, result: PlannerResult) -> None:
+        """Report the plan (TorchRec's planner logs its stats through `logging`)."""
