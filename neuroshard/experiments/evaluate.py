@@ -161,7 +161,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
 def eval_hardware(cfg: EvalConfig) -> list[dict]:
     """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
     from ..hardware.backends import resolve_hardware
-    from ..hardware.evaluator import measure_plans, plan_device_tables
+    from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
     from ..hardware.launch import rank_gpus
 
     cfg.check()
@@ -193,44 +193,44 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                 "tasks_fingerprint": _tasks_fingerprint(tasks)}
     progress_path = out.with_name(out.name + ".progress.pkl")
     log = _open_progress(progress_path, settings, N, cfg.salvage)
-    measured: dict[tuple, Cost] = {}
-    spreads: dict[tuple, list[float]] = {}
+    measured: dict[tuple, Measured] = {}
     try:
         for r in log.records:
             key = (r["alg"], r["task"])
             if key in plans and json.dumps(plans[key][1]) == json.dumps(r["plan"]):
-                measured[key] = Cost(r["compute_ms"], r["fw_ms"], r["bw_ms"])
-                spreads[key] = r["round_costs"]
+                measured[key] = Measured(r["round_costs"],
+                                         parts_ms=np.stack([r["compute_ms"], r["fw_ms"], r["bw_ms"]], axis=1))
         todo = {k: v[0] for k, v in plans.items() if k not in measured}
         print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
               f"{mp_text(cfg.mp_keep)} all-to-all, each task's plans "
               f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
               + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
 
-        def on_result(key, cost: Cost, round_costs):
-            why = implausible_ms(cost.per_device_ms, positive=True) or implausible_ms(round_costs, positive=True)
+        def on_result(key, m: Measured):
+            why = implausible_ms(m.parts.per_device_ms, positive=True) or implausible_ms(m.round_ms, positive=True)
             if why:
                 raise UserError(f"task {key[1]}'s {key[0]} plan measured a cost that cannot be true ({why}): a timer "
                                 f"or rank failed; rerun the same command (the {len(log.records)} plans measured "
                                 f"before it are kept in {progress_path})")
-            log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": cost.compute_ms,
-                        "fw_ms": cost.fw_ms, "bw_ms": cost.bw_ms, "round_costs": list(round_costs)})
-            measured[key] = cost
-            spreads[key] = list(round_costs)
+            log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": m.compute_ms,
+                        "fw_ms": m.fw_ms, "bw_ms": m.bw_ms, "round_costs": list(m.round_ms)})
+            measured[key] = m
             bar.update()
 
+        engine = EngineSettings(str(ds.path), hw, batch, warmup_iter, max(1, num_iter // rounds), cfg.mp_keep,
+                                shuffle=False)
         with tqdm(total=len(todo), desc="plans") as bar:
-            measure_plans(ds, hw, batch, todo, N, warmup_iter, num_iter, on_result=on_result, gpu_ids=gpu_ids,
-                          rounds=rounds, group_of=lambda key: key[1], mp_keep=cfg.mp_keep)
+            measure_plans(engine, todo, N, rounds, on_result=on_result, gpu_ids=gpu_ids, group_of=lambda key: key[1])
     finally:
         log.close()
     for r in rows:
         m = measured.get((r["alg"], r["task"]))
         r["cost_ms"] = m.cost_ms if m else float("nan")
         if m:
-            rc = np.array(spreads.get((r["alg"], r["task"]), [m.cost_ms]))
-            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc,
-                     spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
+            rc = m.round_ms
+            lo, hi = m.interval()
+            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc, cost_ci_lo_ms=lo,
+                     cost_ci_hi_ms=hi, spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
                   models=[str(p) for p in paths] if sim else None, search=search.__dict__)
     progress_path.unlink(missing_ok=True)  # the CSV now holds every result
