@@ -63,7 +63,7 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     for t in obj["tables"]:
         t["rows"] = t["rows"] if t["rows"] <= 100 else max(100, int(round(t["rows"] * row_scale)))
     obj["row_scale"] = row_scale
-    out.write_text(json.dumps(obj))
+    atomic_write_text(out, json.dumps(obj))
     return out
 
 
@@ -222,11 +222,10 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
                      f"{100 * s['written_balance_headroom']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
                      f"{s['seconds']:.0f} |")
     text = "\n".join(lines) + "\n"
-    write_results(out, "real_tables", text, {"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
-                                             "spearman_drift_corrected": rho2,
-                                             "plans": json.loads(df.to_json(orient="records")),
-                                             "sets": json.loads(sm.to_json(orient="records")),
-                                             "per_rank_parts": parts})
+    write_results(out / "real_tables.json", markdown=text,
+                  record={"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
+                          "spearman_drift_corrected": rho2, "plans": json.loads(df.to_json(orient="records")),
+                          "sets": json.loads(sm.to_json(orient="records")), "per_rank_parts": parts})
     return text
 
 

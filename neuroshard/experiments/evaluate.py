@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance
+from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance, write_results
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.types import Cluster, Cost, implausible_ms
@@ -28,7 +28,7 @@ from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
 from ..sharding.simulator import Simulator
-from .results import print_paired, print_summary, summarize, write_results
+from .results import print_paired, print_summary, summarize
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
 ARRAY = (list, np.ndarray)
