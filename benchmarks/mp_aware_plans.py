@@ -35,7 +35,7 @@ from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
-from neuroshard.sharding.simulator import Simulator  # noqa: E402
+from neuroshard.models.loading import load_cost_models  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
 
@@ -68,8 +68,7 @@ def main() -> None:
     tasks = load_tasks(a.task_path, ds)
     cluster = Cluster(N, a.max_mem)
     files = CostModelFiles()
-    sims = {"dense-comm": Simulator.load(*files.paths(N), num_devices=N, mp_keep=None),
-            "mp-aware": Simulator.load(*files.paths(N, mp), num_devices=N, mp_keep=mp)}
+    sims = {"dense-comm": load_cost_models(files, N), "mp-aware": load_cost_models(files, N, mp)}
     for s in sims.values():
         s.check_dataset(ds.fingerprint, batch)
     plans, todo, rows = {}, {}, []

@@ -27,6 +27,7 @@ from ..core.types import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
+from ..models.loading import load_cost_models
 from ..sharding.simulator import Simulator
 from .results import print_paired, print_summary, summarize
 
@@ -44,13 +45,13 @@ def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
     return ds, batch, tasks
 
 
-def _simulator(paths, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
-    """The cost models; when only baselines run they just add each plan's simulated cost, so models
-    that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
-    if not required and not all(p.exists() for p in paths):
-        return None
+def _simulator(models, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
+    """The cost models (`load_cost_models`); when only baselines run they just add each plan's simulated cost, so
+    models that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
     try:
-        sim = Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
+        sim = load_cost_models(models, N, mp_keep, required)
+        if sim is None:
+            return None
         sim.check_dataset(ds.fingerprint, batch)
     except UserError as e:
         if required:
@@ -137,7 +138,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     cluster = Cluster(ndevices, max_mem)
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
     paths = cfg.models.paths(ndevices, cfg.mp_keep)
-    sim = _simulator(paths, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
+    sim = _simulator(cfg.models, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
     rows = []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         cost = None if res.oom else checked_cost(sim.plan_cost(task, res.plan, cluster), paths, row)
@@ -179,7 +180,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
     paths = cfg.models.paths(N, cfg.mp_keep)
-    sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
+    sim = _simulator(cfg.models, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
     rows, plans = [], {}
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row).cost_ms \
