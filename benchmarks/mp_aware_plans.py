@@ -10,9 +10,9 @@ Every test task is sharded twice by NeuroShard with the same compute model and s
 the comm models of the uncompressed all-to-all ("dense-comm plan"), once with those of the
 compressed one ("mp-aware plan"). Where the two plans differ, both are measured in ONE interleaved
 run with compression on (eval.py --mp_keep's measurement: each task's two plans alternate for
---rounds rounds, cost = geometric mean over rounds, hardware/engine.py); identical plans count as ratio 1. Printed: the paired
-geometric-mean ratio mp-aware / dense-comm with its bootstrap 95% interval (core/stats.py),
-wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
+--rounds rounds, cost = geometric mean over rounds, hardware/engine.py); identical plans count as ratio 1.
+Printed: the paired geometric-mean ratio mp-aware / dense-comm with its bootstrap 95% interval
+(core/stats.py), wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
 Writes --out (JSON) with every task's numbers.
 """
 from __future__ import annotations
