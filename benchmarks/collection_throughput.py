@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from neuroshard.core.artifacts import write_results  # noqa: E402
 
 
 def rate(cmd: list[str]) -> float:
@@ -44,8 +46,7 @@ def main() -> None:
         rows.append({"collector": "comm", "setting": f"{args.ndevices} ranks", "samples_per_min": r})
     df = pd.DataFrame(rows)
     print(df.to_string(index=False))
-    Path(args.out_csv).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out_csv, index=False)
+    write_results(args.out_csv, df, **vars(args))
 
 
 if __name__ == "__main__":

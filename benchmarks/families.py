@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
+from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import run_main  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
@@ -102,7 +102,6 @@ def main(argv=None) -> None:
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "families.csv", index=False)
     lines = ["| family | samples | test MAPE | test R² | test Spearman | LOFO MAPE | LOFO R² | LOFO Spearman "
              "| repeat Spearman |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -111,7 +110,7 @@ def main(argv=None) -> None:
         n = r.get("lofo_n", r.get("test_n", "-"))
         lines.append(f"| {r['family']} | {n} | {f('test_mape', True)} | {f('test_r2')} | {f('test_spearman')} | "
                      f"{f('lofo_mape', True)} | {f('lofo_r2')} | {f('lofo_spearman')} | {f('repeat_spearman')} |")
-    atomic_write_text(out / "families.md", "\n".join(lines) + "\n")
+    write_results(out / "families.csv", df, markdown="\n".join(lines) + "\n", **vars(a))
     print("\n".join(lines))
 
 

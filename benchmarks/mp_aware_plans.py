@@ -10,9 +10,9 @@ Every test task is sharded twice by NeuroShard with the same compute model and s
 the comm models of the uncompressed all-to-all ("dense-comm plan"), once with those of the
 compressed one ("mp-aware plan"). Where the two plans differ, both are measured in ONE interleaved
 run with compression on (eval.py --mp_keep's measurement: each task's two plans alternate for
---rounds rounds, cost = median round); identical plans count as ratio 1. Printed: the paired
-geometric-mean ratio mp-aware / dense-comm with its bootstrap 95% interval (experiments/stats.py),
-wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
+--rounds rounds, cost = geometric mean over rounds, hardware/engine.py); identical plans count as ratio 1.
+Printed: the paired geometric-mean ratio mp-aware / dense-comm with its bootstrap 95% interval
+(core/stats.py), wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
 Writes --out (JSON) with every task's numbers.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
-from neuroshard.hardware.evaluator import measure_plans, plan_device_tables  # noqa: E402
+from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
-from neuroshard.sharding.simulator import Simulator  # noqa: E402
+from neuroshard.models.loading import load_cost_models  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
 
@@ -68,8 +68,7 @@ def main() -> None:
     tasks = load_tasks(a.task_path, ds)
     cluster = Cluster(N, a.max_mem)
     files = CostModelFiles()
-    sims = {"dense-comm": Simulator.load(*files.paths(N), num_devices=N, mp_keep=None),
-            "mp-aware": Simulator.load(*files.paths(N, mp), num_devices=N, mp_keep=mp)}
+    sims = {"dense-comm": load_cost_models(files, N), "mp-aware": load_cost_models(files, N, mp)}
     for s in sims.values():
         s.check_dataset(ds.fingerprint, batch)
     plans, todo, rows = {}, {}, []
@@ -93,8 +92,9 @@ def main() -> None:
           f"on {N} ranks ({hw.backend}/{hw.device}, batch {batch}) with the compressed all-to-all (mp_keep {mp:g}), "
           f"interleaved in {a.rounds} rounds", flush=True)
     bar = tqdm(total=len(todo), desc="plans measured")
-    measured = measure_plans(ds, hw, batch, todo, N, a.warmup_iter, a.num_iter, rounds=a.rounds,
-                             group_of=lambda key: key[1], mp_keep=mp, on_result=lambda *_: bar.update()) if todo else {}
+    engine = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, max(1, a.num_iter // a.rounds), mp, shuffle=False)
+    measured = measure_plans(engine, todo, N, a.rounds, group_of=lambda key: key[1],
+                             on_result=lambda *_: bar.update()) if todo else {}
     bar.close()
     costs = {k: {} for k in PLANS}
     for r in rows:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import ArgumentParser, run_main, str_list  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams, comm_model_paths  # noqa: E402
+from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -50,8 +50,8 @@ from neuroshard.experiments.measure import (MeasureConfig, candidate_plans, meas
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.timing import speed_probe_ms  # noqa: E402
+from neuroshard.models.loading import load_cost_models  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
-from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001}
 HEURISTICS = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
@@ -63,7 +63,7 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     for t in obj["tables"]:
         t["rows"] = t["rows"] if t["rows"] <= 100 else max(100, int(round(t["rows"] * row_scale)))
     obj["row_scale"] = row_scale
-    out.write_text(json.dumps(obj))
+    atomic_write_text(out, json.dumps(obj))
     return out
 
 
@@ -99,9 +99,7 @@ def measure_sets(a: argparse.Namespace, sets: tuple[str, ...], ccfg: Calibration
                  cluster: Cluster) -> None:
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
-    models = Path(a.models_dir)
-    paths = (models / "compute.pt", *comm_model_paths(models, N))
-    sim0 = Simulator.load(*paths, num_devices=N)
+    sim0 = load_cost_models(a.models_dir, N)
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     search = SearchParams()
@@ -222,11 +220,10 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
                      f"{100 * s['written_balance_headroom']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
                      f"{s['seconds']:.0f} |")
     text = "\n".join(lines) + "\n"
-    write_results(out, "real_tables", text, {"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
-                                             "spearman_drift_corrected": rho2,
-                                             "plans": json.loads(df.to_json(orient="records")),
-                                             "sets": json.loads(sm.to_json(orient="records")),
-                                             "per_rank_parts": parts})
+    write_results(out / "real_tables.json", markdown=text,
+                  record={"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
+                          "spearman_drift_corrected": rho2, "plans": json.loads(df.to_json(orient="records")),
+                          "sets": json.loads(sm.to_json(orient="records")), "per_rank_parts": parts})
     return text
 
 

@@ -352,7 +352,7 @@ class EvalConfig(EvalSimConfig):
     batch_size: int | None = flag(None, "first B samples of the dataset batch (default all)")
     warmup_iter: int = flag(10)
     num_iter: int = flag(100, "timed iterations of a plan, over all rounds")
-    rounds: int = flag(5, "each task's plans are measured interleaved in this many rounds; cost = median round")
+    rounds: int = flag(5, "each task's plans are measured interleaved in this many rounds; cost = geometric mean over rounds")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     salvage: bool = flag(False, "keep the good records of a damaged progress log (the damaged ones are measured "
                                 "again)")

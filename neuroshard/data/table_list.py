@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.artifacts import read_json, read_text
 from ..core.errors import UserError
 from .features import MIN_ROWS, NUM_BINS, table_data_features
 from .raw import max_rows_any_device
@@ -39,7 +39,7 @@ MAX_POOLING = 1e6                  # mean lookups per sample; beyond this it is 
 TRAINED_POOLING_MAX = SyntheticConfig.max_pooling  # the cost models' training tables: warn beyond this
 MAX_TABLES = 100_000
 MAX_NAME_CHARS = 200
-MAX_FILE_BYTES = 64 << 20
+FIX = "pass a CSV or JSON table list of UTF-8 text (see README)"
 HIST_TOL = 0.01
 
 
@@ -54,41 +54,17 @@ class TableList:
     source: str
 
 
-def _read_text(path: Path, flag: str) -> str:
-    """A text file's contents, or one line naming why it cannot be read as UTF-8 text of a sane size."""
-    from ..core.artifacts import check_input_file
-
-    check_input_file(path, f"{flag} file", "pass a CSV or JSON table list (see README)")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes is more than a table list can be "
-                        f"({MAX_FILE_BYTES:,}); pass a list of at most {MAX_TABLES:,} tables")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise UserError(f"{path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as "
-                        "UTF-8") from None
-
-
 def _rows_from_file(path: Path) -> list[tuple[str, dict]]:
     """(where, row dict) per table of a CSV or JSON table list."""
-    text = _read_text(path, "--tables")
     if path.suffix.lower() == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") from None
-        except (RecursionError, ValueError) as e:  # nesting too deep, or an integer of thousands of digits
-            what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
-            raise UserError(f"{path}: not a usable table list ({what}); write a flat list of tables") from None
+        obj = read_json(path, "--tables file", "table list", FIX)
         if isinstance(obj, dict):
             obj = obj.get("tables")
         if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
             raise UserError(f"{path}: expected a JSON list of tables (objects with {', '.join(REQUIRED)}) "
                             'or {"tables": [...]}')
         return [(f"{path} table {i + 1}", r) for i, r in enumerate(obj)]
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(io.StringIO(read_text(path, "--tables file", "table list", FIX), newline=""))
     rows = []
     try:
         if reader.fieldnames is None:

@@ -281,33 +281,22 @@ def check_reference(ref, rows, cluster: Cluster, where: str, dims=None, measured
 
 
 def measure_shards(ds, hw, batch_size: int, shards, warmup: int, iters: int) -> np.ndarray:
-    from ..hardware.compute_bench import shards_worker
-    from ..hardware.launch import run_processes
+    """Each shard's compute ms on one worker, one round of the measurement engine (`hardware.engine`)."""
+    from ..hardware.engine import EngineSettings, measure_fixed
 
-    costs = np.full(len(shards), np.nan)
-
-    def on_message(msg):
-        costs[msg[0]] = msg[1]
-
-    run_processes(shards_worker, 1, (str(ds.path), hw, batch_size, warmup, iters, shards), on_message, what="worker")
-    return costs
+    items = [[[(int(t), int(d)) for t, d in zip(*shard)]] for shard in shards]
+    measured = measure_fixed(EngineSettings(str(ds.path), hw, batch_size, warmup, iters, shuffle=False), items, 1)
+    return np.array([m.compute_ms[0] for m in measured])
 
 
-def measure_layouts(layouts, N: int, batch_size: int, device: str, warmup: int, iters: int,
-                    mp_keep: float | None = None):
-    """Per layout, every rank's forward and backward all-to-all ms ([len, N] each); DCT-MP's with `mp_keep`."""
-    from ..hardware.comm_bench import layouts_rank
-    from ..hardware.launch import run_processes
+def measure_layouts(layouts, N: int, batch_size: int, hw, warmup: int, iters: int, mp_keep: float | None = None):
+    """Per layout, every rank's forward and backward all-to-all ms ([len, N] each), one round of the measurement
+    engine on N ranks; DCT-MP's with `mp_keep`."""
+    from ..hardware.engine import EngineSettings, Layout, measure_fixed
 
-    fw, bw = np.zeros((len(layouts), N)), np.zeros((len(layouts), N))
-
-    def on_message(msg):
-        i, f, b = msg
-        fw[i], bw[i] = f, b
-
-    run_processes(layouts_rank, N, (layouts, batch_size, device, warmup, iters, mp_keep), on_message,
-                  group_device=device)
-    return fw, bw
+    items = [Layout(tuple(int(x) for x in d), tuple(float(x) for x in w)) for d, w in layouts]
+    measured = measure_fixed(EngineSettings(None, hw, batch_size, warmup, iters, mp_keep, shuffle=False), items, N)
+    return np.array([m.fw_ms for m in measured]), np.array([m.bw_ms for m in measured])
 
 
 def _file_digest(path) -> str:
@@ -468,7 +457,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed, spread_ms)
     reference = drift_reference(shards, y, _split(len(shards), cfg.seed)[1], cluster.num_devices, cfg.seed)
     # the all-to-all the comm models know: DCT-MP's compressed one for models trained with --mp_keep
-    fw_y, bw_y = measure_layouts(layouts + reference_layouts(reference), cluster.num_devices, batch_size, hw.device,
+    fw_y, bw_y = measure_layouts(layouts + reference_layouts(reference), cluster.num_devices, batch_size, hw,
                                  cfg.warmup_iter, cfg.num_iter, sim.mp_keep)
     for g, b in zip(reference, bw_y[len(layouts):]):
         g["bw_ms"] = [float(v) for v in b]

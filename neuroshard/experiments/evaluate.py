@@ -20,15 +20,16 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance
+from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance, write_results
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.types import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
+from ..models.loading import load_cost_models
 from ..sharding.simulator import Simulator
-from .results import print_paired, print_summary, summarize, write_results
+from .results import print_paired, print_summary, summarize
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
 ARRAY = (list, np.ndarray)
@@ -44,13 +45,13 @@ def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
     return ds, batch, tasks
 
 
-def _simulator(paths, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
-    """The cost models; when only baselines run they just add each plan's simulated cost, so models
-    that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
-    if not required and not all(p.exists() for p in paths):
-        return None
+def _simulator(models, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
+    """The cost models (`load_cost_models`); when only baselines run they just add each plan's simulated cost, so
+    models that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
     try:
-        sim = Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
+        sim = load_cost_models(models, N, mp_keep, required)
+        if sim is None:
+            return None
         sim.check_dataset(ds.fingerprint, batch)
     except UserError as e:
         if required:
@@ -137,7 +138,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     cluster = Cluster(ndevices, max_mem)
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
     paths = cfg.models.paths(ndevices, cfg.mp_keep)
-    sim = _simulator(paths, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
+    sim = _simulator(cfg.models, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
     rows = []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         cost = None if res.oom else checked_cost(sim.plan_cost(task, res.plan, cluster), paths, row)
@@ -161,7 +162,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
 def eval_hardware(cfg: EvalConfig) -> list[dict]:
     """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
     from ..hardware.backends import resolve_hardware
-    from ..hardware.evaluator import measure_plans, plan_device_tables
+    from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
     from ..hardware.launch import rank_gpus
 
     cfg.check()
@@ -179,7 +180,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
     paths = cfg.models.paths(N, cfg.mp_keep)
-    sim = _simulator(paths, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
+    sim = _simulator(cfg.models, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
     rows, plans = [], {}
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row).cost_ms \
@@ -193,44 +194,44 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                 "tasks_fingerprint": _tasks_fingerprint(tasks)}
     progress_path = out.with_name(out.name + ".progress.pkl")
     log = _open_progress(progress_path, settings, N, cfg.salvage)
-    measured: dict[tuple, Cost] = {}
-    spreads: dict[tuple, list[float]] = {}
+    measured: dict[tuple, Measured] = {}
     try:
         for r in log.records:
             key = (r["alg"], r["task"])
             if key in plans and json.dumps(plans[key][1]) == json.dumps(r["plan"]):
-                measured[key] = Cost(r["compute_ms"], r["fw_ms"], r["bw_ms"])
-                spreads[key] = r["round_costs"]
+                measured[key] = Measured(r["round_costs"],
+                                         parts_ms=np.stack([r["compute_ms"], r["fw_ms"], r["bw_ms"]], axis=1))
         todo = {k: v[0] for k, v in plans.items() if k not in measured}
         print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
               f"{mp_text(cfg.mp_keep)} all-to-all, each task's plans "
               f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
               + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
 
-        def on_result(key, cost: Cost, round_costs):
-            why = implausible_ms(cost.per_device_ms, positive=True) or implausible_ms(round_costs, positive=True)
+        def on_result(key, m: Measured):
+            why = implausible_ms(m.parts.per_device_ms, positive=True) or implausible_ms(m.round_ms, positive=True)
             if why:
                 raise UserError(f"task {key[1]}'s {key[0]} plan measured a cost that cannot be true ({why}): a timer "
                                 f"or rank failed; rerun the same command (the {len(log.records)} plans measured "
                                 f"before it are kept in {progress_path})")
-            log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": cost.compute_ms,
-                        "fw_ms": cost.fw_ms, "bw_ms": cost.bw_ms, "round_costs": list(round_costs)})
-            measured[key] = cost
-            spreads[key] = list(round_costs)
+            log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": m.compute_ms,
+                        "fw_ms": m.fw_ms, "bw_ms": m.bw_ms, "round_costs": list(m.round_ms)})
+            measured[key] = m
             bar.update()
 
+        engine = EngineSettings(str(ds.path), hw, batch, warmup_iter, max(1, num_iter // rounds), cfg.mp_keep,
+                                shuffle=False)
         with tqdm(total=len(todo), desc="plans") as bar:
-            measure_plans(ds, hw, batch, todo, N, warmup_iter, num_iter, on_result=on_result, gpu_ids=gpu_ids,
-                          rounds=rounds, group_of=lambda key: key[1], mp_keep=cfg.mp_keep)
+            measure_plans(engine, todo, N, rounds, on_result=on_result, gpu_ids=gpu_ids, group_of=lambda key: key[1])
     finally:
         log.close()
     for r in rows:
         m = measured.get((r["alg"], r["task"]))
         r["cost_ms"] = m.cost_ms if m else float("nan")
         if m:
-            rc = np.array(spreads.get((r["alg"], r["task"]), [m.cost_ms]))
-            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc,
-                     spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
+            rc = m.round_ms
+            lo, hi = m.interval()
+            r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc, cost_ci_lo_ms=lo,
+                     cost_ci_hi_ms=hi, spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
                   models=[str(p) for p in paths] if sim else None, search=search.__dict__)
     progress_path.unlink(missing_ok=True)  # the CSV now holds every result

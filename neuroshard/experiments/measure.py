@@ -16,7 +16,7 @@ excludes 1 (the best is told apart), when `budget_s` (from the start, process st
 be passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the
 best by geometric mean, so it never measured worse than another candidate; when the interval still
 includes 1 the result says plainly that the top plans cannot be told apart. Every candidate's ratio to
-the best also gets a bootstrap 95% interval (`stats.paired`, rounds as pairs), a description of that one
+the best also gets a bootstrap 95% interval (`core.stats.paired_interval`, rounds as pairs), a description of that one
 comparison.
 
 Racing (`race`, the default): at each of the stop rule's looks, a candidate whose paired interval
@@ -54,9 +54,10 @@ import numpy as np
 
 from ..core.errors import UserError, check_float, check_int
 from ..core.types import Cluster
+from ..core.stats import geo_mean, paired_interval
+from ..hardware.engine import Measured, round_cost
 from ..sharding.plan import ShardingPlan
 from ..sharding.search import plan_key
-from .stats import paired
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,6 @@ class MeasureConfig:
         check_int("--max_rounds", self.max_rounds, self.min_rounds, 100_000)
         check_int("--measure_top", self.top_k, 3, 100)
         return self
-
-
-def _geo_means(round_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per candidate: geometric mean over the rounds it was measured in (NaN: not measured), and their count."""
-    logs = np.log(round_costs)
-    measured = np.isfinite(logs)
-    n = measured.sum(axis=0)
-    with np.errstate(invalid="ignore"):
-        geo = np.exp(np.where(measured, logs, 0.0).sum(axis=0) / n)
-    return geo, n
 
 
 def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:
@@ -114,14 +105,7 @@ def look_alpha(rounds: int, min_rounds: int, max_rounds: int, final: bool = Fals
 
 def t_interval(ours: np.ndarray, theirs: np.ndarray, alpha: float) -> tuple[float, float, float]:
     """Paired ratio ours/theirs over the rounds both measured: geometric mean and Student-t (1 - alpha) interval."""
-    from scipy.stats import t as student_t
-
-    ok = np.isfinite(ours) & np.isfinite(theirs)
-    d = np.log(ours[ok] / theirs[ok])
-    if len(d) < 2:
-        return float(np.exp(d.mean())) if len(d) else float("nan"), float("nan"), float("nan")
-    half = student_t.ppf(1 - alpha / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    return float(np.exp(d.mean())), float(np.exp(d.mean() - half)), float(np.exp(d.mean() + half))
+    return tuple(paired_interval(ours, theirs, level=1 - alpha))[:3]
 
 
 def separation(round_costs: np.ndarray, alpha: float = 0.05) -> dict:
@@ -132,7 +116,7 @@ def separation(round_costs: np.ndarray, alpha: float = 0.05) -> dict:
     taken among the candidates measured in the most rounds (with racing: in every round)."""
     round_costs = np.asarray(round_costs, np.float64)
     R, P = round_costs.shape
-    geo, n = _geo_means(round_costs)
+    geo, n = geo_mean(round_costs), np.isfinite(round_costs).sum(axis=0)
     full = np.flatnonzero(n == n.max())
     order = full[np.argsort(geo[full], kind="stable")]
     best = int(order[0])
@@ -253,8 +237,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
                        ids_path=None, log=print, reference: list[dict] | None = None) -> dict:
     """Measure the candidates in interleaved rounds (module docstring); returns the result record."""
     from ..data.tasks import ShardingTask
-    from ..hardware.evaluator import plan_device_tables, rounds_rank
-    from ..hardware.launch import run_processes
+    from ..hardware.engine import EngineSettings, Job, plan_device_tables, run
     from .calibrate import user_tables_dataset
 
     cfg.check()
@@ -278,14 +261,13 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
                      for g in reference] if reference else None
 
-        def on_message(msg):
-            r, costs = msg
+        def on_round(g, r, costs):
             if reference:
                 ref_rounds.append(np.asarray(costs[P], np.float64))
                 costs = costs[:P]
             rounds.append(costs)
             round_end_s.append(time.time() - t0)
-            totals = [float(np.round((c.sum(axis=1)).max(), 6)) for c in costs]  # NaN: not measured (dropped)
+            totals = [round(round_cost(c), 6) for c in costs]  # NaN: not measured (dropped)
             dropped = [c for c, t in zip(candidates, totals) if np.isnan(t) and c.round_ms and not np.isnan(c.round_ms[-1])]
             for c, t, parts in zip(candidates, totals, costs):
                 c.round_ms.append(t)
@@ -297,9 +279,8 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
                 + (f" (dropped after round {r}, measured slower than the best: "
                    f"{', '.join('/'.join(c.names) for c in dropped)})" if dropped else ""))
 
-        run_processes(rounds_rank, cluster.num_devices,
-                      (str(ds.path), hw, batch_size, plans, cfg.warmup_iter, cfg.num_iter, stop, cfg.mp_keep, ref_plans),
-                      on_message, group_device=hw.device)
+        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep)
+        run(Job(engine, [plans], stop, ref_plans), cluster.num_devices, on_round)
     drift = machine_drift(reference, ref_rounds, cfg.seed) if reference and ref_rounds else None
     out = summarize(candidates, time.time() - t0, cfg, log, drift)
     return {**out, "round_end_s": round_end_s}
@@ -314,8 +295,8 @@ def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int
         per_round = np.array([np.exp(np.log(np.asarray(parts)[:, col] / np.asarray(reference[r % len(reference)][key],
                                                                                   np.float64)).mean())
                               for r, parts in enumerate(ref_rounds)])
-        st = paired(dict(enumerate(per_round)), dict(enumerate(np.ones_like(per_round))), seed)
-        out[name] = {"ratio": st["ratio"], "ci_lo": st["ci_lo"], "ci_hi": st["ci_hi"]}
+        st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
+        out[name] = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
     return out
 
 
@@ -355,18 +336,20 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     best = sep["best"]
     rows = []
     for i, c in enumerate(candidates):
-        st = paired(dict(enumerate(costs[:, i])), dict(enumerate(costs[:, best])), cfg.seed) if R >= 2 else {}
-        parts = np.nanmedian(np.stack(c.round_parts_ms[:R]), axis=0).tolist() if len(c.round_parts_ms) >= R else None
+        st = paired_interval(costs[:, i], costs[:, best], method="bootstrap", seed=cfg.seed) if R >= 2 else None
+        m = Measured(costs[:, i], c.round_parts_ms[:R])
+        parts = m.parts_ms.tolist() if len(c.round_parts_ms) >= R and m.parts_ms is not None else None
         measured = np.isfinite(costs[:, i])
-        rows.append({"names": c.names, "measured_ms": float(sep["geo_mean_ms"][i]), "rounds": int(measured.sum()),
+        rows.append({"names": c.names, "measured_ms": m.cost_ms, "measured_ci_ms": list(m.interval()),
+                     "rounds": int(measured.sum()),
                      "median_round_ms": float(np.median(costs[measured, i])),
                      "round_ms": [float(x) if ok else None for x, ok in zip(costs[:, i], measured)],
                      "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
                      "simulated_ms": c.simulated_ms,
                      "simulated_drift_ms": drift_corrected_ms(c.simulated_parts_ms, drift)
                      if drift and c.simulated_parts_ms is not None else None,
-                     "ratio_to_best": st.get("ratio", float("nan")), "ci_lo": st.get("ci_lo", float("nan")),
-                     "ci_hi": st.get("ci_hi", float("nan"))})
+                     "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),
+                     "ci_hi": st.hi if st else float("nan")})
     names = "/".join(candidates[best].names)
     level = f"{100 * sep['level']:.4g}%"
     if sep["runner_up"] is None:

@@ -12,14 +12,12 @@ per table, writes `--out plan.json`, and optionally
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.artifacts import (OutputLock, atomic_write_text, check_input_file, check_outputs, fresh_path,
-                              provenance)
+from ..core.artifacts import OutputLock, atomic_write_text, check_outputs, fresh_path, provenance
 from ..core.config import ShardTablesConfig
 from ..core.errors import UserError
 from ..core.types import Cluster, Cost, implausible_ms
@@ -31,6 +29,7 @@ from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
 from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
+from ..models.loading import load_cost_models
 from .calibrate import (CalibrationConfig, calibrate, calibration_inputs, calibration_path, find_calibration,
                         save_calibration)
 from .measure import MeasureConfig, candidate_plans, measure_candidates
@@ -39,26 +38,6 @@ from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchr
 MEASURE_LIMIT_GB = 4.0  # --measure / --calibrate allocate every table: refuse more than this in total
 MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B each in all processes: ~4 GB)
 MEASURE_BYTES_PER_LOOKUP = 64
-
-
-def _models_hint(N: int, mp_keep: float | None = None) -> str:
-    """The commands that make the cost models this run looks for (DCT-MP's comm models with `mp_keep`)."""
-    mp = "" if mp_keep is None else f" --mp_keep {mp_keep:g}"
-    make = "" if mp_keep is not None else "`make reproduce` (4 devices) or "
-    return (f"train them with {make}steps 3-4: python collect_compute_cost_data.py && "
-            f"python train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices {N}{mp} && "
-            f"python train_comm_cost_model.py --ndevices {N}{mp}; or pass --compute_model/--fw_comm_model/--bw_comm_model")
-
-
-def _simulator(paths, N: int, required: bool, mp_keep: float | None = None) -> Simulator | None:
-    missing = [str(p) for p in paths if not os.path.lexists(p)]
-    if missing:
-        if required:
-            raise UserError(f"cost models not found: {', '.join(missing)}; {_models_hint(N, mp_keep)}")
-        return None
-    for p in paths:  # a folder, FIFO or device in a model's place: named as such
-        check_input_file(p, "cost model", _models_hint(N, mp_keep))
-    return Simulator.load(*paths, num_devices=N, mp_keep=mp_keep)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -210,7 +189,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     else:
         tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
     paths = cfg.models.paths(ndevices, cfg.mp_keep)
-    sim = _simulator(paths, ndevices, required=alg == "neuroshard" or cfg.calibrate is not None, mp_keep=cfg.mp_keep)
+    sim = load_cost_models(cfg.models, ndevices, cfg.mp_keep, required=alg == "neuroshard" or cfg.calibrate is not None)
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
     if cfg.measure or cfg.calibrate is not None:
         check_measure_budget(tl, batch)

@@ -1,42 +1,7 @@
-"""Per-task result tables (CSV) with a provenance sidecar, shared by eval.py and eval_simulator.py."""
+"""Per-task result summaries of eval.py and eval_simulator.py (their CSVs: `core.artifacts.write_results`)."""
 from __future__ import annotations
 
-import csv
-import io
-import json
-from pathlib import Path
-from typing import Any
-
 import numpy as np
-
-from ..core.artifacts import atomic_write_text, provenance
-
-
-def _cell(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return ";".join(f"{x:.4f}" for x in v.tolist())
-    if isinstance(v, (dict, list)):
-        return json.dumps(v)
-    if isinstance(v, (float, np.floating)):
-        return f"{float(v):.6g}"
-    return v
-
-
-def write_results(path: str | Path, rows: list[dict], **made_with: Any) -> Path:
-    """CSV with one row per (task, algorithm), and PATH.meta.json recording how it was made."""
-    path = Path(path)
-    fields: list[str] = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: _cell(v) for k, v in r.items()})
-    atomic_write_text(path, buf.getvalue())
-    atomic_write_text(path.with_name(path.name + ".meta.json"),
-                      json.dumps(provenance(**made_with), indent=2, default=str))
-    return path
 
 
 def summarize(rows: list[dict], cost_key: str) -> list[dict]:

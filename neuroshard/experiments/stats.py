@@ -2,32 +2,27 @@
 
 For NeuroShard against another algorithm, per task both placed within memory: the cost ratio
 r_i = cost_neuroshard / cost_other. Reported: the geometric mean of r_i, a percentile bootstrap 95%
-confidence interval of it (tasks resampled with replacement, seeded), wins / ties / losses (a tie is
+confidence interval of it (`core.stats.paired_interval`: scipy's bootstrap, tasks resampled with replacement, seeded), wins / ties / losses (a tie is
 |r_i - 1| <= 1%), and the number of paired tasks. Valid counts are reported separately, since a task
 only one algorithm solved says nothing about relative cost.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from ..core.stats import paired_interval
+
 TIE = 0.01
-BOOTSTRAP = 10_000
 
 
 def paired(ours: dict[int, float], theirs: dict[int, float], seed: int = 0) -> dict:
     """{task: cost} of two algorithms (valid tasks only; a NaN cost is not valid) -> paired statistics."""
     tasks = sorted(set(ours) & set(theirs))
-    r = np.array([ours[t] / theirs[t] for t in tasks if theirs[t] > 0 and ours[t] > 0])
-    n = len(r)
-    if n == 0:
-        return {"n": 0, "ratio": math.nan, "ci_lo": math.nan, "ci_hi": math.nan, "wins": 0, "ties": 0, "losses": 0}
-    logs = np.log(r)
-    rng = np.random.default_rng(seed)
-    boot = logs[rng.integers(0, n, (BOOTSTRAP, n))].mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"n": n, "ratio": float(np.exp(logs.mean())), "ci_lo": float(np.exp(lo)), "ci_hi": float(np.exp(hi)),
+    a, b = np.array([ours[t] for t in tasks], np.float64), np.array([theirs[t] for t in tasks], np.float64)
+    est = paired_interval(a, b, method="bootstrap", seed=seed)
+    with np.errstate(invalid="ignore"):
+        r = (a / b)[(a > 0) & (b > 0) & np.isfinite(a / b)]
+    return {"n": est.n, "ratio": est.estimate, "ci_lo": est.lo, "ci_hi": est.hi,
             "wins": int((r < 1 - TIE).sum()), "ties": int((np.abs(r - 1) <= TIE).sum()),
             "losses": int((r > 1 + TIE).sum())}
 

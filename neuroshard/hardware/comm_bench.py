@@ -126,15 +126,6 @@ def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str,
     return np.array([c[0] for c in costs]), np.array([c[1] for c in costs])
 
 
-def layouts_rank(rank: int, world: int, emit, layouts, batch_size: int, device: str, warmup: int,
-                 iters: int, mp_keep: float | None = None) -> None:
-    """Rank function measuring given (dim_sums, delays) layouts; rank 0 emits (i, fw, bw)."""
-    for i, (dim_sums, delays) in enumerate(layouts):
-        fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters, mp_keep)
-        if rank == 0:
-            emit((i, fw, bw))
-
-
 def comm_rank(rank: int, world: int, emit, indices: list[int], sample_args: dict, batch_size: int, device: str,
               warmup: int, iters: int, mp_keep: float | None = None) -> None:
     """Rank function of the comm collector: measure each sample, rank 0 emits the per-rank costs."""

@@ -165,12 +165,3 @@ def compute_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, 
         else:
             family, (ids, dims) = "dataset", sample_shard(bench.dataset.rows, index, **sample_args)
         emit({"index": index, "family": family, "table_ids": ids, "dims": dims, "cost_ms": bench.measure(ids, dims)})
-
-
-def shards_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int, warmup: int,
-                  iters: int, shards: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Measure given shards (table ids, dims) of a dataset; emits (position, cost_ms) per shard."""
-    bench = ComputeBenchmark(DLRMDataset.load(dataset_dir), hw, batch_size, warmup, iters)
-    for i in range(rank, len(shards), world):
-        ids, dims = shards[i]
-        emit((i, bench.measure(ids, dims)))

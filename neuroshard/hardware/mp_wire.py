@@ -1,7 +1,7 @@
 """DCT-MP's wire format (DESIGN.md §5): the one implementation of the compressed pooled-embedding all-to-all.
 
 Used by training (`training/dlrm.py`'s `_TopKAllToAll`) and by the comm-cost measurements
-(`comm_bench`, the plan evaluator), so cost data is measured exactly as DCT-MP sends.
+(`comm_bench`, the measurement engine), so cost data is measured exactly as DCT-MP sends.
 
 Forward: rank r holds pooled embeddings [B, W_r] for the global batch. Per sample it keeps the
 `k_r = keep_count(W_r, keep) = max(1, floor(keep * W_r))` (at most W_r; 0 when W_r = 0)

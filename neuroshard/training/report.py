@@ -6,27 +6,19 @@ freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from ..core.stats import paired_interval
 
 
 def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, lo, hi) of `values` with a Student-t interval; lo = hi = mean for one value."""
-    from scipy.stats import t
-
-    x = np.asarray(values, dtype=np.float64)
-    m = float(x.mean()) if len(x) else math.nan
-    if len(x) < 2:
-        return m, m, m
-    half = float(t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return m, m - half, m + half
+    """(mean, lo, hi) of `values` with a Student-t interval (`core.stats.paired_interval`); lo = hi = mean for one value."""
+    return tuple(paired_interval(values, level=level, ratio=False))[:3]
 
 
 def ratio_ci(ratios, level: float = 0.95) -> tuple[float, float, float]:
     """(geometric mean, lo, hi) of positive ratios, the interval taken on their logs."""
-    m, lo, hi = mean_ci(np.log(np.asarray(ratios, dtype=np.float64)), level)
-    return math.exp(m), math.exp(lo), math.exp(hi)
+    return tuple(paired_interval(ratios, np.ones(len(ratios)), level=level))[:3]
 
 
 def markdown(rows: list[dict]) -> list[str]:

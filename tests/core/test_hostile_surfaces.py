@@ -178,7 +178,7 @@ def test_a_torch_archive_on_a_full_disk_is_one_line_and_leaves_the_old_file(tmp_
     def write(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(artifacts.os, "write", write)
+    monkeypatch.setattr(artifacts.atomic.os, "write", write)
     with pytest.raises(UserError, match=r"^disk full while writing .*plan.calibration.pt; the previous file"):
         atomic_torch_save(path, {"w": torch.ones(1000)})
     monkeypatch.undo()

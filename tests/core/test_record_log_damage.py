@@ -24,7 +24,7 @@ def _frame_starts(data):
     starts, pos = [], 0
     while pos < len(data):
         starts.append(pos)
-        pos = artifacts._frame_at(data, pos)
+        pos = artifacts.record_log._frame_at(data, pos)
     return starts
 
 
@@ -164,7 +164,7 @@ def _disk_full_after(monkeypatch, calls):
         left[0] -= 1
         return real(fd, data)
 
-    monkeypatch.setattr(artifacts.os, "write", write)
+    monkeypatch.setattr(artifacts.atomic.os, "write", write)
 
 
 def test_disk_full_while_appending_keeps_every_earlier_record(tmp_path, monkeypatch):

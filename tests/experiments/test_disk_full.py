@@ -8,14 +8,14 @@ import pytest
 from neuroshard.core import artifacts
 from neuroshard.core.errors import UserError
 from neuroshard.data.tasks import generate_tasks, load_tasks, save_tasks
-from neuroshard.experiments.results import write_results
+from neuroshard.core.artifacts import write_results
 
 
 def _disk_full(monkeypatch):
     def write(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(artifacts.os, "write", write)
+    monkeypatch.setattr(artifacts.atomic.os, "write", write)
 
 
 def test_disk_full_while_writing_a_task_file(small_dataset, tmp_path, monkeypatch):

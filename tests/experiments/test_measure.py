@@ -279,8 +279,7 @@ def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
     """Two ranks, real measurements: after rank 0's stop rule drops a plan (here scripted, after round 4), no rank
     measures it again, the others are measured every round, and the rounds' costs say so (NaN when dropped)."""
     from neuroshard.experiments.calibrate import user_tables_dataset
-    from neuroshard.hardware.evaluator import rounds_rank
-    from neuroshard.hardware.launch import run_processes
+    from neuroshard.hardware.engine import EngineSettings, Job, run
     from race_stop import ScriptedRace
 
     (tmp_path / "t.csv").write_text(HEAVY)
@@ -291,8 +290,8 @@ def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
              [[(0, 128), (3, 128)], [(1, 128), (2, 128)]]]   # balanced, other pairs
     got = []
     stop = ScriptedRace(time.time() + 600, 4, 7, num_candidates=3, race=True, drop=1, drop_after=4)
-    run_processes(rounds_rank, 2, (str(ds.path), resolve_hardware("cpu", "auto"), 256, plans, 1, 2, stop),
-                  lambda msg: got.append(msg[1]), group_device="cpu")
+    run(Job(EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), 256, 1, 2), [plans], stop), 2,
+        lambda g, r, costs: got.append(costs))
     measured = np.array([[np.isfinite(c).all() for c in costs] for costs in got])  # [round, plan]
     assert len(got) == 7
     assert measured[:, 0].all() and measured[:, 2].all()

@@ -1,4 +1,4 @@
-"""Real measurements on tiny tables: compute benchmark, backends, all-to-all, evaluator, collectors."""
+"""Real measurements on tiny tables: compute benchmark, backends, all-to-all, measurement engine, collectors."""
 import csv
 import os
 import signal
@@ -14,10 +14,8 @@ from neuroshard.hardware.backends import FbgemmTBE, TorchFusedEmbeddingBag, fbge
 from neuroshard.core.artifacts import read_record_log
 from neuroshard.hardware.collect import load_cost_data, missing_indices
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND
-from neuroshard.hardware.comm_bench import layouts_rank
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmark
 from neuroshard.data.dataset import process_raw
-from neuroshard.hardware.launch import run_processes
 
 from conftest import ROOT, assert_clean_error, popen_interruptible, run_python, run_script
 
@@ -83,10 +81,11 @@ def test_fbgemm_and_torch_backends_agree(bench_dataset):
 
 
 def _layouts(world, layouts, batch=1024, warmup=2, iters=5):
-    got = {}
-    run_processes(layouts_rank, world, (layouts, batch, "cpu", warmup, iters), lambda m: got.__setitem__(m[0], m[1:]),
-                  group_device="cpu")
-    return [got[i] for i in range(len(layouts))]
+    from neuroshard.hardware.engine import EngineSettings, Layout, measure_fixed
+
+    items = [Layout(tuple(d), tuple(w)) for d, w in layouts]
+    measured = measure_fixed(EngineSettings(None, resolve_hardware("cpu", "auto"), batch, warmup, iters), items, world)
+    return [(m.fw_ms, m.bw_ms) for m in measured]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -240,18 +239,22 @@ def test_comm_collection(tmp_path):
                                   "--out_dir", tmp_path), "divisible")
 
 
-def test_interleaved_rounds_report_the_median_round(small_dataset):
-    from neuroshard.hardware.evaluator import measure_plans
+def test_interleaved_rounds_report_the_geometric_mean_of_the_rounds(small_dataset):
+    from neuroshard.hardware.engine import EngineSettings, measure_plans
 
     plans = {("a", 0): [[(0, 8)], [(1, 16)]], ("b", 0): [[(0, 8), (1, 16)], []], ("a", 1): [[(2, 4)], [(3, 4)]]}
     got = {}
-    measure_plans(small_dataset, HW, 256, plans, 2, warmup=1, iters=6, rounds=3, group_of=lambda k: k[1],
-                  on_result=lambda key, cost, rounds: got.__setitem__(key, (cost, rounds)))
+    measure_plans(EngineSettings(str(small_dataset.path), HW, 256, 1, 2, shuffle=False), plans, 2, rounds=3,
+                  group_of=lambda k: k[1], on_result=lambda key, m: got.__setitem__(key, m))
     assert set(got) == set(plans)
-    for key, (cost, rounds) in got.items():
+    for key, m in got.items():
+        rounds = m.round_ms
         assert len(rounds) == 3 and all(r > 0 for r in rounds)
-        assert cost.cost_ms == pytest.approx(sorted(rounds)[1])   # the median round's cost
-    assert got[("b", 0)][0].compute_ms[1] == 0.0                  # an empty device computes nothing
+        assert m.cost_ms == pytest.approx(float(np.exp(np.log(rounds).mean())))  # the geometric mean of the rounds
+        lo, hi = m.interval()
+        assert lo <= m.cost_ms <= hi
+        assert m.compute_ms == pytest.approx(np.median([p[:, 0] for p in m.round_parts_ms], axis=0))
+    assert got[("b", 0)].compute_ms[1] == 0.0                     # an empty device computes nothing
 
 
 def test_speed_probe_times_real_work_and_restores_the_thread_count():

@@ -1,0 +1,50 @@
+"""Provenance: how an artifact was made (the arguments, versions, host, time, and a digest of the code)."""
+from __future__ import annotations
+
+import functools
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+FORMAT_VERSION = 3  # 3: record-log frames carry a length and a crc32
+
+
+def versions() -> dict[str, str]:
+    """Versions of the software that shaped an artifact."""
+    out = {"python": platform.python_version()}
+    for mod in ("numpy", "torch", "fbgemm_gpu", "torchrec"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            out[mod] = str(getattr(m, "__version__", "unknown"))
+    from ... import __version__
+
+    out["neuroshard"] = __version__
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """12 hex digits of SHA-256 over the neuroshard package's Python sources (relative paths and bytes,
+    in path order): the same code gives the same digest, installed or in a checkout, git or not."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def provenance(**made_with: Any) -> dict[str, Any]:
+    """Record of how an artifact was made: the given arguments plus versions, host and time."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "argv": list(sys.argv),
+        "versions": versions(),
+        **made_with,
+    }

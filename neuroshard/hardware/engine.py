@@ -1,0 +1,308 @@
+"""The measurement engine (DESIGN.md §3.7): how eval.py, `--measure` and calibration measure on hardware.
+
+One worker, `rounds_rank`, runs on every rank and takes one `Job`: the engine's `EngineSettings` (dataset,
+hardware, batch, warm-up and timed iterations per round, DCT-MP's `mp_keep`, round order, and the `step`),
+groups of items to measure, a stop rule and an optional drift reference. Each group is measured in
+interleaved rounds: every round measures every item of the group still in the race once (A B C A B C ...;
+with `shuffle` in an order shuffled per round, seeded and the same on every rank, so neither a slow period
+nor a place in the round favours one item). After each round rank 0 emits (group, round, costs [P (+1), N,
+3]: per item, every rank's [compute, fw, bw] ms, NaN for an item not measured that round) and asks the stop
+rule `stop(round_costs [R, P (+1)], last_round_s)` and, if it has one, `stop.active(round_costs)` (bool [P]:
+what the next round measures); both answers are broadcast so every rank stops, and measures, together.
+eval.py and calibration stop after a fixed number of rounds (`FixedRounds`); `--measure` stops when its best
+plan is told apart, races and measures a drift reference (`experiments/measure.py`).
+
+**How one round of an item is measured is the pluggable part**: `EngineSettings.step`, a class built once
+per rank as `step(settings, rank, world)` whose `measure(item)` all ranks call together and which returns
+every rank's [compute, fw, bw] ms. `EmulatedStep` (the default) emulates independent devices as the
+simulator and the paper do: compute one rank at a time (ranks sharing a machine do not disturb each other),
+then the backward all-to-all with all ranks together, then the forward all-to-all with each rank starting
+after its delay d_r = (compute_r + bw_r) - min_r(...), as in training. An item is a plan (per device, the
+(dataset table, dim) of each shard; a column twin reads its parent table's ids at its own dim; on one rank
+without a process group: a shard, compute only) or a `Layout` (an all-to-all alone, with given delays). With
+`mp_keep` both all-to-alls are DCT-MP's compressed ones (`comm_bench.make_all_to_all`). Another step (e.g. a
+framework's own training step of the plan) plugs in by subclassing `Step`.
+
+**A plan's measured cost** (`Measured`): a round's cost is max_r (compute_r + fw_r + bw_r); the plan's cost
+is the geometric mean of its round costs, with a Student-t 95% interval of it over rounds
+(`core.stats.paired_interval`); its per-device parts are the median over rounds of each part.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.stats import geo_mean, paired_interval
+from ..core.types import Cost
+from .backends import Hardware
+
+
+# ----------------------------------------------------------------------------- settings and items
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine measures: the one settings object every engine worker takes."""
+
+    dataset_dir: str | None       # the tables' ids (None: only `Layout`s are measured)
+    hw: Hardware
+    batch_size: int
+    warmup: int                   # warm-up iterations of each item in each round
+    iters: int                    # timed iterations of each item in each round (their median)
+    mp_keep: float | None = None  # DCT-MP's compressed all-to-alls (None: uncompressed)
+    shuffle: bool = True          # each round in a seeded shuffled order (False: item order)
+    step: type | None = None      # how one round of an item is measured (None: `EmulatedStep`)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An all-to-all alone: each rank's dim sum and start delay (ms); nothing computed."""
+
+    dim_sums: tuple
+    delays_ms: tuple
+
+
+def plan_device_tables(task, plan) -> list[list[tuple[int, int]]]:
+    """Per device, the (dataset table id, dim) of each shard it owns: the engine's item for a plan."""
+    return [[(int(task.table_ids[s.table]), int(s.dim)) for s in dev] for dev in plan.per_device()]
+
+
+# ----------------------------------------------------------------------------- how one round is measured
+
+class Step:
+    """How one round of one item is measured; built once per rank. `measure(item)` is called by all ranks
+    together and returns every rank's [compute, fw, bw] ms ([world][3])."""
+
+    def __init__(self, settings: EngineSettings, rank: int, world: int):
+        self.settings, self.rank, self.world = settings, rank, world
+
+    def measure(self, item) -> list[list[float]]:
+        raise NotImplementedError
+
+
+def _grouped() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+class EmulatedStep(Step):
+    """Independent devices emulated (module docstring): compute one rank at a time, then the all-to-alls."""
+
+    def __init__(self, settings: EngineSettings, rank: int, world: int):
+        super().__init__(settings, rank, world)
+        self.bench = None  # built before the first round, so that round's time is measuring only
+        if settings.dataset_dir is not None:
+            from ..data.dataset import DLRMDataset
+            from .compute_bench import ComputeBenchmark
+
+            s = settings
+            self.bench = ComputeBenchmark(DLRMDataset.load(s.dataset_dir), s.hw, s.batch_size, s.warmup, s.iters)
+
+    def measure(self, item) -> list[list[float]]:
+        import torch.distributed as dist
+
+        from .comm_bench import gather_floats, make_all_to_all, timed_collective
+
+        s, rank, grouped = self.settings, self.rank, _grouped()
+        compute = 0.0
+        if isinstance(item, Layout):
+            dim_sums = [int(d) for d in item.dim_sums]
+        else:
+            mine = item[rank]
+            for r in range(self.world):  # one rank at a time
+                if r == rank and mine:
+                    compute = self.bench.measure([t for t, _ in mine], [d for _, d in mine])
+                if grouped:
+                    dist.barrier()
+            dim_sums = [sum(d for _, d in dev) for dev in item]
+        if not grouped:  # one worker: no all-to-all
+            return [[compute, 0.0, 0.0]]
+        device = s.hw.device
+        a2a = make_all_to_all(dim_sums, s.batch_size, rank, device, s.mp_keep)
+        bw = timed_collective(a2a.backward, device, 0.0, s.warmup, s.iters)
+        if isinstance(item, Layout):
+            delay = float(item.delays_ms[rank])
+        else:
+            ready = np.array([c[0] for c in gather_floats([compute + bw], device)])
+            delay = float(ready[rank] - ready.min())
+        fw = timed_collective(a2a.forward, device, delay, s.warmup, s.iters)
+        return gather_floats([compute, fw, bw], device)
+
+
+# ----------------------------------------------------------------------------- a plan's measured cost
+
+def round_cost(parts) -> float:
+    """One round's cost of a plan from every rank's [compute, fw, bw] ms: max_r of their sum (NaN: not measured)."""
+    p = np.asarray(parts, np.float64)
+    return float(p.sum(axis=1).max()) if np.isfinite(p).all() else float("nan")
+
+
+@dataclass
+class Measured:
+    """A plan's measurement: each round's cost (NaN: a round it was not measured in) and each round's parts."""
+
+    round_ms: np.ndarray                       # [R]
+    round_parts_ms: list = field(default_factory=list)  # per round [N, 3]; may be empty (parts given below)
+    parts_ms: np.ndarray | None = None         # [N, 3] median over the measured rounds of each part
+
+    def __post_init__(self):
+        self.round_ms = np.asarray(self.round_ms, np.float64)
+        if self.parts_ms is None and self.round_parts_ms:
+            stack = np.stack([np.asarray(p, np.float64) for p in self.round_parts_ms])
+            ok = np.isfinite(stack).all(axis=(1, 2))
+            self.parts_ms = np.median(stack[ok], axis=0) if ok.any() else None
+
+    @classmethod
+    def from_rounds(cls, round_parts) -> "Measured":
+        return cls(np.array([round_cost(p) for p in round_parts]), list(round_parts))
+
+    @property
+    def rounds(self) -> int:
+        return int(np.isfinite(self.round_ms).sum())
+
+    @property
+    def cost_ms(self) -> float:
+        """The plan's measured cost: the geometric mean of its round costs."""
+        return float(geo_mean(self.round_ms))
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Student-t `level` interval of the geometric mean over rounds."""
+        est = paired_interval(self.round_ms, np.ones_like(self.round_ms), level=level)
+        return est.lo, est.hi
+
+    @property
+    def compute_ms(self) -> np.ndarray:
+        return self.parts_ms[:, 0]
+
+    @property
+    def fw_ms(self) -> np.ndarray:
+        return self.parts_ms[:, 1]
+
+    @property
+    def bw_ms(self) -> np.ndarray:
+        return self.parts_ms[:, 2]
+
+    @property
+    def parts(self) -> Cost:
+        """The per-device median parts as a `Cost` (its own `cost_ms` is theirs, not the plan's)."""
+        return Cost(self.compute_ms, self.fw_ms, self.bw_ms)
+
+
+# ----------------------------------------------------------------------------- the rounds
+
+class FixedRounds:
+    """Stop rule of eval.py and calibration: stop after `rounds` rounds, every item measured in each."""
+
+    def __init__(self, rounds: int):
+        self.rounds = int(rounds)
+
+    def __call__(self, round_costs, last_round_s: float) -> bool:
+        return len(round_costs) >= self.rounds
+
+
+@dataclass
+class Job:
+    """What `rounds_rank` measures: groups of items (each raced on its own), the stop rule applied to each
+    group, and an optional drift reference (round r also measures reference[r % len], last in the costs)."""
+
+    settings: EngineSettings
+    groups: list[list[Any]]
+    stop: Callable
+    reference: list | None = None
+
+
+def rounds_rank(rank: int, world: int, emit, job: Job) -> None:
+    """The engine's worker: every group's items in interleaved rounds until the stop rule says enough (module
+    docstring); rank 0 emits (group, round, costs [P (+1), N, 3])."""
+    import torch
+
+    s = job.settings
+    step = (s.step or EmulatedStep)(s, rank, world)
+    grouped = _grouped()
+    ref = job.reference or None
+    for g, items in enumerate(job.groups):
+        P = len(items)
+        active = np.ones(P, bool)
+        totals: list[list[float]] = []
+        r = 0
+        while True:
+            t0 = time.perf_counter()
+            todo = [i for i in range(P) if active[i]] + ([P] if ref else [])
+            order = np.random.default_rng([r, len(todo)]).permutation(len(todo)) if s.shuffle else range(len(todo))
+            costs = np.full((P + bool(ref), world, 3), np.nan)
+            for j in order:
+                i = todo[j]
+                costs[i] = step.measure(items[i] if i < P else ref[r % len(ref)])
+            answer = torch.zeros(1 + P, dtype=torch.int64, device=s.hw.device)  # [stop, measure item i next...]
+            if rank == 0:
+                emit((g, r, costs))
+                totals.append([round_cost(c) for c in costs])
+                done = bool(job.stop(np.array(totals), time.perf_counter() - t0))
+                keep = active if done or not hasattr(job.stop, "active") \
+                    else np.asarray(job.stop.active(np.array(totals)), bool)
+                answer[0] = int(done)
+                answer[1:] = torch.as_tensor(keep & active, dtype=torch.int64)
+            if grouped:
+                import torch.distributed as dist
+
+                dist.broadcast(answer, src=0)
+            if int(answer[0]):
+                break
+            active = answer[1:].cpu().numpy().astype(bool)
+            r += 1
+
+
+def run(job: Job, world: int, on_round: Callable[[int, int, np.ndarray], None], gpu_ids=None) -> None:
+    """Run `job` on `world` ranks (one process group; one rank of a job without all-to-alls runs as a worker with
+    no group); `on_round(group, round, costs)` gets each round as rank 0 emits it."""
+    from .launch import run_processes
+
+    if not any(job.groups):
+        return
+    group_device = job.settings.hw.device if world > 1 or any(isinstance(i, Layout) for g in job.groups for i in g) \
+        else None
+    run_processes(rounds_rank, world, (job,), lambda msg: on_round(*msg), group_device=group_device,
+                  gpu_ids=gpu_ids, what="rank" if group_device else "worker")
+
+
+def measure_fixed(settings: EngineSettings, items: list, world: int, rounds: int = 1) -> list[Measured]:
+    """Each item measured in `rounds` rounds (one group); per item its `Measured`."""
+    parts: list[list] = [[] for _ in items]
+
+    def on_round(g, r, costs):
+        for i, c in enumerate(costs):
+            parts[i].append(c)
+
+    run(Job(settings, [list(items)], FixedRounds(rounds)), world, on_round)
+    return [Measured.from_rounds(p) for p in parts]
+
+
+def measure_plans(settings: EngineSettings, plans: dict, num_devices: int, rounds: int = 1,
+                  on_result=None, gpu_ids=None, group_of=None) -> dict:
+    """Measure {key: per-device (table, dim) lists} on `num_devices` ranks in `rounds` rounds; {key: Measured}.
+
+    Plans with the same `group_of(key)` (e.g. one task's plans of every algorithm) are measured interleaved,
+    so a slow period of a shared machine hits all of them alike. `on_result(key, measured)` gets each plan as
+    soon as its group is done."""
+    groups: dict = {}
+    for key, device_tables in plans.items():
+        groups.setdefault(group_of(key) if group_of else None, []).append((key, device_tables))
+    groups_list = list(groups.values())
+    parts: list[list[list]] = [[[] for _ in g] for g in groups_list]
+    results = {}
+
+    def on_round(g, r, costs):
+        for i, c in enumerate(costs):
+            parts[g][i].append(c)
+        if r + 1 == rounds:
+            for i, (key, _) in enumerate(groups_list[g]):
+                results[key] = Measured.from_rounds(parts[g][i])
+                if on_result:
+                    on_result(key, results[key])
+
+    run(Job(settings, [[d for _, d in g] for g in groups_list], FixedRounds(rounds)), num_devices, on_round,
+        gpu_ids=gpu_ids)
+    return results
