@@ -12,7 +12,7 @@ per round, in alternating order; the paired ratio is NeuroShard / TorchRec per r
 mean and a 95% bootstrap interval (`experiments.stats.paired`). Cost models: `--models_dir`'s for N ranks
 when present, else the real network shapes with random weights (the planning time depends on the shapes,
 not the weights; the output says which). Writes `<out_dir>/search_speed.csv` (one row per planner and
-round), `search_speed.md`, `search_speed.json` (summary and provenance) and `search_speed.png` (planning time
+round), `search_speed.md`, `search_speed.json` (summary), provenance in `.meta.json` and `search_speed.png` (planning time
 against table count).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text, check_output_dir, write_results  # noqa: E402
+from neuroshard.core.artifacts import atomic_write_bytes, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import comm_model_paths, flag  # noqa: E402
 from neuroshard.core.errors import check_float, check_int  # noqa: E402
@@ -224,11 +224,8 @@ def main(argv=None) -> None:
     bare = bare_search(cfg)
     table, summary = report(rows, bare)
     print(table)
-    import pandas as pd
-
-    atomic_write_text(out / "search_speed.csv", pd.DataFrame(rows).to_csv(index=False))
-    write_results(out, "search_speed", f"# Planning speed\n\n{table}",
-                  {"script": "benchmarks/search_speed.py", "config": asdict(cfg), "summary": summary, "bare": bare})
+    write_results(out / "search_speed.csv", rows, markdown=f"# Planning speed\n\n{table}",
+                  record={"summary": summary, "bare": bare}, script="benchmarks/search_speed.py", **asdict(cfg))
     plot(summary, out / "search_speed.png")
     print(f"wrote {out / 'search_speed.csv'}, .md, .json and .png")
 

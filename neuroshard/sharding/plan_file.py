@@ -10,7 +10,6 @@ no code (JSON), and a file that is not a complete plan is refused with one line.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..core.errors import PlanError, UserError
@@ -21,24 +20,14 @@ from .torchrec_export import SPEC_KIND, check_spec
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
-MAX_PLAN_FILE_BYTES = 64 << 20
 
 
 def read_plan_file(path: str | Path) -> dict:
     """The plan in FILE as a TorchRec plan spec (checked: every column placed once on a real rank)."""
-    from ..core.artifacts import check_input_file
+    from ..core.artifacts import read_json
 
-    path = check_input_file(path, "plan file", "write one with tools/shard_tables.py --out or --torchrec_plan")
-    if path.stat().st_size > MAX_PLAN_FILE_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a plan file "
-                        f"(limit {MAX_PLAN_FILE_BYTES:,})")
-    try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; pass a plan.json or a --torchrec_plan file") from None
-    except (json.JSONDecodeError, RecursionError, ValueError) as e:
-        raise UserError(f"{path}: not a JSON plan ({type(e).__name__}); pass a plan.json or a --torchrec_plan "
-                        "file") from None
+    obj = read_json(path, "plan file", "plan file",
+                    "pass a plan.json or a --torchrec_plan file (tools/shard_tables.py --out or --torchrec_plan)")
     if isinstance(obj, dict) and obj.get("kind") == PLAN_KIND:
         obj = {"kind": SPEC_KIND, "world_size": obj.get("ndevices"), "tables": obj.get("tables")}
     return check_spec(obj, str(path))

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.artifacts import atomic_write_text, check_input_file, provenance
+from ..core.artifacts import atomic_write_text, provenance, read_json
 from ..core.errors import UserError
 from .plan import ShardingPlan
 
 SPEC_KIND = "neuroshard.torchrec_plan"
 MAX_WORLD_SIZE = 1024        # like --ndevices
-MAX_PLAN_BYTES = 256 << 20
 
 
 def module_names(names: list[str]) -> list[str]:
@@ -171,18 +170,5 @@ def write_torchrec_plan(path: str | Path, spec: dict, **made_with) -> Path:
 
 def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda"):
     """Read a `--torchrec_plan` file and build the TorchRec `ShardingPlan` from it."""
-    path = check_input_file(path, "TorchRec plan", "write one with tools/shard_tables.py --torchrec_plan")
-    if path.stat().st_size > MAX_PLAN_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes is more than a plan file can be ({MAX_PLAN_BYTES:,}); "
-                        "rewrite it with tools/shard_tables.py --torchrec_plan")
-    try:
-        spec = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); rewrite it with tools/shard_tables.py") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); rewrite it with "
-                        "tools/shard_tables.py") from None
-    except (RecursionError, ValueError) as e:  # nesting too deep, or an integer of thousands of digits
-        what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
-        raise UserError(f"{path}: not a usable plan ({what}); rewrite it with tools/shard_tables.py") from None
+    spec = read_json(path, "TorchRec plan", "plan", "rewrite it with tools/shard_tables.py --torchrec_plan")
     return to_torchrec_plan(check_spec(spec, str(path)), module_path, device_type)

@@ -79,10 +79,10 @@ def test_a_plan_for_other_tables_or_devices_is_refused(tables, tmp_path):
 
 HOSTILE = {
     "not_utf8.json": (b"\xff\xfe{\x00", "not UTF-8"),
-    "deep.json": (b"[" * 100_000 + b"]" * 100_000, "not a JSON plan"),
-    "garbage.json": (b"{not json", "not a JSON plan"),
+    "deep.json": (b"[" * 100_000 + b"]" * 100_000, "not a usable plan file \\(nested too deeply\\)"),
+    "garbage.json": (b"{not json", "not valid JSON"),
     "huge_int.json": (b'{"kind": "neuroshard.torchrec_plan", "world_size": ' + b"9" * 5000 + b', "tables": []}',
-                      "not a JSON plan"),
+                      "not a usable plan file"),
     "other_kind.json": (json.dumps({"kind": "something.else", "tables": []}).encode(), "not a neuroshard TorchRec plan"),
     "uncovered.json": (json.dumps({"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
         {"name": "a", "rows": 10, "dim": 8, "shards": [{"col_offset": 0, "width": 4, "rank": 0}]}]}).encode(),
