@@ -329,21 +329,25 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     from tqdm import tqdm
 
     from ..core.artifacts import check_output_file, check_results_csv
-    from ..hardware.launch import in_torchrun
+    from ..hardware.launch import in_torchrun, join_torchrun_group, torchrun_env
     from .data import load_data
 
-    cfg = cfg.check().resolved()
+    torchrun = in_torchrun()
     rank0 = True
-    if in_torchrun():
-        world = int(os.environ.get("WORLD_SIZE", "0"))
+    if torchrun:
+        rank, world, _ = torchrun_env()  # before anything else: a bad environment is one line
         if world != cfg.ndevices:
             raise UserError(f"--ndevices {cfg.ndevices} but torchrun started {world} ranks; "
-                            f"pass --ndevices {world}")
-        rank0 = int(os.environ["RANK"]) == 0
+                            f"pass --ndevices {world} or leave it out")
+        rank0 = rank == 0
+    cfg = cfg.check().resolved()
+    if torchrun:
         progress = progress and rank0
         results_csv = results_csv if rank0 else None
     check_output_file(results_csv, "--results_csv")
     check_results_csv(results_csv, "--results_csv", RESULT_COLUMNS, "training")
+    if torchrun:  # every rank present (or one line within --rendezvous_timeout_s) before the expensive work
+        join_torchrun_group("cpu", cfg.rendezvous_timeout_s)
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
