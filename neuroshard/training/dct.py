@@ -35,9 +35,10 @@ futures cannot run Python callbacks.
 
 State survives DDP's bucket rebuild (after the first iteration DDP regroups parameters into new
 buckets; PyTorch's PowerSGD hook guards against it by compressing only from its second iteration
-and keying its state by bucket index). Here per-bucket state is keyed by the bucket's set of
-parameters, never by bucket index: a bucket with a new set of parameters gets its own threshold
-(refreshed on the spot, reason "new bucket") and buffers, and its residual is assembled from the
+and keying its state by bucket index). Here per-bucket state is keyed by the bucket's parameters,
+never by bucket index: a bucket with a new set of parameters gets its own threshold (refreshed on the
+spot, reason "new bucket"); a bucket with a new layout (a new set, or the same parameters in another
+order, which a rebuild also makes) gets its own buffers, and its residual is assembled from the
 residuals its parameters carried in their old buckets, so a rebuild neither mixes nor loses them.
 Iterations are counted by the hook itself (on each iteration's last bucket).
 
@@ -180,7 +181,7 @@ class DCTState(HookState):
 
     def __post_init__(self):
         super().__post_init__()
-        self._buffers: dict = {}  # frozenset of parameter ids -> _Buffers
+        self._buffers: dict = {}  # the bucket's parameter ids, in its order -> _Buffers
         self._calls = 0           # hook calls that go through the payload sequence
         self._next_launch = 0     # the call whose payload is launched next
         self._waiting: dict = {}  # call number -> its launch, once its counts are in
@@ -253,10 +254,11 @@ class _Bucket:
         self.params = params = bucket.parameters()
         self.sizes = [p.numel() for p in params]
         self.n, self.b, self.it = buf.numel(), bucket.index(), state.iteration
-        key = frozenset(id(p) for p in params)
-        w = state._buffers.get(key)
+        order = tuple(id(p) for p in params)  # buffers follow the bucket's layout: its parameters in order
+        key = frozenset(order)                # the threshold follows its entries, whatever their order
+        w = state._buffers.get(order)
         if w is None:
-            w = self._new_buffers(key)
+            w = self._new_buffers(order)
         self.w, g = w, w.g
         torch.div(buf, world, out=g)
         if state.error_feedback and w.res is not None:
@@ -287,13 +289,15 @@ class _Bucket:
         self.count = torch.tensor([self.deltas.numel()], dtype=torch.int32)
         state.timed("encode", t0, True)
 
-    def _new_buffers(self, key: frozenset) -> _Buffers:
-        """Buffers for a bucket with a new set of parameters (DDP's first buckets, or its rebuild):
-        the residual is what its parameters carried in their old buckets, whose buffers go."""
+    def _new_buffers(self, order: tuple) -> _Buffers:
+        """Buffers for a bucket with a new layout (DDP's first buckets, or its rebuild, which may also
+        reorder the parameters of a bucket it keeps): the residual is what its parameters carried in
+        their old buckets, whose buffers go."""
         state = self.state
-        for old in [k for k in state._buffers if k & key]:
+        mine = set(order)
+        for old in [k for k in state._buffers if mine.intersection(k)]:
             del state._buffers[old]
-        w = state._buffers[key] = _Buffers(self.n)
+        w = state._buffers[order] = _Buffers(self.n)
         carried = [state.residual.get(id(p)) for p in self.params]
         if state.error_feedback and any(r is not None for r in carried):
             w.res = torch.cat([r if r is not None else torch.zeros(s) for r, s in zip(carried, self.sizes)])

@@ -17,6 +17,8 @@ CONFIGS = [(*c, 0.005, 1.0, 1.5, 2) for c in REBUILD] + [
     (False, False, False, 0.005, 10.0, 1.5, 100),   # ... with the default bound
     (False, False, False, 0.005, 0.0, 1.5, 2),      # all-zero gradients after the first iteration
     (True, False, False, 0.005, 0.0, 1.5, 100)]     # ... with error feedback: only the residual is left
+ONE_BUCKET = len(CONFIGS)  # every parameter in one 100 MB bucket, which DDP's rebuild keeps but reorders
+CONFIGS.append((True, False, False, 0.005, 1.0, 1.5, 2, False, 100))
 # the same configs with the blocking hook (sync=True): the asynchronous one must match it bit for bit
 TWINS = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, len(REBUILD) + 2, len(REBUILD) + 4))}
 CONFIGS += [(*CONFIGS[c], True) for c in TWINS]
@@ -75,6 +77,17 @@ def test_async_hook_equals_the_sync_hook_bit_for_bit(runs, c):
         for x, y in zip(a[2], b[2]):                     # residuals
             assert torch.equal(x, y)
     assert runs["digests", c, 0] == runs["digests", c, 1]  # and every rank got the same gradients
+
+
+def test_a_rebuild_that_reorders_a_bucket_keeps_each_residual_with_its_parameter(runs):
+    """One bucket holding every parameter: the rebuild keeps its set but changes its order. Residuals
+    must follow their parameters (a version kept the bucket's flat residual in the old order, which
+    added each residual to another parameter's gradient)."""
+    delivered, true, residual, sent, refreshed = runs[ONE_BUCKET, 0]
+    assert {b for _, b, *_ in sent} == {0}                  # one bucket throughout
+    assert [r for _, _, r in refreshed].count("new bucket") == 0  # same set: the threshold carries over
+    for d, t, r in zip(delivered, true, residual):
+        torch.testing.assert_close(d + r, t, rtol=1e-4, atol=1e-6)
 
 
 def test_keep_one_delivers_the_true_average(runs):
