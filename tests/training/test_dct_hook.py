@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from neuroshard.hardware.launch import run_processes
-from neuroshard.training.dct import MAX_DELTA, decode_into, drift_cap, encode, keep_count, payload_bytes
+from neuroshard.training.dct import (GROUP_ROWS, MAX_DELTA, decode_into, drift_cap, encode, keep_count, over_threshold,
+                                     payload_bytes)
 
 import dct_workers
 
@@ -149,3 +150,20 @@ def test_nothing_is_lost_when_no_rank_has_an_entry_over_a_stale_tau(runs):
         torch.testing.assert_close(d + r, t, rtol=1e-4, atol=1e-7)
     later = sum(float(r.abs().sum()) for r in residual)
     assert later > 0.1 * sum(float((t - d).abs().sum()) for d, t in zip(delivered, true))
+
+
+@pytest.mark.parametrize("n", [100, GROUP_ROWS * 1024 - 1, GROUP_ROWS * 1024, GROUP_ROWS * 4096 + 7, 1_000_003])
+def test_grouped_threshold_search_finds_exactly_the_plain_one(n):
+    """over_threshold (column maxima first) returns the same sorted positions as (|g| >= tau).nonzero(),
+    with ties at tau, zeros, a tail that does not fill a row, nothing or everything over tau, and NaNs."""
+    g = torch.Generator().manual_seed(n)
+    mag = torch.randn(n, generator=g).abs()
+    mag[torch.randint(0, n, (n // 7,), generator=g)] = 0.0
+    tau = float(mag.kthvalue(max(1, n - n // 200)).values)
+    mag[torch.randint(0, n, (5,), generator=g)] = tau     # ties
+    mag[-1] = 2 * tau                                       # the tail
+    cases = [tau, 0.0, float(mag.max()) * 2, float(mag.max()), 1e-30]
+    for t in cases:
+        assert torch.equal(over_threshold(mag, t), (mag >= t).nonzero().squeeze(1)), t
+    mag[n // 3] = float("nan")
+    assert torch.equal(over_threshold(mag, tau), (mag >= tau).nonzero().squeeze(1))
