@@ -425,6 +425,7 @@ def _exchange_async(work: _Bucket) -> torch.futures.Future:
 
     def counts_in(fut):
         try:
+            fut.value()  # raises the count all_gather's error (a lost peer), if any
             m = int(torch.stack(counts).max())
             launch = _launcher(work, m, out)
         except BaseException as e:  # noqa: BLE001 -- the future carries it to DDP
