@@ -11,8 +11,11 @@ Every rank shares the one shaped loopback, so R is the aggregate bandwidth of th
 one shared link), not per rank. Runs are interleaved (every rep visits every bandwidth and mode, the
 order rotated each rep), so machine load drifts hit every mode alike; one group of ranks per rep
 runs them all, so process start-up is paid once. Per run: median step time and
-its split into compute / MP comm / DP comm (time inside the collectives; compute is the rest,
-compression work included). Speedup of a mode = step time of `none` / step time of the mode in the
+its split into compute / DP codec / MP comm / DP comm: DP codec is the DCT-DP compression work on the
+training thread (thresholding, tau refreshes, encoding; decoding too with --dp_sync on); MP comm is the
+time inside the all-to-alls (DCT-MP's packing included); DP comm is the time the step waited for DP
+communication after autograd's last gradient (with asynchronous hooks, the default, what did not
+overlap backward; with --dp_sync on, the time inside the blocking collectives); compute is the rest. Speedup of a mode = step time of `none` / step time of the mode in the
 same rep and bandwidth; the table gives their geometric mean and 95% Student-t interval over reps.
 The bandwidth where DCT stops paying: from a fit step = a + s / R per mode over the shaped
 bandwidths, the R where `none` and `both` cross. Runs already in the CSV are kept (Ctrl-C loses no
@@ -61,6 +64,7 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default=",".join(DCT_MODES))
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
+    p.add_argument("--dp_sync", default="off", help="on: blocking DP hooks (the reference), off: asynchronous (default)")
     p.add_argument("--out_dir", default="results")
     p.add_argument("--plot", default="docs/dct_network.png")
     p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
@@ -75,6 +79,9 @@ def main(argv=None) -> None:
         fail(f"--bandwidths must be Gbit/s from 0 (unshaped) to 1000, got {a.bandwidths!r}")
     if "none" not in modes or any(m not in DCT_MODES for m in modes):
         fail(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {a.modes!r}")
+    if a.dp_sync not in ("on", "off"):
+        fail(f"--dp_sync must be on or off, got {a.dp_sync!r}")
+    dp_sync = a.dp_sync == "on"
     TrainConfig(dense_opt=a.dense_opt).check()
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
@@ -85,7 +92,8 @@ def main(argv=None) -> None:
     from neuroshard.training.data import load_data
 
     done = runs_done(csv, a.fresh, {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
-                                    "batch_size": a.batch_size, "dense_opt": a.dense_opt}, ("rep", "gbit", "dct"))
+                                    "batch_size": a.batch_size, "dense_opt": a.dense_opt, "dp_sync": dp_sync},
+                     ("rep", "gbit", "dct"))
     data = load_data(a.dataset)
     for rep in range(a.reps):  # one group of ranks per rep runs every (bandwidth, mode), shaping between runs
         todo = [(bws[(i + rep) % len(bws)], modes[(j + rep) % len(modes)])
@@ -94,15 +102,25 @@ def main(argv=None) -> None:
         if not todo:
             continue
         cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, dct=m, seed=0,
-                            batch_size=a.batch_size, log_every=a.steps, evaluate=False, dense_opt=a.dense_opt)
+                            batch_size=a.batch_size, log_every=a.steps, evaluate=False, dense_opt=a.dense_opt,
+                            dp_sync=dp_sync)
                 for _, m in todo]
         results = train_runs(cfgs, data, partial(shape_run, [g for g, _ in todo]))
         for (gbit, dct), r in zip(todo, results):
             append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})
             print(f"rep {rep} {gbit:g} Gbit/s {dct:<5} step {r['step_ms']:8.1f} ms = compute "
-                  f"{r['compute_ms']:.1f} + MP {r['mp_comm_ms']:.1f} + DP {r['dp_comm_ms']:.1f}", flush=True)
+                  f"{r['compute_ms']:.1f} + DP codec {r['dp_codec_ms']:.1f} + MP {r['mp_comm_ms']:.1f} + "
+                  f"DP {r['dp_comm_ms']:.1f}", flush=True)
     netns.shape(0)
     report(pd.read_csv(csv), csv, Path(a.plot))
+
+
+def codec(g: pd.DataFrame) -> str:
+    """Median DP compression work (ms) of a run group; '-' for rows from before it was recorded (their
+    compute column still includes it)."""
+    if "dp_codec_ms" not in g or g.dp_codec_ms.isna().all():
+        return "-"
+    return f"{g.dp_codec_ms.median():.1f}"
 
 
 def crossover(df: pd.DataFrame) -> float:
@@ -128,6 +146,7 @@ def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
         speed[gbit, dct] = sp
         rows.append({"link": f"{gbit:g} Gbit/s" if gbit > 0 else "unshaped", "dct": dct, "reps": len(reps),
                      "step (ms)": f"{g.step_ms.median():.0f}", "compute": f"{g.compute_ms.median():.0f}",
+                     "DP codec": codec(g),
                      "MP comm": f"{g.mp_comm_ms.median():.0f}", "DP comm": f"{g.dp_comm_ms.median():.0f}",
                      "MP MB/step": f"{g.mp_bytes_per_step.mean() / 1e6:.2f}",
                      "DP MB/step": f"{g.dp_bytes_per_step.mean() / 1e6:.3f}",
@@ -141,7 +160,9 @@ def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
           f"{r0.steps} steps per run, {df.rep.nunique()} interleaved reps", "",
           "Each rate is the aggregate bandwidth of the namespace's one loopback (tc tbf), shared by all ranks. "
           "Times are medians per step in ms (averaged over ranks); speedup = none / mode in the same rep, geometric "
-          "mean and 95% Student-t interval over reps.", "", *markdown(rows), "",
+          "mean and 95% Student-t interval over reps. DP codec: DCT-DP's compression work on the training thread; "
+          "DP comm: the wait for DP communication after backward's last gradient (asynchronous hooks unless "
+          "--dp_sync on); compute: the rest.", "", *markdown(rows), "",
           f"Where DCT stops paying (fit step = a + s/R of none and both over the shaped rates): "
           f"{x:.1f} Gbit/s." if np.isfinite(x) else "Where DCT stops paying: the fits do not cross above 0 Gbit/s "
           "(both is faster at every rate, or slower at every rate; see the table).", ""]

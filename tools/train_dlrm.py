@@ -3,7 +3,10 @@
 Embeddings model-parallel (sharded by --alg, pooled per rank, all-to-all), MLPs data-parallel under
 DDP; --dct compresses the DP gradient exchange (dp), the embedding all-to-all (mp), or both.
 Spawns its --ndevices ranks itself, or runs as one rank of a group launched by torchrun, e.g.
-    torchrun --standalone --nproc_per_node 4 tools/train_dlrm.py --ndevices 4
+    torchrun --standalone --nproc_per_node 4 tools/train_dlrm.py
+(--ndevices defaults to torchrun's world size there; torchrun's RANK, WORLD_SIZE, LOCAL_RANK and
+MASTER_PORT are checked at start, and a rank that waits more than --rendezvous_timeout_s for the
+others stops with one line.)
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import argparse
 from dataclasses import fields
 
 from neuroshard.core.cli import ArgumentParser, run_main
+from neuroshard.hardware.launch import in_torchrun, torchrun_env
 from neuroshard.training.train import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, train_dlrm
 
 
@@ -24,7 +28,9 @@ def main(argv=None) -> int:
     d = TrainConfig()
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=d.dataset, help="movielens (MovieLens-100K) or synthetic")
-    p.add_argument("--ndevices", type=int, default=d.ndevices, help="ranks (gloo processes)")
+    p.add_argument("--ndevices", type=int, default=None,
+                   help=f"ranks (gloo processes); default {d.ndevices}, or under torchrun its world size (another value "
+                        "is refused)")
     p.add_argument("--alg", default=d.alg, help="sharding algorithm for the embedding tables")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch_size", type=int, default=d.batch_size, help="global batch")
@@ -35,6 +41,10 @@ def main(argv=None) -> int:
                    help="re-estimate the DP threshold early once it would send more than this times the target")
     p.add_argument("--mp_keep", type=float, default=d.mp_keep, help="share of pooled-embedding entries sent")
     p.add_argument("--error_feedback", type=on_off, default=d.error_feedback, metavar="{on,off}")
+    p.add_argument("--dp_sync", type=on_off, default=d.dp_sync, metavar="{on,off}",
+                   help="off (default): the DP hooks' collectives are asynchronous and overlap the rest of backward "
+                        "(as DDP's own hook); on: blocking collectives, identical gradients (a reference for tests "
+                        "and timing)")
     p.add_argument("--arch", default=d.arch, choices=list(ARCHS),
                    help="MLP shape: tiny (64-32 / 64-32, dim 16) or mlperf (512-256 / 1024-1024-512-256, dim 128)")
     p.add_argument("--bottom_mlp", default=d.bottom_mlp, help="hidden widths of the bottom MLP, e.g. 512-256")
@@ -55,11 +65,15 @@ def main(argv=None) -> int:
                    help="0 (default): score the test set once, at the end; N: hold out the last tenth of the "
                         "training split for validation, score validation and test every N steps, and also report "
                         "the test scores at the step of the best validation AUC")
+    p.add_argument("--rendezvous_timeout_s", type=float, default=d.rendezvous_timeout_s,
+                   help="under torchrun: seconds to wait for every rank to join before giving up in one line")
     p.add_argument("--results_csv", default="results/dct.csv")
     p.add_argument("--compute_model", default=None)
     p.add_argument("--fw_comm_model", default=None)
     p.add_argument("--bw_comm_model", default=None)
     a = p.parse_args(argv)
+    if a.ndevices is None:  # under torchrun: its world size (checked with the rest of its environment)
+        a.ndevices = torchrun_env()[1] if in_torchrun() else d.ndevices
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})
     r = train_dlrm(cfg, a.results_csv, (a.compute_model, a.fw_comm_model, a.bw_comm_model))
     if r is None:  # a torchrun rank other than 0: rank 0 reports
@@ -68,8 +82,9 @@ def main(argv=None) -> int:
     if "best_step" in r:
         print(f"best validation AUC {r['best_valid_auc']:.4f} at step {r['best_step']}: test AUC "
               f"{r['test_auc_at_best']:.4f}  log loss {r['test_logloss_at_best']:.4f}")
-    print(f"per step: {r['step_ms']:.2f} ms = compute {r['compute_ms']:.2f} + MP comm {r['mp_comm_ms']:.2f} + "
-          f"DP comm {r['dp_comm_ms']:.2f} (medians)")
+    dp_what = "time in the blocking collectives" if r["dp_sync"] else "the wait after backward's last gradient"
+    print(f"per step: {r['step_ms']:.2f} ms = compute {r['compute_ms']:.2f} + DP codec {r['dp_codec_ms']:.2f} + "
+          f"MP comm {r['mp_comm_ms']:.2f} + DP comm {r['dp_comm_ms']:.2f} (medians; DP comm: {dp_what})")
     print(f"bytes per step: MP {r['mp_bytes_per_step']:,.0f}  DP {r['dp_bytes_per_step']:,.0f}")
     if a.results_csv:
         print(f"appended to {a.results_csv}")

@@ -45,25 +45,134 @@ def in_torchrun() -> bool:
                                                    and "MASTER_ADDR" in os.environ)
 
 
+_TORCHRUN_FIX = ("launch with torchrun (e.g. torchrun --nproc_per_node N ...), which sets it, or unset RANK, "
+                 "WORLD_SIZE and MASTER_ADDR to let the script spawn its own ranks")
+
+
+def _env_int(name: str, lo: int, hi: int | None, what: str) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        raise UserError(f"torchrun's environment: {name} is not set; {_TORCHRUN_FIX}")
+    shown = repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+    t = text.strip()
+    if not t.lstrip("+-").isdigit() or not t.isascii():
+        raise UserError(f"torchrun's environment: {name} must be a whole number ({what}), got {shown}; "
+                        f"{_TORCHRUN_FIX}")
+    value = int(t)
+    if value < lo or (hi is not None and value > hi):
+        span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise UserError(f"torchrun's environment: {name} must be {span} ({what}), got {value}; {_TORCHRUN_FIX}")
+    return value
+
+
+def torchrun_env() -> tuple[int, int, int]:
+    """torchrun's (RANK, WORLD_SIZE, LOCAL_RANK), checked before anything waits on them: a bad or
+    missing value is one `UserError` line naming the variable, its allowed range and the fix."""
+    world = _env_int("WORLD_SIZE", 1, 1 << 20, "the number of ranks")
+    rank = _env_int("RANK", 0, world - 1, f"this process's rank among WORLD_SIZE {world}")
+    local_world = world
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        local_world = _env_int("LOCAL_WORLD_SIZE", 1, world, f"ranks on this node, at most WORLD_SIZE {world}")
+    local = rank
+    if "LOCAL_RANK" in os.environ:
+        local = _env_int("LOCAL_RANK", 0, min(rank, local_world - 1),
+                         f"this process's rank on its node: below LOCAL_WORLD_SIZE {local_world} and at most RANK {rank}")
+    if not os.environ.get("MASTER_ADDR", "").strip():
+        raise UserError(f"torchrun's environment: MASTER_ADDR is empty; {_TORCHRUN_FIX}")
+    _env_int("MASTER_PORT", 1, 65535, "the rendezvous TCP port")
+    return rank, world, local
+
+
+def _mute_stderr() -> int | None:
+    """Point file descriptor 2 at /dev/null; returns a copy of the old one (None if that failed)."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        return saved
+    except (OSError, ValueError):
+        return None
+
+
+def _restore_stderr(saved: int | None) -> None:
+    if saved is not None:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def join_torchrun_group(device: str, timeout_s: float, gpu_ids: list[int] | None = None,
+                        collective_timeout_s: float = 300.0) -> None:
+    """Join the process group torchrun's environment describes, waiting at most `timeout_s` for every
+    rank to arrive (a process alone, or one pointed at the wrong MASTER_ADDR/MASTER_PORT, is told so
+    in one line instead of waiting the collectives' timeout). The wait runs in a helper thread while
+    this one polls it, so SIGTERM and Ctrl-C are handled at once during it. Collectives afterwards
+    time out after `collective_timeout_s`."""
+    import torch.distributed as dist
+
+    rank, world, _ = torchrun_env()
+    if dist.is_initialized():
+        return
+    _prepare_device(device, rank, gpu_ids)
+    failed: list[BaseException] = []
+
+    def join():
+        try:
+            dist.init_process_group(_backend(device), timeout=timedelta(seconds=timeout_s))
+        except BaseException as e:  # noqa: BLE001 -- reported by the waiting thread
+            failed.append(e)
+
+    helper = threading.Thread(target=join, name="rendezvous", daemon=True)
+    saved = _mute_stderr()  # c10d logs each failed connection attempt with C++ stack frames; the line below says it
+    try:
+        helper.start()
+        while helper.is_alive():
+            helper.join(0.1)  # signal handlers run between these waits
+    finally:
+        _restore_stderr(saved)
+    if failed:
+        reason = str(failed[0]).strip().splitlines()[0][:200] if str(failed[0]).strip() else type(failed[0]).__name__
+        where = f"{os.environ['MASTER_ADDR'].strip()}:{int(os.environ['MASTER_PORT'])}"
+        raise UserError(f"torchrun rank {rank} of {world}: the ranks did not all meet at {where} within {timeout_s:g} s "
+                        f"({reason}); start all {world} ranks (torchrun --nnodes/--nproc_per_node), check MASTER_ADDR "
+                        f"and MASTER_PORT, or raise --rendezvous_timeout_s")
+    try:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=collective_timeout_s))
+    except (AttributeError, RuntimeError, ValueError):  # older torch: collectives keep the rendezvous timeout
+        pass
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def init_group(device: str, rank: int, world: int, init_method: str | None, gpu_ids: list[int] | None) -> None:
+def _backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def _prepare_device(device: str, rank: int, gpu_ids: list[int] | None) -> None:
     import torch
-    import torch.distributed as dist
 
     if device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(gpu_ids[local] if gpu_ids else local)
     else:
         torch.set_num_threads(1)
+
+
+def init_group(device: str, rank: int, world: int, init_method: str | None, gpu_ids: list[int] | None) -> None:
+    import torch.distributed as dist
+
+    _prepare_device(device, rank, gpu_ids)
     kwargs: dict[str, Any] = {"timeout": timedelta(seconds=300)}
     if init_method:
         kwargs.update(init_method=init_method, rank=rank, world_size=world)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", **kwargs)
+    dist.init_process_group(_backend(device), **kwargs)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -180,7 +289,8 @@ def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[A
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            init_group(group_device, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, gpu_ids)
+            rank, world, _ = torchrun_env()
+            init_group(group_device, rank, world, None, gpu_ids)
         rank = dist.get_rank()
         fn(rank, dist.get_world_size(), on_message if rank == 0 else (lambda msg: None), *args)
         dist.barrier()

@@ -72,6 +72,7 @@ class TrainConfig:
     dp_drift: float = 1.5
     mp_keep: float = 0.05
     error_feedback: bool = True
+    dp_sync: bool = False           # DP hooks with blocking collectives (the reference) instead of asynchronous ones
     arch: str = "tiny"
     bottom_mlp: str | None = None   # hidden widths, e.g. "512-256"; None: the --arch's
     top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
@@ -87,6 +88,7 @@ class TrainConfig:
     evaluate: bool = True           # predict the test set at the end (timing benchmarks skip it)
     eval_every: int = 0             # >0: hold out the last tenth of the training split for validation, score
     #                                 validation and test every this many steps; report test at the best validation
+    rendezvous_timeout_s: float = 60.0  # under torchrun: how long to wait for every rank to join
 
     def check(self) -> "TrainConfig":
         if self.dataset not in ("movielens", "synthetic"):
@@ -120,6 +122,9 @@ class TrainConfig:
         check_max_mem_gb(self.max_mem)
         check_int("--log_every", self.log_every, 1, 1_000_000)
         check_int("--eval_every", self.eval_every, 0, self.steps)
+        if not isinstance(self.dp_sync, bool):
+            raise UserError(f"--dp_sync must be on or off, got {self.dp_sync!r}")
+        check_float("--rendezvous_timeout_s", self.rendezvous_timeout_s, 1.0, 86_400.0)
         if self.num_samples is not None:
             check_int("--num_samples", self.num_samples, 1000, 100_000_000)
         if self.max_rows is not None:
@@ -175,7 +180,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .data import CTRData
-    from .dct import DCTState, dct_hook, dense_hook
+    from .dct import DCTState, HookState, dct_hook, dense_hook
 
     from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
@@ -186,11 +191,12 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     torch.manual_seed(cfg.seed)
     model = DDP(cfg.dense_arch(data.dense.shape[1], T))
     if cfg.uses_dp:
-        state = DCTState(cfg.dp_keep, cfg.dp_refresh, cfg.error_feedback, stats, cfg.dp_drift)
+        state = DCTState(keep=cfg.dp_keep, refresh=cfg.dp_refresh, error_feedback=cfg.error_feedback, stats=stats,
+                         drift=cfg.dp_drift, sync=cfg.dp_sync)
         model.register_comm_hook(state, dct_hook)
     else:
-        state = None
-        model.register_comm_hook(stats, dense_hook)
+        state = HookState(stats=stats, sync=cfg.dp_sync)
+        model.register_comm_hook(state, dense_hook)
     emb = ShardedEmbeddings(rank_shards[rank], data.num_rows, D, cfg.seed)
     widths = [sum(w for _, _, w in s) for s in rank_shards]
     my_tables = sorted({t for t, _, _ in rank_shards[rank]})
@@ -239,6 +245,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         idx = order[pos:pos + B]
         pos += B
         stats.reset()
+        state.step_reset()
         t0 = time.perf_counter()
         logit, y = forward(idx, model, stats)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
@@ -246,6 +253,8 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         if opt_emb:
             opt_emb.zero_grad()
         loss.backward()
+        if not cfg.dp_sync and state.compute_done_at is not None:  # the wait for DP after autograd's last gradient
+            stats.seconds["dp"] += time.perf_counter() - state.compute_done_at
         if opt_emb:
             for p in emb.parameters():  # each rank's loss is a mean over its B/N samples: average over ranks
                 if p.grad is not None:
@@ -253,7 +262,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
             opt_emb.step()
         opt_dense.step()
         per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
-                         stats.bytes["mp"], stats.bytes["dp"]))
+                         stats.bytes["mp"], stats.bytes["dp"], state.codec_s))
         losses.append(float(loss.detach()))
         if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
             emit(("loss", step + 1, float(np.mean(losses[-cfg.log_every:]))))
@@ -269,7 +278,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
                                      torch.tensor(losses, dtype=torch.float64)), world)
     if rank == 0:
         emit(("done", preds.tolist(), labels.tolist(), torch.stack(steps_all).numpy(),
-              state.refreshed_at if state else [], [x.tolist() for x in losses_all], evals))
+              getattr(state, "refreshed_at", []), [x.tolist() for x in losses_all], evals))
 
 
 VALID_SHARE = 10  # with --eval_every, 1/VALID_SHARE of the training split (at least one batch) validates
@@ -320,21 +329,25 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     from tqdm import tqdm
 
     from ..core.artifacts import check_output_file, check_results_csv
-    from ..hardware.launch import in_torchrun
+    from ..hardware.launch import in_torchrun, join_torchrun_group, torchrun_env
     from .data import load_data
 
-    cfg = cfg.check().resolved()
+    torchrun = in_torchrun()
     rank0 = True
-    if in_torchrun():
-        world = int(os.environ.get("WORLD_SIZE", "0"))
+    if torchrun:
+        rank, world, _ = torchrun_env()  # before anything else: a bad environment is one line
         if world != cfg.ndevices:
             raise UserError(f"--ndevices {cfg.ndevices} but torchrun started {world} ranks; "
-                            f"pass --ndevices {world}")
-        rank0 = int(os.environ["RANK"]) == 0
+                            f"pass --ndevices {world} or leave it out")
+        rank0 = rank == 0
+    cfg = cfg.check().resolved()
+    if torchrun:
         progress = progress and rank0
         results_csv = results_csv if rank0 else None
     check_output_file(results_csv, "--results_csv")
     check_results_csv(results_csv, "--results_csv", RESULT_COLUMNS, "training")
+    if torchrun:  # every rank present (or one line within --rendezvous_timeout_s) before the expensive work
+        join_torchrun_group("cpu", cfg.rendezvous_timeout_s)
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
@@ -435,7 +448,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     digest of the neuroshard sources that trained it (benchmarks resume only rows of the same code)."""
     from ..core.artifacts import source_digest
 
-    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 5]
+    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 6]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
@@ -447,11 +460,11 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
         "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
         "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
-        "error_feedback": cfg.error_feedback, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
+        "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),
         "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
-        "compute_ms": 1e3 * (med(0) - med(1) - med(2)),
+        "dp_codec_ms": 1e3 * med(5), "compute_ms": 1e3 * (med(0) - med(1) - med(2) - med(5)),
         "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
         "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,

@@ -18,11 +18,14 @@ def topk_gradients(rank, world, emit, keep):
 
 
 def multi_bucket(rank, world, emit, configs):
-    """For each config (error_feedback, static_graph, as_view, keep, growth, drift, refresh): a
-    1.8M-parameter MLP under DDP with 1 MB buckets and the DCT-DP hook, 4 iterations without an
-    optimizer step (so the weights stay fixed), the loss scaled by growth ** iteration. Emits the
-    gradients DDP delivered and the true average of the ranks' local gradients (both summed over the
-    iterations), the residuals left (summed over ranks), what each bucket sent and the refreshes."""
+    """For each config (error_feedback, static_graph, as_view, keep, growth, drift, refresh[, sync[, cap_mb]]):
+    a 1.8M-parameter MLP under DDP with cap_mb (default 1) MB buckets and the DCT-DP hook (asynchronous unless sync), 4
+    iterations without an optimizer step (so the weights stay fixed), the loss scaled by growth **
+    iteration. Emits the gradients DDP delivered and the true average of the ranks' local gradients
+    (both summed over the iterations), the residuals left (summed over ranks), what each bucket sent,
+    the refreshes, and a digest of each iteration's delivered gradients (all parameters' bytes)."""
+    import hashlib
+
     import copy
 
     import torch.distributed as dist
@@ -31,23 +34,27 @@ def multi_bucket(rank, world, emit, configs):
 
     from neuroshard.training.dct import DCTState, dct_hook
 
-    for c, (error_feedback, static_graph, as_view, keep, growth, drift, refresh) in enumerate(configs):
+    for c, (error_feedback, static_graph, as_view, keep, growth, drift, refresh, *rest) in enumerate(configs):
+        sync = rest[0] if rest else False
+        cap_mb = rest[1] if len(rest) > 1 else 1
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 256),
                             nn.ReLU(), nn.Linear(256, 1))
         plain = copy.deepcopy(net)
-        model = DDP(net, bucket_cap_mb=1, static_graph=static_graph, gradient_as_bucket_view=as_view)
-        state = DCTState(keep=keep, refresh=refresh, error_feedback=error_feedback, drift=drift)
+        model = DDP(net, bucket_cap_mb=cap_mb, static_graph=static_graph, gradient_as_bucket_view=as_view)
+        state = DCTState(keep=keep, refresh=refresh, error_feedback=error_feedback, drift=drift, sync=sync)
         model.register_comm_hook(state, dct_hook)
         delivered = [torch.zeros_like(p) for p in net.parameters()]
         true = [torch.zeros_like(p) for p in net.parameters()]
         g = torch.Generator().manual_seed(100 + rank)
+        digests = []
         for it in range(4):
             x = torch.randn(32, 512, generator=g)
             model.zero_grad()
             (model(x).pow(2).mean() * growth ** it).backward()
             plain.zero_grad()
             (plain(x).pow(2).mean() * growth ** it).backward()
+            digests.append(hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in net.parameters())).hexdigest())
             for d, t, p, q in zip(delivered, true, net.parameters(), plain.parameters()):
                 d += p.grad
                 local = q.grad.clone()
@@ -58,4 +65,4 @@ def multi_bucket(rank, world, emit, configs):
         for r in residual:
             dist.all_reduce(r)
         arrays = [[t.numpy() for t in ts] for ts in (delivered, true, residual)]  # plain arrays through the pipe
-        emit((c, rank, *arrays, state.sent, state.refreshed_at))
+        emit((c, rank, *arrays, state.sent, state.refreshed_at, digests))

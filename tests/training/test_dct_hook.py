@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from neuroshard.hardware.launch import run_processes
-from neuroshard.training.dct import MAX_DELTA, decode_into, drift_cap, encode, keep_count, payload_bytes
+from neuroshard.training.dct import (GROUP_ROWS, MAX_DELTA, decode_into, drift_cap, encode, keep_count, over_threshold,
+                                     payload_bytes)
 
 import dct_workers
 
@@ -17,6 +18,11 @@ CONFIGS = [(*c, 0.005, 1.0, 1.5, 2) for c in REBUILD] + [
     (False, False, False, 0.005, 10.0, 1.5, 100),   # ... with the default bound
     (False, False, False, 0.005, 0.0, 1.5, 2),      # all-zero gradients after the first iteration
     (True, False, False, 0.005, 0.0, 1.5, 100)]     # ... with error feedback: only the residual is left
+ONE_BUCKET = len(CONFIGS)  # every parameter in one 100 MB bucket, which DDP's rebuild keeps but reorders
+CONFIGS.append((True, False, False, 0.005, 1.0, 1.5, 2, False, 100))
+# the same configs with the blocking hook (sync=True): the asynchronous one must match it bit for bit
+TWINS = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, len(REBUILD) + 2, len(REBUILD) + 4))}
+CONFIGS += [(*CONFIGS[c], True) for c in TWINS]
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +30,9 @@ def runs():
     got = {}
 
     def on_message(m):
-        c, rank, *arrays, sent, refreshed = m
+        c, rank, *arrays, sent, refreshed, digests = m
         got[c, rank] = (*[[torch.from_numpy(a) for a in ts] for ts in arrays], sent, refreshed)
+        got["digests", c, rank] = digests
 
     run_processes(dct_workers.multi_bucket, 2, (CONFIGS,), on_message, group_device="cpu")
     return got
@@ -54,6 +61,34 @@ def test_multi_bucket_model_survives_the_bucket_rebuild(runs, c):
         assert sum(float(r.abs().sum()) for r in residual) > 0
     else:
         assert all(float(r.abs().sum()) == 0 for r in residual)
+
+
+@pytest.mark.parametrize("c", sorted(TWINS))
+def test_async_hook_equals_the_sync_hook_bit_for_bit(runs, c):
+    """Several buckets, rebuilt after the first iteration (static_graph and gradient_as_bucket_view
+    included), a stale tau that drifts, residuals only: every iteration's delivered gradients, the
+    residuals left and what each bucket sent are the same, bit for bit, with both hooks."""
+    s = TWINS[c]
+    buckets = [len([x for x in runs[c, 0][3] if x[0] == it]) for it in range(4)]
+    assert max(buckets) > 1
+    for rank in (0, 1):
+        assert runs["digests", c, rank] == runs["digests", s, rank]
+        a, b = runs[c, rank], runs[s, rank]
+        assert a[3] == b[3] and a[4] == b[4]             # entries sent per bucket, refreshes
+        for x, y in zip(a[2], b[2]):                     # residuals
+            assert torch.equal(x, y)
+    assert runs["digests", c, 0] == runs["digests", c, 1]  # and every rank got the same gradients
+
+
+def test_a_rebuild_that_reorders_a_bucket_keeps_each_residual_with_its_parameter(runs):
+    """One bucket holding every parameter: the rebuild keeps its set but changes its order. Residuals
+    must follow their parameters (a version kept the bucket's flat residual in the old order, which
+    added each residual to another parameter's gradient)."""
+    delivered, true, residual, sent, refreshed = runs[ONE_BUCKET, 0]
+    assert {b for _, b, *_ in sent} == {0}                  # one bucket throughout
+    assert [r for _, _, r in refreshed].count("new bucket") == 0  # same set: the threshold carries over
+    for d, t, r in zip(delivered, true, residual):
+        torch.testing.assert_close(d + r, t, rtol=1e-4, atol=1e-6)
 
 
 def test_keep_one_delivers_the_true_average(runs):
@@ -115,3 +150,20 @@ def test_nothing_is_lost_when_no_rank_has_an_entry_over_a_stale_tau(runs):
         torch.testing.assert_close(d + r, t, rtol=1e-4, atol=1e-7)
     later = sum(float(r.abs().sum()) for r in residual)
     assert later > 0.1 * sum(float((t - d).abs().sum()) for d, t in zip(delivered, true))
+
+
+@pytest.mark.parametrize("n", [100, GROUP_ROWS * 1024 - 1, GROUP_ROWS * 1024, GROUP_ROWS * 4096 + 7, 1_000_003])
+def test_grouped_threshold_search_finds_exactly_the_plain_one(n):
+    """over_threshold (column maxima first) returns the same sorted positions as (|g| >= tau).nonzero(),
+    with ties at tau, zeros, a tail that does not fill a row, nothing or everything over tau, and NaNs."""
+    g = torch.Generator().manual_seed(n)
+    mag = torch.randn(n, generator=g).abs()
+    mag[torch.randint(0, n, (n // 7,), generator=g)] = 0.0
+    tau = float(mag.kthvalue(max(1, n - n // 200)).values)
+    mag[torch.randint(0, n, (5,), generator=g)] = tau     # ties
+    mag[-1] = 2 * tau                                       # the tail
+    cases = [tau, 0.0, float(mag.max()) * 2, float(mag.max()), 1e-30]
+    for t in cases:
+        assert torch.equal(over_threshold(mag, t), (mag >= t).nonzero().squeeze(1)), t
+    mag[n // 3] = float("nan")
+    assert torch.equal(over_threshold(mag, tau), (mag >= tau).nonzero().squeeze(1))

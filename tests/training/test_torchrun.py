@@ -1,5 +1,6 @@
 """tools/train_dlrm.py launched by torchrun (one node with 2 processes; two 'nodes' of 1 process
-each with a c10d rendezvous on loopback) gives the same results as the self-spawned run."""
+each with a c10d rendezvous on loopback; --ndevices left to torchrun's world size) gives the same
+results as the self-spawned run."""
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from conftest import ROOT
 ARGS = ["--dataset", "synthetic", "--num_samples", "2000", "--max_rows", "50", "--ndevices", "2", "--steps", "6",
         "--batch_size", "128", "--log_every", "2", "--dct", "both", "--seed", "3"]
 COLS = ["test_auc", "test_logloss", "num_test", "loss_curve", "dp_bytes_per_step", "mp_bytes_per_step"]
+TR_ARGS = [a for i, a in enumerate(ARGS) if "--ndevices" not in ARGS[max(0, i - 1):i + 1]]  # torchrun's world size
 ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--local-addr", "127.0.0.1"]
 
@@ -35,14 +37,14 @@ def test_torchrun_single_and_two_nodes_match_the_spawned_run(tmp_path):
     spawned = subprocess.run([sys.executable, script, *ARGS, "--results_csv", tmp_path / "spawned.csv"],
                              capture_output=True, text=True, env=ENV, timeout=300)
     assert spawned.returncode == 0, spawned.stderr
-    one = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *ARGS,
+    one = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *TR_ARGS,
                           "--results_csv", tmp_path / "one.csv"], capture_output=True, text=True, env=ENV, timeout=300)
     assert one.returncode == 0, one.stderr
     assert one.stdout.count("test AUC") == 1  # rank 0 reports, rank 1 is silent
     port = _free_port()
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--node_rank", str(r), "--nproc_per_node", "1",
                                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "t",
-                               script, *ARGS, "--results_csv", tmp_path / "two.csv"],
+                               script, *TR_ARGS, "--results_csv", tmp_path / "two.csv"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [e for _, e in outs]
@@ -57,8 +59,9 @@ def test_torchrun_world_size_must_match_ndevices(tmp_path, monkeypatch):
     from neuroshard.core.errors import UserError
     from neuroshard.training.train import TrainConfig, train_dlrm
 
-    for k, v in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", TORCHELASTIC_RUN_ID="t").items():
+    for k, v in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+                     TORCHELASTIC_RUN_ID="t").items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(UserError, match="--ndevices 4 but torchrun started 2 ranks; pass --ndevices 2"):
+    with pytest.raises(UserError, match="--ndevices 4 but torchrun started 2 ranks; pass --ndevices 2 or leave it out"):
         train_dlrm(TrainConfig(ndevices=4, steps=2), tmp_path / "r.csv", progress=False)
     assert not (tmp_path / "r.csv").exists()
