@@ -52,7 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import UserError, check_float, check_int
+from ..core.config import MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure
+from ..core.errors import UserError, check_int
 from ..core.types import Cluster
 from ..core.stats import geo_mean, paired_interval
 from ..hardware.engine import Measured, round_cost
@@ -62,23 +63,20 @@ from ..sharding.search import plan_key
 
 @dataclass(frozen=True)
 class MeasureConfig:
-    budget_s: float = 180.0
-    warmup_iter: int = 3
-    num_iter: int = 5            # timed iterations per candidate per round
+    budget_s: float = MEASURE_BUDGET_S
+    warmup_iter: int = MEASURE_WARMUP_ITER
+    num_iter: int = MEASURE_NUM_ITER  # timed iterations per candidate per round
     min_rounds: int = 5
     max_rounds: int = 200
-    top_k: int = 3               # NeuroShard candidates
+    top_k: int = MEASURE_TOP     # NeuroShard candidates
     seed: int = 0
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
     race: bool = True            # drop a candidate measured slower than the best (module docstring)
 
     def check(self) -> "MeasureConfig":
-        check_float("--measure_budget_s", self.budget_s, 0.0, lo_open=True)
-        check_int("--warmup_iter", self.warmup_iter, 0, 100_000)
-        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_measure(self.budget_s, self.top_k, self.warmup_iter, self.num_iter)
         check_int("--min_rounds", self.min_rounds, 2, 10_000)
         check_int("--max_rounds", self.max_rounds, self.min_rounds, 100_000)
-        check_int("--measure_top", self.top_k, 3, 100)
         return self
 
 
