@@ -25,11 +25,11 @@ Writes results/real_tables.csv (one row per set and plan) and results/real_table
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +39,10 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
-from neuroshard.core.cli import ArgumentParser, run_main, str_list  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams  # noqa: E402
+from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
+                                    MEASURE_WARMUP_ITER, SearchParams, flag)
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -67,35 +68,50 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     return out
 
 
+@dataclass
+class RealTablesConfig:
+    """Real table sets through the user path (benchmarks/real_tables.py)."""
+
+    sets: tuple[str, ...] = flag(tuple(SETS), "table sets of benchmarks/real_tables/, comma-separated",
+                                 parse="str_list")
+    models_dir: str = flag("models", "the pre-trained compute.pt and comm_<N>_{fw,bw}.pt")
+    ndevices: int = flag(4)
+    max_mem: float = flag(0.04, "GB per device")
+    calibrate: int = flag(DEFAULT_CALIBRATE_K, "shards of each set measured to calibrate the cost models")
+    calibrate_comm: int = flag(DEFAULT_CALIBRATE_COMM, "all-to-all layouts to check the comm models on")
+    measure_budget_s: float = flag(90.0)
+    warmup_iter: int = flag(MEASURE_WARMUP_ITER, "per candidate per round")
+    num_iter: int = flag(MEASURE_NUM_ITER, "timed, per candidate per round")
+    no_race: bool = flag(False, "measure every candidate in every round")
+    out_dir: str = flag("results")
+
+    def calibration(self) -> CalibrationConfig:
+        return CalibrationConfig(num_shards=self.calibrate, comm_layouts=self.calibrate_comm).check()
+
+    def measurement(self) -> MeasureConfig:
+        return MeasureConfig(budget_s=self.measure_budget_s, warmup_iter=self.warmup_iter, num_iter=self.num_iter,
+                             race=not self.no_race).check()
+
+    def check(self) -> "RealTablesConfig":
+        self.calibration(), self.measurement()
+        unknown = [s for s in self.sets if s not in SETS]
+        if unknown:
+            raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+        return self
+
+
 def main(argv=None) -> None:
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--sets", default=",".join(SETS))
-    p.add_argument("--models_dir", default="models")
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--max_mem", type=float, default=0.04)
-    p.add_argument("--calibrate", type=int, default=DEFAULT_CALIBRATE_K)
-    p.add_argument("--calibrate_comm", type=int, default=18, help="all-to-all layouts to check the comm models on")
-    p.add_argument("--measure_budget_s", type=float, default=90.0)
-    p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
-    p.add_argument("--num_iter", type=int, default=5, help="timed, per candidate per round")
-    p.add_argument("--no_race", action="store_true", help="measure every candidate in every round")
-    p.add_argument("--out_dir", default="results")
-    a = p.parse_args(argv)
+    a = config_from_args(RealTablesConfig, step_parser(RealTablesConfig, __doc__, raw_doc=True).parse_args(argv))
     # every check before any work: a run that calibrates for minutes never fails at its end
-    ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()
-    mcfg = MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter, num_iter=a.num_iter,
-                         race=not a.no_race).check()
-    sets = str_list(a.sets, "--sets")
-    unknown = [s for s in sets if s not in SETS]
-    if unknown:
-        raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+    a.check()
+    ccfg, mcfg, sets = a.calibration(), a.measurement(), a.sets
     cluster = Cluster(a.ndevices, a.max_mem).need_peers()
     check_output_dir(a.out_dir, "--out_dir")
     with OutputLock([("--out_dir", Path(a.out_dir) / "real_tables.md")]):
         measure_sets(a, sets, ccfg, mcfg, cluster)
 
 
-def measure_sets(a: argparse.Namespace, sets: tuple[str, ...], ccfg: CalibrationConfig, mcfg: MeasureConfig,
+def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationConfig, mcfg: MeasureConfig,
                  cluster: Cluster) -> None:
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
@@ -175,7 +191,7 @@ def measure_sets(a: argparse.Namespace, sets: tuple[str, ...], ccfg: Calibration
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 
-def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: argparse.Namespace) -> str:
+def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: RealTablesConfig) -> str:
     """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown. The JSON also
     holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms and its round costs (`parts`)."""
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
