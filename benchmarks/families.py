@@ -26,6 +26,7 @@ from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
@@ -113,14 +114,14 @@ def main(argv=None) -> None:
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["| family | samples | test MAPE | test R² | test Spearman | LOFO MAPE | LOFO R² | LOFO Spearman "
-             "| repeat Spearman |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        f = lambda k, pct=False: ("-" if pd.isna(r.get(k, np.nan)) else  # noqa: E731
-                                  f"{100 * r[k]:.1f}%" if pct else f"{r[k]:.3f}")
-        n = r.get("lofo_n", r.get("test_n", "-"))
-        lines.append(f"| {r['family']} | {n} | {f('test_mape', True)} | {f('test_r2')} | {f('test_spearman')} | "
-                     f"{f('lofo_mape', True)} | {f('lofo_r2')} | {f('lofo_spearman')} | {f('repeat_spearman')} |")
+    def f(r, k, pct=False):
+        return "-" if pd.isna(r.get(k, np.nan)) else f"{100 * r[k]:.1f}%" if pct else f"{r[k]:.3f}"
+
+    lines = format_table(["family", "samples", "test MAPE", "test R²", "test Spearman", "LOFO MAPE", "LOFO R²",
+                          "LOFO Spearman", "repeat Spearman"],
+                         [[r["family"], r.get("lofo_n", r.get("test_n", "-")), f(r, "test_mape", True), f(r, "test_r2"),
+                           f(r, "test_spearman"), f(r, "lofo_mape", True), f(r, "lofo_r2"), f(r, "lofo_spearman"),
+                           f(r, "repeat_spearman")] for r in rows], align="lrrrrrrrr")
     write_results(out / "families.csv", df, markdown="\n".join(lines) + "\n", **asdict(a))
     print("\n".join(lines))
 

@@ -30,6 +30,7 @@ from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E40
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import CostModelFiles, SearchParams, check_iters, check_mp_keep, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster, check_max_mem_gb  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.data.tasks import load_tasks  # noqa: E402
@@ -134,21 +135,23 @@ def main(argv=None) -> None:
                            and r["task"] in costs["dense-comm"]}) for f in PLANS}
     pred = paired({r["task"]: r["mp-aware predicted ms"] for r in rows},
                   {r["task"]: r["dense-comm predicted ms"] for r in rows})
-    lines = ["| mp-aware vs dense-comm plan (both measured compressed) | tasks | geo-mean ratio | 95% CI | "
-             "wins / ties / losses |", "|---|---:|---:|---:|---:|"]
-    for name, s in (("all tasks (identical plans = 1)", stats_all), ("tasks whose plans differ", stats_diff),
-                    ("... dense-comm plan measured first in each round", by_order["dense-comm"]),
-                    ("... mp-aware plan measured first in each round", by_order["mp-aware"]),
-                    ("predicted by the mp models, all tasks", pred)):
-        lines.append(f"| {name} | {s['n']} | {s['ratio']:.3f} | [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}] | "
-                     f"{s['wins']} / {s['ties']} / {s['losses']} |")
-    lines += ["", "| plan | mean splits | mean dim-sum imbalance (max/mean) | mean measured compute imbalance "
-              "(tasks that differ) |", "|---|---:|---:|---:|"]
+    lines = format_table(["mp-aware vs dense-comm plan (both measured compressed)", "tasks", "geo-mean ratio",
+                          "95% CI", "wins / ties / losses"],
+                         [[name, s["n"], f"{s['ratio']:.3f}", f"[{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]",
+                           f"{s['wins']} / {s['ties']} / {s['losses']}"]
+                          for name, s in (("all tasks (identical plans = 1)", stats_all),
+                                          ("tasks whose plans differ", stats_diff),
+                                          ("... dense-comm plan measured first in each round", by_order["dense-comm"]),
+                                          ("... mp-aware plan measured first in each round", by_order["mp-aware"]),
+                                          ("predicted by the mp models, all tasks", pred))], align="lrrrr")
+    cells = []
     for k in PLANS:
         ci = [r[f"{k} compute imbalance"] for r in rows if f"{k} compute imbalance" in r]
-        lines.append(f"| {k} | {np.mean([r[f'{k} splits'] for r in rows]):.2f} | "
-                     f"{np.mean([r[f'{k} dim-sum imbalance'] for r in rows]):.3f} | "
-                     f"{np.mean(ci) if ci else float('nan'):.3f} |")
+        cells.append([k, f"{np.mean([r[f'{k} splits'] for r in rows]):.2f}",
+                      f"{np.mean([r[f'{k} dim-sum imbalance'] for r in rows]):.3f}",
+                      f"{np.mean(ci) if ci else float('nan'):.3f}"])
+    lines += ["", *format_table(["plan", "mean splits", "mean dim-sum imbalance (max/mean)",
+                                 "mean measured compute imbalance (tasks that differ)"], cells, align="lrrr")]
     print("\n".join(lines))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

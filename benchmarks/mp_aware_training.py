@@ -30,8 +30,9 @@ from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import CostModelFiles, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import markdown, ratio_ci, runs_done  # noqa: E402
+from neuroshard.training.report import ratio_ci, runs_done  # noqa: E402
 from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
@@ -143,11 +144,10 @@ def _link(gbit: float) -> str:
 def describe(plans: dict, data) -> list[str]:
     """Each plan's shards per rank and the spread of the ranks' dim sums and lookups."""
     names = data.table_names
-    out = ["| plan | rank | shards (table[columns]) | dim sum |", "|---|---|---|---|"]
-    for name, plan in plans.items():
-        for r, shards in enumerate(plan):
-            text = ", ".join(f"{names[t]}[{c}:{c + w}]" for t, c, w in shards) or "-"
-            out.append(f"| {name} | {r} | {text} | {sum(w for _, _, w in shards)} |")
+    out = format_table(["plan", "rank", "shards (table[columns])", "dim sum"],
+                       [[name, r, ", ".join(f"{names[t]}[{c}:{c + w}]" for t, c, w in shards) or "-",
+                         sum(w for _, _, w in shards)]
+                        for name, plan in plans.items() for r, shards in enumerate(plan)])
     for name, plan in plans.items():
         dims = np.array([sum(w for _, _, w in s) for s in plan], np.float64)
         out.append(f"\n{name}: {sum(len(s) for s in plan)} shards, dim sum per rank max/mean "
@@ -170,7 +170,7 @@ def report(df: pd.DataFrame) -> list[str]:
                      "step time vs dense-comm plan [95% CI]": f"{sp[0]:.3f} [{sp[1]:.3f}, {sp[2]:.3f}]"})
     return ["Times are medians per step in ms (averaged over ranks); ratio = mp-aware / dense-comm step time in the "
             "same rep (below 1: the compression-aware plan is faster), geometric mean and 95% Student-t interval "
-            "over reps.", "", *markdown(rows)]
+            "over reps.", "", *format_table(list(rows[0]), [list(r.values()) for r in rows])]
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
                                     MEASURE_WARMUP_ITER, SearchParams, flag)
 from neuroshard.core.types import Cluster  # noqa: E402
@@ -191,6 +192,11 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 
+def _ci(s: dict, key: str) -> str:
+    """A summary's ratio with its interval: 'r [lo, hi]'."""
+    return f"{s[key]:.3f} [{s[key + '_lo']:.3f}, {s[key + '_hi']:.3f}]"
+
+
 def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: RealTablesConfig) -> str:
     """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown. The JSON also
     holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms and its round costs (`parts`)."""
@@ -202,42 +208,40 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: Re
     rho0 = spearmanr(df["sim_before_ms"], df["measured_ms"]).statistic
     rho1 = spearmanr(df["sim_after_ms"], df["measured_ms"]).statistic
     rho2 = spearmanr(df["sim_drift_ms"], df["measured_ms"]).statistic
-    lines = ["| set | plan | measured (ms) | simulated before / after calibration (ms) | sim/meas before / after / "
-             "after, drift-corrected | slowest device after calibration: compute / comm sim/meas (comm share) |",
-             "|---|---|---:|---:|---:|---:|"]
+    cells = []
     for r in rows:
         dropped = f" (dropped after {r['rounds']} rounds)" if r.get("dropped") else ""
-        lines.append(f"| {r['set']} | {r['plan']}{' **(written)**' if r['written'] else ''}{dropped} | "
-                     f"{r['measured_ms']:.2f} | "
-                     f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f} | "
-                     f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} / {r['sim_meas_drift']:.2f} | "
-                     f"{r['compute_sim_meas_after']:.2f} / {r['comm_sim_meas_after']:.2f} ({100 * r['comm_share']:.0f}%) |")
+        cells.append([r["set"], f"{r['plan']}{' **(written)**' if r['written'] else ''}{dropped}",
+                      f"{r['measured_ms']:.2f}", f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f}",
+                      f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} / {r['sim_meas_drift']:.2f}",
+                      f"{r['compute_sim_meas_after']:.2f} / {r['comm_sim_meas_after']:.2f} "
+                      f"({100 * r['comm_share']:.0f}%)"])
+    lines = format_table(["set", "plan", "measured (ms)", "simulated before / after calibration (ms)",
+                          "sim/meas before / after / after, drift-corrected",
+                          "slowest device after calibration: compute / comm sim/meas (comm share)"], cells,
+                         align="llrrrr")
     within = {k: (abs(df[k] - 1) <= 0.15).mean() for k in ("sim_meas_before", "sim_meas_after", "sim_meas_drift")}
     lines += ["", f"Spearman (simulated vs measured, all plans of all sets): before calibration {rho0:.3f}, "
                   f"after {rho1:.3f}, after and drift-corrected {rho2:.3f}. Plans within ±15%: before "
                   f"{within['sim_meas_before']:.0%}, after {within['sim_meas_after']:.0%}, after and drift-corrected "
                   f"{within['sim_meas_drift']:.0%}.", "",
-              "| set | machine drift since calibrating: compute | all-to-all |", "|---|---:|---:|",
-              *(f"| {s['set']} | {s['drift_compute']:.3f} [{s['drift_compute_lo']:.3f}, {s['drift_compute_hi']:.3f}] | "
-                f"{s['drift_comm']:.3f} [{s['drift_comm_lo']:.3f}, {s['drift_comm_hi']:.3f}] |" for s in summary), "",
-              "| set | written plan | rounds | best told apart | written vs best heuristic (95% CI) | written vs "
-              "TorchRec (95% CI) | neuroshard#1 vs best heuristic | neuroshard#1 vs TorchRec | compute MAPE before / "
-              "after calibration | written plan's step: all-to-all share / balance headroom | speed probe start / "
-              "end (ms) | seconds |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in summary:
-        lines.append(f"| {s['set']} | {s['written']} | {s['rounds']} | {'yes' if s['separated'] else 'no'} | "
-                     f"{s['vs_heuristic']:.3f} [{s['vs_heuristic_lo']:.3f}, {s['vs_heuristic_hi']:.3f}] "
-                     f"({s['best_heuristic']}) | {s['vs_torchrec']:.3f} [{s['vs_torchrec_lo']:.3f}, "
-                     f"{s['vs_torchrec_hi']:.3f}] | {s['ns_vs_heuristic']:.3f} [{s['ns_vs_heuristic_lo']:.3f}, "
-                     f"{s['ns_vs_heuristic_hi']:.3f}] | {s['ns_vs_torchrec']:.3f} [{s['ns_vs_torchrec_lo']:.3f}, "
-                     f"{s['ns_vs_torchrec_hi']:.3f}] | {100 * s['compute_mape_before']:.1f}% / "
-                     f"{100 * s['compute_mape_after']:.1f}% | {100 * s['written_comm_share']:.0f}% / "
-                     f"{100 * s['written_balance_headroom']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
-                     f"{s['seconds']:.0f} |")
+              *format_table(["set", "machine drift since calibrating: compute", "all-to-all"],
+                            [[s["set"], _ci(s, "drift_compute"), _ci(s, "drift_comm")] for s in summary], align="lrr"),
+              ""]
+    lines += format_table(
+        ["set", "written plan", "rounds", "best told apart", "written vs best heuristic (95% CI)",
+         "written vs TorchRec (95% CI)", "neuroshard#1 vs best heuristic", "neuroshard#1 vs TorchRec",
+         "compute MAPE before / after calibration", "written plan's step: all-to-all share / balance headroom",
+         "speed probe start / end (ms)", "seconds"],
+        [[s["set"], s["written"], s["rounds"], "yes" if s["separated"] else "no",
+          f"{_ci(s, 'vs_heuristic')} ({s['best_heuristic']})", _ci(s, "vs_torchrec"), _ci(s, "ns_vs_heuristic"),
+          _ci(s, "ns_vs_torchrec"), f"{100 * s['compute_mape_before']:.1f}% / {100 * s['compute_mape_after']:.1f}%",
+          f"{100 * s['written_comm_share']:.0f}% / {100 * s['written_balance_headroom']:.1f}%",
+          f"{s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f}", f"{s['seconds']:.0f}"] for s in summary],
+        align="llrlrrrrrrrr")
     text = "\n".join(lines) + "\n"
     write_results(out / "real_tables.json", markdown=text,
-                  record={"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
+                  record={"config": asdict(a), "spearman_before": rho0, "spearman_after": rho1,
                           "spearman_drift_corrected": rho2, "plans": json.loads(df.to_json(orient="records")),
                           "sets": json.loads(sm.to_json(orient="records")), "per_rank_parts": parts})
     return text
