@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
-from neuroshard.core.config import flag  # noqa: E402
+from neuroshard.core.config import PRESETS, flag  # noqa: E402
 from neuroshard.core.errors import check_int  # noqa: E402
 from neuroshard.core.types import check_max_mem_gb  # noqa: E402
 
@@ -37,7 +37,7 @@ class CollectionThroughputConfig:
     data_dir: str = flag("data/dlrm_datasets")
     workers: int = flag(2, "compute-collector workers")
     ndevices: int = flag(4, "comm-collector ranks")
-    max_mem: float = flag(0.04, "GB per shard")
+    max_mem: float = flag(PRESETS["quick"].max_mem, "GB per shard (the quick preset's)")
     compute_samples: int = flag(200)
     comm_samples: int = flag(50)
     out_csv: str = flag("results/bench_collection.csv")

@@ -28,7 +28,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
-from neuroshard.core.config import CostModelFiles, SearchParams, check_iters, check_mp_keep, flag  # noqa: E402
+from neuroshard.core.config import PRESETS, CostModelFiles, SearchParams, check_iters, check_mp_keep, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster, check_max_mem_gb  # noqa: E402
@@ -41,6 +41,7 @@ from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 from neuroshard.models.loading import load_cost_models  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
+QUICK = PRESETS["quick"]
 
 
 def imbalance(x) -> float:
@@ -55,12 +56,12 @@ class MpAwarePlansConfig:
 
     mp_keep: float = flag(0.05, "DCT-MP's share of pooled entries sent (0 < K < 1)")
     ndevices: int = flag(4)
-    max_mem: float = flag(0.04, "GB per device (quick preset)")
+    max_mem: float = flag(QUICK.max_mem, "GB per device (quick preset)")
     data_dir: str = flag("data/dlrm_datasets")
     task_path: str = flag("data/tasks/test.pkl")
-    warmup_iter: int = flag(3)
-    num_iter: int = flag(25, "timed iterations of a plan, over all rounds")
-    rounds: int = flag(5)
+    warmup_iter: int = flag(QUICK.eval_warmup, "(the quick preset's eval.py settings)")
+    num_iter: int = flag(QUICK.eval_iters, "timed iterations of a plan, over all rounds")
+    rounds: int = flag(QUICK.eval_rounds)
     order: str = flag("alternate", "which plan goes first in each round: alternate by task (default) or always the "
                                    "same", choices=("alternate", "dense-first", "mp-first"))
     out: str = flag("results/mp_aware_plans.json")

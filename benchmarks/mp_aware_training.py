@@ -46,7 +46,7 @@ class MpAwareTrainingConfig:
     dataset: str = flag("synthetic", choices=("synthetic", "movielens"))
     arch: str = flag("mlperf")
     ndevices: int = flag(4)
-    mp_keep: float = flag(0.05)
+    mp_keep: float = flag(TrainConfig.mp_keep, "DCT-MP's share of pooled entries sent (0 < K < 1)")
     dct: str = flag("mp", "mp: the issue's --dct mp (DP gradients uncompressed); both: DCT-DP too, so MP and compute "
                           "weigh more", choices=("mp", "both"))
     gbit: float = flag(1.0, "loopback bandwidth in Gbit/s (0 = unshaped)")

@@ -43,7 +43,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa:
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
-                                    MEASURE_WARMUP_ITER, SearchParams, flag)
+                                    MEASURE_WARMUP_ITER, PRESETS, SearchParams, flag)
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -77,7 +77,7 @@ class RealTablesConfig:
                                  parse="str_list")
     models_dir: str = flag("models", "the pre-trained compute.pt and comm_<N>_{fw,bw}.pt")
     ndevices: int = flag(4)
-    max_mem: float = flag(0.04, "GB per device")
+    max_mem: float = flag(PRESETS["quick"].max_mem, "GB per device (the quick preset's)")
     calibrate: int = flag(DEFAULT_CALIBRATE_K, "shards of each set measured to calibrate the cost models")
     calibrate_comm: int = flag(DEFAULT_CALIBRATE_COMM, "all-to-all layouts to check the comm models on")
     measure_budget_s: float = flag(90.0)
