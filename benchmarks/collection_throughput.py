@@ -5,11 +5,11 @@ Writes into a temporary folder (the project's data/cost_data is not touched) and
 """
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +17,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import write_results  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import PRESETS, flag  # noqa: E402
+from neuroshard.core.errors import check_int  # noqa: E402
+from neuroshard.core.types import check_max_mem_gb  # noqa: E402
 
 
 def rate(cmd: list[str]) -> float:
@@ -26,16 +30,30 @@ def rate(cmd: list[str]) -> float:
     return float(re.search(r"\(([\d.]+) samples/min\)", out.stdout).group(1))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--data_dir", default="data/dlrm_datasets")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--max_mem", type=float, default=0.04)
-    p.add_argument("--compute_samples", type=int, default=200)
-    p.add_argument("--comm_samples", type=int, default=50)
-    p.add_argument("--out_csv", default="results/bench_collection.csv")
-    args = p.parse_args()
+@dataclass
+class CollectionThroughputConfig:
+    """Throughput of the two cost-data collectors (benchmarks/collection_throughput.py)."""
+
+    data_dir: str = flag("data/dlrm_datasets")
+    workers: int = flag(2, "compute-collector workers")
+    ndevices: int = flag(4, "comm-collector ranks")
+    max_mem: float = flag(PRESETS["quick"].max_mem, "GB per shard (the quick preset's)")
+    compute_samples: int = flag(200)
+    comm_samples: int = flag(50)
+    out_csv: str = flag("results/bench_collection.csv")
+
+    def check(self) -> "CollectionThroughputConfig":
+        check_int("--workers", self.workers, 1, 1024)
+        check_int("--ndevices", self.ndevices, 2, 1024)
+        check_max_mem_gb(self.max_mem)
+        check_int("--compute_samples", self.compute_samples, 1, 10_000_000)
+        check_int("--comm_samples", self.comm_samples, 1, 10_000_000)
+        return self
+
+
+def main(argv=None) -> None:
+    C = CollectionThroughputConfig
+    args = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         r = rate(["collect_compute_cost_data.py", "--dataset_dir", args.data_dir, "--out_dir", tmp,
@@ -46,8 +64,8 @@ def main() -> None:
         rows.append({"collector": "comm", "setting": f"{args.ndevices} ranks", "samples_per_min": r})
     df = pd.DataFrame(rows)
     print(df.to_string(index=False))
-    write_results(args.out_csv, df, **vars(args))
+    write_results(args.out_csv, df, **asdict(args))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

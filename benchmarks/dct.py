@@ -18,9 +18,9 @@ step (early stopping), the CSV name gets _eval<N>, and the plot shows the test A
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,45 +28,56 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
-from neuroshard.core.cli import run_main  # noqa: E402
-from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.training.report import markdown, mean_ci, read_results, runs_done  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 
+@dataclass
+class DctBenchConfig:
+    """DCT's accuracy cost per mode (benchmarks/dct.py)."""
+
+    dataset: str = flag("movielens")
+    arch: str = flag("tiny")
+    ndevices: int = flag(4)
+    steps: int = flag(1000)
+    batch_size: int = flag(512)
+    seeds: int = flag(5, "seeds; every mode runs with each")
+    first_seed: int = flag(0, "seeds run are first_seed .. first_seed + seeds - 1")
+    modes: str = flag(",".join(DCT_MODES), "comma-separated; none is always run")
+    dp_keep: float = flag(TrainConfig.dp_keep, "DCT-DP's share of gradient entries sent")
+    mp_keep: float = flag(TrainConfig.mp_keep, "DCT-MP's share of pooled entries sent")
+    dense_opt: str = flag(TrainConfig.dense_opt, "the MLPs' optimizer: sgd or adam")
+    lr: float | None = flag(None, "the MLPs' learning rate (default: sgd 1.0, adam 1e-3)")
+    eval_every: int = flag(0, "score validation and test every N steps; also pair the test AUC at the best "
+                              "validation step")
+    num_samples: int | None = flag(None, "synthetic: samples")
+    max_rows: int | None = flag(None, "synthetic: rows of the largest table")
+    out_dir: str = flag("results")
+    fresh: bool = flag(False, "drop the runs already in the CSV")
+    report_only: bool = flag(False, "rebuild the table and plot from the CSV")
+
+    def check(self) -> "DctBenchConfig":
+        TrainConfig(dataset=self.dataset, arch=self.arch, ndevices=self.ndevices, steps=self.steps,
+                    batch_size=self.batch_size, dp_keep=self.dp_keep, mp_keep=self.mp_keep,
+                    num_samples=self.num_samples, max_rows=self.max_rows, eval_every=self.eval_every,
+                    dense_opt=self.dense_opt, lr=self.lr).check()
+        check_int("--seeds", self.seeds, 1)
+        check_int("--first_seed", self.first_seed, 0)
+        if any(m not in DCT_MODES for m in self.modes.split(",")):
+            raise UserError(f"--modes must be from {', '.join(DCT_MODES)}, got {self.modes!r}")
+        return self
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="movielens")
-    p.add_argument("--arch", default="tiny")
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch_size", type=int, default=512)
-    p.add_argument("--seeds", type=int, default=5, help="seeds; every mode runs with each")
-    p.add_argument("--first_seed", type=int, default=0, help="seeds run are first_seed .. first_seed + seeds - 1")
-    p.add_argument("--modes", default=",".join(DCT_MODES), help="comma-separated; none is always run")
-    p.add_argument("--dp_keep", type=float, default=TrainConfig.dp_keep, help="DCT-DP's share of gradient entries sent")
-    p.add_argument("--mp_keep", type=float, default=TrainConfig.mp_keep, help="DCT-MP's share of pooled entries sent")
-    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
-    p.add_argument("--lr", type=float, default=None, help="the MLPs' learning rate (default: sgd 1.0, adam 1e-3)")
-    p.add_argument("--eval_every", type=int, default=0,
-                   help="score validation and test every N steps; also pair the test AUC at the best validation step")
-    p.add_argument("--num_samples", type=int, default=None, help="synthetic: samples")
-    p.add_argument("--max_rows", type=int, default=None, help="synthetic: rows of the largest table")
-    p.add_argument("--out_dir", default="results")
-    p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
-    p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
-    run(p.parse_args(argv))
+    run(config_from_args(DctBenchConfig, step_parser(DctBenchConfig, __doc__, raw_doc=True).parse_args(argv)))
 
 
-def run(a) -> None:
-    TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps, batch_size=a.batch_size,
-                dp_keep=a.dp_keep, mp_keep=a.mp_keep, num_samples=a.num_samples, max_rows=a.max_rows,
-                eval_every=a.eval_every, dense_opt=a.dense_opt, lr=a.lr).check()
-    if a.seeds < 1 or a.first_seed < 0:
-        raise UserError(f"--seeds must be >= 1 and --first_seed >= 0, got {a.seeds} and {a.first_seed}")
-    if any(m not in DCT_MODES for m in a.modes.split(",")):
-        raise UserError(f"--modes must be from {', '.join(DCT_MODES)}, got {a.modes!r}")
+def run(a: DctBenchConfig) -> None:
+    a.check()
     out = Path(a.out_dir)
     tag = "".join(f"_{name}{value:g}" for name, value, default in (("dp", a.dp_keep, TrainConfig.dp_keep),
                                                                   ("mp", a.mp_keep, TrainConfig.mp_keep))

@@ -24,8 +24,8 @@ docs/dct_network.png.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -35,7 +35,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # noqa: E402
-from neuroshard.core.cli import run_main  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
 from neuroshard.training.report import markdown, ratio_ci, read_results, runs_done  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
@@ -43,46 +45,54 @@ from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, tra
 SCRIPT = "benchmarks/dct_network.py"
 
 
-def fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
 def shape_run(gbits: list[float], i: int) -> None:
     """Called on rank 0 before run i: shape the namespace's loopback for it."""
     netns.shape(gbits[i])
 
 
+@dataclass
+class DctNetworkConfig:
+    """DCT's step time on shaped bandwidths (benchmarks/dct_network.py)."""
+
+    arch: str = flag("mlperf")
+    dataset: str = flag("movielens")
+    ndevices: int = flag(4)
+    steps: int = flag(15, "steps per run (the first 10%% are not timed)")
+    batch_size: int = flag(512)
+    bandwidths: str = flag("1,2.5,10,0", "Gbit/s, comma-separated; 0 = unshaped loopback")
+    modes: str = flag(",".join(DCT_MODES))
+    reps: int = flag(2)
+    dense_opt: str = flag(TrainConfig.dense_opt, "the MLPs' optimizer: sgd or adam")
+    dp_sync: str = flag("off", "on: blocking DP hooks (the reference), off: asynchronous (default)")
+    out_dir: str = flag("results")
+    plot: str = flag("docs/dct_network.png")
+    fresh: bool = flag(False, "drop the runs already in the CSV")
+    report_only: bool = flag(False, "rebuild the table and plot from the CSV")
+
+    def gbits(self) -> list[float]:
+        try:
+            return [float(x) for x in self.bandwidths.split(",")]
+        except ValueError:
+            raise UserError(f"--bandwidths must be numbers in Gbit/s joined by commas, got {self.bandwidths!r}") \
+                from None
+
+    def check(self) -> "DctNetworkConfig":
+        bws, modes = self.gbits(), self.modes.split(",")
+        if not bws or not all(0 <= b <= 1000 for b in bws):  # also refuses nan and inf
+            raise UserError(f"--bandwidths must be Gbit/s from 0 (unshaped) to 1000, got {self.bandwidths!r}")
+        if "none" not in modes or any(m not in DCT_MODES for m in modes):
+            raise UserError(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {self.modes!r}")
+        if self.dp_sync not in ("on", "off"):
+            raise UserError(f"--dp_sync must be on or off, got {self.dp_sync!r}")
+        check_int("--reps", self.reps, 1)
+        TrainConfig(dense_opt=self.dense_opt).check()
+        return self
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", default="mlperf")
-    p.add_argument("--dataset", default="movielens")
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--steps", type=int, default=15, help="steps per run (the first 10%% are not timed)")
-    p.add_argument("--batch_size", type=int, default=512)
-    p.add_argument("--bandwidths", default="1,2.5,10,0", help="Gbit/s, comma-separated; 0 = unshaped loopback")
-    p.add_argument("--modes", default=",".join(DCT_MODES))
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
-    p.add_argument("--dp_sync", default="off", help="on: blocking DP hooks (the reference), off: asynchronous (default)")
-    p.add_argument("--out_dir", default="results")
-    p.add_argument("--plot", default="docs/dct_network.png")
-    p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
-    p.add_argument("--report_only", action="store_true", help="rebuild the table and plot from the CSV")
-    a = p.parse_args(argv)
-    try:
-        bws = [float(x) for x in a.bandwidths.split(",")]
-    except ValueError:
-        fail(f"--bandwidths must be numbers in Gbit/s joined by commas, got {a.bandwidths!r}")
-    modes = a.modes.split(",")
-    if not bws or not all(0 <= b <= 1000 for b in bws):  # also refuses nan and inf
-        fail(f"--bandwidths must be Gbit/s from 0 (unshaped) to 1000, got {a.bandwidths!r}")
-    if "none" not in modes or any(m not in DCT_MODES for m in modes):
-        fail(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {a.modes!r}")
-    if a.dp_sync not in ("on", "off"):
-        fail(f"--dp_sync must be on or off, got {a.dp_sync!r}")
-    dp_sync = a.dp_sync == "on"
-    TrainConfig(dense_opt=a.dense_opt).check()
+    C = DctNetworkConfig
+    a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
+    bws, modes, dp_sync = a.gbits(), a.modes.split(","), a.dp_sync == "on"
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
         return report(read_results(csv, ("rep", "gbit", "dct", "step_ms")), csv, Path(a.plot))

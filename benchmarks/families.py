@@ -14,8 +14,8 @@ Writes results/families.csv and results/families.md (the README table).
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +23,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import write_results  # noqa: E402
-from neuroshard.core.cli import run_main  # noqa: E402
-from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
@@ -53,19 +55,29 @@ def repeat_spearman(samples, repeat, fams) -> dict:
     return {k: float(spearmanr(*np.array(v).T)[0]) for k, v in pairs.items() if len(v) >= 3}
 
 
+@dataclass
+class FamiliesConfig:
+    """Compute-model accuracy per table family and leave-one-family-out (benchmarks/families.py)."""
+
+    data_dir: str = flag("data/cost_data")
+    dataset_dir: str = flag("data/dlrm_datasets")
+    epochs: int = flag(300)
+    num_samples: int | None = flag(None, "use the first N samples (default all)")
+    repeat_dir: str | None = flag(None, "a second collection of the same shards (compute_cost_data.pkl)")
+    input_transform: str = flag("raw", "compute-model inputs: raw (the paper's) or log (log rows and pooling)",
+                                choices=INPUT_TRANSFORMS)
+    out_dir: str = flag("results")
+    salvage: bool = flag(False, "keep the good records of a damaged cost-data file (the damaged ones are dropped)")
+
+    def check(self) -> "FamiliesConfig":
+        check_int("--epochs", self.epochs, 1, 1_000_000)
+        if self.num_samples is not None:
+            check_int("--num_samples", self.num_samples, 1)
+        return self
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--data_dir", default="data/cost_data")
-    p.add_argument("--dataset_dir", default="data/dlrm_datasets")
-    p.add_argument("--epochs", type=int, default=300)
-    p.add_argument("--num_samples", type=int, default=None)
-    p.add_argument("--repeat_dir", default=None, help="a second collection of the same shards (compute_cost_data.pkl)")
-    p.add_argument("--input_transform", default="raw", choices=INPUT_TRANSFORMS,
-                   help="compute-model inputs: raw (the paper's) or log (log rows and pooling)")
-    p.add_argument("--out_dir", default="results")
-    p.add_argument("--salvage", action="store_true",
-                   help="keep the good records of a damaged cost-data file (the damaged ones are dropped)")
-    a = p.parse_args(argv)
+    a = config_from_args(FamiliesConfig, step_parser(FamiliesConfig, __doc__, raw_doc=True).parse_args(argv)).check()
     meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND, a.salvage)
     samples = samples[:a.num_samples] if a.num_samples else samples
     fams = np.array([s.get("family", "dataset") for s in samples])
@@ -102,15 +114,15 @@ def main(argv=None) -> None:
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["| family | samples | test MAPE | test R² | test Spearman | LOFO MAPE | LOFO R² | LOFO Spearman "
-             "| repeat Spearman |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        f = lambda k, pct=False: ("-" if pd.isna(r.get(k, np.nan)) else  # noqa: E731
-                                  f"{100 * r[k]:.1f}%" if pct else f"{r[k]:.3f}")
-        n = r.get("lofo_n", r.get("test_n", "-"))
-        lines.append(f"| {r['family']} | {n} | {f('test_mape', True)} | {f('test_r2')} | {f('test_spearman')} | "
-                     f"{f('lofo_mape', True)} | {f('lofo_r2')} | {f('lofo_spearman')} | {f('repeat_spearman')} |")
-    write_results(out / "families.csv", df, markdown="\n".join(lines) + "\n", **vars(a))
+    def f(r, k, pct=False):
+        return "-" if pd.isna(r.get(k, np.nan)) else f"{100 * r[k]:.1f}%" if pct else f"{r[k]:.3f}"
+
+    lines = format_table(["family", "samples", "test MAPE", "test R²", "test Spearman", "LOFO MAPE", "LOFO R²",
+                          "LOFO Spearman", "repeat Spearman"],
+                         [[r["family"], r.get("lofo_n", r.get("test_n", "-")), f(r, "test_mape", True), f(r, "test_r2"),
+                           f(r, "test_spearman"), f(r, "lofo_mape", True), f(r, "lofo_r2"), f(r, "lofo_spearman"),
+                           f(r, "repeat_spearman")] for r in rows], align="lrrrrrrrr")
+    write_results(out / "families.csv", df, markdown="\n".join(lines) + "\n", **asdict(a))
     print("\n".join(lines))
 
 

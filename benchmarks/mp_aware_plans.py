@@ -17,9 +17,9 @@ Writes --out (JSON) with every task's numbers.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +27,11 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
-from neuroshard.core.config import CostModelFiles, SearchParams, check_mp_keep  # noqa: E402
-from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import PRESETS, CostModelFiles, SearchParams, check_iters, check_mp_keep, flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.core.types import Cluster, check_max_mem_gb  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
@@ -38,6 +41,7 @@ from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 from neuroshard.models.loading import load_cost_models  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
+QUICK = PRESETS["quick"]
 
 
 def imbalance(x) -> float:
@@ -46,23 +50,36 @@ def imbalance(x) -> float:
     return float(x.max() / x.mean()) if x.mean() > 0 else 1.0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mp_keep", type=float, default=0.05)
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--max_mem", type=float, default=0.04, help="GB per device (quick preset)")
-    p.add_argument("--data_dir", default="data/dlrm_datasets")
-    p.add_argument("--task_path", default="data/tasks/test.pkl")
-    p.add_argument("--warmup_iter", type=int, default=3)
-    p.add_argument("--num_iter", type=int, default=25)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--order", default="alternate", choices=["alternate", "dense-first", "mp-first"],
-                   help="which plan goes first in each round: alternate by task (default) or always the same")
-    p.add_argument("--out", default="results/mp_aware_plans.json")
-    a = p.parse_args()
+@dataclass
+class MpAwarePlansConfig:
+    """Does planning for DCT-MP's compressed all-to-all pay? (benchmarks/mp_aware_plans.py)"""
+
+    mp_keep: float = flag(0.05, "DCT-MP's share of pooled entries sent (0 < K < 1)")
+    ndevices: int = flag(4)
+    max_mem: float = flag(QUICK.max_mem, "GB per device (quick preset)")
+    data_dir: str = flag("data/dlrm_datasets")
+    task_path: str = flag("data/tasks/test.pkl")
+    warmup_iter: int = flag(QUICK.eval_warmup, "(the quick preset's eval.py settings)")
+    num_iter: int = flag(QUICK.eval_iters, "timed iterations of a plan, over all rounds")
+    rounds: int = flag(QUICK.eval_rounds)
+    order: str = flag("alternate", "which plan goes first in each round: alternate by task (default) or always the "
+                                   "same", choices=("alternate", "dense-first", "mp-first"))
+    out: str = flag("results/mp_aware_plans.json")
+
+    def check(self) -> "MpAwarePlansConfig":
+        if check_mp_keep(self.mp_keep) is None:
+            raise UserError("--mp_keep 1 is the uncompressed all-to-all: nothing to compare")
+        check_int("--ndevices", self.ndevices, 2, 1024)
+        check_max_mem_gb(self.max_mem)
+        check_iters(self.warmup_iter, self.num_iter)
+        check_int("--rounds", self.rounds, 1, 1000)
+        return self
+
+
+def main(argv=None) -> None:
+    C = MpAwarePlansConfig
+    a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     mp, N = check_mp_keep(a.mp_keep), a.ndevices
-    if mp is None:
-        sys.exit("error: --mp_keep 1 is the uncompressed all-to-all: nothing to compare")
     ds = DLRMDataset.load(a.data_dir)
     batch = ds.check_batch(None)
     tasks = load_tasks(a.task_path, ds)
@@ -119,30 +136,32 @@ def main() -> None:
                            and r["task"] in costs["dense-comm"]}) for f in PLANS}
     pred = paired({r["task"]: r["mp-aware predicted ms"] for r in rows},
                   {r["task"]: r["dense-comm predicted ms"] for r in rows})
-    lines = ["| mp-aware vs dense-comm plan (both measured compressed) | tasks | geo-mean ratio | 95% CI | "
-             "wins / ties / losses |", "|---|---:|---:|---:|---:|"]
-    for name, s in (("all tasks (identical plans = 1)", stats_all), ("tasks whose plans differ", stats_diff),
-                    ("... dense-comm plan measured first in each round", by_order["dense-comm"]),
-                    ("... mp-aware plan measured first in each round", by_order["mp-aware"]),
-                    ("predicted by the mp models, all tasks", pred)):
-        lines.append(f"| {name} | {s['n']} | {s['ratio']:.3f} | [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}] | "
-                     f"{s['wins']} / {s['ties']} / {s['losses']} |")
-    lines += ["", "| plan | mean splits | mean dim-sum imbalance (max/mean) | mean measured compute imbalance "
-              "(tasks that differ) |", "|---|---:|---:|---:|"]
+    lines = format_table(["mp-aware vs dense-comm plan (both measured compressed)", "tasks", "geo-mean ratio",
+                          "95% CI", "wins / ties / losses"],
+                         [[name, s["n"], f"{s['ratio']:.3f}", f"[{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]",
+                           f"{s['wins']} / {s['ties']} / {s['losses']}"]
+                          for name, s in (("all tasks (identical plans = 1)", stats_all),
+                                          ("tasks whose plans differ", stats_diff),
+                                          ("... dense-comm plan measured first in each round", by_order["dense-comm"]),
+                                          ("... mp-aware plan measured first in each round", by_order["mp-aware"]),
+                                          ("predicted by the mp models, all tasks", pred))], align="lrrrr")
+    cells = []
     for k in PLANS:
         ci = [r[f"{k} compute imbalance"] for r in rows if f"{k} compute imbalance" in r]
-        lines.append(f"| {k} | {np.mean([r[f'{k} splits'] for r in rows]):.2f} | "
-                     f"{np.mean([r[f'{k} dim-sum imbalance'] for r in rows]):.3f} | "
-                     f"{np.mean(ci) if ci else float('nan'):.3f} |")
+        cells.append([k, f"{np.mean([r[f'{k} splits'] for r in rows]):.2f}",
+                      f"{np.mean([r[f'{k} dim-sum imbalance'] for r in rows]):.3f}",
+                      f"{np.mean(ci) if ci else float('nan'):.3f}"])
+    lines += ["", *format_table(["plan", "mean splits", "mean dim-sum imbalance (max/mean)",
+                                 "mean measured compute imbalance (tasks that differ)"], cells, align="lrrr")]
     print("\n".join(lines))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"mp_keep": mp, "ndevices": N, "max_mem_gb": a.max_mem, "batch_size": batch,
                                        "hardware": hw.describe(), "paired_all": stats_all, "paired_differ": stats_diff,
                                        "paired_predicted": pred, "paired_by_first": by_order, "tasks": rows, "table": lines,
-                                       "provenance": provenance(args=vars(a))}, indent=1, default=float))
+                                       "provenance": provenance(args=asdict(a))}, indent=1, default=float))
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,8 +18,8 @@ Writes results/mp_aware_training_<dct>.{csv,md}.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,50 +27,66 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_text  # noqa: E402
-from neuroshard.core.cli import run_main  # noqa: E402
-from neuroshard.core.config import CostModelFiles  # noqa: E402
-from neuroshard.core.errors import UserError  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import CostModelFiles, flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import markdown, ratio_ci, runs_done  # noqa: E402
+from neuroshard.training.report import ratio_ci, runs_done  # noqa: E402
 from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
 SCRIPT = "benchmarks/mp_aware_training.py"
 
 
+@dataclass
+class MpAwareTrainingConfig:
+    """Training on the plan made for DCT-MP against the dense-comm plan (benchmarks/mp_aware_training.py)."""
+
+    dataset: str = flag("synthetic", choices=("synthetic", "movielens"))
+    arch: str = flag("mlperf")
+    ndevices: int = flag(4)
+    mp_keep: float = flag(TrainConfig.mp_keep, "DCT-MP's share of pooled entries sent (0 < K < 1)")
+    dct: str = flag("mp", "mp: the issue's --dct mp (DP gradients uncompressed); both: DCT-DP too, so MP and compute "
+                          "weigh more", choices=("mp", "both"))
+    gbit: float = flag(1.0, "loopback bandwidth in Gbit/s (0 = unshaped)")
+    steps: int = flag(10, "steps per run (the first 10%% are not timed)")
+    batch_size: int = flag(512)
+    num_samples: int = flag(40_000, "synthetic: samples")
+    max_rows: int = flag(200_000, "synthetic: rows of the largest table")
+    max_mem: float = flag(4.0, "GB per rank the plans must fit")
+    reps: int = flag(6)
+    dense_opt: str = flag(TrainConfig.dense_opt, "the MLPs' optimizer: sgd or adam")
+    out_dir: str = flag("results")
+    fresh: bool = flag(False, "drop the runs already in the CSV")
+
+    def train_config(self) -> TrainConfig:
+        """The TrainConfig both plans train with, checked."""
+        synthetic = self.dataset == "synthetic"
+        return TrainConfig(dataset=self.dataset, arch=self.arch, ndevices=self.ndevices, alg="neuroshard",
+                           dct=self.dct, mp_keep=self.mp_keep, steps=self.steps, batch_size=self.batch_size, seed=0,
+                           max_mem=self.max_mem, log_every=self.steps, evaluate=False, dense_opt=self.dense_opt,
+                           num_samples=self.num_samples if synthetic else None,
+                           max_rows=self.max_rows if synthetic else None).check()
+
+    def check(self) -> "MpAwareTrainingConfig":
+        if not 0 <= self.gbit <= 1000:  # also refuses nan and inf
+            raise UserError(f"--gbit must be a number of Gbit/s from 0 (unshaped) to 1000, got {self.gbit:g}")
+        check_int("--reps", self.reps, 1)
+        self.train_config()
+        if not 0 < self.mp_keep < 1:
+            raise UserError(f"--mp_keep must be in (0, 1) (1 sends everything: nothing to plan for), got "
+                            f"{self.mp_keep:g}")
+        return self
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="synthetic", choices=["synthetic", "movielens"])
-    p.add_argument("--arch", default="mlperf")
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--mp_keep", type=float, default=0.05)
-    p.add_argument("--dct", default="mp", choices=["mp", "both"],
-                   help="mp: the issue's --dct mp (DP gradients uncompressed); both: DCT-DP too, so MP and compute weigh more")
-    p.add_argument("--gbit", type=float, default=1.0, help="loopback bandwidth in Gbit/s (0 = unshaped)")
-    p.add_argument("--steps", type=int, default=10, help="steps per run (the first 10%% are not timed)")
-    p.add_argument("--batch_size", type=int, default=512)
-    p.add_argument("--num_samples", type=int, default=40_000, help="synthetic: samples")
-    p.add_argument("--max_rows", type=int, default=200_000, help="synthetic: rows of the largest table")
-    p.add_argument("--max_mem", type=float, default=4.0, help="GB per rank the plans must fit")
-    p.add_argument("--reps", type=int, default=6)
-    p.add_argument("--dense_opt", default=TrainConfig.dense_opt, help="the MLPs' optimizer: sgd or adam")
-    p.add_argument("--out_dir", default="results")
-    p.add_argument("--fresh", action="store_true", help="drop the runs already in the CSV")
-    run(p.parse_args(argv))
+    C = MpAwareTrainingConfig
+    run(config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)))
 
 
-def run(a) -> None:
-    if not 0 <= a.gbit <= 1000:  # also refuses nan and inf
-        raise UserError(f"--gbit must be a number of Gbit/s from 0 (unshaped) to 1000, got {a.gbit:g}")
-    if a.reps < 1:
-        raise UserError(f"--reps must be >= 1, got {a.reps}")
-    cfg = TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, alg="neuroshard", dct=a.dct,
-                      mp_keep=a.mp_keep, steps=a.steps, batch_size=a.batch_size, seed=0, max_mem=a.max_mem,
-                      log_every=a.steps, evaluate=False, dense_opt=a.dense_opt,
-                      num_samples=a.num_samples if a.dataset == "synthetic" else None,
-                      max_rows=a.max_rows if a.dataset == "synthetic" else None).check()
-    if not 0 < a.mp_keep < 1:
-        raise UserError(f"--mp_keep must be in (0, 1) (1 sends everything: nothing to plan for), got {a.mp_keep:g}")
+def run(a: MpAwareTrainingConfig) -> None:
+    cfg = a.check().train_config()
     files = CostModelFiles()
     for mp in (None, a.mp_keep):
         missing = [str(f) for f in files.paths(a.ndevices, mp) if not f.exists()]
@@ -128,11 +144,10 @@ def _link(gbit: float) -> str:
 def describe(plans: dict, data) -> list[str]:
     """Each plan's shards per rank and the spread of the ranks' dim sums and lookups."""
     names = data.table_names
-    out = ["| plan | rank | shards (table[columns]) | dim sum |", "|---|---|---|---|"]
-    for name, plan in plans.items():
-        for r, shards in enumerate(plan):
-            text = ", ".join(f"{names[t]}[{c}:{c + w}]" for t, c, w in shards) or "-"
-            out.append(f"| {name} | {r} | {text} | {sum(w for _, _, w in shards)} |")
+    out = format_table(["plan", "rank", "shards (table[columns])", "dim sum"],
+                       [[name, r, ", ".join(f"{names[t]}[{c}:{c + w}]" for t, c, w in shards) or "-",
+                         sum(w for _, _, w in shards)]
+                        for name, plan in plans.items() for r, shards in enumerate(plan)])
     for name, plan in plans.items():
         dims = np.array([sum(w for _, _, w in s) for s in plan], np.float64)
         out.append(f"\n{name}: {sum(len(s) for s in plan)} shards, dim sum per rank max/mean "
@@ -155,7 +170,7 @@ def report(df: pd.DataFrame) -> list[str]:
                      "step time vs dense-comm plan [95% CI]": f"{sp[0]:.3f} [{sp[1]:.3f}, {sp[2]:.3f}]"})
     return ["Times are medians per step in ms (averaged over ranks); ratio = mp-aware / dense-comm step time in the "
             "same rep (below 1: the compression-aware plan is faster), geometric mean and 95% Student-t interval "
-            "over reps.", "", *markdown(rows)]
+            "over reps.", "", *format_table(list(rows[0]), [list(r.values()) for r in rows])]
 
 
 if __name__ == "__main__":

@@ -25,11 +25,11 @@ Writes results/real_tables.csv (one row per set and plan) and results/real_table
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +39,11 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
-from neuroshard.core.cli import ArgumentParser, run_main, str_list  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
-from neuroshard.core.config import DEFAULT_CALIBRATE_K, SearchParams  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
+                                    MEASURE_WARMUP_ITER, PRESETS, SearchParams, flag)
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -67,35 +69,50 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     return out
 
 
+@dataclass
+class RealTablesConfig:
+    """Real table sets through the user path (benchmarks/real_tables.py)."""
+
+    sets: tuple[str, ...] = flag(tuple(SETS), "table sets of benchmarks/real_tables/, comma-separated",
+                                 parse="str_list")
+    models_dir: str = flag("models", "the pre-trained compute.pt and comm_<N>_{fw,bw}.pt")
+    ndevices: int = flag(4)
+    max_mem: float = flag(PRESETS["quick"].max_mem, "GB per device (the quick preset's)")
+    calibrate: int = flag(DEFAULT_CALIBRATE_K, "shards of each set measured to calibrate the cost models")
+    calibrate_comm: int = flag(DEFAULT_CALIBRATE_COMM, "all-to-all layouts to check the comm models on")
+    measure_budget_s: float = flag(90.0)
+    warmup_iter: int = flag(MEASURE_WARMUP_ITER, "per candidate per round")
+    num_iter: int = flag(MEASURE_NUM_ITER, "timed, per candidate per round")
+    no_race: bool = flag(False, "measure every candidate in every round")
+    out_dir: str = flag("results")
+
+    def calibration(self) -> CalibrationConfig:
+        return CalibrationConfig(num_shards=self.calibrate, comm_layouts=self.calibrate_comm).check()
+
+    def measurement(self) -> MeasureConfig:
+        return MeasureConfig(budget_s=self.measure_budget_s, warmup_iter=self.warmup_iter, num_iter=self.num_iter,
+                             race=not self.no_race).check()
+
+    def check(self) -> "RealTablesConfig":
+        self.calibration(), self.measurement()
+        unknown = [s for s in self.sets if s not in SETS]
+        if unknown:
+            raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+        return self
+
+
 def main(argv=None) -> None:
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--sets", default=",".join(SETS))
-    p.add_argument("--models_dir", default="models")
-    p.add_argument("--ndevices", type=int, default=4)
-    p.add_argument("--max_mem", type=float, default=0.04)
-    p.add_argument("--calibrate", type=int, default=DEFAULT_CALIBRATE_K)
-    p.add_argument("--calibrate_comm", type=int, default=18, help="all-to-all layouts to check the comm models on")
-    p.add_argument("--measure_budget_s", type=float, default=90.0)
-    p.add_argument("--warmup_iter", type=int, default=3, help="per candidate per round")
-    p.add_argument("--num_iter", type=int, default=5, help="timed, per candidate per round")
-    p.add_argument("--no_race", action="store_true", help="measure every candidate in every round")
-    p.add_argument("--out_dir", default="results")
-    a = p.parse_args(argv)
+    a = config_from_args(RealTablesConfig, step_parser(RealTablesConfig, __doc__, raw_doc=True).parse_args(argv))
     # every check before any work: a run that calibrates for minutes never fails at its end
-    ccfg = CalibrationConfig(num_shards=a.calibrate, comm_layouts=a.calibrate_comm).check()
-    mcfg = MeasureConfig(budget_s=a.measure_budget_s, warmup_iter=a.warmup_iter, num_iter=a.num_iter,
-                         race=not a.no_race).check()
-    sets = str_list(a.sets, "--sets")
-    unknown = [s for s in sets if s not in SETS]
-    if unknown:
-        raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+    a.check()
+    ccfg, mcfg, sets = a.calibration(), a.measurement(), a.sets
     cluster = Cluster(a.ndevices, a.max_mem).need_peers()
     check_output_dir(a.out_dir, "--out_dir")
     with OutputLock([("--out_dir", Path(a.out_dir) / "real_tables.md")]):
         measure_sets(a, sets, ccfg, mcfg, cluster)
 
 
-def measure_sets(a: argparse.Namespace, sets: tuple[str, ...], ccfg: CalibrationConfig, mcfg: MeasureConfig,
+def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationConfig, mcfg: MeasureConfig,
                  cluster: Cluster) -> None:
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
@@ -175,7 +192,12 @@ def measure_sets(a: argparse.Namespace, sets: tuple[str, ...], ccfg: Calibration
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 
-def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: argparse.Namespace) -> str:
+def _ci(s: dict, key: str) -> str:
+    """A summary's ratio with its interval: 'r [lo, hi]'."""
+    return f"{s[key]:.3f} [{s[key + '_lo']:.3f}, {s[key + '_hi']:.3f}]"
+
+
+def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: RealTablesConfig) -> str:
     """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown. The JSON also
     holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms and its round costs (`parts`)."""
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
@@ -186,42 +208,40 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: ar
     rho0 = spearmanr(df["sim_before_ms"], df["measured_ms"]).statistic
     rho1 = spearmanr(df["sim_after_ms"], df["measured_ms"]).statistic
     rho2 = spearmanr(df["sim_drift_ms"], df["measured_ms"]).statistic
-    lines = ["| set | plan | measured (ms) | simulated before / after calibration (ms) | sim/meas before / after / "
-             "after, drift-corrected | slowest device after calibration: compute / comm sim/meas (comm share) |",
-             "|---|---|---:|---:|---:|---:|"]
+    cells = []
     for r in rows:
         dropped = f" (dropped after {r['rounds']} rounds)" if r.get("dropped") else ""
-        lines.append(f"| {r['set']} | {r['plan']}{' **(written)**' if r['written'] else ''}{dropped} | "
-                     f"{r['measured_ms']:.2f} | "
-                     f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f} | "
-                     f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} / {r['sim_meas_drift']:.2f} | "
-                     f"{r['compute_sim_meas_after']:.2f} / {r['comm_sim_meas_after']:.2f} ({100 * r['comm_share']:.0f}%) |")
+        cells.append([r["set"], f"{r['plan']}{' **(written)**' if r['written'] else ''}{dropped}",
+                      f"{r['measured_ms']:.2f}", f"{r['sim_before_ms']:.2f} / {r['sim_after_ms']:.2f}",
+                      f"{r['sim_meas_before']:.2f} / {r['sim_meas_after']:.2f} / {r['sim_meas_drift']:.2f}",
+                      f"{r['compute_sim_meas_after']:.2f} / {r['comm_sim_meas_after']:.2f} "
+                      f"({100 * r['comm_share']:.0f}%)"])
+    lines = format_table(["set", "plan", "measured (ms)", "simulated before / after calibration (ms)",
+                          "sim/meas before / after / after, drift-corrected",
+                          "slowest device after calibration: compute / comm sim/meas (comm share)"], cells,
+                         align="llrrrr")
     within = {k: (abs(df[k] - 1) <= 0.15).mean() for k in ("sim_meas_before", "sim_meas_after", "sim_meas_drift")}
     lines += ["", f"Spearman (simulated vs measured, all plans of all sets): before calibration {rho0:.3f}, "
                   f"after {rho1:.3f}, after and drift-corrected {rho2:.3f}. Plans within ±15%: before "
                   f"{within['sim_meas_before']:.0%}, after {within['sim_meas_after']:.0%}, after and drift-corrected "
                   f"{within['sim_meas_drift']:.0%}.", "",
-              "| set | machine drift since calibrating: compute | all-to-all |", "|---|---:|---:|",
-              *(f"| {s['set']} | {s['drift_compute']:.3f} [{s['drift_compute_lo']:.3f}, {s['drift_compute_hi']:.3f}] | "
-                f"{s['drift_comm']:.3f} [{s['drift_comm_lo']:.3f}, {s['drift_comm_hi']:.3f}] |" for s in summary), "",
-              "| set | written plan | rounds | best told apart | written vs best heuristic (95% CI) | written vs "
-              "TorchRec (95% CI) | neuroshard#1 vs best heuristic | neuroshard#1 vs TorchRec | compute MAPE before / "
-              "after calibration | written plan's step: all-to-all share / balance headroom | speed probe start / "
-              "end (ms) | seconds |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in summary:
-        lines.append(f"| {s['set']} | {s['written']} | {s['rounds']} | {'yes' if s['separated'] else 'no'} | "
-                     f"{s['vs_heuristic']:.3f} [{s['vs_heuristic_lo']:.3f}, {s['vs_heuristic_hi']:.3f}] "
-                     f"({s['best_heuristic']}) | {s['vs_torchrec']:.3f} [{s['vs_torchrec_lo']:.3f}, "
-                     f"{s['vs_torchrec_hi']:.3f}] | {s['ns_vs_heuristic']:.3f} [{s['ns_vs_heuristic_lo']:.3f}, "
-                     f"{s['ns_vs_heuristic_hi']:.3f}] | {s['ns_vs_torchrec']:.3f} [{s['ns_vs_torchrec_lo']:.3f}, "
-                     f"{s['ns_vs_torchrec_hi']:.3f}] | {100 * s['compute_mape_before']:.1f}% / "
-                     f"{100 * s['compute_mape_after']:.1f}% | {100 * s['written_comm_share']:.0f}% / "
-                     f"{100 * s['written_balance_headroom']:.1f}% | {s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f} | "
-                     f"{s['seconds']:.0f} |")
+              *format_table(["set", "machine drift since calibrating: compute", "all-to-all"],
+                            [[s["set"], _ci(s, "drift_compute"), _ci(s, "drift_comm")] for s in summary], align="lrr"),
+              ""]
+    lines += format_table(
+        ["set", "written plan", "rounds", "best told apart", "written vs best heuristic (95% CI)",
+         "written vs TorchRec (95% CI)", "neuroshard#1 vs best heuristic", "neuroshard#1 vs TorchRec",
+         "compute MAPE before / after calibration", "written plan's step: all-to-all share / balance headroom",
+         "speed probe start / end (ms)", "seconds"],
+        [[s["set"], s["written"], s["rounds"], "yes" if s["separated"] else "no",
+          f"{_ci(s, 'vs_heuristic')} ({s['best_heuristic']})", _ci(s, "vs_torchrec"), _ci(s, "ns_vs_heuristic"),
+          _ci(s, "ns_vs_torchrec"), f"{100 * s['compute_mape_before']:.1f}% / {100 * s['compute_mape_after']:.1f}%",
+          f"{100 * s['written_comm_share']:.0f}% / {100 * s['written_balance_headroom']:.1f}%",
+          f"{s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f}", f"{s['seconds']:.0f}"] for s in summary],
+        align="llrlrrrrrrrr")
     text = "\n".join(lines) + "\n"
     write_results(out / "real_tables.json", markdown=text,
-                  record={"config": vars(a), "spearman_before": rho0, "spearman_after": rho1,
+                  record={"config": asdict(a), "spearman_before": rho0, "spearman_after": rho1,
                           "spearman_drift_corrected": rho2, "plans": json.loads(df.to_json(orient="records")),
                           "sets": json.loads(sm.to_json(orient="records")), "per_rank_parts": parts})
     return text

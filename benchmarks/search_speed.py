@@ -29,6 +29,7 @@ from neuroshard.core.artifacts import atomic_write_bytes, check_output_dir, writ
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import comm_model_paths, flag  # noqa: E402
 from neuroshard.core.errors import check_float, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
 
 SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
@@ -177,10 +178,10 @@ def report(rows: list[dict], bare: list[dict]) -> tuple[str, list[dict]]:
                         "neuroshard_s": float(np.median(list(times["neuroshard"].values()))),
                         "torchrec_s": float(np.median(list(times["torchrec"].values()))),
                         "ratio": s["ratio"], "ci_lo": s["ci_lo"], "ci_hi": s["ci_hi"]})
-    lines = ["| tables | ranks | rounds | NeuroShardPlanner (s, median) | TorchRec (s, median) | ratio [95% CI] |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {s['tables']} | {s['ranks']} | {s['rounds']} | {s['neuroshard_s']:.3f} | {s['torchrec_s']:.3f} | "
-              f"{s['ratio']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}] |" for s in summary]
+    lines = format_table(["tables", "ranks", "rounds", "NeuroShardPlanner (s, median)", "TorchRec (s, median)",
+                          "ratio [95% CI]"],
+                         [[s["tables"], s["ranks"], s["rounds"], f"{s['neuroshard_s']:.3f}", f"{s['torchrec_s']:.3f}",
+                           f"{s['ratio']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]"] for s in summary])
     if bare:
         secs = np.array([b["seconds"] for b in bare])
         lines += ["", f"bare search on the pipeline's {len(bare)} tasks ({bare[0]['tables']}-"

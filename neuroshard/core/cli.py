@@ -162,9 +162,10 @@ def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
             p.add_argument(*flags, dest=f.name, action="store_true", help=help_)
         elif md.get("bare") is not None:
             p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default, nargs="?",
-                           const=md["bare"], help=help_)
+                           const=md["bare"], choices=md.get("choices"), help=help_)
         else:
-            p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default, help=help_)
+            p.add_argument(*flags, dest=f.name, type=_scalar(tp) or str, default=default,
+                           choices=md.get("choices"), help=help_)
 
 
 def config_from_args(cls, args, **overrides):
@@ -189,8 +190,10 @@ def config_from_args(cls, args, **overrides):
     return cls(**kw)
 
 
-def step_parser(cls, doc: str | None = None, skip: Sequence[str] = ()) -> "ArgumentParser":
-    """The argument parser of a step whose flags are the fields of the config class `cls`."""
-    p = ArgumentParser(description=doc or cls.__doc__)
+def step_parser(cls, doc: str | None = None, skip: Sequence[str] = (), raw_doc: bool = False) -> "ArgumentParser":
+    """The argument parser of a step whose flags are the fields of the config class `cls`; `raw_doc`: --help shows
+    `doc` with its own line breaks (a script's docstring with a usage block)."""
+    p = ArgumentParser(description=doc or cls.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter if raw_doc else argparse.HelpFormatter)
     add_config_args(p, cls, skip)
     return p

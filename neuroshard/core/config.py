@@ -7,7 +7,8 @@ library's step functions take the config, never flag strings. Field metadata:
 - `parse`: the name of a `core.cli` text parser for fields a user gives as text on the command line
   (`int_range` for "10,60", `float_range`, `int_list` for "0,1,3" or "64,32", `str_list` for
   "neuroshard,dim_greedy"); the config itself always holds the parsed value;
-- `aliases`: extra spellings of the flag.
+- `aliases`: extra spellings of the flag;
+- `choices`: the values the flag takes.
 A field whose type is itself a config (hardware, cost-model files, search parameters) adds its
 fields as flags of the step. `check()` range-checks a config and returns it; error messages name
 the flag, which is also the field's name.
@@ -21,9 +22,11 @@ from .errors import UserError, check_float, check_int, check_range
 from .types import check_max_mem_gb
 
 
-def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = (), bare=None):
-    """A config field that is also a command-line flag; `bare`: the value the flag takes when given without one."""
-    md = {"help": help, "parse": parse, "aliases": aliases, "bare": bare}
+def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = (), bare=None,
+         choices: tuple | None = None):
+    """A config field that is also a command-line flag; `bare`: the value the flag takes when given without one;
+    `choices`: the only values the flag takes (argparse refuses others in one line)."""
+    md = {"help": help, "parse": parse, "aliases": aliases, "bare": bare, "choices": choices}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=md)
     return field(default=default, metadata=md)
@@ -367,7 +370,28 @@ class EvalConfig(EvalSimConfig):
 
 # ----------------------------------------------------------------------------- a user's own tables
 
+# Defaults of --calibrate and --measure, held here once: `ShardTablesConfig` (the flags) and the library's
+# `experiments.calibrate.CalibrationConfig` and `experiments.measure.MeasureConfig` (the Python API) take them.
 DEFAULT_CALIBRATE_K = 120  # shards --calibrate measures when given without K
+DEFAULT_CALIBRATE_COMM = 18  # all-to-all layouts of the user's dims calibration checks the comm models on
+CALIBRATE_WARMUP_ITER, CALIBRATE_NUM_ITER = 5, 10  # per calibration shard
+MEASURE_BUDGET_S = 180.0  # --measure: seconds of rounds
+MEASURE_WARMUP_ITER, MEASURE_NUM_ITER = 3, 5  # --measure: per candidate per round
+MEASURE_TOP = 3  # --measure: NeuroShard's best distinct plans measured
+
+
+def check_measure(budget_s: float, top_k: int, warmup_iter: int, num_iter: int) -> None:
+    """The range checks of --measure's settings (the flags and `MeasureConfig` alike)."""
+    check_iters(warmup_iter, num_iter)
+    check_float("--measure_budget_s", budget_s, 0.0, lo_open=True)
+    check_int("--measure_top", top_k, 3, 100)
+
+
+def check_calibrate(num_shards: int, comm_layouts: int) -> None:
+    """The range checks of --calibrate K and --calibrate_comm (the flags and `CalibrationConfig` alike)."""
+    check_int("--calibrate", num_shards, 15, 100_000)
+    check_int("--calibrate_comm", comm_layouts, 15, 100_000)
+
 
 @dataclass
 class ShardTablesConfig:
@@ -386,16 +410,18 @@ class ShardTablesConfig:
                                        f"K = {DEFAULT_CALIBRATE_K} (30-80 s for 26 tables on 4 ranks at the quick "
                                        "scale); saved beside --out and reused by later runs on the same tables and "
                                        "hardware", bare=DEFAULT_CALIBRATE_K)
-    calibrate_comm: int = flag(18, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
+    calibrate_comm: int = flag(DEFAULT_CALIBRATE_COMM, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
                                    "models on")
     measure: bool = flag(False, "measure NeuroShard's top plans, the heuristics' and TorchRec's in interleaved "
                                 "rounds and write the measured best")
-    measure_budget_s: float = flag(180.0, "with --measure: stop adding rounds after this many seconds")
-    measure_top: int = flag(3, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
+    measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
+    measure_top: int = flag(MEASURE_TOP, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
     no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "
                                 "whose paired interval against the best lies above 1 is dropped from later rounds)")
-    warmup_iter: int = flag(3, "warm-up iterations per plan per round (and per calibration shard: 5)")
-    num_iter: int = flag(5, "timed iterations per plan per round (and per calibration shard: 10)")
+    warmup_iter: int = flag(MEASURE_WARMUP_ITER, "warm-up iterations per plan per round (and per calibration "
+                                                 f"shard: {CALIBRATE_WARMUP_ITER})")
+    num_iter: int = flag(MEASURE_NUM_ITER, "timed iterations per plan per round (and per calibration shard: "
+                                           f"{CALIBRATE_NUM_ITER})")
     seed: int = flag(0)
     mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans (and --measure measures) for it")
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -409,12 +435,9 @@ class ShardTablesConfig:
         if self.ids is not None and self.dims is None:
             raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
         if self.measure:
-            check_iters(self.warmup_iter, self.num_iter)
-            check_float("--measure_budget_s", self.measure_budget_s, 0.0, lo_open=True)
-            check_int("--measure_top", self.measure_top, 3, 100)
+            check_measure(self.measure_budget_s, self.measure_top, self.warmup_iter, self.num_iter)
         if self.calibrate is not None:
-            check_int("--calibrate", self.calibrate, 15, 100_000)
-            check_int("--calibrate_comm", self.calibrate_comm, 15, 100_000)
+            check_calibrate(self.calibrate, self.calibrate_comm)
         check_int("--seed", self.seed, 0)
         self.hardware.check()
         self.search.check()

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 
 from ..core.artifacts import atomic_torch_save, load_torch, provenance
+from ..core.config import (CALIBRATE_NUM_ITER, CALIBRATE_WARMUP_ITER, DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K,
+                           check_calibrate, check_iters)
 from ..core.errors import UserError, check_int
 from ..core.types import Cluster, implausible_ms
 from ..data.features import table_size_gb, with_dim
@@ -67,19 +69,17 @@ CALIBRATION_METHOD = ("v5: heaviest tables alone + random shards; relative squar
 class CalibrationConfig:
     """Settings of `--calibrate K` and the fine-tuning behind it."""
 
-    num_shards: int = 60          # K compute samples; a third held out
-    comm_layouts: int = 18        # all-to-all layouts of the user's dims; a third held out
-    warmup_iter: int = 5
-    num_iter: int = 10
+    num_shards: int = DEFAULT_CALIBRATE_K       # K compute samples; a third held out
+    comm_layouts: int = DEFAULT_CALIBRATE_COMM  # all-to-all layouts of the user's dims; a third held out
+    warmup_iter: int = CALIBRATE_WARMUP_ITER
+    num_iter: int = CALIBRATE_NUM_ITER
     steps: int = 500              # fine-tuning: full-batch Adam steps on the relative error, from the pre-trained
     lr: float = 1e-3              # weights (`CostModel.fine_tune`)
     seed: int = 0
 
     def check(self) -> "CalibrationConfig":
-        check_int("--calibrate", self.num_shards, 15, 100_000)
-        check_int("--calibrate_comm", self.comm_layouts, 15, 100_000)
-        check_int("--warmup_iter", self.warmup_iter, 0, 100_000)
-        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_calibrate(self.num_shards, self.comm_layouts)
+        check_iters(self.warmup_iter, self.num_iter)
         check_int("--seed", self.seed, 0)
         return self
 

@@ -52,9 +52,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import UserError, check_float, check_int
+from ..core.config import MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure
+from ..core.errors import UserError, check_int
 from ..core.types import Cluster
 from ..core.stats import geo_mean, paired_interval
+from ..core.tables import format_table
 from ..hardware.engine import Measured, round_cost
 from ..sharding.plan import ShardingPlan
 from ..sharding.search import plan_key
@@ -62,23 +64,20 @@ from ..sharding.search import plan_key
 
 @dataclass(frozen=True)
 class MeasureConfig:
-    budget_s: float = 180.0
-    warmup_iter: int = 3
-    num_iter: int = 5            # timed iterations per candidate per round
+    budget_s: float = MEASURE_BUDGET_S
+    warmup_iter: int = MEASURE_WARMUP_ITER
+    num_iter: int = MEASURE_NUM_ITER  # timed iterations per candidate per round
     min_rounds: int = 5
     max_rounds: int = 200
-    top_k: int = 3               # NeuroShard candidates
+    top_k: int = MEASURE_TOP     # NeuroShard candidates
     seed: int = 0
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
     race: bool = True            # drop a candidate measured slower than the best (module docstring)
 
     def check(self) -> "MeasureConfig":
-        check_float("--measure_budget_s", self.budget_s, 0.0, lo_open=True)
-        check_int("--warmup_iter", self.warmup_iter, 0, 100_000)
-        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_measure(self.budget_s, self.top_k, self.warmup_iter, self.num_iter)
         check_int("--min_rounds", self.min_rounds, 2, 10_000)
         check_int("--max_rounds", self.max_rounds, self.min_rounds, 100_000)
-        check_int("--measure_top", self.top_k, 3, 100)
         return self
 
 
@@ -385,19 +384,18 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
 
 
 def format_candidates(rows: list[dict]) -> list[str]:
+    """The candidates as a text table, the best measured first (those measured in every round before those
+    dropped earlier)."""
     drift = any(r.get("simulated_drift_ms") is not None for r in rows)
-    extra = f" {'drift-corrected':>15}" if drift else ""
-    lines = [f"{'candidate':<34} {'measured ms':>11} {'simulated ms':>12} {'sim/meas':>8}{extra}  ratio to best [95% CI]",
-             "-" * (96 + len(extra))]
     R = max((r.get("rounds", 0) for r in rows), default=0)
+    cells = []
     for r in sorted(rows, key=lambda r: (-r.get("rounds", 0), r["measured_ms"])):
-        sim, meas = r["simulated_ms"], r["measured_ms"]
-        sim_text = "-" if sim is None else f"{sim:.3f}"
-        ratio_text = "-" if sim is None else f"{sim / meas:.2f}"
-        if drift:
-            d = r.get("simulated_drift_ms")
-            ratio_text += f" {'-' if d is None else f'{d / meas:.2f}':>15}"
-        lines.append(f"{'/'.join(r['names'])[:34]:<34} {meas:11.3f} {sim_text:>12} {ratio_text:>8}  "
-                     f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
-                     + (f"  (dropped after {r['rounds']} rounds)" if r.get("rounds", R) < R else ""))
-    return lines
+        sim, meas, d = r["simulated_ms"], r["measured_ms"], r.get("simulated_drift_ms")
+        cells.append(["/".join(r["names"])[:34], f"{meas:.3f}", "-" if sim is None else f"{sim:.3f}",
+                      "-" if sim is None else f"{sim / meas:.2f}",
+                      *(["-" if sim is None or d is None else f"{d / meas:.2f}"] if drift else []),
+                      f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
+                      + (f"  (dropped after {r['rounds']} rounds)" if r.get("rounds", R) < R else "")])
+    header = ["candidate", "measured ms", "simulated ms", "sim/meas", *(["drift-corrected"] if drift else []),
+              "ratio to best [95% CI]"]
+    return format_table(header, cells, style="text", align="lrrr" + "r" * drift + "l")

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..core.artifacts import OutputLock, atomic_write_text, check_outputs, fresh_path, provenance
 from ..core.config import ShardTablesConfig
 from ..core.errors import UserError
+from ..core.tables import format_table
 from ..core.types import Cluster, Cost, implausible_ms
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..sharding.plan import ShardingPlan
@@ -40,12 +41,6 @@ MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B eac
 MEASURE_BYTES_PER_LOOKUP = 64
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
-
-
 def device_report(tl: TableList, plan: ShardingPlan, cluster: Cluster, cost: Cost | None) -> str:
     mem = plan.device_mem_gb(tl.task)
     per_dev = plan.per_device()
@@ -56,8 +51,8 @@ def device_report(tl: TableList, plan: ShardingPlan, cluster: Cluster, cost: Cos
               f"{cost.per_device_ms[r]:.3f}"] if cost else ["-"] * 4)
         rows.append([f"{r}{' *' if r == crit else ''}", f"{mem[r]:.4f} / {cluster.max_mem_gb:g}", str(len(per_dev[r])),
                      *c])
-    return _table(["device", "memory (GB)", "shards", "compute (ms)", "fw comm (ms)", "bw comm (ms)", "total (ms)"],
-                  rows)
+    return "\n".join(format_table(["device", "memory (GB)", "shards", "compute (ms)", "fw comm (ms)", "bw comm (ms)",
+                                  "total (ms)"], rows, style="text"))
 
 
 def table_report(tl: TableList, plan: ShardingPlan) -> str:
@@ -73,7 +68,7 @@ def table_report(tl: TableList, plan: ShardingPlan) -> str:
         rows.append([name, str(tl.rows[t]), str(int(tl.task.dims[t])), str(len(shards)),
                      ",".join(str(d) for d in sorted({d for _, _, d in shards})),
                      " ".join(f"{lo}:{hi}@{d}" for lo, hi, d in ranges)])
-    return _table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows)
+    return "\n".join(format_table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows, style="text"))
 
 
 def check_predicted(cost: Cost | None, what: str, fix: str) -> None:

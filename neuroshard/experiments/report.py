@@ -18,6 +18,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from ..core.artifacts import atomic_write_bytes, atomic_write_text
+from ..core.tables import format_table
 from .results import summarize
 
 
@@ -94,12 +95,12 @@ def fidelity_section(eval_csv: Path) -> tuple[list[str], list[dict]]:
                f"{np.median(spread):.1f}%, 90th percentile {np.percentile(spread, 90):.1f}% over {len(spread)} plans.", ""]
     md += [f"Simulated vs measured cost of every measured plan ({len(off)} of {len(plans)} disagree by more than "
            f"{FIDELITY_FLAG:.0%}, flagged): see summary_fidelity.png.", "",
-           "<details><summary>every plan</summary>", "", "| task | algorithm | simulated (ms) | measured (ms) | "
-           "sim / meas | spread | flag |", "|---:|---|---:|---:|---:|---:|---|"]
-    for p in sorted(plans, key=lambda p: (p["task"], p["alg"])):
-        ratio = p["sim"] / p["meas"]
-        md.append(f"| {p['task']} | {p['alg']} | {p['sim']:.3f} | {p['meas']:.3f} | {ratio:.2f} | "
-                  f"{p['spread']:.1f}% | {'**> 25%**' if abs(ratio - 1) > FIDELITY_FLAG else ''} |")
+           "<details><summary>every plan</summary>", ""]
+    cells = [[p["task"], p["alg"], f"{p['sim']:.3f}", f"{p['meas']:.3f}", f"{p['sim'] / p['meas']:.2f}",
+              f"{p['spread']:.1f}%", "**> 25%**" if abs(p["sim"] / p["meas"] - 1) > FIDELITY_FLAG else ""]
+             for p in sorted(plans, key=lambda p: (p["task"], p["alg"]))]
+    md += format_table(["task", "algorithm", "simulated (ms)", "measured (ms)", "sim / meas", "spread", "flag"],
+                       cells, align="rlrrrrl")
     md += ["", "</details>", ""]
     return md, plans
 
@@ -137,20 +138,19 @@ def write_report(out_dir: Path, sections: list[dict], command: str, meta: dict) 
                f"Mean cost over the {info['num_common']} of {info['num_tasks']} test tasks that every algorithm "
                "placed within memory (valid = tasks with a memory-feasible plan); improvement is measured cost "
                f"relative to the other algorithm with the lowest mean on these common tasks ({info['best_other']}); "
-               "the paired headline above uses every task a pair solved.", "",
-               "| algorithm | simulated (ms) | measured (ms) | valid | vs best other | search (s) |",
-               "|---|---:|---:|---:|---:|---:|"]
-        for _, r in table.iterrows():
-            md.append(f"| {r.algorithm} | {r.simulated_ms:.3f} | {r.measured_ms:.3f} | {r.valid} | "
-                      f"{r.vs_best_other_pct:+.1f}% | {r.search_s:.4f} |")
+               "the paired headline above uses every task a pair solved.", ""]
+        md += format_table(["algorithm", "simulated (ms)", "measured (ms)", "valid", "vs best other", "search (s)"],
+                           [[r.algorithm, f"{r.simulated_ms:.3f}", f"{r.measured_ms:.3f}", r.valid,
+                             f"{r.vs_best_other_pct:+.1f}%", f"{r.search_s:.4f}"] for _, r in table.iterrows()],
+                           align="lrrrrr")
         md += ["", f"Simulator fidelity: Spearman rank correlation {info['fidelity_spearman']:.3f} between simulated "
                f"and measured cost over {info['num_plans_measured']} measured plans.", ""]
         errs = model_errors(sec["models"])
         if len(errs):
-            md += ["Cost models (test split):", "", "| model | MSE | MAPE | R² | Spearman |", "|---|---:|---:|---:|---:|"]
-            for _, e in errs.iterrows():
-                md.append(f"| {e.model} | {e.MSE:.4g} | {e.MAPE_pct:.1f}% | {e.R2:.3f} | {e.Spearman:.3f} |")
-            md.append("")
+            md += ["Cost models (test split):", "",
+                   *format_table(["model", "MSE", "MAPE", "R²", "Spearman"],
+                                 [[e.model, f"{e.MSE:.4g}", f"{e.MAPE_pct:.1f}%", f"{e.R2:.3f}", f"{e.Spearman:.3f}"]
+                                  for _, e in errs.iterrows()], align="lrrrr"), ""]
     md += ["![measured cost per algorithm](summary.png)", "", "![simulated vs measured cost of every plan](summary_fidelity.png)", ""]
     summary = pd.concat(all_tables, ignore_index=True)
     atomic_write_text(out_dir / "summary.csv", summary.to_csv(index=False))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.tables import format_table
+
 
 def summarize(rows: list[dict], cost_key: str) -> list[dict]:
     """Per algorithm: mean cost over its valid tasks and over the tasks every algorithm solved
@@ -31,10 +33,10 @@ def print_paired(rows: list[dict], cost_key: str) -> list[dict]:
         return table
     print(f"\nneuroshard vs each algorithm, paired on the tasks both solved ({cost_key}; ratio < 1: neuroshard "
           "cheaper; 95% bootstrap CI)")
-    print(f"{'vs':<20} {'tasks':>5} {'ratio':>7} {'95% CI':>17} {'W/T/L':>10} {'valid ours/theirs':>18}")
-    for t in table:
-        print(f"{t['vs']:<20} {t['n']:>5} {t['ratio']:>7.3f} [{t['ci_lo']:.3f}, {t['ci_hi']:.3f}]".ljust(53)
-              + f"{t['wins']}/{t['ties']}/{t['losses']}".rjust(10) + f"{t['valid_ours']}/{t['valid_theirs']}".rjust(19))
+    print("\n".join(format_table(["vs", "tasks", "ratio", "95% CI", "W/T/L", "valid ours/theirs"],
+                                 [[t["vs"], t["n"], f"{t['ratio']:.3f}", f"[{t['ci_lo']:.3f}, {t['ci_hi']:.3f}]",
+                                   f"{t['wins']}/{t['ties']}/{t['losses']}", f"{t['valid_ours']}/{t['valid_theirs']}"]
+                                  for t in table], style="text")))
     best = strongest(table)
     if best:
         print(f"headline: vs the best other algorithm ({best['vs']}) neuroshard's paired cost ratio is "
@@ -45,7 +47,7 @@ def print_paired(rows: list[dict], cost_key: str) -> list[dict]:
 def print_summary(summary: list[dict], title: str) -> None:
     print(title)
     n_common = summary[0]["num_common"] if summary else 0
-    print(f"{'algorithm':<20} {'mean cost (ms)':>15} {f'on {n_common} common':>15} {'valid':>9} {'search (s)':>11}")
-    for s in summary:
-        print(f"{s['alg']:<20} {s['mean_cost_ms']:>15.3f} {s['mean_cost_common_ms']:>15.3f} "
-              f"{s['valid']:>4} / {s['total']:<3} {s['mean_search_s']:>11.4f}")
+    print("\n".join(format_table(["algorithm", "mean cost (ms)", f"on {n_common} common", "valid", "search (s)"],
+                                 [[s["alg"], f"{s['mean_cost_ms']:.3f}", f"{s['mean_cost_common_ms']:.3f}",
+                                   f"{s['valid']} / {s['total']}", f"{s['mean_search_s']:.4f}"] for s in summary],
+                                 style="text")))

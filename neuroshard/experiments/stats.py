@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.stats import paired_interval
+from ..core.tables import format_table
 
 TIE = 0.01
 
@@ -54,9 +55,8 @@ def strongest(table: list[dict], min_tasks: int = 3) -> dict | None:
 
 
 def format_paired(table: list[dict], ours: str = "neuroshard") -> list[str]:
-    lines = [f"| {ours} vs | paired tasks | geo-mean ratio | 95% CI | wins / ties / losses | valid (ours / theirs) |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for t in table:
-        lines.append(f"| {t['vs']} | {t['n']} | {t['ratio']:.3f} | [{t['ci_lo']:.3f}, {t['ci_hi']:.3f}] | "
-                     f"{t['wins']} / {t['ties']} / {t['losses']} | {t['valid_ours']} / {t['valid_theirs']} |")
-    return lines
+    return format_table([f"{ours} vs", "paired tasks", "geo-mean ratio", "95% CI", "wins / ties / losses",
+                         "valid (ours / theirs)"],
+                        [[t["vs"], t["n"], f"{t['ratio']:.3f}", f"[{t['ci_lo']:.3f}, {t['ci_hi']:.3f}]",
+                          f"{t['wins']} / {t['ties']} / {t['losses']}", f"{t['valid_ours']} / {t['valid_theirs']}"]
+                         for t in table], align="lrrrrr")

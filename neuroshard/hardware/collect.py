@@ -21,8 +21,8 @@ from ..core.config import CommCollectConfig, ComputeCollectConfig, comm_data_pat
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
-from .comm_bench import COMM_DATA_KIND, comm_rank
-from .compute_bench import COMPUTE_DATA_KIND, compute_worker, family_collection
+from .comm_bench import COMM_DATA_KIND, CommRankSettings, comm_rank
+from .compute_bench import COMPUTE_DATA_KIND, ComputeWorkerSettings, compute_worker, family_collection
 from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes
 
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
@@ -99,7 +99,7 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
         log.close()
         return _report(0, len(log.records), float("nan"), path)
     n_workers = min(n_workers, len(todo))
-    args = (str(ds.path), hw, batch, warmup_iter, num_iter, todo, sample_args, families)
+    args = (ComputeWorkerSettings(str(ds.path), hw, batch, warmup_iter, num_iter, todo, sample_args, families),)
     rep = _collect(log, todo, f"compute samples ({hw.backend}/{hw.device}, {n_workers} workers)",
                    lambda on_message: run_processes(compute_worker, n_workers, args, on_message,
                                                     gpu_ids=gpu_ids, what="worker"))
@@ -137,7 +137,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
         if log is not None:
             log.close()
         return _report(0, len(log.records) if log else 0, float("nan"), path)
-    args = (todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep)
+    args = (CommRankSettings(todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep),)
     run = lambda on_message: run_processes(comm_rank, N, args, on_message, group_device=dev, gpu_ids=gpu_ids)  # noqa
     if log is None:
         run(lambda _: None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -126,9 +127,24 @@ def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str,
     return np.array([c[0] for c in costs]), np.array([c[1] for c in costs])
 
 
-def comm_rank(rank: int, world: int, emit, indices: list[int], sample_args: dict, batch_size: int, device: str,
-              warmup: int, iters: int, mp_keep: float | None = None) -> None:
+@dataclass(frozen=True)
+class CommRankSettings:
+    """How the comm collector's ranks measure: the one settings object `comm_rank` takes."""
+
+    indices: list[int]           # the samples still missing; every rank measures each
+    sample_args: dict            # `sample_comm`'s seed, T_range, max_dim and sleep_range
+    batch_size: int              # global batch
+    device: str
+    warmup: int                  # warm-up iterations of each layout
+    iters: int                   # timed iterations of each layout (their median)
+    mp_keep: float | None = None  # DCT-MP's compressed all-to-alls (None: uncompressed)
+
+
+def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
     """Rank function of the comm collector: measure each sample, rank 0 emits the per-rank costs."""
+    s = settings
+    indices, sample_args, batch_size, device = s.indices, s.sample_args, s.batch_size, s.device
+    warmup, iters, mp_keep = s.warmup, s.iters, s.mp_keep
     for index in indices:
         dim_sums, delays = sample_comm(index, N=world, **sample_args)
         fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters, mp_keep)

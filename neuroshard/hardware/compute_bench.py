@@ -146,22 +146,35 @@ def cost_data_tables(meta: dict, dataset: DLRMDataset, families_dir=None):
 COMPUTE_DATA_KIND = "neuroshard.compute_cost_data"
 
 
-def compute_worker(rank: int, world: int, emit, dataset_dir: str, hw: Hardware, batch_size: int, warmup: int,
-                   iters: int, indices: list[int], sample_args: dict, families: dict | None = None) -> None:
+@dataclass(frozen=True)
+class ComputeWorkerSettings:
+    """How the compute collector's workers measure: the one settings object `compute_worker` takes."""
+
+    dataset_dir: str
+    hw: Hardware
+    batch_size: int
+    warmup: int                  # warm-up iterations of each sample
+    iters: int                   # timed iterations of each sample (their median)
+    indices: list[int]           # the samples still missing; worker r of w measures indices[r::w]
+    sample_args: dict            # `sample_shard`'s seed, max_tables, max_mem_gb and max_dim
+    families: dict | None = None  # {"dir", "shares", "max_shards", "caps"}: samples from the table families
+
+
+def compute_worker(rank: int, world: int, emit, settings: ComputeWorkerSettings) -> None:
     """Worker `rank` of `world` measures every world-th missing sample and emits each when finished.
 
-    With `families` ({"dir", "shares", "max_shards", "caps"}) samples come from `MixSampler` and
-    each record names its sample family."""
-    dataset = DLRMDataset.load(dataset_dir)
+    With `settings.families` samples come from `MixSampler` and each record names its sample family."""
+    s, families = settings, settings.families
+    dataset = DLRMDataset.load(s.dataset_dir)
     if families:
         sampler = MixSampler(dataset, DLRMDataset.load(families["dir"]), shares=families["shares"],
-                             max_shards=families["max_shards"], caps=families["caps"], **sample_args)
-        bench = ComputeBenchmark(sampler.pool, hw, batch_size, warmup, iters)
+                             max_shards=families["max_shards"], caps=families["caps"], **s.sample_args)
+        bench = ComputeBenchmark(sampler.pool, s.hw, s.batch_size, s.warmup, s.iters)
     else:
-        bench = ComputeBenchmark(dataset, hw, batch_size, warmup, iters)
-    for index in indices[rank::world]:
+        bench = ComputeBenchmark(dataset, s.hw, s.batch_size, s.warmup, s.iters)
+    for index in s.indices[rank::world]:
         if families:
             family, ids, dims = sampler(index)
         else:
-            family, (ids, dims) = "dataset", sample_shard(bench.dataset.rows, index, **sample_args)
+            family, (ids, dims) = "dataset", sample_shard(bench.dataset.rows, index, **s.sample_args)
         emit({"index": index, "family": family, "table_ids": ids, "dims": dims, "cost_ms": bench.measure(ids, dims)})
