@@ -92,8 +92,12 @@ def test_candidates_are_distinct_and_measured_best_is_not_the_bad_plan(tmp_path)
     assert all(t <= budget for t in res["round_end_s"][:-1]), res["round_end_s"]
     rows = {"/".join(r["names"]): r for r in res["candidates"]}
     best = "/".join(res["best"])
-    # never worse than another candidate: on the rounds both ran (racing may have dropped the slower ones early)
-    assert all(r["ratio_to_best"] >= 1.0 for r in rows.values())
+    # never worse than a candidate measured in every round (one racing dropped was slower than the best of an
+    # earlier look, which need not be the final best); a ratio needs two rounds (on a loaded machine the first
+    # round alone may spend the budget)
+    ratios = {k: r["ratio_to_best"] for k, r in rows.items() if r["rounds"] == res["rounds"]}
+    assert all(x >= 1.0 for x in ratios.values()) if res["rounds"] >= 2 else all(np.isnan(x) for x in ratios.values()), \
+        (res["rounds"], ratios)
     assert all(rows[best]["measured_ms"] <= r["measured_ms"] for r in rows.values() if r["rounds"] == res["rounds"])
     assert all(len(r["round_ms"]) == res["rounds"] for r in rows.values())
     # per rank [compute, fw, bw], measured (median over rounds) and simulated: device 1 of all_on_0 has no table
