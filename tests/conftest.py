@@ -13,12 +13,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from neuroshard.core.config import Preset
 from neuroshard.data.dataset import DLRMDataset, process_raw
 from neuroshard.data.synthetic import SyntheticConfig, generate_synthetic_raw
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# In-process torch work runs on one thread, whatever the test order: before, the first test of
+# tests/hardware/test_hardware.py set this for the rest of the session, so a test's numbers depended on
+# what ran before it, and the tests ahead of it ran small ops on two threads that stall for seconds on a
+# busy 2-core machine. Workers and ranks set their own (neuroshard.hardware.launch); scripts are untouched.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
