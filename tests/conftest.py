@@ -1,4 +1,6 @@
 import atexit
+import contextlib
+import io
 import json
 import os
 import select
@@ -8,13 +10,22 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from neuroshard.core.config import Preset
 from neuroshard.data.dataset import DLRMDataset, process_raw
 from neuroshard.data.synthetic import SyntheticConfig, generate_synthetic_raw
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# In-process torch work runs on one thread, whatever the test order: before, the first test of
+# tests/hardware/test_hardware.py set this for the rest of the session, so a test's numbers depended on
+# what ran before it, and the tests ahead of it ran small ops on two threads that stall for seconds on a
+# busy 2-core machine. Workers and ranks set their own (neuroshard.hardware.launch); scripts are untouched.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +39,32 @@ def small_raw():
 def small_dataset(small_raw, tmp_path_factory) -> DLRMDataset:
     out = tmp_path_factory.mktemp("ds")
     return process_raw(*small_raw, out_dir=out, source={"source": "test"}, progress=False)
+
+
+# The pipeline's tiny preset: every step on a few samples (the cost-model fits need 10 of each kind;
+# the family mix collects 1.5 x compute_samples), one compute worker, 3 test tasks for the paired intervals.
+TINY = Preset(num_tables=24, batch_size=256, row_scale=1e-3, task_max_mem=0.02, max_mem=0.01, T_range=(4, 8),
+              num_train_tasks=2, num_test_tasks=3, ndevices=(2,), compute_samples=10, compute_workers=1,
+              comm_samples=10, epochs=3, eval_warmup=1, eval_iters=2, eval_rounds=1, families=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory) -> SimpleNamespace:
+    """The whole pipeline (`run_pipeline`, preset TINY) run once for the test session: `work` (its
+    folder: data/dlrm_datasets, data/cost_data, models, results; read it, copy it to change it),
+    `report` (the summary's path) and `stdout` (what the run printed)."""
+    from neuroshard.core.config import PipelineConfig
+    from neuroshard.experiments.pipeline import PRESETS, run_pipeline
+
+    work = tmp_path_factory.mktemp("tiny_pipeline")
+    out = io.StringIO()
+    PRESETS["tiny"] = TINY
+    try:
+        with contextlib.redirect_stdout(out):
+            report = run_pipeline(PipelineConfig("tiny", str(work)))
+    finally:
+        del PRESETS["tiny"]
+    return SimpleNamespace(work=work, report=report, stdout=out.getvalue())
 
 
 def _sigint_as_in_a_terminal() -> None:

@@ -1,14 +1,14 @@
 """The whole pipeline on a tiny preset: runs end to end, skips finished steps, resumes, --force redoes."""
+import shutil
+
 import pandas as pd
 import pytest
 
-from neuroshard.core.config import PipelineConfig, Preset
+from neuroshard.core.config import PipelineConfig
 from neuroshard.experiments.pipeline import PRESETS, run_pipeline
 from neuroshard.models.cost_models import ComputeCostModel
 
-TINY = Preset(num_tables=24, batch_size=256, row_scale=1e-3, task_max_mem=0.02, max_mem=0.01, T_range=(4, 8),
-              num_train_tasks=2, num_test_tasks=3, ndevices=(2,), compute_samples=20, compute_workers=2,
-              comm_samples=10, epochs=5, eval_warmup=1, eval_iters=2, eval_rounds=1, families=True)
+from conftest import TINY
 
 
 @pytest.fixture()
@@ -16,20 +16,21 @@ def tiny(monkeypatch):
     monkeypatch.setitem(PRESETS, "tiny", TINY)
 
 
-def test_pipeline_runs_resumes_and_reports(tiny, tmp_path, capsys):
-    out = run_pipeline(PipelineConfig("tiny", str(tmp_path)))
-    first = capsys.readouterr().out
+def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys):
+    """The first run is the session's tiny pipeline (conftest); the reruns work on a copy of its folder."""
+    first, done = tiny_pipeline.stdout, tiny_pipeline.work
     assert "skipped" not in first
-    summary = pd.read_csv(tmp_path / "results/summary.csv")
+    summary = pd.read_csv(done / "results/summary.csv")
     assert set(summary.algorithm) == {"random", "dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy",
                                       "neuroshard", "torchrec"}
     assert (summary.measured_ms > 0).all()
-    text = out.read_text()
-    assert "Simulator fidelity" in text and "neuroshard" in text and (tmp_path / "results/summary.png").stat().st_size
+    text = tiny_pipeline.report.read_text()
+    assert "Simulator fidelity" in text and "neuroshard" in text and (done / "results/summary.png").stat().st_size
     # with the family mix the compute model takes log inputs, and the logged command says so
-    assert ComputeCostModel.load(tmp_path / "models/compute.pt").input_transform == "log"
+    assert ComputeCostModel.load(done / "models/compute.pt").input_transform == "log"
     assert "--input_transform log" in first
     # a second run skips every finished step; the collectors find their files complete
+    shutil.copytree(done, tmp_path, dirs_exist_ok=True)
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out
     assert second.count("skipped") == 7  # every step with outputs; the two collectors always run
@@ -43,5 +44,5 @@ def test_pipeline_runs_resumes_and_reports(tiny, tmp_path, capsys):
     mtime = (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime
     run_pipeline(PipelineConfig("tiny", str(tmp_path), force=True))
     forced = capsys.readouterr().out
-    assert "skipped" not in forced and "measured 30 samples" in forced  # the mix: 1.5 x the preset's 20
+    assert "skipped" not in forced and "measured 15 samples" in forced  # the mix: 1.5 x the preset's 10
     assert (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime > mtime

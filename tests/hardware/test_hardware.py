@@ -186,7 +186,8 @@ def test_missing_indices_fill_holes():
 def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, extra_wait_s):
     out = tmp_path / "cc"
     args = [sys.executable, str(ROOT / "collect_compute_cost_data.py"), "--dataset_dir", str(small_dataset.path),
-            "--out_dir", str(out), "--max_mem", "0.01", "--workers", "2", "--num_iter", "2", "--warmup_iter", "1"]
+            "--out_dir", str(out), "--max_tables", "5", "--max_mem", "0.01", "--workers", "2", "--num_iter", "2",
+            "--warmup_iter", "1"]
     path = out / "compute_cost_data.pkl"
     err = _interrupt_after(args + ["--data_size", "100000"], path, COMPUTE_DATA_KIND, 3, extra_wait_s)
     assert "finished work is saved" in err
@@ -196,8 +197,9 @@ def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, extra_
     target = max(s["index"] for s in saved) + 4
     done = run_python(*args[1:], "--data_size", target, timeout=300)
     assert done.returncode == 0, done.stderr
-    samples = load_cost_data(path, COMPUTE_DATA_KIND)[1]
+    meta, samples = load_cost_data(path, COMPUTE_DATA_KIND)
     assert [s["index"] for s in samples] == list(range(target))
+    assert meta["max_tables"] == 5 and all(1 <= len(s["table_ids"]) <= 5 for s in samples)
     # a run with other settings refuses to mix into the file, and leaves it as it was
     bad = run_python(*args[1:-6], "--max_mem", "0.02", "--data_size", "5")
     assert_clean_error(bad, "max_mem_gb")
@@ -231,8 +233,8 @@ def test_comm_collection(tmp_path):
                       "--batch_size", "512", "--T_range", "3,6", "--sleep_range", "1,3", "--num_iter", "2",
                       "--warmup_iter", "1")
     assert proc.returncode == 0, proc.stderr
-    _, samples = load_cost_data(tmp_path / "comm_cost_data_2.pkl", "neuroshard.comm_cost_data")
-    assert len(samples) == 3
+    meta, samples = load_cost_data(tmp_path / "comm_cost_data_2.pkl", "neuroshard.comm_cost_data")
+    assert len(samples) == 3 and tuple(meta["sleep_range"]) == (1.0, 3.0)
     for s in samples:
         assert s["fw_ms"].shape == (2,) and np.all(s["bw_ms"] > 0) and s["delays_ms"].min() == 0
     assert_clean_error(run_script("collect_comm_cost_data.py", "--ndevices", "3", "--batch_size", "512",

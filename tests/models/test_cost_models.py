@@ -192,21 +192,20 @@ def test_metrics_by_hand():
     assert m["spearman"] == pytest.approx(np.corrcoef([1, 2, 3], [1, 2.5, 2.5])[0, 1])
 
 
-def test_scripted_pipeline_trains_and_shards(small_dataset, tmp_path):
-    """collect -> train -> eval_simulator -> eval with --alg neuroshard, all through the scripts."""
+def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path):
+    """train -> eval_simulator -> eval with --alg neuroshard, all through the scripts, on the cost data the
+    session's tiny pipeline collected (the collector scripts run in tests/hardware/test_hardware.py)."""
+    from neuroshard.data.dataset import DLRMDataset
     from neuroshard.data.tasks import generate_tasks, save_tasks
+    from neuroshard.hardware.collect import load_cost_data
+    from neuroshard.hardware.comm_bench import COMM_DATA_KIND
 
-    cost = tmp_path / "cost"
+    dataset = DLRMDataset.load(tiny_pipeline.work / "data/dlrm_datasets")
+    cost = tiny_pipeline.work / "data/cost_data"
     common = ["--num_iter", "2", "--warmup_iter", "1"]
-    r = run_script("collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", cost,
-                   "--data_size", "40", "--max_mem", "0.005", "--max_tables", "5", *common)
-    assert r.returncode == 0, r.stderr
-    r = run_script("collect_comm_cost_data.py", "--out_dir", cost, "--ndevices", "2", "--data_size", "20",
-                   "--batch_size", "256", "--T_range", "3,8", "--sleep_range", "1,4", *common)
-    assert r.returncode == 0, r.stderr
     models = tmp_path / "models"
-    r = run_script("train_compute_cost_model.py", "--data_dir", cost, "--dataset_dir", small_dataset.path,
-                   "--out_path", models / "compute.pt", "--epochs", "20")
+    r = run_script("train_compute_cost_model.py", "--data_dir", cost, "--dataset_dir", dataset.path,
+                   "--out_path", models / "compute.pt", "--epochs", "300")
     assert r.returncode == 0, r.stderr
     assert "Spearman" in r.stdout and "MAPE" in r.stdout
     # trained until they predict plausible costs: eval_simulator refuses a negative or non-finite prediction
@@ -218,18 +217,16 @@ def test_scripted_pipeline_trains_and_shards(small_dataset, tmp_path):
     assert r.returncode == 0, r.stderr
     fw, bw = CommCostModel.load(models / "fw_wait.pt"), CommCostModel.load(models / "bw_wait.pt")
     assert fw.meta["fw_wait_term"] is True and bw.meta["fw_wait_term"] is False
-    assert fw.meta["sleep_range"] == (1.0, 4.0) and CommCostModel.load(models / "fw.pt").meta["fw_wait_term"] is False
-    from neuroshard.hardware.collect import load_cost_data
-    from neuroshard.hardware.comm_bench import COMM_DATA_KIND
-
-    _, samples = load_cost_data(cost / "comm_cost_data_2.pkl", COMM_DATA_KIND)  # the data's largest inputs, recorded
+    meta, samples = load_cost_data(cost / "comm_cost_data_2.pkl", COMM_DATA_KIND)
+    assert fw.meta["sleep_range"] == tuple(meta["sleep_range"]) and CommCostModel.load(models / "fw.pt").meta[
+        "fw_wait_term"] is False
     top = [max(s["dim_sums"][r] for s in samples) for r in range(2)] + \
-        [max(s["delays_ms"][r] for s in samples) for r in range(2)]
+        [max(s["delays_ms"][r] for s in samples) for r in range(2)]  # the data's largest inputs, recorded
     assert fw.meta["training_input_max"] == pytest.approx(top, rel=1e-6)
     assert bw.meta["training_input_max"] == pytest.approx(top[:2], rel=1e-6)
-    save_tasks(tmp_path / "t.pkl", generate_tasks(small_dataset, 3, (3, 7), 0.01, 32, seed=0), small_dataset)
+    save_tasks(tmp_path / "t.pkl", generate_tasks(dataset, 3, (3, 7), 0.01, 32, seed=0), dataset)
     m = ["--compute_model", models / "compute.pt", "--fw_comm_model", models / "fw.pt",
-         "--bw_comm_model", models / "bw.pt", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
+         "--bw_comm_model", models / "bw.pt", "--data_dir", dataset.path, "--task_path", tmp_path / "t.pkl",
          "--ndevices", "2", "--max_mem", "0.01"]
     r = run_script("eval_simulator.py", *m, "--alg", "neuroshard,dim_greedy", "--results_csv", tmp_path / "s.csv")
     assert r.returncode == 0, r.stderr
@@ -244,7 +241,7 @@ def test_scripted_pipeline_trains_and_shards(small_dataset, tmp_path):
     # models for 2 devices refuse a 4-device run
     r = run_script("eval_simulator.py", *m[:-4], "--ndevices", "4", "--max_mem", "0.01", "--alg", "neuroshard")
     assert_clean_error(r, "trained for 2 devices")
-    r = run_script("eval_simulator.py", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
+    r = run_script("eval_simulator.py", "--data_dir", dataset.path, "--task_path", tmp_path / "t.pkl",
                    "--compute_model", tmp_path / "missing.pt", "--alg", "neuroshard")
     assert_clean_error(r, "not found")
 

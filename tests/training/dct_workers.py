@@ -2,19 +2,20 @@
 import torch
 
 
-def topk_gradients(rank, world, emit, keep):
-    """Rank r pools [B, W_r]; after the DCT-MP all-to-all and a loss on what arrived, only the k
-    largest-magnitude entries per sample may have a gradient."""
+def topk_gradients(rank, world, emit, keeps):
+    """For each keep: rank r pools [B, W_r]; after the DCT-MP all-to-all and a loss on what arrived, only
+    the k largest-magnitude entries per sample may have a gradient."""
     from neuroshard.training.dlrm import CommStats, pooled_all_to_all
 
     widths = [8, 12]
-    g = torch.Generator().manual_seed(rank)
-    pooled = torch.randn(6, widths[rank], generator=g).requires_grad_()
-    stats = CommStats()
-    recv = pooled_all_to_all(pooled, widths, stats, keep)
-    (recv * torch.arange(1, recv.numel() + 1, dtype=recv.dtype)).sum().backward()
-    # plain arrays through the pipe (tensors would travel as shared-memory handles a finished rank closes)
-    emit((rank, pooled.detach().numpy(), pooled.grad.numpy(), recv.detach().numpy(), stats.bytes["mp"]))
+    for keep in keeps:
+        g = torch.Generator().manual_seed(rank)
+        pooled = torch.randn(6, widths[rank], generator=g).requires_grad_()
+        stats = CommStats()
+        recv = pooled_all_to_all(pooled, widths, stats, keep)
+        (recv * torch.arange(1, recv.numel() + 1, dtype=recv.dtype)).sum().backward()
+        # plain arrays through the pipe (tensors would travel as shared-memory handles a finished rank closes)
+        emit((keep, rank, pooled.detach().numpy(), pooled.grad.numpy(), recv.detach().numpy(), stats.bytes["mp"]))
 
 
 def multi_bucket(rank, world, emit, configs):

@@ -19,38 +19,59 @@ pytest.importorskip("recbole", reason="MovieLens-100K ships in the recbole wheel
 SMALL = dict(dataset="movielens", ndevices=2, steps=12, batch_size=128, log_every=4)
 
 
-def _run(**kw):
-    return train_dlrm(TrainConfig(**{**SMALL, **kw}), progress=False)
+@pytest.fixture(scope="module")
+def movielens():
+    """MovieLens-100K, loaded once for the module (a load takes seconds; train_dlrm's own load of the
+    dataset it is named runs in test_ctrl_c_stops_every_rank, where the script trains on it)."""
+    from neuroshard.training.data import load_movielens
+
+    return load_movielens()
 
 
 @pytest.fixture(scope="module")
-def baseline():
-    return _run(dct="none")
+def baseline(movielens):
+    """The uncompressed run, its ranks spawned by train_dlrm itself: the reference the grouped runs must equal."""
+    return train_dlrm(TrainConfig(**{**SMALL, "dct": "none"}), progress=False, data=movielens)
 
 
-def test_keep_one_is_bit_identical_to_no_compression(baseline):
+# The module's other 2-rank MovieLens runs, trained on one group of ranks spawned once (train_runs, as the
+# benchmarks do) rather than a spawn each; every test reads its own runs. "unrelated" runs first, so the
+# keep-1.0 runs compared with the self-spawned baseline follow a run of other settings on the same ranks.
+GROUP = {
+    "unrelated": dict(dct="both", steps=3),
+    "dp_keep_one": dict(dct="dp", dp_keep=1.0, dp_refresh=1),
+    "mp_keep_one": dict(dct="mp", mp_keep=1.0),
+    "eval_every_4": dict(dct="both", eval_every=4),
+    "eval_every_6": dict(dct="both", eval_every=6),
+    "refresh_10": dict(dct="dp", steps=25, dp_refresh=10, dp_drift=1000),
+    "dp_keep_1pct": dict(dct="both", dp_keep=0.01, dp_refresh=1, error_feedback=False),
+    "mlperf_none": dict(dct="none", arch="mlperf", steps=6),
+    "mlperf_both": dict(dct="both", arch="mlperf", steps=6),
+}
+
+
+@pytest.fixture(scope="module")
+def group(movielens):
+    return dict(zip(GROUP, train_runs([TrainConfig(**{**SMALL, **kw}) for kw in GROUP.values()], movielens)))
+
+
+def test_keep_one_is_bit_identical_to_no_compression(baseline, group):
     """Run on one group of ranks (train_runs, as the benchmarks do) after an unrelated run: still
     bit-identical to the self-spawned uncompressed run."""
-    from neuroshard.training.data import load_movielens
-
-    runs = (dict(dct="both", steps=3), dict(dct="dp", dp_keep=1.0, dp_refresh=1), dict(dct="mp", mp_keep=1.0))
-    cfgs = [TrainConfig(**{**SMALL, **kw}) for kw in runs]
-    _, dp, mp = train_runs(cfgs, load_movielens())
-    for r in (dp, mp):
+    assert list(GROUP).index("dp_keep_one") > list(GROUP).index("unrelated")
+    for r in (group["dp_keep_one"], group["mp_keep_one"]):
         assert r["_losses"] == baseline["_losses"]
         assert r["_preds"] == baseline["_preds"]
 
 
-def test_async_and_sync_dp_hooks_train_bit_identically():
+def test_async_and_sync_dp_hooks_train_bit_identically(movielens):
     """--dp_sync on (blocking collectives) and off (the default: asynchronous, overlapping backward) give
     the same training, bit for bit, at the mlperf shape (2.1M dense parameters in several DDP buckets,
     rebuilt after the first step), for DCT-DP and for the dense hook; the asynchronous runs record the
     DP wait and DCT-DP's compression work apart."""
-    from neuroshard.training.data import load_movielens
-
     kw = {**SMALL, "arch": "mlperf", "steps": 4, "log_every": 2}
     cfgs = [TrainConfig(**kw, dct=dct, dp_sync=sync) for dct in ("both", "none") for sync in (True, False)]
-    both_sync, both_async, none_sync, none_async = train_runs(cfgs, load_movielens())
+    both_sync, both_async, none_sync, none_async = train_runs(cfgs, movielens)
     for a, b in ((both_sync, both_async), (none_sync, none_async)):
         assert a["_losses"] == b["_losses"] and a["_preds"] == b["_preds"]
         assert a["dp_bytes_per_step"] == b["dp_bytes_per_step"]
@@ -59,14 +80,11 @@ def test_async_and_sync_dp_hooks_train_bit_identically():
     assert min(r["dp_comm_ms"] for r in (both_sync, both_async, none_sync, none_async)) >= 0
 
 
-def test_early_stopping_scores_do_not_disturb_training_and_pick_the_best_validation_step(baseline):
+def test_early_stopping_scores_do_not_disturb_training_and_pick_the_best_validation_step(baseline, group):
     """--eval_every: scoring mid-training leaves training bit-identical (4 vs 6 steps apart, same held-out
     tenth), the last scoring equals the final test AUC, and the reported test AUC is the one at the step
     of the best validation AUC."""
-    from neuroshard.training.data import load_movielens
-
-    cfgs = [TrainConfig(**{**SMALL, "dct": "both", "eval_every": k}) for k in (4, 6)]
-    a, b = train_runs(cfgs, load_movielens())
+    a, b = group["eval_every_4"], group["eval_every_6"]
     assert a["_losses"] == b["_losses"] and a["_preds"] == b["_preds"]
     assert a["_losses"] != baseline["_losses"]  # a tenth of the training split held out: other batches
     curve = {int(k): v for k, v in json.loads(a["eval_curve"]).items()}
@@ -80,17 +98,18 @@ def test_early_stopping_scores_do_not_disturb_training_and_pick_the_best_validat
         TrainConfig(**{**SMALL, "eval_every": 13}).check()
 
 
-def test_threshold_is_recomputed_exactly_every_refresh():
-    r = _run(dct="dp", steps=25, dp_refresh=10, dp_drift=1000)
+def test_threshold_is_recomputed_exactly_every_refresh(group):
+    r = group["refresh_10"]
+    assert (r["dct"], r["steps"], r["dp_refresh"], r["dp_drift"]) == ("dp", 25, 10, 1000)
     assert r["_refreshed_at"] == [(0, 0, "scheduled"), (10, 0, "scheduled"), (20, 0, "scheduled")]  # one bucket
 
 
-def test_bytes_match_the_formula(baseline):
+def test_bytes_match_the_formula(baseline, group):
     B, N, T, D = 128, 2, 8, 16
     n = sum(p.numel() for p in DenseArch(4, T, D).parameters())
     assert baseline["mp_bytes_per_step"] == 2 * 4 * B * T * D   # every pooled entry, forward and backward
     assert baseline["dp_bytes_per_step"] == N * 4 * n           # every rank all_reduces every gradient
-    r = _run(dct="both", dp_keep=0.01, dp_refresh=1, error_feedback=False)
+    r = group["dp_keep_1pct"]
     k = int(0.01 * n)                                           # one bucket: a fresh tau keeps exactly k
     assert r["dp_bytes_per_step"] == N * (4 + k * (2 + 2))      # int32 count + k uint16 deltas + k fp16 values
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
@@ -98,33 +117,31 @@ def test_bytes_match_the_formula(baseline):
     assert r["mp_bytes_per_step"] == sum(B * kr * (2 + 1) + B * kr * 4 for kr in ks)  # fp16 + uint8 fw, fp32 bw
 
 
-def test_given_plans_are_the_ones_trained():
+def test_given_plans_are_the_ones_trained(movielens):
     """train_runs(shards=...) trains each run on its own plan: DCT-MP's bytes follow each plan's widths."""
-    from neuroshard.training.data import load_movielens
-
     B, D = 128, 16
     lopsided = [[(t, 0, D) for t in range(6)], [(6, 0, D), (7, 0, D)]]            # widths 96 | 32
     split = [[(t, 0, D) for t in range(4)] + [(4, 0, 8), (5, 0, 8)],                # widths 80 | 48
              [(4, 8, 8), (5, 8, 8), (6, 0, D), (7, 0, D)]]
     cfg = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3})
-    a, b = train_runs([cfg, cfg], load_movielens(), shards=[lopsided, split])
+    a, b = train_runs([cfg, cfg], movielens, shards=[lopsided, split])
     for r, widths in ((a, (96, 32)), (b, (80, 48))):
         ks = [max(1, int(0.05 * w)) for w in widths]                               # (4, 1) and (4, 2)
         assert r["mp_bytes_per_step"] == sum(B * k * (2 + 1) + B * k * 4 for k in ks)
     assert a["mp_bytes_per_step"] != b["mp_bytes_per_step"]
-    (alone,) = train_runs([cfg], load_movielens(), shards=[lopsided])   # one run alone (a resumed benchmark)
+    (alone,) = train_runs([cfg], movielens, shards=[lopsided])   # one run alone (a resumed benchmark)
     assert alone["_losses"] == a["_losses"]
     with pytest.raises(UserError, match="one plan per run"):
-        train_runs([cfg, cfg], load_movielens(), shards=[lopsided])
+        train_runs([cfg, cfg], movielens, shards=[lopsided])
     with pytest.raises(UserError, match="one shard list per rank"):
-        train_runs([cfg], load_movielens(), shards=[lopsided + [[]]])
+        train_runs([cfg], movielens, shards=[lopsided + [[]]])
 
 
-def test_mlperf_shape_meets_the_byte_targets_at_the_defaults():
+def test_mlperf_shape_meets_the_byte_targets_at_the_defaults(group):
     """The MLPerf DLRM shape (2.1M dense parameters, several DDP buckets rebuilt after step 1) at the
     default settings: DCT-DP >= 100x and DCT-MP >= 20x fewer bytes than uncompressed, every byte counted."""
-    base = _run(dct="none", arch="mlperf", steps=6)
-    r = _run(dct="both", arch="mlperf", steps=6)
+    base, r = group["mlperf_none"], group["mlperf_both"]
+    assert (base["arch"], base["dct"], r["arch"], r["dct"]) == ("mlperf", "none", "mlperf", "both")
     assert base["dense_params"] > 2_000_000
     assert base["dp_bytes_per_step"] == 2 * 4 * base["dense_params"]
     assert base["dp_bytes_per_step"] / r["dp_bytes_per_step"] >= 100
@@ -132,10 +149,21 @@ def test_mlperf_shape_meets_the_byte_targets_at_the_defaults():
     assert base["mp_bytes_per_step"] == 2 * 4 * 128 * 8 * 128  # forward + backward, B x T x D fp32
 
 
-@pytest.mark.parametrize("keep", [0.25, 1.0])
-def test_dropped_mp_entries_get_zero_gradient(keep):
+KEEPS = [0.25, 1.0]
+
+
+@pytest.fixture(scope="module")
+def topk_runs():
+    """Every keep of KEEPS on one group of 2 ranks: {(keep, rank): (pooled, grad, recv, bytes)}."""
     got = {}
-    run_processes(dct_workers.topk_gradients, 2, (keep,), lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
+    run_processes(dct_workers.topk_gradients, 2, (KEEPS,), lambda m: got.__setitem__(m[:2], m[2:]), group_device="cpu")
+    return got
+
+
+@pytest.mark.parametrize("keep", KEEPS)
+def test_dropped_mp_entries_get_zero_gradient(topk_runs, keep):
+    got = {rank: v for (k, rank), v in topk_runs.items() if k == keep}
+    assert sorted(got) == [0, 1]
     for rank, (pooled, grad, recv, nbytes) in got.items():
         pooled, grad, recv = map(torch.from_numpy, (pooled, grad, recv))
         k = max(1, int(keep * pooled.shape[1]))
@@ -146,8 +174,8 @@ def test_dropped_mp_entries_get_zero_gradient(keep):
         assert (recv != 0).sum() == 3 * (max(1, int(keep * 8)) + max(1, int(keep * 12)))
 
 
-def test_four_ranks_train_with_both_compressions():
-    r = _run(dct="both", ndevices=4, steps=8, batch_size=128)
+def test_four_ranks_train_with_both_compressions(movielens):
+    r = train_dlrm(TrainConfig(**{**SMALL, "dct": "both", "ndevices": 4, "steps": 8}), progress=False, data=movielens)
     assert r["num_test"] > 19_000 and math.isfinite(r["test_logloss"])
     assert r["mp_bytes_per_step"] > 0 and r["dp_bytes_per_step"] > 0
 
@@ -211,14 +239,14 @@ def test_bad_settings_are_refused():
     assert [m.out_features for m in c.dense_arch(4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]
 
 
-def test_bad_runs_are_refused_before_training(tmp_path):
+def test_bad_runs_are_refused_before_training(tmp_path, movielens):
     other = tmp_path / "other.csv"
     other.write_text("table,rows\n0,10\n")
     with pytest.raises(UserError, match="is not a training results file"):
         train_dlrm(TrainConfig(**SMALL), other, progress=False)
     assert other.read_text() == "table,rows\n0,10\n"
     with pytest.raises(UserError, match="--batch_size 81920 is more than the 80,000 training samples"):
-        train_dlrm(TrainConfig(**{**SMALL, "batch_size": 81920}), tmp_path / "r.csv", progress=False)
+        train_dlrm(TrainConfig(**{**SMALL, "batch_size": 81920}), tmp_path / "r.csv", progress=False, data=movielens)
     assert not (tmp_path / "r.csv").exists()
 
 

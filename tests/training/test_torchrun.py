@@ -7,7 +7,7 @@ import sys
 
 import pandas as pd
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 
 
 ARGS = ["--dataset", "synthetic", "--num_samples", "2000", "--max_rows", "50", "--ndevices", "2", "--steps", "6",
@@ -32,20 +32,25 @@ def _row(csv):
     return df.iloc[0][COLS].to_dict()
 
 
-def test_torchrun_single_and_two_nodes_match_the_spawned_run(tmp_path):
+def test_torchrun_single_and_two_nodes_match_the_spawned_run(tmp_path, monkeypatch):
+    """The three launches run at once (each mostly waits on process start-up and rendezvous); the
+    self-spawned reference runs through the tests' script server with the same environment."""
     script = str(ROOT / "tools/train_dlrm.py")
-    spawned = subprocess.run([sys.executable, script, *ARGS, "--results_csv", tmp_path / "spawned.csv"],
-                             capture_output=True, text=True, env=ENV, timeout=300)
-    assert spawned.returncode == 0, spawned.stderr
-    one = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *TR_ARGS,
-                          "--results_csv", tmp_path / "one.csv"], capture_output=True, text=True, env=ENV, timeout=300)
-    assert one.returncode == 0, one.stderr
-    assert one.stdout.count("test AUC") == 1  # rank 0 reports, rank 1 is silent
+    one = subprocess.Popen([*TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *TR_ARGS,
+                            "--results_csv", tmp_path / "one.csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=ENV)
     port = _free_port()
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--node_rank", str(r), "--nproc_per_node", "1",
                                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "t",
                                script, *TR_ARGS, "--results_csv", tmp_path / "two.csv"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for r in (0, 1)]
+    for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(k, ENV[k])
+    spawned = run_python(script, *ARGS, "--results_csv", tmp_path / "spawned.csv", timeout=300)
+    assert spawned.returncode == 0, spawned.stderr
+    one_out, one_err = one.communicate(timeout=300)
+    assert one.returncode == 0, one_err
+    assert one_out.count("test AUC") == 1  # rank 0 reports, rank 1 is silent
     outs = [p.communicate(timeout=300) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [e for _, e in outs]
     expected = _row(tmp_path / "spawned.csv")
