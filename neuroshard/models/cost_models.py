@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core.artifacts import atomic_torch_save, load_torch, provenance
+from ..core.artifacts import atomic_torch_save, check_input_file, load_torch, provenance
 from ..core.errors import UserError
 from ..data.features import FEATURE_NAMES, NUM_FEATURES, with_dim
 from .trainer import fine_tune_relative, train
@@ -144,8 +144,7 @@ class CostModel:
         """Load weights saved by `save` (`torch.load(weights_only=True)`); refuse anything else."""
         path = Path(path)
         script = "train_compute_cost_model.py" if cls.kind.startswith("compute") else "train_comm_cost_model.py"
-        if not path.is_file():
-            raise UserError(f"cost model not found: {path}; train it with {script}")
+        check_input_file(path, "cost model", f"train it with {script}")  # a folder or FIFO is named as such
         obj = load_torch(path, f"cost model ({cls.kind})")
         if not isinstance(obj, dict) or obj.get("kind") != cls.kind:
             found = obj.get("kind") if isinstance(obj, dict) else type(obj).__name__

@@ -285,3 +285,14 @@ def test_models_are_checked_against_each_other_and_the_dataset(tmp_path):
         sim.check_dataset("other", 256)
     with pytest.raises(UserError, match="trained at batch 256"):
         sim.check_dataset("abc", 128)
+
+
+def test_a_cost_model_path_that_is_not_a_file_is_named_as_such(tmp_path):
+    """Every caller (NeuroShardPlanner, eval, shard_tables) loads through CostModel.load: a folder or a device
+    in a model's place gets a line saying so, not "not found"."""
+    (tmp_path / "compute.pt").mkdir()
+    with pytest.raises(UserError, match=r"cost model .*compute.pt is a folder, not a file; train it with "
+                                        "train_compute_cost_model.py"):
+        ComputeCostModel.load(tmp_path / "compute.pt")
+    with pytest.raises(UserError, match="cost model /dev/zero is a character device"):
+        CommCostModel.load("/dev/zero")
