@@ -90,17 +90,28 @@ def _progress_problem(r: dict, N: int) -> str | None:
     return None
 
 
-def checked_cost(cost: Cost, paths, row: dict) -> Cost:
-    """A simulated plan cost before it is written as a result: plausible (`implausible_ms`), else one line naming
-    the models that predicted it."""
-    for part, values, positive in (("compute", cost.compute_ms, False), ("forward all-to-all", cost.fw_ms, False),
-                                   ("backward all-to-all", cost.bw_ms, False), ("total", cost.per_device_ms, True)):
-        why = implausible_ms(values, positive)
+def checked_cost(cost: Cost, paths, row: dict, negative: list | None = None) -> Cost:
+    """A simulated plan cost before it is written as a result. Non-finite or above MAX_PLAUSIBLE_MS
+    (`implausible_ms`): one line naming the models that predicted it. Below zero: the evaluation goes on (it
+    evaluates the simulator as it is, and one refused plan would end a whole run), and the plan's
+    "alg task" is added to `negative` for one warning at the end (`warn_negative`)."""
+    for part, values in (("compute", cost.compute_ms), ("forward all-to-all", cost.fw_ms),
+                         ("backward all-to-all", cost.bw_ms)):
+        why = implausible_ms(np.abs(values))
         if why:
             raise UserError(f"the cost models ({', '.join(map(str, paths))}) predict a {part} cost that cannot be true "
                             f"({why}) for task {row['task']}'s {row['alg']} plan; retrain them on more cost data "
                             "(train_compute_cost_model.py / train_comm_cost_model.py)")
+    if negative is not None and min(cost.compute_ms.min(), cost.fw_ms.min(), cost.bw_ms.min()) < 0:
+        negative.append(f"{row['alg']} task {row['task']}")
     return cost
+
+
+def warn_negative(negative: list, paths) -> None:
+    if negative:
+        print(f"warning: the cost models ({', '.join(map(str, paths))}) predict a negative cost for {len(negative)} "
+              f"plan(s) ({', '.join(negative[:3])}{', ...' if len(negative) > 3 else ''}), written as predicted; they "
+              "are barely trained or asked outside their data: retrain them on more cost data", file=sys.stderr)
 
 
 def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordLog:
@@ -139,9 +150,9 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
     paths = cfg.models.paths(ndevices, cfg.mp_keep)
     sim = _simulator(cfg.models, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
-    rows = []
+    rows, negative = [], []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
-        cost = None if res.oom else checked_cost(sim.plan_cost(task, res.plan, cluster), paths, row)
+        cost = None if res.oom else checked_cost(sim.plan_cost(task, res.plan, cluster), paths, row, negative)
         row.update(oom=cost is None, cost_ms=cost.cost_ms if cost else float("nan"),
                    compute_ms=cost.compute_ms if cost else None, fw_ms=cost.fw_ms if cost else None,
                    bw_ms=cost.bw_ms if cost else None)
@@ -150,6 +161,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
                   task_path=str(task_path), dataset=str(ds.path), models=[str(p) for p in paths], mp_keep=cfg.mp_keep,
                   model_hardware={k: sim.compute.meta.get(k) for k in ("device", "backend", "batch_size")},
                   search=search.__dict__)
+    warn_negative(negative, paths)
     summary = summarize(rows, "cost_ms")
     print_summary(summary, f"simulated cost ({len(tasks)} tasks, {ndevices} devices, {max_mem} GB) -> {out}")
     for s in summary:
@@ -181,13 +193,14 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
     paths = cfg.models.paths(N, cfg.mp_keep)
     sim = _simulator(cfg.models, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
-    rows, plans = [], {}
+    rows, plans, negative = [], {}, []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
-        row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row).cost_ms \
+        row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
             if sim is not None and not res.oom else float("nan")
         rows.append(row)
         if not res.oom:
             plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
+    warn_negative(negative, paths)
     settings = {**hw.describe(), "batch_size": batch, "ndevices": N, "max_mem_gb": float(max_mem),
                 "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds, "mp_keep": cfg.mp_keep,
                 "dataset_fingerprint": ds.fingerprint,

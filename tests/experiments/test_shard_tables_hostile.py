@@ -304,13 +304,21 @@ def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake
         cal_mod.check_measured(report["measured"], tl.task, cluster, "f")
 
 
-def test_eval_simulator_never_writes_a_simulated_cost_that_cannot_be_true():
-    from neuroshard.experiments.evaluate import checked_cost
+def test_eval_simulator_never_writes_a_simulated_cost_that_cannot_be_true(capsys):
+    """Non-finite or huge: refused in one line. Negative (a barely trained model, or one asked outside its data):
+    written as predicted, since eval_simulator evaluates the simulator as it is, with one warning for the run."""
+    from neuroshard.experiments.evaluate import checked_cost, warn_negative
 
     good = Cost(np.array([1.0, 2.0]), np.array([0.5, 0.5]), np.array([0.2, 0.0]))
-    assert checked_cost(good, ["m.pt"], {"task": 3, "alg": "neuroshard"}) is good
-    for bad in (Cost(np.array([1e30, 1.0]), good.fw_ms, good.bw_ms), Cost(good.compute_ms, np.array([-0.016, 1]),
+    negative = []
+    assert checked_cost(good, ["m.pt"], {"task": 3, "alg": "neuroshard"}, negative) is good and negative == []
+    for bad in (Cost(np.array([1e30, 1.0]), good.fw_ms, good.bw_ms), Cost(good.compute_ms, np.array([np.nan, 1]),
                                                                           good.bw_ms)):
         with pytest.raises(UserError, match=r"the cost models \(m.pt\) predict a .* cost that cannot be true .*"
                                             "for task 3's neuroshard plan; retrain them"):
-            checked_cost(bad, ["m.pt"], {"task": 3, "alg": "neuroshard"})
+            checked_cost(bad, ["m.pt"], {"task": 3, "alg": "neuroshard"}, negative)
+    low = Cost(good.compute_ms, np.array([-0.016, 1]), good.bw_ms)
+    assert checked_cost(low, ["m.pt"], {"task": 3, "alg": "neuroshard"}, negative) is low
+    warn_negative(negative, ["m.pt"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "predict a negative cost for 1 plan(s) (neuroshard task 3)" in err[0]

@@ -205,11 +205,10 @@ def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path):
     common = ["--num_iter", "2", "--warmup_iter", "1"]
     models = tmp_path / "models"
     r = run_script("train_compute_cost_model.py", "--data_dir", cost, "--dataset_dir", dataset.path,
-                   "--out_path", models / "compute.pt", "--epochs", "300")
+                   "--out_path", models / "compute.pt", "--epochs", "2")
     assert r.returncode == 0, r.stderr
     assert "Spearman" in r.stdout and "MAPE" in r.stdout
-    # trained until they predict plausible costs: eval_simulator refuses a negative or non-finite prediction
-    r = run_script("train_comm_cost_model.py", "--data_dir", cost, "--ndevices", "2", "--epochs", "300",
+    r = run_script("train_comm_cost_model.py", "--data_dir", cost, "--ndevices", "2", "--epochs", "2",
                    "--fw_out_path", models / "fw.pt", "--bw_out_path", models / "bw.pt")
     assert r.returncode == 0, r.stderr
     r = run_script("train_comm_cost_model.py", "--data_dir", cost, "--ndevices", "2", "--epochs", "2",
