@@ -151,12 +151,15 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
     rows = []
     for dct, g in df.groupby("dct", sort=False):
         g = g.set_index("seed")
-        seeds = [s for s in g.index if s in base.index]
+        paired = [s for s in g.index if s in base.index]
+        # a run that diverged (NaN predictions: AUC NaN) is counted and named, not averaged in
+        seeds = [s for s in paired if np.isfinite(g.test_auc[s]) and np.isfinite(base.test_auc[s])]
         d_auc = mean_ci(g.test_auc[seeds] - base.test_auc[seeds])
         d_ll = mean_ci(g.test_logloss[seeds] - base.test_logloss[seeds])
+        fin = g.test_auc[np.isfinite(g.test_auc)]
         rows.append({
-            "dct": dct, "seeds": len(seeds),
-            "test AUC (mean ± sd)": f"{g.test_auc.mean():.4f} ± {g.test_auc.std(ddof=1) if len(g) > 1 else 0:.4f}",
+            "dct": dct, "seeds": f"{len(seeds)}" + (f" ({len(paired) - len(seeds)} diverged)" if len(paired) > len(seeds) else ""),
+            "test AUC (mean ± sd)": f"{fin.mean():.4f} ± {fin.std(ddof=1) if len(fin) > 1 else 0:.4f}",
             "paired ΔAUC [95% CI]": f"{d_auc[0]:+.4f} [{d_auc[1]:+.4f}, {d_auc[2]:+.4f}]",
             "paired Δlog loss [95% CI]": f"{d_ll[0]:+.4f} [{d_ll[1]:+.4f}, {d_ll[2]:+.4f}]",
             **(early_stopping(g, base, seeds) if "test_auc_at_best" in df else {}),
