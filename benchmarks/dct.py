@@ -109,7 +109,12 @@ def run(a) -> None:
                     "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {}),
                     "dense_opt": a.dense_opt,
                     **({"lr": a.lr} if a.lr is not None else {})}
-        done = runs_done(csv, a.fresh, settings, ("seed", "dct", "mp_scope", "dp_adam_freeze_after"))
+        keys = ("seed", "dct", "mp_scope", "dp_adam_freeze_after")
+        # settings and code checked first (a CSV of older code lacks the scope and freeze columns)
+        done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
+        if done:
+            old = read_results(csv, keys)
+            done = set(zip(*(old[k] for k in keys)))
         # every (mode, scope, freeze) run; the scope matters only to mp/both, the freeze only to dp/both
         variants = [(m, s, f) for m in modes for s in (scopes if m in ("mp", "both") else scopes[:1])
                     for f in (freezes if m in ("dp", "both") else freezes[:1])]
@@ -132,8 +137,7 @@ def run(a) -> None:
                 best = f" (at best validation, step {r['best_step']}: {r['test_auc_at_best']:.4f})" if a.eval_every else ""
                 print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}{best}  step {r['step_ms']:.2f} ms  "
                       f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
-    report(read_results(csv, ("seed", "dct", "test_auc", "test_logloss", "loss_curve", "mp_scope",
-                              "dp_adam_freeze_after")), out, csv.stem)
+    report(read_results(csv, ("seed", "dct", "test_auc", "test_logloss", "loss_curve")), out, csv.stem)
 
 
 def label(r, scopes: bool, freezes: bool) -> str:
@@ -144,6 +148,8 @@ def label(r, scopes: bool, freezes: bool) -> str:
 
 
 def report(df: pd.DataFrame, out: Path, stem: str) -> None:
+    # rows made before --mp_scope / --dp_adam_freeze_after existed: one top-k per rank, no freeze
+    df = df.assign(**{c: df[c] if c in df else v for c, v in (("mp_scope", "rank"), ("dp_adam_freeze_after", 0))})
     many_scopes = df[df.dct.isin(["mp", "both"])].mp_scope.nunique() > 1
     many_freezes = df[df.dct.isin(["dp", "both"])].dp_adam_freeze_after.nunique() > 1
     df = df.assign(dct=[label(r, many_scopes, many_freezes) for _, r in df.iterrows()])
