@@ -2,6 +2,7 @@
 
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
                          [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0] [--dense_opt sgd] [--lr L]
+                         [--mp_scope table[,rank]] [--dp_adam_freeze_after 0[,N]]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
 from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
@@ -11,6 +12,11 @@ its modes (start-up paid once). Seeds already in the CSV are kept (an interrupte
 --fresh starts over. Writes results/dct_<dataset>_<arch>.csv (one row per run; keep fractions other
 than the defaults add _dp<K>/_mp<K> to the name), .md (the table) and .png (loss curves of the first
 seed and bytes per step).
+
+--mp_scope and --dp_adam_freeze_after take comma-separated lists: each `mp`/`both` run is made once
+per scope, each `dp`/`both` run once per freeze value (0: plain DCT-DP), all in the seed's group and
+paired with the seed's one `none`; the table labels them e.g. `mp (rank)`, `dp (freeze 50)` when a
+list has more than one value. Values other than the defaults add _scope<S>/_freeze<N> to the name.
 
 With --eval_every N every run holds out the last tenth of its training split for validation and scores
 validation and test every N steps; the table then also pairs the test AUC at each run's best validation
@@ -50,6 +56,11 @@ class DctBenchConfig:
     modes: str = flag(",".join(DCT_MODES), "comma-separated; none is always run")
     dp_keep: float = flag(TrainConfig.dp_keep, "DCT-DP's share of gradient entries sent")
     mp_keep: float = flag(TrainConfig.mp_keep, "DCT-MP's share of pooled entries sent")
+    mp_scope: str = flag(TrainConfig.mp_scope, "DCT-MP's top-k per table shard (table) or per rank (rank); "
+                                               "comma-separated: each")
+    dp_adam_freeze_after: str = flag(str(TrainConfig.dp_adam_freeze_after), "with --dense_opt adam: dense DP steps "
+                                     "before Adam's second moment is frozen and DCT-DP starts (0: off); "
+                                     "comma-separated: each")
     dense_opt: str = flag(TrainConfig.dense_opt, "the MLPs' optimizer: sgd or adam")
     lr: float | None = flag(None, "the MLPs' learning rate (default: sgd 1.0, adam 1e-3)")
     eval_every: int = flag(0, "score validation and test every N steps; also pair the test AUC at the best "
@@ -61,10 +72,13 @@ class DctBenchConfig:
     report_only: bool = flag(False, "rebuild the table and plot from the CSV")
 
     def check(self) -> "DctBenchConfig":
-        TrainConfig(dataset=self.dataset, arch=self.arch, ndevices=self.ndevices, steps=self.steps,
-                    batch_size=self.batch_size, dp_keep=self.dp_keep, mp_keep=self.mp_keep,
-                    num_samples=self.num_samples, max_rows=self.max_rows, eval_every=self.eval_every,
-                    dense_opt=self.dense_opt, lr=self.lr).check()
+        for scope in _list(self.mp_scope, "--mp_scope"):
+            for freeze in _list(self.dp_adam_freeze_after, "--dp_adam_freeze_after", int):
+                TrainConfig(dataset=self.dataset, arch=self.arch, ndevices=self.ndevices, steps=self.steps,
+                            batch_size=self.batch_size, dp_keep=self.dp_keep, mp_keep=self.mp_keep,
+                            num_samples=self.num_samples, max_rows=self.max_rows, eval_every=self.eval_every,
+                            dense_opt=self.dense_opt, lr=self.lr, mp_scope=scope,
+                            dp_adam_freeze_after=freeze).check()
         check_int("--seeds", self.seeds, 1)
         check_int("--first_seed", self.first_seed, 0)
         if any(m not in DCT_MODES for m in self.modes.split(",")):
@@ -76,8 +90,20 @@ def main(argv=None) -> None:
     run(config_from_args(DctBenchConfig, step_parser(DctBenchConfig, __doc__, raw_doc=True).parse_args(argv)))
 
 
+def _list(text: str, flag: str, kind=str) -> list:
+    try:
+        values = [kind(v) for v in str(text).split(",")]
+    except ValueError:
+        values = []
+    if not values or len(set(values)) != len(values):
+        raise UserError(f"{flag} must be distinct values separated by commas, got {text!r}")
+    return values
+
+
 def run(a: DctBenchConfig) -> None:
     a.check()
+    scopes = _list(a.mp_scope, "--mp_scope")
+    freezes = _list(a.dp_adam_freeze_after, "--dp_adam_freeze_after", int)
     out = Path(a.out_dir)
     tag = "".join(f"_{name}{value:g}" for name, value, default in (("dp", a.dp_keep, TrainConfig.dp_keep),
                                                                   ("mp", a.mp_keep, TrainConfig.mp_keep))
@@ -85,6 +111,8 @@ def run(a: DctBenchConfig) -> None:
     tag += f"_eval{a.eval_every}" if a.eval_every else ""
     tag += f"_{a.dense_opt}" if a.dense_opt != TrainConfig.dense_opt else ""
     tag += f"_lr{a.lr:g}" if a.lr is not None else ""
+    tag += f"_scope{'-'.join(scopes)}" if scopes != [TrainConfig.mp_scope] else ""
+    tag += f"_freeze{'-'.join(map(str, freezes))}" if freezes != [TrainConfig.dp_adam_freeze_after] else ""
     csv = out / f"dct_{a.dataset}_{a.arch}{tag}.csv"
     modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
     if not a.report_only:
@@ -92,39 +120,63 @@ def run(a: DctBenchConfig) -> None:
                     "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {}),
                     "dense_opt": a.dense_opt,
                     **({"lr": a.lr} if a.lr is not None else {})}
+        keys = ("seed", "dct", "mp_scope", "dp_adam_freeze_after")
+        # settings and code checked first (a CSV of older code lacks the scope and freeze columns)
         done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
+        if done:
+            old = read_results(csv, keys)
+            done = set(zip(*(old[k] for k in keys)))
+        # every (mode, scope, freeze) run; the scope matters only to mp/both, the freeze only to dp/both
+        variants = [(m, s, f) for m in modes for s in (scopes if m in ("mp", "both") else scopes[:1])
+                    for f in (freezes if m in ("dp", "both") else freezes[:1])]
         data = None
         for seed in range(a.first_seed, a.first_seed + a.seeds):  # one group of ranks per seed runs its modes
-            todo = [m for m in modes if (seed, m) not in done]
+            todo = [v for v in variants if (seed, *v) not in done]
             if not todo:
                 continue
             cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
                                 batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
-                                dp_keep=a.dp_keep, mp_keep=a.mp_keep,
+                                dp_keep=a.dp_keep, mp_keep=a.mp_keep, mp_scope=scope, dp_adam_freeze_after=freeze,
                                 max_rows=a.max_rows, log_every=max(1, a.steps // 50), eval_every=a.eval_every,
                                 dense_opt=a.dense_opt, lr=a.lr)
-                    for dct in todo]
+                    for dct, scope, freeze in todo]
             if data is None or a.dataset == "synthetic":  # synthetic data depends on the seed
                 data = load_data(a.dataset, seed, a.num_samples, a.max_rows)
-            for dct, r in zip(todo, train_runs(cfgs, data)):
+            for (dct, _, _), r in zip(todo, train_runs(cfgs, data)):
                 append_result(csv, {k: v for k, v in r.items() if not k.startswith("_")})
+                dct = label(r, len(scopes) > 1, len(freezes) > 1)
                 best = f" (at best validation, step {r['best_step']}: {r['test_auc_at_best']:.4f})" if a.eval_every else ""
                 print(f"seed {seed} {dct:<5} AUC {r['test_auc']:.4f}{best}  step {r['step_ms']:.2f} ms  "
                       f"MP {r['mp_bytes_per_step']:,.0f} B  DP {r['dp_bytes_per_step']:,.0f} B", flush=True)
     report(read_results(csv, ("seed", "dct", "test_auc", "test_logloss", "loss_curve")), out, csv.stem)
 
 
+def label(r, scopes: bool, freezes: bool) -> str:
+    """A run's name in the table: its mode, plus its scope / freeze where the CSV holds several."""
+    extra = ([r["mp_scope"]] if scopes and r["dct"] in ("mp", "both") else []) + \
+            ([f"freeze {int(r['dp_adam_freeze_after'])}"] if freezes and r["dct"] in ("dp", "both") else [])
+    return r["dct"] + (f" ({', '.join(extra)})" if extra else "")
+
+
 def report(df: pd.DataFrame, out: Path, stem: str) -> None:
+    # rows made before --mp_scope / --dp_adam_freeze_after existed: one top-k per rank, no freeze
+    df = df.assign(**{c: df[c] if c in df else v for c, v in (("mp_scope", "rank"), ("dp_adam_freeze_after", 0))})
+    many_scopes = df[df.dct.isin(["mp", "both"])].mp_scope.nunique() > 1
+    many_freezes = df[df.dct.isin(["dp", "both"])].dp_adam_freeze_after.nunique() > 1
+    df = df.assign(dct=[label(r, many_scopes, many_freezes) for _, r in df.iterrows()])
     base = df[df.dct == "none"].set_index("seed")
     rows = []
     for dct, g in df.groupby("dct", sort=False):
         g = g.set_index("seed")
-        seeds = [s for s in g.index if s in base.index]
+        paired = [s for s in g.index if s in base.index]
+        # a run that diverged (NaN predictions: AUC NaN) is counted and named, not averaged in
+        seeds = [s for s in paired if np.isfinite(g.test_auc[s]) and np.isfinite(base.test_auc[s])]
         d_auc = mean_ci(g.test_auc[seeds] - base.test_auc[seeds])
         d_ll = mean_ci(g.test_logloss[seeds] - base.test_logloss[seeds])
+        fin = g.test_auc[np.isfinite(g.test_auc)]
         rows.append({
-            "dct": dct, "seeds": len(seeds),
-            "test AUC (mean ± sd)": f"{g.test_auc.mean():.4f} ± {g.test_auc.std(ddof=1) if len(g) > 1 else 0:.4f}",
+            "dct": dct, "seeds": f"{len(seeds)}" + (f" ({len(paired) - len(seeds)} diverged)" if len(paired) > len(seeds) else ""),
+            "test AUC (mean ± sd)": f"{fin.mean():.4f} ± {fin.std(ddof=1) if len(fin) > 1 else 0:.4f}",
             "paired ΔAUC [95% CI]": f"{d_auc[0]:+.4f} [{d_auc[1]:+.4f}, {d_auc[2]:+.4f}]",
             "paired Δlog loss [95% CI]": f"{d_ll[0]:+.4f} [{d_ll[1]:+.4f}, {d_ll[2]:+.4f}]",
             **(early_stopping(g, base, seeds) if "test_auc_at_best" in df else {}),

@@ -40,6 +40,14 @@ def main(argv=None) -> int:
     p.add_argument("--dp_drift", type=float, default=d.dp_drift,
                    help="re-estimate the DP threshold early once it would send more than this times the target")
     p.add_argument("--mp_keep", type=float, default=d.mp_keep, help="share of pooled-embedding entries sent")
+    p.add_argument("--mp_scope", default=d.mp_scope,
+                   help="DCT-MP's top-k: table (default: each table shard keeps its own ceil(mp_keep * width) entries) "
+                        "or rank (one top-k over a rank's whole width)")
+    p.add_argument("--dp_adam_freeze_after", type=int, default=d.dp_adam_freeze_after,
+                   help="with --dense_opt adam and DCT-DP: dense DP for this many steps, then Adam's second moment "
+                        "frozen (floored) while DCT-DP compresses; 0 (default): off")
+    p.add_argument("--dp_adam_floor", type=float, default=d.dp_adam_floor,
+                   help="floor of the frozen second moment, as a share of its mean per parameter (default 0.1)")
     p.add_argument("--error_feedback", type=on_off, default=d.error_feedback, metavar="{on,off}")
     p.add_argument("--dp_sync", type=on_off, default=d.dp_sync, metavar="{on,off}",
                    help="off (default): the DP hooks' collectives are asynchronous and overlap the rest of backward "

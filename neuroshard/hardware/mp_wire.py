@@ -3,22 +3,26 @@
 Used by training (`training/dlrm.py`'s `_TopKAllToAll`) and by the comm-cost measurements
 (`comm_bench`, the measurement engine), so cost data is measured exactly as DCT-MP sends.
 
-Forward: rank r holds pooled embeddings [B, W_r] for the global batch. Per sample it keeps the
-`k_r = keep_count(W_r, keep) = max(1, floor(keep * W_r))` (at most W_r; 0 when W_r = 0)
-largest-magnitude entries and sends them as fp16 values (clamped to fp16's range) followed by their
-column indices, in the smallest integer type that holds every rank's columns (`index_dtype(max_q
-W_q)`: uint8 up to 256 columns, int16 up to 32768, else int32), all packed into ONE uint8
-all-to-all with a fixed count per sample. So rank r sends `B * k_r * (2 + index bytes)` bytes in
-all (`fw_send_bytes`). The receiver scatters each peer's entries into a dense [B/N, W_q] block of
-zeros.
+Forward: rank r holds pooled embeddings [B, W_r] for the global batch, its column shards side by side.
+Per sample it keeps the largest-magnitude entries of each segment: scope `table` (`--mp_scope table`,
+the default): every column shard s of width w_s is a segment and keeps k_s = max(1, ceil(keep * w_s))
+entries, so every table reaches every dot product; scope `rank`: the rank's whole width is one
+segment, k_r = max(1, floor(keep * W_r)), and its tables compete for those entries. It sends them as
+fp16 values (clamped to fp16's range) followed by their indices within their segment, in the
+smallest integer type that holds the widest segment of any rank (`index_dtype`: uint8 up to 256
+columns, int16 up to 32768, else int32), all packed into ONE uint8 all-to-all with a fixed count
+per sample. So rank r sends `B * K_r * (2 + index bytes)` bytes in all, K_r = the sum of its
+segments' counts (`fw_send_bytes`). The receiver adds each segment's start column back and scatters
+each peer's entries into a dense [B/N, W_q] block of zeros.
 Backward: each rank sends back the fp32 gradients of exactly the entries it received,
-`B/N * sum_q k_q * 4` bytes (`bw_send_bytes`); the sender scatters them to its kept entries
+`B/N * sum_q K_q * 4` bytes (`bw_send_bytes`); the sender scatters them to its kept entries
 (every other entry gets zero gradient).
 
 gloo's all_to_all does not carry int16, hence the raw-byte packing.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -30,9 +34,16 @@ VALUE_BYTES = 2   # fp16 values forward
 GRAD_BYTES = 4    # fp32 gradients backward
 
 
-def keep_count(width: int, keep: float) -> int:
-    """Entries of a sample a rank with `width` columns sends: max(1, floor(keep * width)), 0 for no columns."""
-    return 0 if width == 0 else min(width, max(1, int(keep * width)))
+SCOPES = ("rank", "table")  # --mp_scope: one top-k over a rank's columns, or one per table shard
+
+
+def keep_count(width: int, keep: float, scope: str = "rank") -> int:
+    """Entries of a sample a segment of `width` columns sends, 0 for no columns: scope `rank` (a rank's
+    whole width) max(1, floor(keep * width)); scope `table` (one table shard) max(1, ceil(keep * width))."""
+    if width == 0:
+        return 0
+    k = int(keep * width) if scope == "rank" else math.ceil(round(keep * width, 9))
+    return min(width, max(1, k))
 
 
 def index_dtype(width: int) -> torch.dtype:
@@ -41,19 +52,23 @@ def index_dtype(width: int) -> torch.dtype:
 
 
 def entry_bytes(widths) -> int:
-    """Bytes of one kept entry forward (fp16 value + index) when the ranks' widths are `widths`."""
-    return VALUE_BYTES + torch.empty(0, dtype=index_dtype(max(widths))).element_size()
+    """Bytes of one kept entry forward (fp16 value + index) when the segments' widths are `widths`
+    (scope `rank`: the ranks' widths; scope `table`: every rank's shard widths)."""
+    return VALUE_BYTES + torch.empty(0, dtype=index_dtype(max(widths, default=1) or 1)).element_size()
 
 
-def fw_send_bytes(widths, rank: int, batch_size: int, keep: float) -> int:
-    """Bytes rank `rank` sends in the forward all-to-all (all peers, itself included)."""
-    return batch_size * keep_count(int(widths[rank]), keep) * entry_bytes(widths)
+def fw_send_bytes(widths, rank: int, batch_size: int, keep: float, segments=None) -> int:
+    """Bytes rank `rank` sends in the forward all-to-all (all peers, itself included):
+    B * K_r * entry_bytes, K_r = the sum of its segments' keep counts (see `WireLayout`)."""
+    layout = WireLayout(widths, keep, batch_size, segments)
+    return batch_size * layout.ks[rank] * layout.entry
 
 
-def bw_send_bytes(widths, batch_size: int, keep: float) -> int:
-    """Bytes every rank sends in the backward all-to-all (gradients of the entries it received)."""
-    bn = batch_size // len(widths)
-    return bn * sum(keep_count(int(w), keep) for w in widths) * GRAD_BYTES
+def bw_send_bytes(widths, batch_size: int, keep: float, segments=None) -> int:
+    """Bytes every rank sends in the backward all-to-all (gradients of the entries it received):
+    B/N * sum_q K_q * 4."""
+    layout = WireLayout(widths, keep, batch_size, segments)
+    return layout.bn * sum(layout.ks) * GRAD_BYTES
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -72,28 +87,57 @@ def _from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass
 class WireLayout:
-    """What every rank agrees on: the ranks' widths, the keep fraction and the per-sample counts."""
+    """What every rank agrees on: the ranks' widths, the keep fraction, the per-sample counts, and the
+    segments each rank's top-k runs over. `segments` None (scope `rank`): one segment per rank, its
+    whole width, k_r = max(1, floor(keep * W_r)). Otherwise (scope `table`) per rank the widths of its
+    column shards in its column order (summing to its width): each shard keeps its own
+    k_s = max(1, ceil(keep * w_s)), so every table reaches every receiver. Indices on the wire are
+    within a segment, in the smallest type for the widest segment of any rank."""
     widths: list[int]
     keep: float
     batch_size: int
+    segments: list[list[int]] | None = None
 
     def __post_init__(self):
         self.widths = [int(w) for w in self.widths]
-        self.ks = [keep_count(w, self.keep) for w in self.widths]
-        self.itype = index_dtype(max(self.widths))
-        self.entry = entry_bytes(self.widths)
+        self.scope = "rank" if self.segments is None else "table"
+        if self.segments is None:
+            self.segments = [[w] if w else [] for w in self.widths]
+        self.segments = [[int(w) for w in seg] for seg in self.segments]
+        if len(self.segments) != len(self.widths) or any(sum(s) != w for s, w in zip(self.segments, self.widths)):
+            raise ValueError(f"segments {self.segments} do not add up to the ranks' widths {self.widths}")
+        self.seg_ks = [[keep_count(w, self.keep, self.scope) for w in seg] for seg in self.segments]
+        self.ks = [sum(k) for k in self.seg_ks]
+        seg_widths = [w for seg in self.segments for w in seg]
+        self.itype = index_dtype(max(seg_widths, default=1))
+        self.entry = entry_bytes(seg_widths)
         self.bn = self.batch_size // len(self.widths)
+        # per rank: each kept entry's segment start column, [K_q] (local index + offset = rank column)
+        self.offsets = [torch.tensor([o for o, k in zip(_starts(seg), ks) for _ in range(k)], dtype=torch.int64)
+                        for seg, ks in zip(self.segments, self.seg_ks)]
+
+
+def _starts(widths) -> list[int]:
+    out, pos = [], 0
+    for w in widths:
+        out.append(pos)
+        pos += w
+    return out
 
 
 def encode(pooled: torch.Tensor, layout: WireLayout, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, W_r] -> (bytes to send [B, k_r * entry], kept column indices [B, k_r] int64)."""
-    k = layout.ks[rank]
-    if k:
-        idx = pooled.detach().abs().topk(k, dim=1, sorted=False).indices
+    """[B, W_r] -> (bytes to send [B, K_r * entry], kept column indices [B, K_r] int64): per segment,
+    the indices within it go on the wire, the rank's column indices come back."""
+    mag, local = pooled.detach().abs(), []
+    for start, w, k in zip(_starts(layout.segments[rank]), layout.segments[rank], layout.seg_ks[rank]):
+        local.append(mag[:, start:start + w].topk(k, dim=1, sorted=False).indices)
+    if local:
+        local = torch.cat(local, dim=1)
     else:
-        idx = torch.zeros(pooled.shape[0], 0, dtype=torch.int64, device=pooled.device)
+        local = torch.zeros(pooled.shape[0], 0, dtype=torch.int64, device=pooled.device)
+    idx = local + layout.offsets[rank].to(pooled.device)
     vals = pooled.detach().gather(1, idx).clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
-    return torch.cat([_as_bytes(vals), _as_bytes(idx.to(layout.itype))], dim=1), idx
+    return torch.cat([_as_bytes(vals), _as_bytes(local.to(layout.itype))], dim=1), idx
 
 
 def decode(recv: torch.Tensor, layout: WireLayout, dtype=torch.float32) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -101,10 +145,10 @@ def decode(recv: torch.Tensor, layout: WireLayout, dtype=torch.float32) -> tuple
     column indices [B/N, k_q] int64, which the backward needs)."""
     bn, e = layout.bn, layout.entry
     dense, recv_idx, pos = [], [], 0
-    for w, kq in zip(layout.widths, layout.ks):
+    for q, (w, kq) in enumerate(zip(layout.widths, layout.ks)):
         block = recv[pos: pos + bn * kq * e].reshape(bn, kq * e)
         v = _from_bytes(block[:, : VALUE_BYTES * kq], torch.float16).to(dtype)
-        i = _from_bytes(block[:, VALUE_BYTES * kq:], layout.itype).long()
+        i = _from_bytes(block[:, VALUE_BYTES * kq:], layout.itype).long() + layout.offsets[q].to(recv.device)
         dense.append(torch.zeros(bn, w, dtype=dtype, device=recv.device).scatter(1, i, v).reshape(-1))
         recv_idx.append(i)
         pos += bn * kq * e

@@ -228,9 +228,10 @@ def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: i
                    seed: int = 0, teacher_seed: int = 1234, test_share: float = 0.1,
                    max_rows: int = 200_000) -> CTRData:
     """Synthetic CTR data whose labels come from a fixed random teacher DLRM (rows log-uniform in
-    [min(1000, max_rows), max_rows], Zipf ids, Poisson pooling)."""
-    from .dlrm import DenseArch
-
+    [min(1000, max_rows), max_rows], Zipf ids, Poisson pooling): label ~ Bernoulli(sigmoid(2 * the
+    standardised teacher logit)). The teacher (`synthetic_teacher`: dim 16, bottom 32, top 32, its
+    own seed) feeds its top MLP the dot products of its pooled embeddings, so the labels depend on the
+    table-table interactions (measured by benchmarks/synthetic_interactions.py)."""
     expected = num_samples * num_tables * SYNTHETIC_MEAN_POOLING
     if expected > SYNTHETIC_MAX_LOOKUPS:
         fits = int(SYNTHETIC_MAX_LOOKUPS // (num_tables * SYNTHETIC_MEAN_POOLING))
@@ -251,25 +252,48 @@ def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: i
         off[1:] = np.cumsum(lens)
         offsets.append(torch.from_numpy(off))
     dense = torch.from_numpy(rng.standard_normal((num_samples, dense_dim)).astype(np.float32))
-    g = torch.Generator().manual_seed(teacher_seed)
-    teacher_tables = [torch.randn(int(r), emb_dim, generator=g) * 0.5 for r in rows]
-    torch.manual_seed(teacher_seed)
-    teacher = DenseArch(dense_dim, num_tables, emb_dim, bottom=(32,), top=(32,))
+    teacher, teacher_tables = synthetic_teacher([int(r) for r in rows], dense_dim, emb_dim, teacher_seed)
     names = [f"t{t}" for t in range(num_tables)]
     data = CTRData("synthetic", names, [int(r) for r in rows], dense, ids, offsets,
                    torch.zeros(num_samples), int(num_samples * (1 - test_share)))
-    logits = []
-    with torch.no_grad():
-        for start in range(0, num_samples, 8192):
-            idx = torch.arange(start, min(num_samples, start + 8192))
-            x, sparse, _ = data.batch(idx)
-            emb = torch.stack([torch.nn.functional.embedding_bag(i, w, o, mode="sum")
-                               for (i, o), w in zip(sparse, teacher_tables)], dim=1)
-            logits.append(teacher(x, emb))
-    logit = torch.cat(logits)
+    logit = teacher_logits(data, teacher, teacher_tables)
     logit = (logit - logit.mean()) / (logit.std() + 1e-6) * 2.0
     data.labels = torch.bernoulli(torch.sigmoid(logit), generator=torch.Generator().manual_seed(seed)).float()
     return data
+
+
+def synthetic_teacher(rows: list[int], dense_dim: int, emb_dim: int = 16, teacher_seed: int = 1234):
+    """The synthetic data's fixed random teacher: a DLRM (bottom 32, top 32, dim `emb_dim`) and its
+    tables (N(0, 0.25) entries)."""
+    from .dlrm import DenseArch
+
+    g = torch.Generator().manual_seed(teacher_seed)
+    tables = [torch.randn(int(r), emb_dim, generator=g) * 0.5 for r in rows]
+    torch.manual_seed(teacher_seed)
+    return DenseArch(dense_dim, len(rows), emb_dim, bottom=(32,), top=(32,)), tables
+
+
+@torch.no_grad()
+def teacher_logits(data: CTRData, teacher, tables, table_dots: torch.Tensor | None = None) -> torch.Tensor:
+    """The teacher's logit of every sample (before the labels' standardisation). `table_dots` (one value per
+    table-table pair, in the interaction's order) replaces every sample's table-table dot products: the
+    teacher with its table-table interaction taken out (benchmarks/synthetic_interactions.py)."""
+    out = []
+    for start in range(0, data.num_samples, 8192):
+        idx = torch.arange(start, min(data.num_samples, start + 8192))
+        x, sparse, _ = data.batch(idx)
+        emb = torch.stack([torch.nn.functional.embedding_bag(i, w, o, mode="sum")
+                           for (i, o), w in zip(sparse, tables)], dim=1)
+        if table_dots is None:
+            out.append(teacher(x, emb))
+            continue
+        z = teacher.bottom(x)
+        feats = torch.cat([z.unsqueeze(1), emb], dim=1)
+        dots = torch.bmm(feats, feats.transpose(1, 2))[:, teacher.triu[0], teacher.triu[1]]
+        tt = teacher.triu[0] > 0  # pairs of two tables (feature 0 is the bottom MLP's output)
+        dots[:, tt] = table_dots.to(dots.dtype)
+        out.append(teacher.top(torch.cat([z, dots], dim=1)).squeeze(-1))
+    return torch.cat(out)
 
 
 def load_data(name: str, seed: int = 0, num_samples: int | None = None, max_rows: int | None = None,

@@ -161,6 +161,8 @@ class DCTState(HookState):
     drift: re-estimate tau early once the stale tau would send more than drift * k entries of a
         bucket; no rank ever sends more than max(k, floor(drift * k)).
     stats, sync: as `HookState` (sync=False: asynchronous collectives, the default).
+    dense_until: iterations sent with the dense all_reduce before compression starts (a warm-up, as
+        `--dp_adam_freeze_after` uses it: Adam's second moment is estimated from dense gradients).
     payload_group: the process group the asynchronous hook launches payloads on (made on first use,
         from every rank, when None); the counts go on the default group.
     The rest is state: iterations completed, thresholds per bucket (keyed by its parameters),
@@ -172,6 +174,7 @@ class DCTState(HookState):
     refresh: int = 100
     error_feedback: bool = True
     drift: float = 1.5
+    dense_until: int = 0
     payload_group: object = None
     iteration: int = 0                                # DDP iterations completed
     tau: dict = field(default_factory=dict)           # frozenset of parameter ids -> threshold
@@ -372,7 +375,7 @@ def dct_hook(state: DCTState, bucket) -> torch.futures.Future[torch.Tensor]:
     last = bucket.is_last()
     if last:
         state.mark_compute_done()
-    if state.keep >= 1:  # everything goes out: the dense all_reduce, bit for bit
+    if state.keep >= 1 or state.iteration < state.dense_until:  # the dense all_reduce, bit for bit
         buf = bucket.buffer()
         buf.div_(dist.get_world_size())
         fut = _all_reduce(state, buf, None, lambda t: t)
@@ -495,3 +498,42 @@ def _launch_in_order(state: DCTState, seq: int, launch, out: torch.futures.Futur
             except BaseException as e:  # noqa: BLE001 -- a launch that fails fails its own future only
                 if not fut.done():
                     fut.set_exception(e)
+
+
+class FrozenAdam:
+    """Adam with its second moment frozen (as 1-bit Adam does after its warm-up), for DCT-DP.
+
+    Made from a `torch.optim.Adam` after some dense steps: per parameter, the bias-corrected second
+    moment v is frozen, floored at `floor` times its mean over the parameter (without a floor a
+    near-zero v of a rarely-moving entry blows the update up: it went NaN even uncompressed), and
+    `step()` then keeps Adam's first moment and bias correction but divides by sqrt(v_frozen) + eps.
+    The update is then linear in the gradients, so a residual DCT-DP delivers as one lump moves the
+    weights as the small steps it stands for would have (momentum SGD with a fixed per-entry scale),
+    instead of being cut to about the learning rate. Weight decay and amsgrad are not supported
+    (the training loop uses neither). Parameters with no Adam state at the freeze are left alone.
+    """
+
+    def __init__(self, opt: torch.optim.Adam, floor: float = 0.1):
+        self.opt, self.denom = opt, {}
+        for group in opt.param_groups:
+            if group.get("weight_decay") or group.get("amsgrad"):
+                raise ValueError("FrozenAdam supports neither weight decay nor amsgrad")
+            _, beta2 = group["betas"]
+            for p in group["params"]:
+                st = opt.state.get(p)
+                if not st:
+                    continue
+                v = st["exp_avg_sq"] / (1 - beta2 ** float(st["step"]))
+                self.denom[p] = v.clamp(min=floor * float(v.mean())).sqrt_().add_(group["eps"])
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.opt.param_groups:
+            beta1, _ = group["betas"]
+            for p in group["params"]:
+                if p.grad is None or p not in self.denom:
+                    continue
+                st = self.opt.state[p]
+                st["step"] += 1
+                st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                p.addcdiv_(st["exp_avg"], self.denom[p], value=-group["lr"] / (1 - beta1 ** float(st["step"])))

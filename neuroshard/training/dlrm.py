@@ -8,8 +8,9 @@
   model). Its forward pools them for the *global* batch: [B, W_r], W_r = sum of its shard widths.
 - `pooled_all_to_all`: the forward all-to-all of pooled embeddings (each rank gets its slice of the
   batch from every rank) and, in backward, the all-to-all of their gradients. With `mp_keep` < 1
-  it is DCT-MP: per sample, only the `k = max(1, floor(mp_keep * W_r))` largest-magnitude entries of
-  a rank's pooled embedding are sent (fp16 values plus uint8/int16 column indices packed in one byte
+  it is DCT-MP: per sample, only the largest-magnitude entries of a rank's pooled embedding are sent,
+  `max(1, ceil(mp_keep * w))` of each table shard of width w (scope `table`, the default) or
+  `max(1, floor(mp_keep * W_r))` of its whole width (scope `rank`) (fp16 values plus uint8/int16 column indices packed in one byte
   all-to-all, a fixed count per sample so `all_to_all_single` keeps fixed sizes), and the backward
   sends only those entries' fp32 gradients; every other entry is zero on the receiver and gets zero
   gradient. `mp_keep >= 1` sends everything: the dense all-to-all.
@@ -135,8 +136,8 @@ class _TopKAllToAll(torch.autograd.Function):
     The wire format is `hardware.mp_wire`'s, the one the comm-cost measurements use."""
 
     @staticmethod
-    def forward(ctx, pooled, widths, keep, stats):
-        layout = mp_wire.WireLayout(widths, keep, pooled.shape[0])
+    def forward(ctx, pooled, widths, keep, stats, segments):
+        layout = mp_wire.WireLayout(widths, keep, pooled.shape[0], segments)
         dense, ctx.state, sent, seconds = mp_wire.forward_exchange(pooled, layout)
         stats.add("mp", sent, seconds)
         ctx.layout, ctx.stats = layout, stats
@@ -146,15 +147,18 @@ class _TopKAllToAll(torch.autograd.Function):
     def backward(ctx, grad):
         g_pooled, sent, seconds = mp_wire.backward_exchange(grad.contiguous(), ctx.state, ctx.layout)
         ctx.stats.add("mp", sent, seconds)
-        return g_pooled, None, None, None
+        return g_pooled, None, None, None, None
 
 
-def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None):
+def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None,
+                      segments: list[list[int]] | None = None):
     """[B, W_r] on every rank -> flat received pieces ([B/N, W_q] from each rank q, in rank order).
 
-    `mp_keep` None or >= 1 (everything is sent): the dense all-to-all; below 1: DCT-MP's top-k."""
+    `mp_keep` None or >= 1 (everything is sent): the dense all-to-all; below 1: DCT-MP's top-k, over
+    each rank's whole width (`segments` None, scope `rank`) or per column shard (`segments`: per rank
+    its shard widths, scope `table`)."""
     if mp_keep is not None and mp_keep < 1:
-        return _TopKAllToAll.apply(pooled, widths, mp_keep, stats)
+        return _TopKAllToAll.apply(pooled, widths, mp_keep, stats, segments)
     return _AllToAll.apply(pooled, widths, stats)
 
 

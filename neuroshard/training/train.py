@@ -71,6 +71,10 @@ class TrainConfig:
     dp_refresh: int = 100
     dp_drift: float = 1.5
     mp_keep: float = 0.05
+    mp_scope: str = "table"         # DCT-MP's top-k: per table shard (every table reaches the interaction) or per rank
+    dp_adam_freeze_after: int = 0   # >0 with --dense_opt adam and DCT-DP: dense DP for this many steps, then
+    #                                 Adam's second moment frozen (floored) while DCT-DP compresses
+    dp_adam_floor: float = 0.1      # the frozen second moment's floor, as a share of its mean per parameter
     error_feedback: bool = True
     dp_sync: bool = False           # DP hooks with blocking collectives (the reference) instead of asynchronous ones
     arch: str = "tiny"
@@ -104,6 +108,15 @@ class TrainConfig:
         check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
         check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
         check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
+        from ..hardware.mp_wire import SCOPES
+
+        if self.mp_scope not in SCOPES:
+            raise UserError(f"--mp_scope must be one of {', '.join(SCOPES)}, got {self.mp_scope!r}")
+        check_int("--dp_adam_freeze_after", self.dp_adam_freeze_after, 0, self.steps)
+        check_float("--dp_adam_floor", self.dp_adam_floor, 0.0, 1.0, lo_open=True)
+        if self.dp_adam_freeze_after and self.dense_opt != "adam":
+            raise UserError(f"--dp_adam_freeze_after {self.dp_adam_freeze_after} needs --dense_opt adam, "
+                            f"got {self.dense_opt!r}")
         if self.arch not in ARCHS:
             raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         for flag, value in (("--bottom_mlp", self.bottom_mlp), ("--top_mlp", self.top_mlp)):
@@ -180,7 +193,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .data import CTRData
-    from .dct import DCTState, HookState, dct_hook, dense_hook
+    from .dct import DCTState, FrozenAdam, HookState, dct_hook, dense_hook
 
     from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
@@ -190,9 +203,10 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     stats = CommStats()
     torch.manual_seed(cfg.seed)
     model = DDP(cfg.dense_arch(data.dense.shape[1], T))
+    freeze_at = cfg.dp_adam_freeze_after if cfg.uses_dp else 0  # only DCT-DP runs freeze Adam
     if cfg.uses_dp:
         state = DCTState(keep=cfg.dp_keep, refresh=cfg.dp_refresh, error_feedback=cfg.error_feedback, stats=stats,
-                         drift=cfg.dp_drift, sync=cfg.dp_sync)
+                         drift=cfg.dp_drift, sync=cfg.dp_sync, dense_until=freeze_at)
         model.register_comm_hook(state, dct_hook)
     else:
         state = HookState(stats=stats, sync=cfg.dp_sync)
@@ -201,8 +215,10 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     widths = [sum(w for _, _, w in s) for s in rank_shards]
     my_tables = sorted({t for t, _, _ in rank_shards[rank]})
     opt_dense = getattr(torch.optim, DENSE_OPTIMIZERS[cfg.dense_opt][0])(model.parameters(), lr=cfg.lr)
+    dense_step = opt_dense.step  # after --dp_adam_freeze_after steps: FrozenAdam's
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
+    segments = [[w for _, _, w in s] for s in rank_shards] if cfg.mp_scope == "table" else None
     num_train = data.num_train
     if cfg.eval_every:  # the last tenth of the training split becomes the validation set
         num_train -= max(B, data.num_train // VALID_SHARE)
@@ -221,7 +237,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     def forward(idx, dense_model, comm_stats):
         """Logits and labels of this rank's slice of the global batch `idx` (len divisible by world)."""
         b = len(idx) // world
-        recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep)
+        recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep, segments)
         x, _, y = data.batch(idx[rank * b:(rank + 1) * b], [])
         return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
 
@@ -260,7 +276,9 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
                 if p.grad is not None:
                     p.grad.div_(world)
             opt_emb.step()
-        opt_dense.step()
+        dense_step()
+        if freeze_at and step + 1 == freeze_at:  # dense warm-up over: freeze Adam's second moment
+            dense_step = FrozenAdam(opt_dense, cfg.dp_adam_floor).step
         per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
                          stats.bytes["mp"], stats.bytes["dp"], state.codec_s))
         losses.append(float(loss.detach()))
@@ -460,6 +478,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
         "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
         "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
+        "mp_scope": cfg.mp_scope, "dp_adam_freeze_after": cfg.dp_adam_freeze_after, "dp_adam_floor": cfg.dp_adam_floor,
         "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),
         "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),

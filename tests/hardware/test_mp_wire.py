@@ -4,6 +4,8 @@ The all-to-all is played by hand here (rank q receives rows q*B/N..(q+1)*B/N of 
 buffer, in rank order), so encode -> exchange -> decode -> gather -> exchange -> scatter is checked
 entry by entry without a process group; tests/training/test_dct.py runs the same code on gloo ranks.
 """
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,16 @@ def test_keep_count_and_index_type_follow_the_formula():
         torch.uint8, torch.uint8, torch.int16, torch.int16, torch.int32]
     assert mp_wire.entry_bytes([40, 256]) == 3 and mp_wire.entry_bytes([40, 300]) == 4
     assert mp_wire.entry_bytes([40, 40000]) == 6
+    # --mp_scope table: each shard keeps max(1, ceil(keep * w))
+    assert [mp_wire.keep_count(w, 0.05, "table") for w in (0, 1, 19, 20, 21, 128, 100)] == [0, 1, 1, 1, 2, 7, 5]
+    assert mp_wire.keep_count(128, 0.0625, "table") == 8 and mp_wire.keep_count(3, 1.0, "table") == 3
+
+
+def _segment_counts(widths, keep, segments):
+    """K_r by the formula: floor per rank (scope rank), or the sum of ceil per shard (scope table)."""
+    if segments is None:
+        return [min(w, max(1, int(keep * w))) if w else 0 for w in widths]
+    return [sum(min(w, max(1, math.ceil(keep * w))) for w in seg) for seg in segments]
 
 
 def _exchange(sends, bn, world, split):
@@ -25,17 +37,26 @@ def _exchange(sends, bn, world, split):
     return [torch.cat([split(s, r, q) for r, s in enumerate(sends)]) for q in range(world)]
 
 
-@pytest.mark.parametrize("widths,keep", [([40, 8, 24], 0.05), ([300, 12, 0], 0.1), ([64, 64, 64], 0.5)])
-def test_round_trip_is_the_top_k_entries_and_bytes_match_the_formula(widths, keep):
+@pytest.mark.parametrize("widths,keep,segments", [
+    ([40, 8, 24], 0.05, None), ([300, 12, 0], 0.1, None), ([64, 64, 64], 0.5, None),
+    ([40, 8, 24], 0.05, [[16, 24], [8], [8, 16]]), ([300, 12, 0], 0.1, [[128, 128, 44], [12], []]),
+    ([384, 128], 0.05, [[256, 128], [128]])])
+def test_round_trip_is_the_top_k_entries_and_bytes_match_the_formula(widths, keep, segments):
+    """Scope rank (segments None): one top-k per rank. Scope table: one per shard, indices within it."""
     world, bn = len(widths), 6
     B = world * bn
     g = torch.Generator().manual_seed(0)
     pooled = [torch.randn(B, w, generator=g) * 3 for w in widths]
-    layout = mp_wire.WireLayout(widths, keep, B)
+    layout = mp_wire.WireLayout(widths, keep, B, segments)
+    seg_widths = widths if segments is None else [w for seg in segments for w in seg]
+    entry = 2 + mp_wire.index_dtype(max(seg_widths)).itemsize  # fp16 value + index within a segment
+    if segments is not None and max(seg_widths) <= 256:
+        assert entry == 3  # uint8 indices, even where a rank is wider than 256 columns
+    assert layout.ks == _segment_counts(widths, keep, segments)
     enc = [mp_wire.encode(p, layout, r) for r, p in enumerate(pooled)]
     for r, (send, idx) in enumerate(enc):
-        assert send.dtype == torch.uint8 and send.numel() == mp_wire.fw_send_bytes(widths, r, B, keep)
-        assert send.numel() == B * mp_wire.keep_count(widths[r], keep) * mp_wire.entry_bytes(widths)
+        assert send.dtype == torch.uint8 and send.numel() == mp_wire.fw_send_bytes(widths, r, B, keep, segments)
+        assert send.numel() == B * layout.ks[r] * entry
     e = layout.entry
     recvs = _exchange([s.reshape(-1) for s, _ in enc], bn, world,
                       lambda s, r, q: s[q * bn * layout.ks[r] * e: (q + 1) * bn * layout.ks[r] * e])
@@ -49,16 +70,18 @@ def test_round_trip_is_the_top_k_entries_and_bytes_match_the_formula(widths, kee
             # expected: rank r's samples of rank q, only each sample's k_r largest |entries|, fp16-rounded
             rows = pooled[r][q * bn:(q + 1) * bn]
             want = torch.zeros(bn, w)
-            k = layout.ks[r]
-            if k:
-                top = rows.abs().topk(k, dim=1).indices
+            start = 0
+            for sw in (([w] if w else []) if segments is None else segments[r]):  # each segment's own top-k
+                k = mp_wire.keep_count(sw, keep, "rank" if segments is None else "table")
+                top = rows[:, start:start + sw].abs().topk(k, dim=1).indices + start
                 want.scatter_(1, top, rows.gather(1, top).half().float())
+                start += sw
             assert torch.equal(got, want)
         assert pos == dense.numel()
         # backward: every received entry's gradient goes back, fp32, nothing else
         grad = torch.arange(dense.numel(), dtype=torch.float32) + 0.5
         send = mp_wire.gather_grads(grad, layout, recv_idx)
-        assert send.numel() * 4 == mp_wire.bw_send_bytes(widths, B, keep)
+        assert send.numel() * 4 == mp_wire.bw_send_bytes(widths, B, keep, segments) == bn * sum(layout.ks) * 4
         grads_sent.append(send)
         recv_idx_of.append(recv_idx)
     offsets = [np.cumsum([0] + [bn * k for k in layout.ks])[r] for r in range(world)]
@@ -84,3 +107,8 @@ def test_values_beyond_fp16_are_clamped_not_infinite():
     send, idx = mp_wire.encode(torch.tensor([[1e6, -1e6, 0.0, 1.0], [0.0, 2.0, -3.0, 1e-3]]), layout, 0)
     dense, _ = mp_wire.decode(send[:1].reshape(-1), mp_wire.WireLayout([4], 0.5, 1))
     assert torch.equal(dense.reshape(4), torch.tensor([65504.0, -65504.0, 0.0, 0.0]))
+
+
+def test_segments_must_add_up_to_the_ranks_widths():
+    with pytest.raises(ValueError, match="do not add up"):
+        mp_wire.WireLayout([40, 8], 0.05, 4, [[16, 16], [8]])

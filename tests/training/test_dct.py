@@ -41,6 +41,8 @@ GROUP = {
     "unrelated": dict(dct="both", steps=3),
     "dp_keep_one": dict(dct="dp", dp_keep=1.0, dp_refresh=1),
     "mp_keep_one": dict(dct="mp", mp_keep=1.0),
+    "mp_keep_one_rank": dict(dct="mp", mp_keep=1.0, mp_scope="rank"),
+    "dp_keep_one_sgd_freeze_off": dict(dct="dp", dp_keep=1.0, dense_opt="sgd", dp_adam_freeze_after=0, dp_adam_floor=0.5),
     "eval_every_4": dict(dct="both", eval_every=4),
     "eval_every_6": dict(dct="both", eval_every=6),
     "refresh_10": dict(dct="dp", steps=25, dp_refresh=10, dp_drift=1000),
@@ -59,7 +61,7 @@ def test_keep_one_is_bit_identical_to_no_compression(baseline, group):
     """Run on one group of ranks (train_runs, as the benchmarks do) after an unrelated run: still
     bit-identical to the self-spawned uncompressed run."""
     assert list(GROUP).index("dp_keep_one") > list(GROUP).index("unrelated")
-    for r in (group["dp_keep_one"], group["mp_keep_one"]):
+    for r in (group["dp_keep_one"], group["mp_keep_one"], group["mp_keep_one_rank"], group["dp_keep_one_sgd_freeze_off"]):
         assert r["_losses"] == baseline["_losses"]
         assert r["_preds"] == baseline["_preds"]
 
@@ -112,8 +114,11 @@ def test_bytes_match_the_formula(baseline, group):
     r = group["dp_keep_1pct"]
     k = int(0.01 * n)                                           # one bucket: a fresh tau keeps exactly k
     assert r["dp_bytes_per_step"] == N * (4 + k * (2 + 2))      # int32 count + k uint16 deltas + k fp16 values
+    # --mp_scope table (the default): each of the 8 whole tables keeps max(1, ceil(0.05 * 16)) = 1 entry
+    assert r["mp_bytes_per_step"] == B * T * 1 * ((2 + 1) + 4)  # fp16 value + uint8 index fw, fp32 gradient bw
+    r = _run(dct="mp", mp_scope="rank")
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
-    ks = [max(1, int(0.05 * w)) for w in widths]
+    ks = [max(1, int(0.05 * w)) for w in widths]                # per rank: floor(0.05 * 64) = 3
     assert r["mp_bytes_per_step"] == sum(B * kr * (2 + 1) + B * kr * 4 for kr in ks)  # fp16 + uint8 fw, fp32 bw
 
 
@@ -123,12 +128,15 @@ def test_given_plans_are_the_ones_trained(movielens):
     lopsided = [[(t, 0, D) for t in range(6)], [(6, 0, D), (7, 0, D)]]            # widths 96 | 32
     split = [[(t, 0, D) for t in range(4)] + [(4, 0, 8), (5, 0, 8)],                # widths 80 | 48
              [(4, 8, 8), (5, 8, 8), (6, 0, D), (7, 0, D)]]
-    cfg = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3})
-    a, b = train_runs([cfg, cfg], movielens, shards=[lopsided, split])
+    cfg = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3, "mp_scope": "rank"})
+    table = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3})                     # --mp_scope table
+    a, b, c = train_runs([cfg, cfg, table], movielens, shards=[lopsided, split, split])
     for r, widths in ((a, (96, 32)), (b, (80, 48))):
         ks = [max(1, int(0.05 * w)) for w in widths]                               # (4, 1) and (4, 2)
         assert r["mp_bytes_per_step"] == sum(B * k * (2 + 1) + B * k * 4 for k in ks)
     assert a["mp_bytes_per_step"] != b["mp_bytes_per_step"]
+    # per shard, max(1, ceil(0.05 * w)) = 1 for widths 16 and 8: 6 shards on rank 0, 4 on rank 1
+    assert c["mp_bytes_per_step"] == B * (6 + 4) * ((2 + 1) + 4)
     (alone,) = train_runs([cfg], movielens, shards=[lopsided])   # one run alone (a resumed benchmark)
     assert alone["_losses"] == a["_losses"]
     with pytest.raises(UserError, match="one plan per run"):
@@ -191,12 +199,13 @@ def test_planted_problem_is_learned():
     data.offsets[0] = torch.arange(data.num_samples + 1)  # one id per sample in table 0
     data.ids[0] = first_id
     cfgs = [TrainConfig(dataset="synthetic", ndevices=2, steps=200, batch_size=256, log_every=50, dct=dct,
-                        dense_opt=opt, lr=lr) for opt, lr, dct in (("adam", None, "none"), ("sgd", 1.0, "none"),
-                                                                   ("sgd", 1.0, "dp"), ("adam", None, "dp"))]
+                        dense_opt=opt, lr=lr, dp_adam_freeze_after=freeze)
+            for opt, lr, dct, freeze in (("adam", None, "none", 0), ("sgd", 1.0, "none", 0), ("sgd", 1.0, "dp", 0),
+                                         ("adam", None, "dp", 0), ("adam", None, "dp", 50))]
     final = {}
     for c, r in zip(cfgs, train_runs(cfgs, data)):
         curve = [v for _, v in sorted((int(k), v) for k, v in json.loads(r["loss_curve"]).items())]
-        final[c.dense_opt, c.dct] = r["test_auc"], curve[-1], curve[0]
+        final[c.dense_opt, c.dct + ("-freeze" if c.dp_adam_freeze_after else "")] = r["test_auc"], curve[-1], curve[0]
         assert (r["dense_opt"], r["lr"]) == (c.dense_opt, c.lr or 1e-3)  # recorded in the result row
     for key in (("adam", "none"), ("sgd", "none"), ("sgd", "dp")):  # DCT-DP: 0.5% of the entries, error feedback
         auc, last, first = final[key]
@@ -206,6 +215,10 @@ def test_planted_problem_is_learned():
     # same 200 steps DCT-DP under Adam is still far behind (measured: loss 0.48 vs 0.09).
     assert final["sgd", "dp"][1] < 2 * final["sgd", "none"][1]
     assert final["adam", "dp"][1] > 3 * final["adam", "none"][1]
+    # --dp_adam_freeze_after 50: 50 dense steps, then Adam's second moment frozen (floored): the update is linear
+    # in the gradient, so DCT-DP's lumps arrive in full and Adam + DCT-DP learns the problem
+    auc, last, first = final["adam", "dp-freeze"]
+    assert auc > 0.95 and last < 0.5 * first, final["adam", "dp-freeze"]
 
 
 def test_bad_settings_are_refused():
@@ -234,6 +247,17 @@ def test_bad_settings_are_refused():
     assert (TrainConfig().resolved().lr, TrainConfig(dense_opt="adam").resolved().lr) == (1.0, 1e-3)
     assert TrainConfig().dense_opt == "sgd"
     assert TrainConfig(dense_opt="sgd", lr=0.7).resolved().lr == 0.7
+    with pytest.raises(UserError, match="--mp_scope must be one of rank, table, got 'shard'"):
+        TrainConfig(mp_scope="shard").check()
+    for bad in (-1, 1001, 2.5, "x"):
+        with pytest.raises(UserError, match="--dp_adam_freeze_after"):
+            TrainConfig(dense_opt="adam", dp_adam_freeze_after=bad).check()
+    with pytest.raises(UserError, match="--dp_adam_freeze_after 50 needs --dense_opt adam, got 'sgd'"):
+        TrainConfig(dense_opt="sgd", dp_adam_freeze_after=50).check()
+    for bad in (0, -0.1, 1.5, float("nan")):
+        with pytest.raises(UserError, match="--dp_adam_floor"):
+            TrainConfig(dp_adam_floor=bad).check()
+    assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("table", 0)
     c = TrainConfig(arch="mlperf", bottom_mlp="100-50").resolved()
     assert (c.bottom_mlp, c.top_mlp, c.emb_dim) == ("100-50", "1024-1024-512-256", 128)
     assert [m.out_features for m in c.dense_arch(4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]
