@@ -14,6 +14,7 @@ import argparse
 from dataclasses import fields
 
 from neuroshard.core.cli import ArgumentParser, run_main
+from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import in_torchrun, torchrun_env
 from neuroshard.training.train import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, train_dlrm
 
@@ -39,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--dp_refresh", type=int, default=d.dp_refresh, help="iterations between threshold updates")
     p.add_argument("--dp_drift", type=float, default=d.dp_drift,
                    help="re-estimate the DP threshold early once it would send more than this times the target")
-    p.add_argument("--mp_keep", type=float, default=d.mp_keep, help="share of pooled-embedding entries sent")
+    p.add_argument("--mp_keep", type=float, default=None,
+                   help=f"with --dct mp or both: share of pooled-embedding entries sent (default {d.mp_keep:g})")
     p.add_argument("--mp_scope", default=d.mp_scope,
                    help="DCT-MP's top-k: table (default: each table shard keeps its own ceil(mp_keep * width) entries) "
                         "or rank (one top-k over a rank's whole width)")
@@ -80,6 +82,10 @@ def main(argv=None) -> int:
     p.add_argument("--fw_comm_model", default=None)
     p.add_argument("--bw_comm_model", default=None)
     a = p.parse_args(argv)
+    if a.mp_keep is not None and a.dct not in ("mp", "both"):
+        raise UserError(f"--mp_keep sets DCT-MP, which --dct {a.dct} does not run; pass --dct mp (or both), or drop "
+                        "--mp_keep")
+    a.mp_keep = d.mp_keep if a.mp_keep is None else a.mp_keep
     if a.ndevices is None:  # under torchrun: its world size (checked with the rest of its environment)
         a.ndevices = torchrun_env()[1] if in_torchrun() else d.ndevices
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in fields(TrainConfig)})

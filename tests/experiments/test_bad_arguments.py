@@ -74,3 +74,11 @@ def test_output_path_that_is_a_folder_is_refused_first(small_dataset, tmp_path, 
     proc = run_script(script, *base, flag, folder)
     assert_clean_error(proc, flag, "is a folder")
     assert files_under(tmp_path / "out") == [] and list(folder.iterdir()) == []
+
+
+def test_mp_keep_without_dct_mp_is_refused(tmp_path):
+    """--mp_keep sets DCT-MP; with a --dct mode that does not run it, it would be ignored and still recorded."""
+    proc = run_script("tools/train_dlrm.py", "--results_csv", tmp_path / "out" / "dct.csv", "--dct", "dp",
+                      "--mp_keep", "0.3")
+    assert_clean_error(proc, "--mp_keep sets DCT-MP, which --dct dp does not run; pass --dct mp (or both)")
+    assert files_under(tmp_path / "out") == []
