@@ -47,6 +47,7 @@ GROUP = {
     "eval_every_6": dict(dct="both", eval_every=6),
     "refresh_10": dict(dct="dp", steps=25, dp_refresh=10, dp_drift=1000),
     "dp_keep_1pct": dict(dct="both", dp_keep=0.01, dp_refresh=1, error_feedback=False),
+    "mp_rank": dict(dct="mp", mp_scope="rank"),
     "mlperf_none": dict(dct="none", arch="mlperf", steps=6),
     "mlperf_both": dict(dct="both", arch="mlperf", steps=6),
 }
@@ -116,7 +117,7 @@ def test_bytes_match_the_formula(baseline, group):
     assert r["dp_bytes_per_step"] == N * (4 + k * (2 + 2))      # int32 count + k uint16 deltas + k fp16 values
     # --mp_scope table (the default): each of the 8 whole tables keeps max(1, ceil(0.05 * 16)) = 1 entry
     assert r["mp_bytes_per_step"] == B * T * 1 * ((2 + 1) + 4)  # fp16 value + uint8 index fw, fp32 gradient bw
-    r = _run(dct="mp", mp_scope="rank")
+    r = group["mp_rank"]
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
     ks = [max(1, int(0.05 * w)) for w in widths]                # per rank: floor(0.05 * 64) = 3
     assert r["mp_bytes_per_step"] == sum(B * kr * (2 + 1) + B * kr * 4 for kr in ks)  # fp16 + uint8 fw, fp32 bw
