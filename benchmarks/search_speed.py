@@ -30,6 +30,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa:
 from neuroshard.core.config import comm_model_paths, flag  # noqa: E402
 from neuroshard.core.errors import check_float, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.experiments.pipeline import PRESETS  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
 
 SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
@@ -47,7 +48,9 @@ class SearchSpeedConfig:
     row_scale_856: float = flag(0.01, "rows of the 856 synthetic DLRM tables x this (the quick preset's scale)")
     models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt; random weights where missing")
     data_dir: str = flag("data/dlrm_datasets", "the pipeline's dataset, for the bare search on its tasks")
-    tasks: str = flag("data/tasks/test_tasks.json", "the pipeline's tasks for the bare search (skipped if absent)")
+    tasks: str = flag("data/tasks/test.pkl", "the pipeline's test tasks for the bare search (skipped if absent)")
+    ndevices: int = flag(PRESETS["quick"].ndevices[0], "devices of the bare search (the quick preset's)")
+    max_mem: float = flag(PRESETS["quick"].max_mem, "GB per device of the bare search (the quick preset's)")
     out_dir: str = flag("results", "where search_speed.csv, .md and .png go")
     seed: int = flag(0, "seed of the modules' tables")
 
@@ -55,6 +58,8 @@ class SearchSpeedConfig:
         check_int("--reps", self.reps, 2, 1000)
         check_int("--reps_856", self.reps_856, 2, 1000)
         check_float("--row_scale_856", self.row_scale_856, 1e-6, 1.0)
+        check_int("--ndevices", self.ndevices, 2, 1024)
+        check_float("--max_mem", self.max_mem, 0.0, 1e6, lo_open=True)
         return self
 
 
@@ -154,10 +159,7 @@ def bare_search(cfg) -> list[dict]:
     if not Path(cfg.tasks).is_file() or not Path(cfg.data_dir).is_dir():
         print(f"bare search skipped: no {cfg.tasks} (run the pipeline first: make reproduce)")
         return []
-    import json
-
-    meta = json.loads(Path(cfg.tasks).read_text()).get("provenance", {})
-    n, mem = int(meta.get("ndevices", 4)), float(meta.get("max_mem", 4.0))
+    n, mem = cfg.ndevices, cfg.max_mem
     sim, kind = simulator(n, Path(cfg.models_dir))
     out = []
     for i, task in enumerate(load_tasks(cfg.tasks, DLRMDataset.load(cfg.data_dir))):
