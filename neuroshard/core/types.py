@@ -74,6 +74,18 @@ class Cost:
     fw_ms: np.ndarray
     bw_ms: np.ndarray
 
+    def implausible(self, negative_parts: bool = False) -> tuple[str, str] | None:
+        """(part, why) of the first part that cannot be true (`implausible_ms`): compute, the forward and backward
+        all-to-alls, then each device's total, which must be above 0; None when all can be. With
+        `negative_parts`, a part below zero passes and the total is not checked (a simulator's raw prediction)."""
+        for part, values in (("compute", self.compute_ms), ("forward all-to-all", self.fw_ms),
+                             ("backward all-to-all", self.bw_ms)):
+            why = implausible_ms(np.abs(values) if negative_parts else values)
+            if why:
+                return part, why
+        why = None if negative_parts else implausible_ms(self.per_device_ms, positive=True)
+        return ("total", why) if why else None
+
     @property
     def per_device_ms(self) -> np.ndarray:
         return np.asarray(self.compute_ms) + np.asarray(self.bw_ms) + np.asarray(self.fw_ms)

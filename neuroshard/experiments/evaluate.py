@@ -95,13 +95,11 @@ def checked_cost(cost: Cost, paths, row: dict, negative: list | None = None) -> 
     (`implausible_ms`): one line naming the models that predicted it. Below zero: the evaluation goes on (it
     evaluates the simulator as it is, and one refused plan would end a whole run), and the plan's
     "alg task" is added to `negative` for one warning at the end (`warn_negative`)."""
-    for part, values in (("compute", cost.compute_ms), ("forward all-to-all", cost.fw_ms),
-                         ("backward all-to-all", cost.bw_ms)):
-        why = implausible_ms(np.abs(values))
-        if why:
-            raise UserError(f"the cost models ({', '.join(map(str, paths))}) predict a {part} cost that cannot be true "
-                            f"({why}) for task {row['task']}'s {row['alg']} plan; retrain them on more cost data "
-                            "(train_compute_cost_model.py / train_comm_cost_model.py)")
+    found = cost.implausible(negative_parts=True)
+    if found:
+        raise UserError(f"the cost models ({', '.join(map(str, paths))}) predict a {found[0]} cost that cannot be true "
+                        f"({found[1]}) for task {row['task']}'s {row['alg']} plan; retrain them on more cost data "
+                        "(train_compute_cost_model.py / train_comm_cost_model.py)")
     if negative is not None and min(cost.compute_ms.min(), cost.fw_ms.min(), cost.bw_ms.min()) < 0:
         negative.append(f"{row['alg']} task {row['task']}")
     return cost

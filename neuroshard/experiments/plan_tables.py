@@ -74,13 +74,9 @@ def table_report(tl: TableList, plan: ShardingPlan) -> str:
 def check_predicted(cost: Cost | None, what: str, fix: str) -> None:
     """The costs the models predict for a plan, before they are printed or written: finite, not negative, a
     positive total per device and at most MAX_PLAUSIBLE_MS (`implausible_ms`); one line naming them otherwise."""
-    if cost is None:
-        return
-    for part, values, positive in (("compute", cost.compute_ms, False), ("forward all-to-all", cost.fw_ms, False),
-                                   ("backward all-to-all", cost.bw_ms, False), ("total", cost.per_device_ms, True)):
-        why = implausible_ms(values, positive)
-        if why:
-            raise UserError(f"{what} predict a {part} cost that cannot be true ({why}) for this plan; {fix}")
+    found = None if cost is None else cost.implausible()
+    if found:
+        raise UserError(f"{what} predict a {found[0]} cost that cannot be true ({found[1]}) for this plan; {fix}")
 
 
 def _predicted(cost: Cost | None, batch: int) -> dict | None:
