@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import TrainCommConfig
-from neuroshard.models.training import train_comm_models
+from neuroshard.models.fitting import train_comm_models
 
 
 def main(argv=None) -> int:

@@ -46,8 +46,8 @@ from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K,
                                     MEASURE_WARMUP_ITER, PRESETS, SearchParams, flag)
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
-from neuroshard.experiments.calibrate import CalibrationConfig, calibrate  # noqa: E402
-from neuroshard.experiments.measure import (MeasureConfig, candidate_plans, measure_candidates,  # noqa: E402
+from neuroshard.planning.calibrate import CalibrationConfig, calibrate  # noqa: E402
+from neuroshard.planning.measure import (MeasureConfig, candidate_plans, measure_candidates,  # noqa: E402
                                             simulated_parts)
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neuroshard.experiments.measure import StopRule
+from neuroshard.planning.measure import StopRule
 
 
 @dataclass

@@ -371,7 +371,7 @@ class EvalConfig(EvalSimConfig):
 # ----------------------------------------------------------------------------- a user's own tables
 
 # Defaults of --calibrate and --measure, held here once: `ShardTablesConfig` (the flags) and the library's
-# `experiments.calibrate.CalibrationConfig` and `experiments.measure.MeasureConfig` (the Python API) take them.
+# `planning.calibrate.CalibrationConfig` and `planning.measure.MeasureConfig` (the Python API) take them.
 DEFAULT_CALIBRATE_K = 120  # shards --calibrate measures when given without K
 DEFAULT_CALIBRATE_COMM = 18  # all-to-all layouts of the user's dims calibration checks the comm models on
 CALIBRATE_WARMUP_ITER, CALIBRATE_NUM_ITER = 5, 10  # per calibration shard

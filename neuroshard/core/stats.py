@@ -7,7 +7,7 @@ ours / theirs (`ratio=True`, reported back as a geometric-mean ratio) or on the 
 `paired=True`, pairs resampled with replacement, seeded). One pair: the interval is that value; none: NaN.
 
 Used by the paired comparisons of the results (`experiments/stats.py`), the measurement engine's stop rule,
-racing and ratio-to-best (`experiments/measure.py`, `hardware/engine.py`) and the DCT benchmarks' tables
+racing and ratio-to-best (`planning/measure.py`, `hardware/engine.py`) and the DCT benchmarks' tables
 (`training/report.py`).
 """
 from __future__ import annotations

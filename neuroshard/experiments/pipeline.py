@@ -52,7 +52,7 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
     from ..data.dataset import build_dataset
     from ..data.tasks import make_task_file
     from ..hardware.collect import collect_comm, collect_compute
-    from ..models.training import train_comm_models, train_compute_model
+    from ..models.fitting import train_comm_models, train_compute_model
     from .evaluate import eval_hardware, eval_simulator
 
     P = PRESETS[cfg.check().preset]

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.features import dim_choices
-from . import mp_wire
+from ..compression import mp_wire
 
 COMM_DATA_KIND = "neuroshard.comm_cost_data"
 

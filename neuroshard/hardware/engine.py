@@ -10,7 +10,7 @@ nor a place in the round favours one item). After each round rank 0 emits (group
 rule `stop(round_costs [R, P (+1)], last_round_s)` and, if it has one, `stop.active(round_costs)` (bool [P]:
 what the next round measures); both answers are broadcast so every rank stops, and measures, together.
 eval.py and calibration stop after a fixed number of rounds (`FixedRounds`); `--measure` stops when its best
-plan is told apart, races and measures a drift reference (`experiments/measure.py`).
+plan is told apart, races and measures a drift reference (`planning/measure.py`).
 
 **How one round of an item is measured is the pluggable part**: `EngineSettings.step`, a class built once
 per rank as `step(settings, rank, world)` whose `measure(item)` all ranks call together and which returns

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..hardware import mp_wire
+from ..compression import mp_wire
 
 
 @dataclass
@@ -133,7 +133,7 @@ class _AllToAll(torch.autograd.Function):
 class _TopKAllToAll(torch.autograd.Function):
     """DCT-MP: per sample, the k largest-magnitude entries go forward as fp16 values plus column
     indices, packed into one byte all-to-all; backward returns only those entries' gradients (fp32).
-    The wire format is `hardware.mp_wire`'s, the one the comm-cost measurements use."""
+    The wire format is `compression.mp_wire`'s, the one the comm-cost measurements use."""
 
     @staticmethod
     def forward(ctx, pooled, widths, keep, stats, segments):

@@ -108,7 +108,7 @@ class TrainConfig:
         check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
         check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
         check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
-        from ..hardware.mp_wire import SCOPES
+        from ..compression.mp_wire import SCOPES
 
         if self.mp_scope not in SCOPES:
             raise UserError(f"--mp_scope must be one of {', '.join(SCOPES)}, got {self.mp_scope!r}")

@@ -10,7 +10,7 @@ from neuroshard.core.config import CommCollectConfig, EvalSimConfig, TrainCommCo
 from neuroshard.core.errors import UserError
 from neuroshard.experiments.evaluate import eval_simulator
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND
-from neuroshard.models.training import train_comm_models
+from neuroshard.models.fitting import train_comm_models
 
 
 @pytest.mark.parametrize("pair", [(-5.0, 2.0), (0.0, math.inf), (math.nan, 1.0), (5.0, 2.0)])

@@ -9,7 +9,7 @@ from neuroshard.core.config import CommCollectConfig, TrainCommConfig
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.collect import collect_comm, load_cost_data
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND
-from neuroshard.models.training import train_comm_models
+from neuroshard.models.fitting import train_comm_models
 
 SETTINGS = dict(ndevices=2, batch_size=256, T_range=(3, 6), sleep_range=(1.0, 2.0), warmup_iter=1, num_iter=2)
 

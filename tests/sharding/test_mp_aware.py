@@ -2,7 +2,7 @@
 worked out by hand, comm models of one all-to-all never used for another, and --mp_keep checked.
 
 The compressed comm models are tests/analytic_models.py's hand-set networks with every dim-sum
-coefficient scaled by the bytes DCT-MP sends per dim at mp_keep 0.05 (hardware/mp_wire.py): forward
+coefficient scaled by the bytes DCT-MP sends per dim at mp_keep 0.05 (compression/mp_wire.py): forward
 0.05 * 3 / 4 (fp16 value + uint8 index instead of an fp32 value), backward 0.05 (fp32 gradients of
 the kept entries only).
 """
@@ -17,7 +17,7 @@ from neuroshard.core.config import (CommCollectConfig, EvalConfig, EvalSimConfig
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.tasks import ShardingTask
-from neuroshard.hardware import mp_wire
+from neuroshard.compression import mp_wire
 from neuroshard.sharding.plan import ShardingPlan, apply_splits
 from neuroshard.sharding.search import NeuroShardSharder
 from neuroshard.sharding.simulator import Simulator

@@ -1,4 +1,4 @@
-"""DCT-MP's wire format (hardware/mp_wire.py): what one implementation encodes is what arrives.
+"""DCT-MP's wire format (compression/mp_wire.py): what one implementation encodes is what arrives.
 
 The all-to-all is played by hand here (rank q receives rows q*B/N..(q+1)*B/N of every rank's send
 buffer, in rank order), so encode -> exchange -> decode -> gather -> exchange -> scatter is checked
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.hardware import mp_wire
+from neuroshard.compression import mp_wire
 
 
 def test_keep_count_and_index_type_follow_the_formula():

@@ -12,7 +12,7 @@ import pytest
 
 from neuroshard.core.config import ShardTablesConfig
 from neuroshard.core.errors import UserError
-from neuroshard.experiments.plan_tables import MEASURE_MAX_LOOKUPS, shard_tables
+from neuroshard.planning.plan_tables import MEASURE_MAX_LOOKUPS, shard_tables
 
 from conftest import ROOT, files_under
 
@@ -42,7 +42,7 @@ def test_the_budget_is_on_the_sum_over_tables(tmp_path):
     with pytest.raises(UserError, match="--measure would synthesise 64.1 M ids"):
         shard_tables(cfg)
     from neuroshard.data.table_list import load_table_list
-    from neuroshard.experiments.plan_tables import check_measure_budget
+    from neuroshard.planning.plan_tables import check_measure_budget
 
     (tmp_path / "ok.csv").write_text("name,rows,dim,pooling_factor\n" + "".join(f"t{i},1000,8,{per * 0.999}\n"
                                                                                  for i in range(10)))

@@ -8,7 +8,7 @@ import pytest
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.experiments.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
+from neuroshard.planning.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
                                             look_alpha, look_rounds, machine_drift, measure_candidates,
                                             separation, step_breakdown, still_measured, summarize)
 from neuroshard.hardware.backends import resolve_hardware
@@ -282,7 +282,7 @@ d,20000,128,100
 def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
     """Two ranks, real measurements: after rank 0's stop rule drops a plan (here scripted, after round 4), no rank
     measures it again, the others are measured every round, and the rounds' costs say so (NaN when dropped)."""
-    from neuroshard.experiments.calibrate import user_tables_dataset
+    from neuroshard.planning.calibrate import user_tables_dataset
     from neuroshard.hardware.engine import EngineSettings, Job, run
     from race_stop import ScriptedRace
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-import neuroshard.experiments.calibrate as cal_mod
-import neuroshard.experiments.plan_tables as pt
+import neuroshard.planning.calibrate as cal_mod
+import neuroshard.planning.plan_tables as pt
 from neuroshard.core.artifacts import OutputLock
 from neuroshard.core.cli import run_main
 from neuroshard.core.errors import UserError, write_error
 from neuroshard.core.types import Cluster, Cost
 from neuroshard.data.table_list import load_table_list
-from neuroshard.experiments.calibrate import (calibration_inputs, check_reference, find_calibration,
+from neuroshard.planning.calibrate import (calibration_inputs, check_reference, find_calibration,
                                               save_calibration)
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.simulator import Simulator

@@ -8,7 +8,7 @@ import torch
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.experiments.calibrate import (MIN_SPREAD_MS, CalibrationConfig, _split, calibrate,
+from neuroshard.planning.calibrate import (MIN_SPREAD_MS, CalibrationConfig, _split, calibrate,
                                               calibration_inputs, calibration_path, check_reference, comm_layouts,
                                               find_calibration, load_calibration, sample_user_shards,
                                               save_calibration)
@@ -186,7 +186,7 @@ def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
 def test_calibration_measures_the_all_to_all_its_comm_models_know(tmp_path, monkeypatch):
     """Comm models trained with --mp_keep are checked (and the drift reference measured) on DCT-MP's compressed
     all-to-all, not on the dense one (before, `--calibrate --mp_keep` fine-tuned them on dense traffic)."""
-    import neuroshard.experiments.calibrate as cal_mod
+    import neuroshard.planning.calibrate as cal_mod
     from analytic_models import hand_comm_model, hand_compute_model
 
     (tmp_path / "t.csv").write_text(TABLES)
