@@ -393,6 +393,19 @@ def check_calibrate(num_shards: int, comm_layouts: int) -> None:
     check_int("--calibrate_comm", comm_layouts, 15, 100_000)
 
 
+MEASURE_ENGINES = ("emulated", "torchrec")
+
+
+def check_measure_engine(engine: str, mp_keep: float | None = None) -> str:
+    """`--measure_engine`: one of MEASURE_ENGINES; TorchRec's own step has no DCT-MP all-to-all."""
+    if engine not in MEASURE_ENGINES:
+        raise UserError(f"--measure_engine must be one of {', '.join(MEASURE_ENGINES)}, got {engine!r}")
+    if engine == "torchrec" and mp_keep is not None:
+        raise UserError("--measure_engine torchrec measures TorchRec's own step, which has no DCT-MP all-to-all; "
+                        "drop --mp_keep or use --measure_engine emulated")
+    return engine
+
+
 @dataclass
 class ShardTablesConfig:
     """tools/shard_tables.py: a user's table list (or real ids) in, a sharding plan out."""
@@ -414,6 +427,13 @@ class ShardTablesConfig:
                                    "models on")
     measure: bool = flag(False, "measure NeuroShard's top plans, the heuristics' and TorchRec's in interleaved "
                                 "rounds and write the measured best")
+    measure_engine: str = flag("emulated", "with --measure: emulated (independent devices emulated, one rank's compute "
+                                           "at a time: GPU-shaped predictions) or torchrec (TorchRec's own training "
+                                           "step, DistributedModelParallel, on these ranks)",
+                               choices=MEASURE_ENGINES)
+    cost: str = flag("step", "what the simulator and search minimise: step (TorchRec's step: per sharding group the "
+                             "input distribution and both all-to-alls) or paper (compute + one forward and one "
+                             "backward all-to-all, as the paper)", choices=("step", "paper"))
     measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
     measure_top: int = flag(MEASURE_TOP, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
     no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "
@@ -436,6 +456,7 @@ class ShardTablesConfig:
             raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
         if self.measure:
             check_measure(self.measure_budget_s, self.measure_top, self.warmup_iter, self.num_iter)
+            check_measure_engine(self.measure_engine, self.mp_keep)
         if self.calibrate is not None:
             check_calibrate(self.calibrate, self.calibrate_comm)
         check_int("--seed", self.seed, 0)

@@ -52,14 +52,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure
+from ..core.config import (MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure,
+                           check_measure_engine)
 from ..core.errors import UserError, check_int
 from ..core.types import Cluster
 from ..core.stats import geo_mean, paired_interval
 from ..core.tables import format_table
 from ..hardware.engine import Measured, round_cost
-from ..sharding.plan import ShardingPlan
-from ..sharding.search import plan_key
+from ..sharding.candidates import Candidate, candidate_plans, simulated_parts  # noqa: F401 (the API)
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,16 @@ class MeasureConfig:
     seed: int = 0
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
     race: bool = True            # drop a candidate measured slower than the best (module docstring)
+    engine: str = "emulated"     # "emulated": independent devices emulated; "torchrec": TorchRec's training step
 
     def check(self) -> "MeasureConfig":
         check_measure(self.budget_s, self.top_k, self.warmup_iter, self.num_iter)
         check_int("--min_rounds", self.min_rounds, 2, 10_000)
         check_int("--max_rounds", self.max_rounds, self.min_rounds, 100_000)
+        check_measure_engine(self.engine, self.mp_keep)
         return self
+
+
 
 
 def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:
@@ -184,54 +188,6 @@ class StopRule:
         return still_measured(round_costs, self.min_rounds, alpha)
 
 
-@dataclass
-class Candidate:
-    names: list[str]
-    plan: ShardingPlan
-    simulated_ms: float | None = None
-    round_ms: list[float] = field(default_factory=list)
-    simulated_parts_ms: list[list[float]] | None = None  # per device [compute, fw, bw] as simulated
-    round_parts_ms: list[np.ndarray] = field(default_factory=list)  # per round, per rank [compute, fw, bw]
-
-
-def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
-                    extra: dict | None = None) -> list[Candidate]:
-    """NeuroShard's top distinct plans, the greedy heuristics', TorchRec's (and `extra`), deduplicated."""
-    from ..sharding.registry import BASELINES, make_sharder, shard_task
-    from ..sharding.search import neuroshard_top_plans
-
-    named: list[tuple[str, ShardingPlan]] = []
-    if sim is not None:
-        top = neuroshard_top_plans(sim, task, cluster, top_k, search)
-        named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]
-    algs = [a for a in BASELINES if a != "random"]
-    try:
-        import torchrec  # noqa: F401
-        algs.append("torchrec")
-    except ImportError:
-        pass
-    for alg in algs:
-        r = shard_task(make_sharder(alg, seed, sim, search, batch_size), task, cluster)
-        if r.plan is not None and not r.oom:
-            named.append((alg, r.plan))
-    named += list((extra or {}).items())
-    out: dict[tuple, Candidate] = {}
-    for name, plan in named:
-        key = plan_key(plan)
-        if key in out:
-            out[key].names.append(name)
-        else:
-            cost = sim.plan_cost(task, plan, cluster) if sim is not None else None
-            out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms,
-                                 simulated_parts_ms=None if cost is None else simulated_parts(cost))
-    return list(out.values())
-
-
-def simulated_parts(cost) -> list[list[float]]:
-    """Per device [compute, fw, bw] ms of a simulated `Cost`, the layout the measured parts have."""
-    return np.stack([cost.compute_ms, cost.fw_ms, cost.bw_ms], axis=1).astype(float).tolist()
-
-
 def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int, cfg: MeasureConfig,
                        ids_path=None, log=print, reference: list[dict] | None = None) -> dict:
     """Measure the candidates in interleaved rounds (module docstring); returns the result record."""
@@ -240,12 +196,18 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
     from .calibrate import user_tables_dataset
 
     cfg.check()
+    dmp = cfg.engine == "torchrec"
+    if dmp:
+        from ..sharding.torchrec_baseline import _import
+
+        _import()  # one line when TorchRec is missing
+        reference = None  # the drift reference is the emulated engine's (calibration shards, one rank at a time)
     if batch_size % cluster.num_devices:
         raise UserError(f"the cost models' batch {batch_size} is not divisible by {cluster.num_devices} devices")
     t0 = time.time()
     P = len(candidates)
     stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, num_candidates=P, race=cfg.race)
-    log(f"measuring {P} distinct candidate plans ({', '.join('/'.join(c.names) for c in candidates)}) in "
+    log(f"measuring {P} distinct candidate plans{' as TorchRec training steps (DistributedModelParallel)' if dmp else ''} ({', '.join('/'.join(c.names) for c in candidates)}) in "
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
         f"told apart from the runner-up (paired t interval, 95% over all the stop rule's looks) or {cfg.budget_s:g} s"
         f"{'; a candidate measured slower than the best is dropped from later rounds' if cfg.race else ''}"
@@ -256,7 +218,14 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
     with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
-        plans = [plan_device_tables(task, c.plan) for c in candidates]
+        if dmp:
+            from ..hardware.dmp_step import TorchRecItem
+            from ..sharding.torchrec_export import plan_spec
+
+            plans = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, c.plan), task.table_ids)
+                     for c in candidates]
+        else:
+            plans = [plan_device_tables(task, c.plan) for c in candidates]
         ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
                      for g in reference] if reference else None
 
@@ -278,7 +247,10 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
                 + (f" (dropped after round {r}, measured slower than the best: "
                    f"{', '.join('/'.join(c.names) for c in dropped)})" if dropped else ""))
 
-        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep)
+        step = None
+        if dmp:
+            from ..hardware.dmp_step import DMPStep as step
+        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep, step=step)
         run(Job(engine, [plans], stop, ref_plans), cluster.num_devices, on_round)
     drift = machine_drift(reference, ref_rounds, cfg.seed) if reference and ref_rounds else None
     out = summarize(candidates, time.time() - t0, cfg, log, drift)
@@ -317,8 +289,8 @@ def step_breakdown(parts_ms) -> dict | None:
     if parts_ms is None:
         return None
     p = np.asarray(parts_ms, np.float64)
-    if p.ndim != 2 or p.shape[1] != 3 or not np.isfinite(p).all():
-        return None
+    if p.ndim != 2 or p.shape[1] != 3 or not np.isfinite(p).all() or not p[:, 1:].any():
+        return None  # (no all-to-all parts: TorchRec's step is measured whole)
     step = float(p.sum(axis=1).max())
     compute = p[:, 0]
     return {"step_ms": step, "compute_max_ms": float(compute.max()), "compute_mean_ms": float(compute.mean()),
@@ -379,7 +351,7 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     return {"best": candidates[best].names, "best_index": best, "separated": sep["separated"], "rounds": R,
             "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"],
             "ci_level": sep["level"], "verdict": verdict,
-            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "candidates": rows, "drift": drift,
+            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "engine": cfg.engine, "candidates": rows, "drift": drift,
             "step": step}
 
 

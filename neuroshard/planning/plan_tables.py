@@ -197,12 +197,17 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         rank_gpus(hw.device, ndevices, gpu_ids)  # too few GPUs for the ranks: one line, before any measuring
     if sim is not None and hw is not None:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
+    if sim is not None:
+        sim = sim.with_cost(cfg.cost)
     res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)
     if res.plan is None or res.oom:
         other = "" if alg == "neuroshard" else ", or try --alg neuroshard"
         raise UserError(f"--alg {alg} found no plan within {ndevices} x {max_mem:g} GB for "
                         f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem or add devices{other}")
     plan = res.plan
+    chosen = alg
+    if alg == "neuroshard" and not cfg.measure:
+        plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan)
     cost = sim.plan_cost(tl.task, plan) if sim else None
     models_fix = (f"delete {calibration_path(out)} and calibrate again (--calibrate K)" if calibration is not None
                   else "retrain them on more cost data or fine-tune them to these tables (--calibrate K)")
@@ -215,7 +220,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     print("\nper table\n" + table_report(tl, plan))
     _coverage_note(sim, plan, cost)
     spec = plan_spec(tl.names, tl.rows, tl.task.dims, plan)
-    record = {"kind": PLAN_KIND, "alg": alg, "ndevices": ndevices, "max_mem_gb": max_mem, "splits": plan.splits,
+    record = {"kind": PLAN_KIND, "alg": alg, "chosen": chosen, "cost": cfg.cost if sim else None, "ndevices": ndevices, "max_mem_gb": max_mem, "splits": plan.splits,
               "tables": [{**t, "pooling_factor": float(tl.task.pooling_factors[i])} for i, t in enumerate(spec["tables"])],
               "predicted": _predicted(cost, batch),
               "reuse_defaulted": tl.defaulted_reuse,
@@ -226,7 +231,8 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
     if cfg.measure:
         mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
-                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race)
+                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
+                             engine=cfg.measure_engine)
         cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
@@ -234,6 +240,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         check_measured_rows(measured["candidates"])
         best = cands[measured["best_index"]]
         report["measured"] = measured
+        record["chosen"] = "/".join(best.names)
         if plan_key(best.plan) != plan_key(plan):
             plan = best.plan
             cost = sim.plan_cost(tl.task, plan) if sim else None
@@ -256,6 +263,24 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         print(f"TorchRec plan written to {torchrec_plan} (load it with "
               "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
     return report
+
+
+def neuroshard_or_better(tl: TableList, cluster: Cluster, sim, search, batch: int, seed: int, plan):
+    """NeuroShard's plan, unless the simulator rates TorchRec's or a heuristic's plan of the same tables faster:
+    then that one (`best_simulated`). Prints the comparison; returns (plan, the names it goes by)."""
+    from ..sharding.candidates import best_simulated, candidate_plans
+
+    cands = candidate_plans(tl.task, cluster, sim, search, batch, 0, seed, extra={"neuroshard": plan})
+    best = best_simulated(cands)
+    cells = [["/".join(c.names), "-" if c.simulated_ms is None else f"{c.simulated_ms:.3f}"]
+             for c in sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))]
+    print(f"\nNeuroShard's plan against TorchRec's and the heuristics' (simulated {sim.cost} cost, ms):")
+    print("\n".join(format_table(["plan", "simulated ms"], cells, style="text", align="lr")))
+    names = "/".join(best.names)
+    if "neuroshard" in best.names:
+        return plan, "neuroshard"
+    print(f"written plan: {names}, which the cost models rate faster than NeuroShard's search plan")
+    return best.plan, names
 
 
 def check_measured_rows(rows: list[dict]) -> None:

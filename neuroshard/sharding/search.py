@@ -34,7 +34,7 @@ from ..core.types import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import table_size_gb, with_dim
 from ..data.tasks import ShardingTask
 from .plan import ShardingPlan, apply_splits, can_split
-from .simulator import Simulator
+from .simulator import Simulator, input_words
 
 
 class ShardTable:
@@ -55,6 +55,8 @@ class ShardTable:
         self.single_cost = round_ms(sim.compute.head(self.emb))
         self.size = table_size_gb(task.rows[tables], dims)
         self.dim = dims.astype(np.float64)
+        self.column_wise = (dims < np.asarray(task.dims)[tables]).astype(np.int64)  # a split table's shard
+        self.input_words = input_words(task.pooling_factors[tables])
 
 
 # places shard lists of one length: (ShardTable, lists, cluster, params) -> (costs [E], assignments [E, L])
@@ -127,12 +129,27 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
         cost.reshape(-1)[cell] = sim.set_cost(flat_emb[cell], count.reshape(-1)[cell])
         assign[live, pos] = dev
     total = np.full(R, np.inf)
-    if len(live):
+    if len(live) and sim.cost == "step":
+        total[live] = step_costs(sim, st, item[exp_of], assign[live], cost)
+    elif len(live):
         total[live] = sim.total_cost(cost, dsum)[0]
     total = total.reshape(E, G)
     best_g = total.argmin(axis=1)  # first threshold among equals
     best = total[np.arange(E), best_g]
     return best, assign.reshape(E, G, L)[np.arange(E), best_g]
+
+
+def step_costs(sim: Simulator, st: ShardTable, items: np.ndarray, assign: np.ndarray, compute: np.ndarray):
+    """Step costs (`Simulator.step_total_cost`) of complete placements: ShardTable rows [P, L], devices [P, L]
+    and per-device compute [P, N]."""
+    P, N = compute.shape
+    rows = np.repeat(np.arange(P), items.shape[1])
+    group = st.column_wise[items].ravel()
+    dims = np.zeros((P, 2, N))
+    words = np.zeros((P, 2, N))
+    np.add.at(dims, (rows, group, assign.ravel()), st.dim[items].ravel())
+    np.add.at(words, (rows, group, assign.ravel()), st.input_words[items].ravel())
+    return sim.step_total_cost(compute, dims, words)[0]
 
 
 def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams,

@@ -7,6 +7,19 @@ model on dim sums + delays; cost = max_r (compute_r + bw_r + fw_r). Predicted co
 model trained with `--fw_wait_term` adds each rank's wait max_r' d_r' - d_r to its MLP itself
 (`CommCostModel`); the simulator is the same for both forms.
 
+**The step cost** (`cost="step"`, DESIGN.md §3.4b): what TorchRec's sharded EmbeddingBagCollection runs in
+one training step. Its shards fall into sharding groups: `table_wise` (tables in one piece) and
+`column_wise` (tables cut into column blocks); TorchRec runs one set of collectives per group present.
+Per group g: the input distribution, an all-to-all of the ids and lengths each rank's shards of g read
+(rank r receives the global batch's ids of its shards: per sample 2 x pooling + 2 floats' worth per
+shard, an int64 id or length being two 4-byte words), priced by the backward model (the all-to-all whose
+rank r receives B x its width) on those widths; the backward all-to-all of g's dim sums; and the forward
+all-to-all of g's dim sums. A device's step is compute + sum_g (input_g + bw_g) + sum_g fw_g, with the
+forward delays taken from compute + sum_g (input_g + bw_g) as in the paper's cost. With one group (no
+column split) the step cost is the paper's cost plus the input distribution; a column split adds the
+second group's three collectives. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
+forward all-to-alls. The paper's cost (`cost="paper"`, the default) is unchanged.
+
 The three models must agree (forward and backward direction, device count, hardware, batch) and,
 for tasks drawn from a dataset, come from that dataset and batch (`check_dataset`).
 """
@@ -38,8 +51,25 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
+COSTS = ("paper", "step")
+GROUPS = ("table_wise", "column_wise")
+WORDS_PER_ID = 2        # an int64 id on the wire, in 4-byte words (the comm models' unit: one float per dim)
+WORDS_PER_LENGTH = 2    # an int64 length per sample and shard
+
+
+def check_cost(cost: str) -> str:
+    if cost not in COSTS:
+        raise UserError(f"--cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    return cost
+
+
+def input_words(pooling: np.ndarray) -> np.ndarray:
+    """Words per sample of one shard's input distribution: its ids and its length."""
+    return WORDS_PER_ID * np.asarray(pooling, np.float64) + WORDS_PER_LENGTH
+
+
 class Simulator:
-    def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel):
+    def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = "paper"):
         for m, want in ((fw, "fw"), (bw, "bw")):
             got = getattr(m, "direction", want)
             if got != want:
@@ -57,8 +87,13 @@ class Simulator:
             raise UserError(f"the forward comm model was trained for mp_keep {fw.meta.get('mp_keep')}, the backward "
                             f"one for {bw.meta.get('mp_keep')}; train both from one comm cost-data file")
         self.compute, self.fw, self.bw = compute, fw, bw
+        self.cost = check_cost(cost)
         self.num_devices = fw.num_devices
         self.mp_keep = fw.meta.get("mp_keep")  # DCT-MP's keep fraction the comm models know; None: uncompressed
+
+    def with_cost(self, cost: str) -> "Simulator":
+        """This simulator scoring plans by `cost` ("paper" or "step"; module docstring)."""
+        return Simulator(self.compute, self.fw, self.bw, cost)
 
     @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
@@ -115,6 +150,21 @@ class Simulator:
         fw = self.fw.predict_np(np.concatenate([dim_sums, delays], axis=1))
         return round_ms((compute + bw + fw).max(axis=1)), fw, bw  # the order of Cost.per_device_ms
 
+    def step_total_cost(self, compute: np.ndarray, dim_sums: np.ndarray, input_sums: np.ndarray):
+        """Batched step costs (module docstring) from per-device compute [P, N] and per group dim sums and input
+        words [P, 2, N] (groups as `GROUPS`); an absent group (no dims anywhere) costs nothing."""
+        dims = np.asarray(dim_sums, np.float64)
+        P, G, N = dims.shape
+        present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
+        bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
+        inp = self.bw.predict_np(np.asarray(input_sums, np.float64).reshape(-1, N)).reshape(P, G, N)
+        before = np.where(present, bw + inp, 0.0).sum(axis=1)                         # [P, N]
+        ready = compute + before
+        delays = ready - ready.min(axis=1, keepdims=True)
+        fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), np.repeat(delays, G, axis=0)], axis=1))
+        fw = np.where(present, fw.reshape(P, G, N), 0.0).sum(axis=1)
+        return round_ms((ready + fw).max(axis=1)), fw, before
+
     def comm_coverage_note(self, dim_sums, cost: Cost) -> str | None:
         """One line if a plan's dim sums or straggler waits lie beyond the comm models' training data (the
         models record it as `training_input_max`; None for models saved without it, or inside the data)."""
@@ -150,5 +200,23 @@ class Simulator:
             sums[d] = sums[d] + emb[i]
             count[d] += 1
         compute = self.set_cost(sums, count)[None]
-        _, fw, bw = self.total_cost(compute, plan.device_dim_sums()[None])
+        if self.cost == "step":
+            dims, words = plan_group_sums(task, plan)
+            _, fw, bw = self.step_total_cost(compute, dims[None], words[None])
+        else:
+            _, fw, bw = self.total_cost(compute, plan.device_dim_sums()[None])
         return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0])
+
+
+def plan_group_sums(task: ShardingTask, plan: ShardingPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [2, N]: a table in more
+    than one shard is column-wise, as `torchrec_export` exports it."""
+    pieces = np.bincount([s.table for s in plan.shards], minlength=task.num_tables)
+    dims = np.zeros((2, plan.num_devices))
+    words = np.zeros((2, plan.num_devices))
+    per_shard = input_words(task.pooling_factors)
+    for s, d in zip(plan.shards, plan.device_of):
+        g = int(pieces[s.table] > 1)
+        dims[g, d] += s.dim
+        words[g, d] += per_shard[s.table]
+    return dims, words

@@ -154,3 +154,51 @@ def test_calibrate_alone_takes_the_default_k_and_a_given_k_wins():
     assert parsed("--calibrate", "40").calibrate == 40
     with pytest.raises(SystemExit):
         parsed("--calibrate", "many")
+
+
+def test_measure_in_torchrecs_own_step_writes_its_measured_best(tmp_path):
+    """--measure_engine torchrec: every candidate measured as DistributedModelParallel training steps on 2 gloo
+    ranks; the written plan is the one measured fastest there, and the record says which engine measured it."""
+    pytest.importorskip("torchrec")
+    (tmp_path / "t.csv").write_text(TABLES)
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+                      "--out", tmp_path / "plan.json", "--measure", "--measure_engine", "torchrec",
+                      "--measure_budget_s", 40, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu",
+                      "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
+                      "--bw_comm_model", models / "comm_2_bw.pt")
+    assert proc.returncode == 0, proc.stderr
+    assert "as TorchRec training steps (DistributedModelParallel)" in proc.stdout
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    m = rec["measured"]
+    assert m["engine"] == "torchrec" and m["rounds"] >= 1 and rec["cost"] == "step"
+    full = [c for c in m["candidates"] if c["rounds"] == m["rounds"]]
+    best = min(full, key=lambda c: c["measured_ms"])
+    assert best["names"] == m["best"] and rec["chosen"] == "/".join(m["best"])
+    assert all(c["measured_ms"] > 0 and np.asarray(c["measured_parts_ms"])[:, 1:].sum() == 0 for c in full)
+    assert "'s step goes" not in proc.stdout  # a TorchRec step is measured whole: no all-to-all share to give
+
+
+def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path):
+    """--alg neuroshard (step cost, the default): NeuroShard's plan against TorchRec's and the heuristics' by the
+    simulated step cost; the written plan's predicted cost is the lowest of the table it prints."""
+    pytest.importorskip("torchrec")
+    (tmp_path / "t.csv").write_text(TABLES)
+    models = save_hand_models(tmp_path / "models", 2)
+    args = ["tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+            "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
+            "--bw_comm_model", models / "comm_2_bw.pt"]
+    proc = run_script(*args, "--out", tmp_path / "plan.json")
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout.split("(simulated step cost, ms):")[1].strip().split("\n\n")[0].splitlines()[2:]
+    rated = {row.rsplit(None, 1)[0].strip(): float(row.rsplit(None, 1)[1]) for row in table if row.strip()}
+    assert any("torchrec" in k for k in rated) and any("neuroshard" in k for k in rated)
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    assert rec["cost"] == "step" and rec["predicted"]["cost_ms"] == pytest.approx(min(rated.values()), abs=2e-3)
+    assert any(rec["chosen"] in k.split("/") for k in rated)
+    paper = run_script(*args, "--out", tmp_path / "paper.json", "--cost", "paper")
+    assert paper.returncode == 0 and json.loads((tmp_path / "paper.json").read_text())["cost"] == "paper"
+    bad = run_script(*args, "--out", tmp_path / "bad.json", "--measure", "--measure_engine", "torchrec",
+                     "--mp_keep", "0.05")
+    assert_clean_error(bad, "--measure_engine torchrec")
+    assert not (tmp_path / "bad.json").exists()

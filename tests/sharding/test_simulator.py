@@ -93,3 +93,54 @@ def test_a_plan_beyond_the_comm_data_gets_one_note_naming_what_and_how_far():
             assert note.startswith("note: this plan lies beyond the comm cost data") and "--T_range" in note
             assert all(w in note for w in want) and note.count("(the comm data") == len(want), note
     assert _sim(2).comm_coverage_note(plan.device_dim_sums(), _sim(2).plan_cost(task, plan)) is None  # no record
+
+
+# ----------------------------------------------------------------------------- the step cost (cost="step")
+# input words per shard = 2 x pooling + 2: table 0 -> 6, table 1 -> 22, table 2 -> 4; the input distribution is
+# priced by the backward model on them, per sharding group, as each group's backward and forward all-to-alls.
+
+def test_step_cost_one_group_by_hand():
+    task = _task()
+    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 1, 0])
+    cost = _sim(2).with_cost("step").plan_cost(task, plan)
+    assert cost.compute_ms == pytest.approx([1.62, 1.86], abs=1e-6)
+    # backward on dims [12, 16] -> [0.352, 0.360]; input on words [10, 22] (total 32) -> [0.352, 0.376]
+    assert cost.bw_ms == pytest.approx([0.704, 0.736], abs=1e-6)
+    # ready [2.324, 2.596] -> delays [0, 0.272]; forward 1 + 0.003 d + 0.068 - 0.5 delay
+    assert cost.fw_ms == pytest.approx([1.104, 0.980], abs=1e-6)
+    assert cost.cost_ms == pytest.approx(3.576, abs=1e-6)
+
+
+def test_step_cost_charges_a_column_split_its_own_group_by_hand():
+    task = _task()
+    shards = apply_splits(task.dims, [1])  # table 1 in two 8-column halves
+    dev = [0 if s.table == 0 or (s.table == 1 and s.col_start == 0) else 1 for s in shards]
+    plan = ShardingPlan(2, shards, dev, [1])
+    cost = _sim(2).with_cost("step").plan_cost(task, plan)
+    assert cost.compute_ms == pytest.approx([2.56, 2.42], abs=1e-6)
+    # table-wise group: dims [8, 4], words [6, 4] -> bw [0.328, 0.320], input [0.322, 0.318]
+    # column-wise group: dims [8, 8], words [22, 22] -> bw [0.332, 0.332], input [0.388, 0.388]
+    assert cost.bw_ms == pytest.approx([1.370, 1.358], abs=1e-6)
+    # ready [3.930, 3.778] -> delays [0.152, 0]; forward per group: [0.986, 1.050] + [0.986, 1.062]
+    assert cost.fw_ms == pytest.approx([1.972, 2.112], abs=1e-6)
+    assert cost.cost_ms == pytest.approx(5.902, abs=1e-6)
+    # the paper's cost of the same plan sees one all-to-all of each direction and no input distribution
+    assert _sim(2).plan_cost(task, plan).cost_ms < cost.cost_ms - 1.0
+
+
+def test_step_cost_search_scores_plans_as_the_simulator_does():
+    from analytic_models import analytic_simulator
+
+    from neuroshard.core.config import SearchParams
+    from neuroshard.sharding.search import neuroshard_top_plans
+
+    rng = np.random.default_rng(3)
+    feats = np.zeros((12, 19))
+    feats[:, 0] = rng.integers(100, 5000, 12)
+    feats[:, 1] = rng.uniform(1, 30, 12)
+    task = ShardingTask(np.arange(12), rng.choice([16, 32, 64, 128], 12), feats)
+    sim = analytic_simulator(4).with_cost("step")
+    top = neuroshard_top_plans(sim, task, Cluster(4, 1.0), 6, SearchParams(max_splits=4))
+    assert len(top) >= 3 and any(p.splits for _, p in top)
+    for cost, plan in top:
+        assert cost == pytest.approx(sim.plan_cost(task, plan).cost_ms, abs=1e-6)

@@ -94,9 +94,33 @@ def test_a_looser_cap_keeps_tables_whole(models):
     assert max(per_rank.values()) > TIGHT
 
 
+def test_handed_out_plan_is_never_rated_slower_than_torchrec_or_a_heuristic(models):
+    """Default planner: the step cost, and TorchRec's own plan and the heuristics' scored beside NeuroShard's; the
+    plan handed out has the lowest simulated step cost of them all, and the stats say so."""
+    from neuroshard.sharding.candidates import candidate_plans
+    from neuroshard.sharding.search import plan_key
+
+    p = planner(models, debug=False)
+    assert p.simulator.cost == "step"
+    p.plan(w.ebc(WIDE), sharders())
+    res = p.last_result
+    sim, task = p.simulator, res.task
+    others = candidate_plans(task, p.cluster, sim, p.search, 64, 0)
+    assert {n for c in others for n in c.names} >= {"torchrec", "size_greedy", "lookup_greedy"}
+    mine = sim.plan_cost(task, res.plan).cost_ms
+    assert all(mine <= c.simulated_ms for c in others)
+    note = next(n for n in res.notes if "simulated step cost (ms) of the candidate plans" in n)
+    assert "torchrec" in note and "handed out" in note
+    # the paper's search plan splits "wide"; under the step cost the second sharding group is charged
+    paper = planner(models, debug=False, cost="paper", compare=False)
+    paper.plan(w.ebc(WIDE), sharders())
+    split = paper.last_result.plan
+    assert split.splits and sim.plan_cost(task, split).cost_ms > paper.simulator.plan_cost(task, split).cost_ms
+
+
 def test_sharding_types_are_honoured(models):
     model = w.ebc(WIDE)
-    free = planner(models, debug=False)
+    free = planner(models, debug=False, cost="paper", compare=False)  # the paper's search alone
     shards, _ = placements(free.plan(model, sharders()))
     assert len(shards[("", "wide")]) > 1, "the search splits the wide table when it may"
     tw_only = planner(models, kinds={"wide": ["table_wise"], "tiny": ["column_wise"]}, debug=False)

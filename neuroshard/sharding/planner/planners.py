@@ -21,7 +21,13 @@ every rank. Both return a TorchRec `ShardingPlan` built by `torchrec_export.to_t
   trained for another device count than `topology.world_size`; the stats name the files. `batch_size` is
   per rank, as in TorchRec; when `batch_size x world_size` differs from the batch the models were trained
   at, the stats say that the predicted milliseconds are at the models' batch. Default `batch_size`: the
-  models' batch divided by the world size.
+  models' batch divided by the world size. `simulator=` takes models already loaded, e.g. a calibration
+  (`planning.calibrate.load_calibration`).
+- Cost: `cost="step"` (default) scores plans by the simulated step TorchRec runs (per sharding group the
+  input distribution and both all-to-alls, `simulator.py`); `cost="paper"` by the paper's three terms.
+- Never slower than TorchRec's planner by its own models: with `compare` (default), TorchRec's own
+  `EmbeddingShardingPlanner` plan and each greedy heuristic's plan of the same tables are scored too, and the
+  plan the simulator rates fastest is handed out; the stats list the scores and say which plan won.
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ from ...core.errors import PlanError, UserError
 from ...core.types import MAX_DEVICE_MEM_GB, Cluster
 from ...data.tasks import ShardingTask
 from ..plan import check_complete, fits_memory
-from ..simulator import Simulator
+from ..simulator import Simulator, check_cost
 from ..torchrec_export import plan_spec, to_torchrec_plan
 from .enumerators import EmbeddingBagEnumerator, size_text
 from .estimators import NeuralPerfModel
@@ -63,7 +69,8 @@ class NeuroShardPlanner:
                  fw_comm_model=None, bw_comm_model=None, models_dir="models",
                  search: SearchParams = SearchParams(), debug: bool = True, enumerator: Enumerator | None = None,
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
-                 partitioner: Partitioner | None = None, stats: Stats | None = None):
+                 partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = "step",
+                 simulator: Simulator | None = None, compare: bool = True):
         from ..torchrec_baseline import _import
 
         _import()  # one clear line when TorchRec is missing
@@ -102,9 +109,18 @@ class NeuroShardPlanner:
         self.model_paths = (Path(compute_model or Path(models_dir) / "compute.pt"), Path(fw_comm_model or fw),
                             Path(bw_comm_model or bw))
         try:
-            self.simulator = Simulator.load(*self.model_paths, num_devices=world)
+            check_cost(cost)
+            if simulator is not None:  # e.g. calibrated models (planning.calibrate.load_calibration)
+                if not isinstance(simulator, Simulator):
+                    raise UserError(f"simulator must be a neuroshard Simulator, got {type(simulator).__name__}")
+                simulator.check_devices(world)
+                self.model_paths = ("the simulator given",)
+            else:
+                simulator = Simulator.load(*self.model_paths, num_devices=world)
+            self.simulator = simulator.with_cost(cost)
         except UserError as e:
             raise UserError(f"NeuroShardPlanner: {e}") from None
+        self.compare = compare
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         if batch_size is None:
             batch_size = max(1, int(self.model_batch) // world) if self.model_batch else 512
@@ -193,6 +209,9 @@ class NeuroShardPlanner:
         if not fits_memory(task, plan, self.cluster) or any(plan.shards[i].table in found.no_split
                                                             for i in plan.splits):
             raise PlanError("the search returned a plan over memory or splitting a table-wise-only table")
+        compared = self._best_of(task, plan, found.no_split) if self.compare else None
+        if compared:
+            plan = compared[0]
         spec = plan_spec([t.qualified_name for t in tables], [r["rows"] for r in found.rows], task.dims, plan)
         kinds = [COLUMN_WISE if table.column_wise_only or len(entry["shards"]) > 1 else TABLE_WISE
                  for table, entry in zip(tables, spec["tables"])]
@@ -201,7 +220,8 @@ class NeuroShardPlanner:
             specs.setdefault(table.module_path, {**spec, "tables": []})["tables"].append(
                 {**entry, "name": table.name, "sharding_type": kind})
         meta = self.simulator.compute.meta
-        notes = found.notes + [f"note: cost models {', '.join(str(p) for p in self.model_paths)}"]
+        notes = found.notes + [f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored by the "
+                               f"simulated {self.simulator.cost} cost"] + ([compared[1]] if compared else [])
         batch = self.batch_size * self.cluster.num_devices
         if self.model_batch and int(self.model_batch) != batch:
             notes.append(f"note: the cost models were trained at global batch {self.model_batch}, this run's is {batch} "
@@ -212,6 +232,22 @@ class NeuroShardPlanner:
         return PlannerResult(tables, task, plan, self.perf_model.rate(task, plan), kinds, specs, search_s,
                              notes + ([widened] if widened else []), self.cluster, self.memory_kind,
                              self.model_batch, meta.get("device_name") or meta.get("device") or "?")
+
+    def _best_of(self, task: ShardingTask, plan, no_split: frozenset[int]):
+        """(plan, note): NeuroShard's plan unless the simulator rates TorchRec's own planner's or a greedy heuristic's
+        plan of the same tables faster (one that splits a table-wise-only table is not a candidate)."""
+        from ..candidates import best_simulated, candidate_plans
+
+        batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
+        cands = [c for c in candidate_plans(task, self.cluster, self.simulator, self.search, batch, 0,
+                                            extra={"neuroshard": plan})
+                 if not any(c.plan.shards[i].table in no_split for i in c.plan.splits)]
+        best = best_simulated(cands)
+        rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in
+                          sorted(cands, key=lambda c: c.simulated_ms) if c.simulated_ms is not None)
+        verdict = ("NeuroShard's plan handed out" if "neuroshard" in best.names else
+                   f"{'/'.join(best.names)}'s plan handed out: rated faster than NeuroShard's search plan")
+        return best.plan, f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; {verdict}"
 
     def _thresholds_for(self, task: ShardingTask, tables: list[PlannedTable],
                         no_split: frozenset[int]) -> tuple[SearchParams, str | None]:

@@ -1,0 +1,118 @@
+"""The engine's TorchRec step (DESIGN.md §3.7): a plan measured as TorchRec's own training step.
+
+`DMPStep` plugs into the measurement engine (`engine.EngineSettings(step=DMPStep)`). Its item is a
+`TorchRecItem`: a plan as `torchrec_export.plan_spec` describes it, and for each of its tables the dataset
+table whose ids it reads. On first sight of an item every rank builds, together, TorchRec's
+`DistributedModelParallel` of an `EmbeddingBagCollection` of those tables, sharded by the exported plan
+(`to_torchrec_plan`, fused kernel, the update fused into backward: exact SGD, learning rate 0.01) and kept
+for the rounds that follow. One measurement is `warmup` + `iters` training steps, each a forward of the
+sharded collection (input distribution, lookups, pooled all-to-all) and a backward (gradient all-to-all,
+fused update), on the same ids every round: rank r feeds samples [r B/W, (r+1) B/W) of the dataset's
+first B (the engine's batch B over W ranks), as a training step splits a global batch. Per rank the median
+timed step; the item's parts are [step, 0, 0] per rank, so a round's cost (max over ranks of the sum) is
+the slowest rank's median step.
+
+Unlike `EmulatedStep`, the ranks run concurrently: it is the step a user's training runs, collectives per
+sharding type and input distribution included, on the ranks the user has; where ranks share cores (4
+ranks on this project's 2-core machine), their compute contends, as it would in that training.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import EngineSettings, Step
+
+LEARNING_RATE = 0.01
+
+
+@dataclass(frozen=True)
+class TorchRecItem:
+    """A plan for TorchRec's step: its `plan_spec` (JSON text) and per spec table the dataset table id."""
+
+    spec_json: str
+    table_ids: tuple
+
+    @classmethod
+    def of(cls, spec: dict, table_ids) -> "TorchRecItem":
+        return cls(json.dumps(spec, sort_keys=True), tuple(int(t) for t in table_ids))
+
+
+class DMPStep(Step):
+    """TorchRec's training step of a plan (module docstring)."""
+
+    def __init__(self, settings: EngineSettings, rank: int, world: int):
+        super().__init__(settings, rank, world)
+        from ..data.dataset import DLRMDataset
+
+        if settings.batch_size % world:
+            from ..core.errors import UserError
+
+            raise UserError(f"batch {settings.batch_size} is not divisible by {world} ranks; TorchRec's step splits "
+                            "the global batch evenly")
+        self.dataset = DLRMDataset.load(settings.dataset_dir)
+        self.built: dict[TorchRecItem, tuple] = {}
+
+    def _inputs(self, spec: dict, table_ids):
+        import torch
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        B, W = self.settings.batch_size, self.world
+        lo, hi = self.rank * B // W, (self.rank + 1) * B // W
+        values, lengths = [], []
+        for t in table_ids:
+            ids, offs = self.dataset.table_bags(int(t), B)
+            values.append(ids[int(offs[lo]):int(offs[hi])])
+            lengths.append((offs[lo + 1:hi + 1] - offs[lo:hi]).to(torch.int64))
+        return KeyedJaggedTensor(keys=[t["name"] for t in spec["tables"]], values=torch.cat(values),
+                                 lengths=torch.cat(lengths))
+
+    def _build(self, item: TorchRecItem):
+        import torch
+        import torch.distributed as dist
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+        from torchrec.distributed.types import ShardingEnv
+
+        from ..sharding.torchrec_export import make_ebc, to_torchrec_plan
+
+        spec = json.loads(item.spec_json)
+        device = torch.device(self.settings.hw.device)
+        sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,
+                                                              "learning_rate": LEARNING_RATE})
+        dmp = DistributedModelParallel(module=make_ebc(spec, "meta"), env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                       plan=to_torchrec_plan(spec, device_type=device.type, compute_kernel="fused"),
+                                       device=device, sharders=[sharder])
+        return dmp, self._inputs(spec, item.table_ids).to(device)
+
+    def _step(self, dmp, kjt) -> None:
+        out = dmp(kjt)
+        out = out.wait() if hasattr(out, "wait") else out
+        out.values().sum().backward()
+
+    def measure(self, item) -> list[list[float]]:
+        import torch
+
+        from .comm_bench import gather_floats
+
+        if item not in self.built:
+            self.built[item] = self._build(item)
+        dmp, kjt = self.built[item]
+        s = self.settings
+        for _ in range(s.warmup):
+            self._step(dmp, kjt)
+        times = []
+        for _ in range(s.iters):
+            cuda = s.hw.device == "cuda"
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            self._step(dmp, kjt)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return gather_floats([float(np.median(times)), 0.0, 0.0], s.hw.device)

@@ -1,0 +1,69 @@
+"""The candidate plans of a set of tables (DESIGN.md §8): NeuroShard's best distinct plans, every greedy
+heuristic's and TorchRec's, deduplicated (identical plans are one candidate under all their names) and each
+with its simulated cost. `--measure` measures them; `best_simulated` is the one the simulator rates fastest,
+which `--alg neuroshard` and `NeuroShardPlanner` hand out, so that neither gives a plan its own simulator
+predicts slower than TorchRec's or a heuristic's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.types import Cluster
+from .plan import ShardingPlan
+from .search import plan_key
+
+
+@dataclass
+class Candidate:
+    names: list[str]
+    plan: ShardingPlan
+    simulated_ms: float | None = None
+    round_ms: list[float] = field(default_factory=list)
+    simulated_parts_ms: list[list[float]] | None = None  # per device [compute, fw, bw] as simulated
+    round_parts_ms: list[np.ndarray] = field(default_factory=list)  # per round, per rank [compute, fw, bw]
+
+
+def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
+                    extra: dict | None = None) -> list[Candidate]:
+    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (and `extra`), deduplicated."""
+    from .registry import BASELINES, make_sharder, shard_task
+    from .search import neuroshard_top_plans
+
+    named: list[tuple[str, ShardingPlan]] = []
+    if sim is not None and top_k > 0:
+        top = neuroshard_top_plans(sim, task, cluster, top_k, search)
+        named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]
+    algs = [a for a in BASELINES if a != "random"]
+    try:
+        import torchrec  # noqa: F401
+        algs.append("torchrec")
+    except ImportError:
+        pass
+    for alg in algs:
+        r = shard_task(make_sharder(alg, seed, sim, search, batch_size), task, cluster)
+        if r.plan is not None and not r.oom:
+            named.append((alg, r.plan))
+    named += list((extra or {}).items())
+    out: dict[tuple, Candidate] = {}
+    for name, plan in named:
+        key = plan_key(plan)
+        if key in out:
+            out[key].names.append(name)
+        else:
+            cost = sim.plan_cost(task, plan, cluster) if sim is not None else None
+            out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms,
+                                 simulated_parts_ms=None if cost is None else simulated_parts(cost))
+    return list(out.values())
+
+
+def simulated_parts(cost) -> list[list[float]]:
+    """Per device [compute, fw, bw] ms of a simulated `Cost`, the layout the measured parts have."""
+    return np.stack([cost.compute_ms, cost.fw_ms, cost.bw_ms], axis=1).astype(float).tolist()
+
+
+def best_simulated(candidates: list[Candidate]) -> Candidate:
+    """The candidate with the lowest simulated cost (ties: the earlier one, NeuroShard's first)."""
+    rated = [c for c in candidates if c.simulated_ms is not None]
+    return min(rated, key=lambda c: c.simulated_ms) if rated else candidates[0]
