@@ -65,13 +65,18 @@ def check_iters(warmup_iter: int, num_iter: int) -> None:
 
 # ----------------------------------------------------------------------------- shared groups
 
+def gpu_devices_flag():
+    """--gpu_devices, one definition for every config that takes it (HardwareConfig, CommCollectConfig,
+    PipelineConfig): GPU ids as "0,1,3", None for CPU ranks; `HardwareConfig.check` checks it."""
+    return flag(None, "comma-separated GPU ids, one rank/worker each (CUDA)", parse="int_list")
+
+
 @dataclass
 class HardwareConfig:
     """Where costs are measured (DESIGN.md §4)."""
     device: str = flag("auto", "auto, cpu or cuda")
     backend: str = flag("auto", "auto, fbgemm or torch")
-    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids, one rank/worker each (CUDA)",
-                                               parse="int_list")
+    gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
 
     def check(self) -> "HardwareConfig":
         if self.gpu_devices is not None:
@@ -252,7 +257,7 @@ class ComputeCollectConfig:
 class CommCollectConfig:
     """Step 3b (collect_comm_cost_data.py): all-to-all costs for dim layouts and delays (DESIGN.md §3.2)."""
     data_size: int = flag(1000, "samples the output file should hold")
-    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids, one rank each (CUDA)", parse="int_list")
+    gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
     ndevices: int = flag(4, "number of ranks (CPU processes)")
     T_range: tuple[int, int] = flag((10, 60), parse="int_range")
     sleep_range: tuple[float, float] = flag((1.0, 20.0), "straggler spread range, ms", parse="float_range")
@@ -650,7 +655,7 @@ class PipelineConfig:
     preset: str = flag("quick", "quick (CPU, minutes) or paper (the paper's sizes, GPUs)")
     work_dir: str = flag(".", "folder holding data/, models/ and results/")
     force: bool = flag(False, "redo every step")
-    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids (CUDA runs)", parse="int_list")
+    gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
     families: bool = flag(False, "also collect compute-cost data from the table-family mix (DESIGN.md §8), "
                                  "with 1.5x the preset's compute samples; not yet the default: see the README")
 
