@@ -37,7 +37,8 @@ from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # n
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
-from neuroshard.training.report import markdown, mean_ci, read_results, runs_done  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.training.report import mean_ci, read_results, runs_done  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
@@ -198,7 +199,7 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
               "for validation; every run scores validation and test every "
               f"{int(r0.eval_every)} steps, and the 'at best valid' columns take the test scores at the run's step of "
               "best validation AUC, paired by seed like the others."] if "eval_every" in df else []),
-          "", *markdown(rows), ""]
+          "", *format_table(list(rows[0]), [list(r.values()) for r in rows]), ""]
     atomic_write_text(out / f"{stem}.md", "\n".join(md))
     atomic_write_bytes(out / f"{stem}.png", plot(df))
     print("\n".join(md))

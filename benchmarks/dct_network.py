@@ -38,8 +38,9 @@ from neuroshard.core.artifacts import atomic_write_bytes, atomic_write_text  # n
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import markdown, ratio_ci, read_results, runs_done  # noqa: E402
+from neuroshard.training.report import ratio_ci, read_results, runs_done  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 SCRIPT = "benchmarks/dct_network.py"
@@ -172,7 +173,7 @@ def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
           "Times are medians per step in ms (averaged over ranks); speedup = none / mode in the same rep, geometric "
           "mean and 95% Student-t interval over reps. DP codec: DCT-DP's compression work on the training thread; "
           "DP comm: the wait for DP communication after backward's last gradient (asynchronous hooks unless "
-          "--dp_sync on); compute: the rest.", "", *markdown(rows), "",
+          "--dp_sync on); compute: the rest.", "", *format_table(list(rows[0]), [list(r.values()) for r in rows]), "",
           f"Where DCT stops paying (fit step = a + s/R of none and both over the shaped rates): "
           f"{x:.1f} Gbit/s." if np.isfinite(x) else "Where DCT stops paying: the fits do not cross above 0 Gbit/s "
           "(both is faster at every rate, or slower at every rate; see the table).", ""]

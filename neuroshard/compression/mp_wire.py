@@ -34,9 +34,6 @@ VALUE_BYTES = 2   # fp16 values forward
 GRAD_BYTES = 4    # fp32 gradients backward
 
 
-SCOPES = ("rank", "table")  # --mp_scope: one top-k over a rank's columns, or one per table shard
-
-
 def keep_count(width: int, keep: float, scope: str = "rank") -> int:
     """Entries of a sample a segment of `width` columns sends, 0 for no columns: scope `rank` (a rank's
     whole width) max(1, floor(keep * width)); scope `table` (one table shard) max(1, ceil(keep * width))."""

@@ -3,7 +3,7 @@
 - `run_main`: a `UserError` becomes one `error:` line and exit 2; Ctrl-C exits 130, SIGTERM (handled
   like Ctrl-C) 143.
 - `ArgumentParser`: bad arguments give one line, not a usage dump.
-- Parsers of the text users type: `lo,hi` ranges, comma-separated lists.
+- Parsers of the text users type: `lo,hi` ranges, comma-separated lists, on|off.
 - `step_parser` / `config_from_args`: a step's flags are the fields of its config (core/config.py).
 """
 from __future__ import annotations
@@ -117,8 +117,25 @@ def shares(text, name: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def on_off(text, name: str) -> bool:
+    """Parse 'on' or 'off' (or a bool) into a bool (--dp_sync, --error_feedback)."""
+    if isinstance(text, bool):
+        return text
+    if text not in ("on", "off"):
+        raise UserError(f"{name} must be on or off, got {_short(text)}")
+    return text == "on"
+
+
+def _on_off_arg(text: str) -> bool:
+    """argparse's type of an on|off flag: a bad value is argparse's one line 'argument --x: must be on or off, ...'."""
+    try:
+        return on_off(text, "")
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).strip()) from None
+
+
 PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "str_list": str_list,
-           "shares": shares}
+           "shares": shares, "on_off": on_off}
 
 
 # ----------------------------------------------------------------------------- configs as flags
@@ -155,7 +172,11 @@ def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
         default = f.default if f.default is not MISSING else f.default_factory()
         flags = [f"--{f.name}", *md.get("aliases", ())]
         help_ = md.get("help", "")
-        if md.get("parse"):
+        if md.get("none_if_absent"):  # the script tells a flag left out (None) from one given
+            default = None
+        if md.get("parse") == "on_off":
+            p.add_argument(*flags, dest=f.name, type=_on_off_arg, default=default, metavar="{on,off}", help=help_)
+        elif md.get("parse"):
             shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else default
             p.add_argument(*flags, dest=f.name, default=None, help=f"{help_} (default {shown})".strip())
         elif _scalar(tp) is bool:
@@ -185,7 +206,7 @@ def config_from_args(cls, args, **overrides):
             parse = f.metadata.get("parse")
             if parse and value is not None:
                 value = PARSERS[parse](value, f"--{f.name}")
-            if value is not None or not parse:
+            if value is not None or not (parse or f.metadata.get("none_if_absent")):
                 kw[f.name] = value
     return cls(**kw)
 

@@ -6,16 +6,18 @@ library's step functions take the config, never flag strings. Field metadata:
 - `help`: the flag's help text;
 - `parse`: the name of a `core.cli` text parser for fields a user gives as text on the command line
   (`int_range` for "10,60", `float_range`, `int_list` for "0,1,3" or "64,32", `str_list` for
-  "neuroshard,dim_greedy"); the config itself always holds the parsed value;
+  "neuroshard,dim_greedy", `on_off` for a bool given as on or off); the config itself always holds the
+  parsed value;
 - `aliases`: extra spellings of the flag;
-- `choices`: the values the flag takes.
+- `choices`: the values the flag takes;
+- `none_if_absent`: the parsed arguments hold None for a flag left out (--ndevices under torchrun).
 A field whose type is itself a config (hardware, cost-model files, search parameters) adds its
 fields as flags of the step. `check()` range-checks a config and returns it; error messages name
 the flag, which is also the field's name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import UserError, check_float, check_int, check_range
@@ -23,10 +25,13 @@ from .types import check_max_mem_gb
 
 
 def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = (), bare=None,
-         choices: tuple | None = None):
+         choices: tuple | None = None, none_if_absent: bool = False):
     """A config field that is also a command-line flag; `bare`: the value the flag takes when given without one;
-    `choices`: the only values the flag takes (argparse refuses others in one line)."""
-    md = {"help": help, "parse": parse, "aliases": aliases, "bare": bare, "choices": choices}
+    `choices`: the only values the flag takes (argparse refuses others in one line); `none_if_absent`: the parsed
+    arguments hold None when the flag is left out (the config still takes `default`), so a script can tell a
+    value given from the default."""
+    md = {"help": help, "parse": parse, "aliases": aliases, "bare": bare, "choices": choices,
+          "none_if_absent": none_if_absent}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=md)
     return field(default=default, metadata=md)
@@ -60,13 +65,18 @@ def check_iters(warmup_iter: int, num_iter: int) -> None:
 
 # ----------------------------------------------------------------------------- shared groups
 
+def gpu_devices_flag():
+    """--gpu_devices, one definition for every config that takes it (HardwareConfig, CommCollectConfig,
+    PipelineConfig): GPU ids as "0,1,3", None for CPU ranks; `HardwareConfig.check` checks it."""
+    return flag(None, "comma-separated GPU ids, one rank/worker each (CUDA)", parse="int_list")
+
+
 @dataclass
 class HardwareConfig:
     """Where costs are measured (DESIGN.md §4)."""
     device: str = flag("auto", "auto, cpu or cuda")
     backend: str = flag("auto", "auto, fbgemm or torch")
-    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids, one rank/worker each (CUDA)",
-                                               parse="int_list")
+    gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
 
     def check(self) -> "HardwareConfig":
         if self.gpu_devices is not None:
@@ -247,7 +257,7 @@ class ComputeCollectConfig:
 class CommCollectConfig:
     """Step 3b (collect_comm_cost_data.py): all-to-all costs for dim layouts and delays (DESIGN.md §3.2)."""
     data_size: int = flag(1000, "samples the output file should hold")
-    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids, one rank each (CUDA)", parse="int_list")
+    gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
     ndevices: int = flag(4, "number of ranks (CPU processes)")
     T_range: tuple[int, int] = flag((10, 60), parse="int_range")
     sleep_range: tuple[float, float] = flag((1.0, 20.0), "straggler spread range, ms", parse="float_range")
@@ -465,6 +475,164 @@ class ShardTablesConfig:
         return self
 
 
+# ----------------------------------------------------------------------------- DLRM training with DCT
+
+DCT_MODES = ("none", "dp", "mp", "both")
+MP_SCOPES = ("rank", "table")  # --mp_scope: one top-k over a rank's columns, or one per table shard
+# hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
+# one logit), and the embedding dim. `mlperf`: the MLPerf DLRM reference (Criteo Terabyte) shape,
+# bottom 13-512-256-128 and top 1024-1024-512-256-1 with embedding dim 128
+# (github.com/mlcommons/training, recommendation_v2/torchrec_dlrm: --dense_arch_layer_sizes 512,256,128
+# --over_arch_layer_sizes 1024,1024,512,256,1 --embedding_dim 128).
+ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-256", 128)}
+# the MLPs' optimizer and its default learning rate. `sgd` is plain SGD at lr 1.0, as the MLPerf DLRM
+# reference trains the `mlperf` shape (github.com/facebookresearch/dlrm, bench/run_and_time.sh:
+# dlrm_s_pytorch.py --learning-rate=1.0 --mini-batch-size=2048, SGD for MLPs and embeddings).
+# Under DCT-DP an MLP entry arrives as one accumulated lump every few hundred steps: SGD applies the lump
+# in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
+# its learning rate, so the entry moves far less than it would with every step's gradient.
+# `sgd` is the default; runs made before --dense_opt existed used Adam.
+DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
+TRAIN_NDEVICES, TRAIN_MP_KEEP = 4, 0.05  # defaults of --ndevices (outside torchrun) and --mp_keep
+
+
+def mlp_sizes(text: str, name: str) -> tuple[int, ...]:
+    """'512-256' -> (512, 256); a clear error for anything else."""
+    parts = str(text).split("-")
+    if not all(p.strip().isdigit() and 1 <= int(p) <= 65536 for p in parts) or len(parts) > 16:
+        raise UserError(f"{name} must be layer widths joined by '-' (each 1..65536, at most 16), "
+                        f"e.g. 512-256, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+@dataclass
+class TrainConfig:
+    """One hybrid-parallel DLRM training run (tools/train_dlrm.py, DESIGN.md §5); the benchmarks build it too."""
+    dataset: str = flag("movielens", "movielens (MovieLens-100K) or synthetic")
+    ndevices: int = flag(TRAIN_NDEVICES, f"ranks (gloo processes); default {TRAIN_NDEVICES}, or under torchrun its "
+                                         "world size (another value is refused)", none_if_absent=True)
+    alg: str = flag("size_lookup_greedy", "sharding algorithm for the embedding tables")
+    steps: int = flag(1000)
+    batch_size: int = flag(512, "global batch")
+    dct: str = flag("none", choices=DCT_MODES)
+    dp_keep: float = flag(0.005, "share of DP gradient entries sent")
+    dp_refresh: int = flag(100, "iterations between threshold updates")
+    dp_drift: float = flag(1.5, "re-estimate the DP threshold early once it would send more than this times the "
+                                "target")
+    mp_keep: float = flag(TRAIN_MP_KEEP, f"with --dct mp or both: share of pooled-embedding entries sent (default "
+                                         f"{TRAIN_MP_KEEP:g})", none_if_absent=True)
+    mp_scope: str = flag("table", "DCT-MP's top-k: table (default: each table shard keeps its own ceil(mp_keep * "
+                                  "width) entries) or rank (one top-k over a rank's whole width)")
+    dp_adam_freeze_after: int = flag(0, "with --dense_opt adam and DCT-DP: dense DP for this many steps, then Adam's "
+                                        "second moment frozen (floored) while DCT-DP compresses; 0 (default): off")
+    dp_adam_floor: float = flag(0.1, "floor of the frozen second moment, as a share of its mean per parameter "
+                                     "(default 0.1)")
+    error_feedback: bool = flag(True, parse="on_off")
+    dp_sync: bool = flag(False, "off (default): the DP hooks' collectives are asynchronous and overlap the rest of "
+                                "backward (as DDP's own hook); on: blocking collectives, identical gradients (a "
+                                "reference for tests and timing)", parse="on_off")
+    arch: str = flag("tiny", "MLP shape: tiny (64-32 / 64-32, dim 16) or mlperf (512-256 / 1024-1024-512-256, dim "
+                             "128)", choices=tuple(ARCHS))
+    bottom_mlp: str | None = flag(None, "hidden widths of the bottom MLP, e.g. 512-256")
+    top_mlp: str | None = flag(None, "hidden widths of the top MLP, e.g. 1024-1024-512-256")
+    emb_dim: int | None = flag(None, "embedding dim (default: the --arch's)")
+    dense_opt: str = flag("sgd", "the MLPs' optimizer (the embeddings always take SGD)",
+                          choices=tuple(DENSE_OPTIMIZERS))
+    lr: float | None = flag(None, "learning rate of the MLPs (default: sgd 1.0, adam 1e-3)")
+    emb_lr: float = flag(0.5, "SGD learning rate of the embeddings")
+    seed: int = flag(0)
+    max_mem: float = flag(4.0, "GB per device for the sharding plan")
+    log_every: int = flag(10, "steps per point of the loss curve")
+    num_samples: int | None = flag(None, "synthetic: samples (default 200000)")
+    max_rows: int | None = flag(None, "synthetic: rows of the largest table")
+    evaluate: bool = flag(True, "predict the test set at the end (AUC, log loss)", parse="on_off")
+    eval_every: int = flag(0, "0 (default): score the test set once, at the end; N: hold out the last tenth of the "
+                              "training split for validation, score validation and test every N steps, and also "
+                              "report the test scores at the step of the best validation AUC")
+    rendezvous_timeout_s: float = flag(60.0, "under torchrun: seconds to wait for every rank to join before giving "
+                                             "up in one line")
+
+    def check(self) -> "TrainConfig":
+        if self.dataset not in ("movielens", "synthetic"):
+            raise UserError(f"--dataset must be movielens or synthetic, got {self.dataset!r}")
+        if self.dct not in DCT_MODES:
+            raise UserError(f"--dct must be one of {', '.join(DCT_MODES)}, got {self.dct!r}")
+        check_int("--ndevices", self.ndevices, 2, 64)
+        check_int("--steps", self.steps, 1, 10_000_000)
+        check_int("--batch_size", self.batch_size, self.ndevices, 1 << 20)
+        if self.batch_size % self.ndevices:
+            raise UserError(f"--batch_size {self.batch_size} is not divisible by {self.ndevices} ranks")
+        check_float("--dp_keep", self.dp_keep, 0.0, 1.0, lo_open=True)
+        check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
+        check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
+        check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
+        if self.mp_scope not in MP_SCOPES:
+            raise UserError(f"--mp_scope must be one of {', '.join(MP_SCOPES)}, got {self.mp_scope!r}")
+        check_int("--dp_adam_freeze_after", self.dp_adam_freeze_after, 0, self.steps)
+        check_float("--dp_adam_floor", self.dp_adam_floor, 0.0, 1.0, lo_open=True)
+        if self.dp_adam_freeze_after and self.dense_opt != "adam":
+            raise UserError(f"--dp_adam_freeze_after {self.dp_adam_freeze_after} needs --dense_opt adam, "
+                            f"got {self.dense_opt!r}")
+        if self.arch not in ARCHS:
+            raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for name, value in (("--bottom_mlp", self.bottom_mlp), ("--top_mlp", self.top_mlp)):
+            if value is not None:
+                mlp_sizes(value, name)
+        if self.emb_dim is not None:
+            check_int("--emb_dim", self.emb_dim, 4, 1024)
+            if self.emb_dim % 4:
+                raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
+        if self.dense_opt not in DENSE_OPTIMIZERS:
+            raise UserError(f"--dense_opt must be one of {', '.join(DENSE_OPTIMIZERS)}, got {self.dense_opt!r}")
+        if self.lr is not None:
+            check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
+        check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
+        check_int("--seed", self.seed, 0)
+        check_max_mem_gb(self.max_mem)
+        check_int("--log_every", self.log_every, 1, 1_000_000)
+        check_int("--eval_every", self.eval_every, 0, self.steps)
+        if not isinstance(self.dp_sync, bool):
+            raise UserError(f"--dp_sync must be on or off, got {self.dp_sync!r}")
+        check_float("--rendezvous_timeout_s", self.rendezvous_timeout_s, 1.0, 86_400.0)
+        if self.num_samples is not None:
+            check_int("--num_samples", self.num_samples, 1000, 100_000_000)
+        if self.max_rows is not None:
+            check_int("--max_rows", self.max_rows, 10, 100_000_000)
+        return self
+
+    def resolved(self) -> "TrainConfig":
+        """The config with the --arch's layers and embedding dim, and the --dense_opt's learning rate,
+        filled in where not given."""
+        bottom, top, dim = ARCHS[self.arch]
+        return replace(self, bottom_mlp=self.bottom_mlp or bottom, top_mlp=self.top_mlp or top,
+                       emb_dim=self.emb_dim or dim, lr=self.lr or DENSE_OPTIMIZERS[self.dense_opt][1])
+
+    @property
+    def uses_dp(self) -> bool:
+        return self.dct in ("dp", "both")
+
+    @property
+    def uses_mp(self) -> bool:
+        return self.dct in ("mp", "both")
+
+
+@dataclass
+class TrainDLRMConfig:
+    """tools/train_dlrm.py: one training run, where its result row goes, and the cost models of --alg neuroshard."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    results_csv: str = flag("results/dct.csv", "CSV the run's result row is appended to ('' for none)")
+    compute_model: str | None = flag(None, "with --alg neuroshard: the compute cost model (default "
+                                           "models/compute.pt)")
+    fw_comm_model: str | None = flag(None, "with --alg neuroshard: the forward comm cost model (default: the one "
+                                           "for --ndevices and, with DCT-MP, --mp_keep)")
+    bw_comm_model: str | None = flag(None, "with --alg neuroshard: the backward comm cost model (default: as "
+                                           "--fw_comm_model)")
+
+    @property
+    def models(self) -> tuple[str | None, str | None, str | None]:
+        return self.compute_model, self.fw_comm_model, self.bw_comm_model
+
+
 # ----------------------------------------------------------------------------- the whole pipeline
 
 @dataclass(frozen=True)
@@ -508,7 +676,7 @@ class PipelineConfig:
     preset: str = flag("quick", "quick (CPU, minutes) or paper (the paper's sizes, GPUs)")
     work_dir: str = flag(".", "folder holding data/, models/ and results/")
     force: bool = flag(False, "redo every step")
-    gpu_devices: tuple[int, ...] | None = flag(None, "comma-separated GPU ids (CUDA runs)", parse="int_list")
+    gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
     families: bool = flag(False, "also collect compute-cost data from the table-family mix (DESIGN.md §8), "
                                  "with 1.5x the preset's compute samples; not yet the default: see the README")
 

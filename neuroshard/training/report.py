@@ -1,8 +1,9 @@
-"""Statistics and tables of the DCT benchmarks (benchmarks/dct.py, dct_network.py, mp_aware_training.py).
+"""Statistics and results files of the DCT benchmarks (benchmarks/dct.py, dct_network.py, mp_aware_training.py).
 
 `mean_ci`: mean of paired differences with a two-sided 95% Student-t interval (n - 1 degrees of
 freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio and its interval;
-`runs_done`: the runs a results CSV already holds, resumed only by a run with the same settings.
+`runs_done`: the runs a results CSV already holds, resumed only by a run with the same settings;
+`read_results`: a results CSV, checked. Their tables go through `core.tables.format_table`.
 """
 from __future__ import annotations
 
@@ -19,12 +20,6 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
 def ratio_ci(ratios, level: float = 0.95) -> tuple[float, float, float]:
     """(geometric mean, lo, hi) of positive ratios, the interval taken on their logs."""
     return tuple(paired_interval(ratios, np.ones(len(ratios)), level=level))[:3]
-
-
-def markdown(rows: list[dict]) -> list[str]:
-    cols = list(rows[0])
-    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
-        "| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
 
 
 def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tuple]:

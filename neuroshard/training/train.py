@@ -24,147 +24,24 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..core.errors import UserError, check_float, check_int
-from ..core.types import check_max_mem_gb
-
-DCT_MODES = ("none", "dp", "mp", "both")
-# hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
-# one logit), and the embedding dim. `mlperf`: the MLPerf DLRM reference (Criteo Terabyte) shape,
-# bottom 13-512-256-128 and top 1024-1024-512-256-1 with embedding dim 128
-# (github.com/mlcommons/training, recommendation_v2/torchrec_dlrm: --dense_arch_layer_sizes 512,256,128
-# --over_arch_layer_sizes 1024,1024,512,256,1 --embedding_dim 128).
-ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-256", 128)}
-# the MLPs' optimizer and its default learning rate. `sgd` is plain SGD at lr 1.0, as the MLPerf DLRM
-# reference trains the `mlperf` shape (github.com/facebookresearch/dlrm, bench/run_and_time.sh:
-# dlrm_s_pytorch.py --learning-rate=1.0 --mini-batch-size=2048, SGD for MLPs and embeddings).
-# Under DCT-DP an MLP entry arrives as one accumulated lump every few hundred steps: SGD applies the lump
-# in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
-# its learning rate, so the entry moves far less than it would with every step's gradient.
-# `sgd` is the default; runs made before --dense_opt existed used Adam.
-DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
+# TrainConfig and its constants live with the other step configs; imported from here too
+from ..core.config import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_sizes  # noqa: F401
+from ..core.errors import UserError
 
 
-def mlp_sizes(text: str, flag: str) -> tuple[int, ...]:
-    """'512-256' -> (512, 256); a clear error for anything else."""
-    parts = str(text).split("-")
-    if not all(p.strip().isdigit() and 1 <= int(p) <= 65536 for p in parts) or len(parts) > 16:
-        raise UserError(f"{flag} must be layer widths joined by '-' (each 1..65536, at most 16), "
-                        f"e.g. 512-256, got {text!r}")
-    return tuple(int(p) for p in parts)
+def dense_arch(cfg: TrainConfig, dense_dim: int, num_tables: int):
+    """The MLPs (bottom, interaction, top) of `cfg`'s --arch, --bottom_mlp, --top_mlp and --emb_dim."""
+    from .dlrm import DenseArch
 
-
-@dataclass
-class TrainConfig:
-    dataset: str = "movielens"
-    ndevices: int = 4
-    alg: str = "size_lookup_greedy"
-    steps: int = 1000
-    batch_size: int = 512
-    dct: str = "none"
-    dp_keep: float = 0.005
-    dp_refresh: int = 100
-    dp_drift: float = 1.5
-    mp_keep: float = 0.05
-    mp_scope: str = "table"         # DCT-MP's top-k: per table shard (every table reaches the interaction) or per rank
-    dp_adam_freeze_after: int = 0   # >0 with --dense_opt adam and DCT-DP: dense DP for this many steps, then
-    #                                 Adam's second moment frozen (floored) while DCT-DP compresses
-    dp_adam_floor: float = 0.1      # the frozen second moment's floor, as a share of its mean per parameter
-    error_feedback: bool = True
-    dp_sync: bool = False           # DP hooks with blocking collectives (the reference) instead of asynchronous ones
-    arch: str = "tiny"
-    bottom_mlp: str | None = None   # hidden widths, e.g. "512-256"; None: the --arch's
-    top_mlp: str | None = None      # hidden widths, e.g. "1024-1024-512-256"; None: the --arch's
-    emb_dim: int | None = None      # None: the --arch's (tiny 16, mlperf 128)
-    dense_opt: str = "sgd"          # the MLPs' optimizer: sgd (the MLPerf DLRM reference's) or adam
-    lr: float | None = None         # the MLPs' learning rate; None: the --dense_opt's default (sgd 1.0, adam 1e-3)
-    emb_lr: float = 0.5
-    seed: int = 0
-    max_mem: float = 4.0
-    log_every: int = 10
-    num_samples: int | None = None  # synthetic only
-    max_rows: int | None = None     # synthetic only: rows of the largest table
-    evaluate: bool = True           # predict the test set at the end (timing benchmarks skip it)
-    eval_every: int = 0             # >0: hold out the last tenth of the training split for validation, score
-    #                                 validation and test every this many steps; report test at the best validation
-    rendezvous_timeout_s: float = 60.0  # under torchrun: how long to wait for every rank to join
-
-    def check(self) -> "TrainConfig":
-        if self.dataset not in ("movielens", "synthetic"):
-            raise UserError(f"--dataset must be movielens or synthetic, got {self.dataset!r}")
-        if self.dct not in DCT_MODES:
-            raise UserError(f"--dct must be one of {', '.join(DCT_MODES)}, got {self.dct!r}")
-        check_int("--ndevices", self.ndevices, 2, 64)
-        check_int("--steps", self.steps, 1, 10_000_000)
-        check_int("--batch_size", self.batch_size, self.ndevices, 1 << 20)
-        if self.batch_size % self.ndevices:
-            raise UserError(f"--batch_size {self.batch_size} is not divisible by {self.ndevices} ranks")
-        check_float("--dp_keep", self.dp_keep, 0.0, 1.0, lo_open=True)
-        check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
-        check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
-        check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)
-        from ..compression.mp_wire import SCOPES
-
-        if self.mp_scope not in SCOPES:
-            raise UserError(f"--mp_scope must be one of {', '.join(SCOPES)}, got {self.mp_scope!r}")
-        check_int("--dp_adam_freeze_after", self.dp_adam_freeze_after, 0, self.steps)
-        check_float("--dp_adam_floor", self.dp_adam_floor, 0.0, 1.0, lo_open=True)
-        if self.dp_adam_freeze_after and self.dense_opt != "adam":
-            raise UserError(f"--dp_adam_freeze_after {self.dp_adam_freeze_after} needs --dense_opt adam, "
-                            f"got {self.dense_opt!r}")
-        if self.arch not in ARCHS:
-            raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
-        for flag, value in (("--bottom_mlp", self.bottom_mlp), ("--top_mlp", self.top_mlp)):
-            if value is not None:
-                mlp_sizes(value, flag)
-        if self.emb_dim is not None:
-            check_int("--emb_dim", self.emb_dim, 4, 1024)
-            if self.emb_dim % 4:
-                raise UserError(f"--emb_dim must be a multiple of 4, got {self.emb_dim}")
-        if self.dense_opt not in DENSE_OPTIMIZERS:
-            raise UserError(f"--dense_opt must be one of {', '.join(DENSE_OPTIMIZERS)}, got {self.dense_opt!r}")
-        if self.lr is not None:
-            check_float("--lr", self.lr, 0.0, 10.0, lo_open=True)
-        check_float("--emb_lr", self.emb_lr, 0.0, 100.0, lo_open=True)
-        check_int("--seed", self.seed, 0)
-        check_max_mem_gb(self.max_mem)
-        check_int("--log_every", self.log_every, 1, 1_000_000)
-        check_int("--eval_every", self.eval_every, 0, self.steps)
-        if not isinstance(self.dp_sync, bool):
-            raise UserError(f"--dp_sync must be on or off, got {self.dp_sync!r}")
-        check_float("--rendezvous_timeout_s", self.rendezvous_timeout_s, 1.0, 86_400.0)
-        if self.num_samples is not None:
-            check_int("--num_samples", self.num_samples, 1000, 100_000_000)
-        if self.max_rows is not None:
-            check_int("--max_rows", self.max_rows, 10, 100_000_000)
-        return self
-
-    def resolved(self) -> "TrainConfig":
-        """The config with the --arch's layers and embedding dim, and the --dense_opt's learning rate,
-        filled in where not given."""
-        bottom, top, dim = ARCHS[self.arch]
-        return replace(self, bottom_mlp=self.bottom_mlp or bottom, top_mlp=self.top_mlp or top,
-                       emb_dim=self.emb_dim or dim, lr=self.lr or DENSE_OPTIMIZERS[self.dense_opt][1])
-
-    def dense_arch(self, dense_dim: int, num_tables: int):
-        from .dlrm import DenseArch
-
-        c = self.resolved()
-        return DenseArch(dense_dim, num_tables, c.emb_dim, mlp_sizes(c.bottom_mlp, "--bottom_mlp"),
-                         mlp_sizes(c.top_mlp, "--top_mlp"))
-
-    @property
-    def uses_dp(self) -> bool:
-        return self.dct in ("dp", "both")
-
-    @property
-    def uses_mp(self) -> bool:
-        return self.dct in ("mp", "both")
+    c = cfg.resolved()
+    return DenseArch(dense_dim, num_tables, c.emb_dim, mlp_sizes(c.bottom_mlp, "--bottom_mlp"),
+                     mlp_sizes(c.top_mlp, "--top_mlp"))
 
 
 # ----------------------------------------------------------------------------- sharding the tables
@@ -202,7 +79,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     T, D, B = len(data.num_rows), cfg.emb_dim, cfg.batch_size
     stats = CommStats()
     torch.manual_seed(cfg.seed)
-    model = DDP(cfg.dense_arch(data.dense.shape[1], T))
+    model = DDP(dense_arch(cfg, data.dense.shape[1], T))
     freeze_at = cfg.dp_adam_freeze_after if cfg.uses_dp else 0  # only DCT-DP runs freeze Adam
     if cfg.uses_dp:
         state = DCTState(keep=cfg.dp_keep, refresh=cfg.dp_refresh, error_feedback=cfg.error_feedback, stats=stats,
@@ -470,7 +347,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
-    dense_params = sum(p.numel() for p in cfg.dense_arch(data.dense.shape[1], len(data.num_rows)).parameters())
+    dense_params = sum(p.numel() for p in dense_arch(cfg, data.dense.shape[1], len(data.num_rows)).parameters())
     mean_loss = np.mean(np.array(rank_losses), axis=0)
     ends = sorted({*range(cfg.log_every, cfg.steps + 1, cfg.log_every), cfg.steps})
     result = {

@@ -10,7 +10,7 @@ import torch
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import run_processes
 from neuroshard.training.dlrm import DenseArch
-from neuroshard.training.train import TrainConfig, train_dlrm, train_runs
+from neuroshard.training.train import TrainConfig, dense_arch, train_dlrm, train_runs
 
 import dct_workers
 
@@ -261,7 +261,7 @@ def test_bad_settings_are_refused():
     assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("table", 0)
     c = TrainConfig(arch="mlperf", bottom_mlp="100-50").resolved()
     assert (c.bottom_mlp, c.top_mlp, c.emb_dim) == ("100-50", "1024-1024-512-256", 128)
-    assert [m.out_features for m in c.dense_arch(4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]
+    assert [m.out_features for m in dense_arch(c, 4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]
 
 
 def test_bad_runs_are_refused_before_training(tmp_path, movielens):

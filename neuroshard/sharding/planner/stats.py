@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import textwrap
 
+from ...core.tables import format_table
 from .types import COLUMN_WISE, PlannerResult, Stats
 
 NOTE_WIDTH = 100  # notes wrap at this many characters
@@ -55,10 +56,5 @@ class NeuroShardStats(Stats):
 
 
 def _columns(head: list[str], body: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
-
-    def fmt(row):
-        return "  ".join(c.ljust(w) if i in (0, len(widths) - 1) else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-
-    return [fmt(head), *map(fmt, body)]
+    """A text table with its first and last columns left-aligned, the numbers between right-aligned."""
+    return format_table(head, body, "text", "l" + "r" * (len(head) - 2) + "l")
