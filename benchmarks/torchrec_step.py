@@ -1,0 +1,215 @@
+"""Plans judged where a TorchRec user runs them: DistributedModelParallel training steps. Run by hand:
+
+    python benchmarks/torchrec_step.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2]
+        [--rounds 20] [--warmup_iter 2] [--num_iter 5] [--ndevices 4] [--max_mem 0.04]
+
+For each cited table set of benchmarks/real_tables/ (scaled as benchmarks/real_tables.py scales it), the plans a
+user gets, with the pre-trained models of models/ (uncalibrated):
+- `shard_tables`: `tools/shard_tables.py --alg neuroshard` (the step cost, then the plan its models rate fastest
+  among NeuroShard's, TorchRec's and the heuristics'), through `planning.plan_tables.shard_tables`;
+- `planner`: `NeuroShardPlanner.plan` on the set's EmbeddingBagCollection, as a TorchRec user calls it;
+- `search_step` and `search_paper`: NeuroShard's search alone under the step cost and under the paper's cost;
+- TorchRec's own planner (`torchrec`) and the four greedy heuristics;
+all measured as TorchRec training steps (`hardware/dmp_step.py`: forward + backward with the fused update of
+the sharded EmbeddingBagCollection, global batch B over the ranks, the same ids) in `--rounds` interleaved
+rounds of every distinct plan (shuffled per round), on `--ndevices` gloo ranks of this machine. Per plan: its
+ratio to TorchRec's plan (paired over rounds, geometric mean, Student-t 95% interval), and the "measured best"
+(the plan fastest over the first half of the rounds, judged on the second half only, so that picking it is not
+what makes it fast). Per set: the Spearman correlation over the distinct plans of each simulated cost (step,
+paper) with the DMP-measured cost, and sim/meas. Writes results/torchrec_step.{csv,md} (per plan) and
+results/torchrec_step_sets.csv (per set), each with its .meta.json.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from neuroshard.core.artifacts import OutputLock, check_output_dir, write_results  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConfig, flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.stats import paired_interval  # noqa: E402
+from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.core.types import Cluster  # noqa: E402
+from real_tables import SETS as SCALES, scaled_table_list  # noqa: E402  (the sets and their row scales)
+
+
+@dataclass
+class TorchRecStepConfig:
+    """Plans measured as TorchRec training steps (benchmarks/torchrec_step.py)."""
+
+    sets: tuple[str, ...] = flag(tuple(SCALES), "table sets of benchmarks/real_tables/, comma-separated",
+                                 parse="str_list")
+    ndevices: int = flag(4, "gloo ranks (the models of models/ must be for this many)")
+    max_mem: float = flag(0.04, "GB per rank")
+    rounds: int = flag(20, "interleaved rounds of every plan")
+    warmup_iter: int = flag(2, "warm-up steps per plan per round")
+    num_iter: int = flag(5, "timed steps per plan per round (their median)")
+    out_dir: str = flag("results")
+
+    def check(self) -> "TorchRecStepConfig":
+        unknown = [s for s in self.sets if s not in SCALES]
+        if unknown:
+            raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SCALES)}")
+        check_int("--rounds", self.rounds, 4, 10_000)
+        check_int("--warmup_iter", self.warmup_iter, 0, 1000)
+        check_int("--num_iter", self.num_iter, 1, 1000)
+        Cluster(self.ndevices, self.max_mem).need_peers()
+        return self
+
+
+def main(argv=None) -> None:
+    C = TorchRecStepConfig
+    a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
+    check_output_dir(a.out_dir, "--out_dir")
+    with OutputLock([("--out_dir", Path(a.out_dir) / "torchrec_step.md")]):
+        run(a)
+
+
+def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
+    """The table list and {plan name: ShardingPlan} a user gets for set `name` (module docstring)."""
+    from neuroshard.data.table_list import load_table_list
+    from neuroshard.models.loading import load_cost_models
+    from neuroshard.planning.plan_tables import shard_tables
+    from neuroshard.sharding.candidates import candidate_plans
+    from neuroshard.sharding.search import neuroshard_search
+
+    path = scaled_table_list(name, SCALES[name], tmp / f"{name}.json")
+    tl = load_table_list(path, a.max_mem)
+    cluster = Cluster(a.ndevices, a.max_mem)
+    sim = load_cost_models(CostModelFiles(), a.ndevices, None, required=True)
+    batch = int(sim.compute.meta.get("batch_size") or 4096)
+    search = SearchParams()
+    with contextlib.redirect_stdout(io.StringIO()):  # its plan report: the benchmark prints its own tables
+        written = shard_tables(ShardTablesConfig(tables=str(path), ndevices=a.ndevices, max_mem=a.max_mem,
+                                                 out=str(tmp / f"{name}.plan.json")))["plan"]
+    plans = {"shard_tables": written,
+             "planner": planner_plan(tl, a),
+             "search_step": neuroshard_search(sim.with_cost("step"), tl.task, cluster, search),
+             "search_paper": neuroshard_search(sim.with_cost("paper"), tl.task, cluster, search)}
+    for c in candidate_plans(tl.task, cluster, sim, search, batch, 0):
+        for n in c.names:
+            plans[n] = c.plan
+    return tl, plans, sim, batch
+
+
+def planner_plan(tl, a: TorchRecStepConfig):
+    """`NeuroShardPlanner.plan` of the set's EmbeddingBagCollection (one feature per table, the tables' pooling
+    factors as constraints, each rank's DDR = --max_mem), as the ShardingPlan it chose."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from neuroshard import NeuroShardPlanner
+
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=int(d), num_embeddings=int(r),
+                                                            feature_names=[n])
+                                         for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
+                                 device=torch.device("meta"))
+    constraints = {n: ParameterConstraints(pooling_factors=[float(p)]) for n, p in zip(tl.names, tl.task.pooling_factors)}
+    p = NeuroShardPlanner(Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.max_mem * 2**30)),
+                          constraints=constraints, debug=False)
+    p.plan(ebc, [EmbeddingBagCollectionSharder()])
+    return p.last_result.plan
+
+
+def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
+    """{plan key: [R] DMP round costs (ms)} and the distinct plans' names, every distinct plan in every round."""
+    from neuroshard.data.tasks import ShardingTask
+    from neuroshard.hardware.backends import Hardware
+    from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
+    from neuroshard.hardware.engine import EngineSettings, measure_fixed
+    from neuroshard.planning.calibrate import user_tables_dataset
+    from neuroshard.sharding.search import plan_key
+    from neuroshard.sharding.torchrec_export import plan_spec
+
+    distinct: dict = {}
+    for n, p in plans.items():
+        distinct.setdefault(plan_key(p), []).append(n)
+    keys = list(distinct)
+    first = {k: plans[distinct[k][0]] for k in keys}
+    ds = user_tables_dataset(tl, batch, 0, tmp, None)
+    task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
+    items = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, first[k]), task.table_ids) for k in keys]
+    settings = EngineSettings(str(ds.path), Hardware("cpu", "fbgemm"), batch, a.warmup_iter, a.num_iter, step=DMPStep)
+    res = measure_fixed(settings, items, a.ndevices, a.rounds)
+    return {k: m.round_ms for k, m in zip(keys, res)}, distinct
+
+
+def run(a: TorchRecStepConfig) -> None:
+    from neuroshard.sharding.search import plan_key
+
+    rows, sets = [], []
+    for name in a.sets:
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            tl, plans, sim, batch = user_plans(name, a, tmp)
+            print(f"\n=== {name}: {len(tl.names)} tables, {len(set(map(plan_key, plans.values())))} distinct plans, "
+                  f"{a.rounds} rounds on {a.ndevices} ranks")
+            rounds, distinct = measure(tl, plans, a, batch, tmp)
+        R = a.rounds
+        half = R // 2
+        tr = rounds[plan_key(plans["torchrec"])]
+        geo_first = {k: float(np.exp(np.log(v[:half]).mean())) for k, v in rounds.items()}
+        best_key = min(geo_first, key=geo_first.get)
+        sim_step = {k: sim.with_cost("step").plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
+        sim_paper = {k: sim.with_cost("paper").plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
+        meas = {k: float(np.exp(np.log(v).mean())) for k, v in rounds.items()}
+        ks = list(rounds)
+        rho_step = float(spearmanr([sim_step[k] for k in ks], [meas[k] for k in ks])[0])
+        rho_paper = float(spearmanr([sim_paper[k] for k in ks], [meas[k] for k in ks])[0])
+        for k in ks:
+            st = paired_interval(rounds[k], tr)
+            rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
+                         "dmp_ms": meas[k], "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
+                         "sim_meas_step": sim_step[k] / meas[k], "vs_torchrec": st.estimate,
+                         "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, "rounds": R})
+        held = paired_interval(rounds[best_key][half:], tr[half:])
+        sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
+                     "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
+                     "spearman_step": rho_step, "spearman_paper": rho_paper, "distinct_plans": len(ks),
+                     "seconds": time.perf_counter() - t0})
+        print(sets[-1])
+        write(rows, sets, a)  # after every set: an interrupted run keeps the sets it finished
+
+
+def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
+    def ci(r, key):
+        return f"{r[key]:.3f} [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]"
+
+    lines = [f"# Plans measured as TorchRec training steps ({a.ndevices} gloo ranks, {a.rounds} interleaved rounds, "
+             f"{a.warmup_iter} warm-up + {a.num_iter} timed steps per plan per round)", "",
+             "Ratio of each plan's DMP step time to TorchRec's own plan's (paired over rounds, 95% interval).", ""]
+    for s in sets:
+        mine = [r for r in rows if r["set"] == s["set"]]
+        lines += [f"## {s['set']}", "",
+                  *format_table(["plan", "column split", "DMP ms", "sim step ms", "sim/meas", "vs TorchRec [95% CI]"],
+                                [[r["plan"], "yes" if r["column_split"] else "no", f"{r['dmp_ms']:.2f}",
+                                  f"{r['sim_step_ms']:.3f}", f"{r['sim_meas_step']:.2f}", ci(r, "vs_torchrec")]
+                                 for r in sorted(mine, key=lambda r: r["dmp_ms"])], style="markdown"), "",
+                  f"Measured best (chosen on the first {a.rounds - s['held_out_rounds']} rounds): {s['measured_best']}, "
+                  f"{ci(s, 'best_vs_torchrec')} of TorchRec's on the {s['held_out_rounds']} held-out rounds. Spearman over "
+                  f"the {s['distinct_plans']} plans, simulated vs DMP-measured: step cost {s['spearman_step']:.2f}, "
+                  f"paper cost {s['spearman_paper']:.2f}.", ""]
+    out = Path(a.out_dir)
+    write_results(out / "torchrec_step_sets.csv", sets, config=a.__dict__)
+    write_results(out / "torchrec_step.csv", rows, markdown="\n".join(lines), config=a.__dict__)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    run_main(main)
