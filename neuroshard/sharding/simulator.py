@@ -15,7 +15,9 @@ Per group g: the input distribution, an all-to-all of the ids and lengths each r
 shard, an int64 id or length being two 4-byte words), priced by the backward model (the all-to-all whose
 rank r receives B x its width) on those widths; the backward all-to-all of g's dim sums; and the forward
 all-to-all of g's dim sums. A device's step is compute + sum_g (input_g + bw_g) + sum_g fw_g, with the
-forward delays taken from compute + sum_g (input_g + bw_g) as in the paper's cost. With one group (no
+forward delays taken from compute + sum_g (input_g + bw_g) as in the paper's cost; the first group's forward
+(table-wise when present) waits for the last-ready rank, and the groups after it start together, so the wait
+is paid once. With one group (no
 column split) the step cost is the paper's cost plus the input distribution; a column split adds the
 second group's three collectives. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
 forward all-to-alls. The paper's cost (`cost="paper"`, the default) is unchanged.
@@ -161,7 +163,10 @@ class Simulator:
         before = np.where(present, bw + inp, 0.0).sum(axis=1)                         # [P, N]
         ready = compute + before
         delays = ready - ready.min(axis=1, keepdims=True)
-        fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), np.repeat(delays, G, axis=0)], axis=1))
+        # the first group present waits for the last-ready rank; the groups after it start together
+        first = np.argmax(present[..., 0], axis=1)                                   # [P]
+        waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
+        fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1))
         fw = np.where(present, fw.reshape(P, G, N), 0.0).sum(axis=1)
         return round_ms((ready + fw).max(axis=1)), fw, before
 
