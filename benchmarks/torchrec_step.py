@@ -16,7 +16,9 @@ rounds of every distinct plan (shuffled per round), on `--ndevices` gloo ranks o
 ratio to TorchRec's plan (paired over rounds, geometric mean, Student-t 95% interval), and the "measured best"
 (the plan fastest over the first half of the rounds, judged on the second half only, so that picking it is not
 what makes it fast). Per set: the Spearman correlation over the distinct plans of each simulated cost (step,
-paper) with the DMP-measured cost, and sim/meas. Writes results/torchrec_step.{csv,md} (per plan) and
+paper) and of the emulated engine's measured cost (`--emulated_rounds`: the engine that emulates independent
+devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks share 2 cores, DMP's
+compute contends and the two engines part. Writes results/torchrec_step.{csv,md} (per plan) and
 results/torchrec_step_sets.csv (per set), each with its .meta.json.
 """
 from __future__ import annotations
@@ -56,6 +58,8 @@ class TorchRecStepConfig:
     rounds: int = flag(20, "interleaved rounds of every plan")
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
+    emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
+                                   "beside the DMP steps; 0: skip")
     out_dir: str = flag("results")
 
     def check(self) -> "TorchRecStepConfig":
@@ -65,6 +69,7 @@ class TorchRecStepConfig:
         check_int("--rounds", self.rounds, 4, 10_000)
         check_int("--warmup_iter", self.warmup_iter, 0, 1000)
         check_int("--num_iter", self.num_iter, 1, 1000)
+        check_int("--emulated_rounds", self.emulated_rounds, 0, 10_000)
         Cluster(self.ndevices, self.max_mem).need_peers()
         return self
 
@@ -127,11 +132,12 @@ def planner_plan(tl, a: TorchRecStepConfig):
 
 
 def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
-    """{plan key: [R] DMP round costs (ms)} and the distinct plans' names, every distinct plan in every round."""
+    """{plan key: [R] DMP round costs (ms)}, the distinct plans' names, and {plan key: emulated-engine cost (ms)}
+    (`--emulated_rounds` rounds; empty with 0)."""
     from neuroshard.data.tasks import ShardingTask
-    from neuroshard.hardware.backends import Hardware
+    from neuroshard.hardware.backends import resolve_hardware
     from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
-    from neuroshard.hardware.engine import EngineSettings, measure_fixed
+    from neuroshard.hardware.engine import EngineSettings, measure_fixed, plan_device_tables
     from neuroshard.planning.calibrate import user_tables_dataset
     from neuroshard.sharding.search import plan_key
     from neuroshard.sharding.torchrec_export import plan_spec
@@ -144,9 +150,15 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
     ds = user_tables_dataset(tl, batch, 0, tmp, None)
     task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
     items = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, first[k]), task.table_ids) for k in keys]
-    settings = EngineSettings(str(ds.path), Hardware("cpu", "fbgemm"), batch, a.warmup_iter, a.num_iter, step=DMPStep)
+    hw = resolve_hardware("cpu", "auto")
+    settings = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter, step=DMPStep)
     res = measure_fixed(settings, items, a.ndevices, a.rounds)
-    return {k: m.round_ms for k, m in zip(keys, res)}, distinct
+    emulated = {}
+    if a.emulated_rounds:
+        emu = measure_fixed(EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter),
+                            [plan_device_tables(task, first[k]) for k in keys], a.ndevices, a.emulated_rounds)
+        emulated = {k: m.cost_ms for k, m in zip(keys, emu)}
+    return {k: m.round_ms for k, m in zip(keys, res)}, distinct, emulated
 
 
 def run(a: TorchRecStepConfig) -> None:
@@ -160,7 +172,7 @@ def run(a: TorchRecStepConfig) -> None:
             tl, plans, sim, batch = user_plans(name, a, tmp)
             print(f"\n=== {name}: {len(tl.names)} tables, {len(set(map(plan_key, plans.values())))} distinct plans, "
                   f"{a.rounds} rounds on {a.ndevices} ranks")
-            rounds, distinct = measure(tl, plans, a, batch, tmp)
+            rounds, distinct, emulated = measure(tl, plans, a, batch, tmp)
         R = a.rounds
         half = R // 2
         tr = rounds[plan_key(plans["torchrec"])]
@@ -172,16 +184,17 @@ def run(a: TorchRecStepConfig) -> None:
         ks = list(rounds)
         rho_step = float(spearmanr([sim_step[k] for k in ks], [meas[k] for k in ks])[0])
         rho_paper = float(spearmanr([sim_paper[k] for k in ks], [meas[k] for k in ks])[0])
+        rho_emulated = float(spearmanr([emulated[k] for k in ks], [meas[k] for k in ks])[0]) if emulated else np.nan
         for k in ks:
             st = paired_interval(rounds[k], tr)
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
-                         "dmp_ms": meas[k], "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
+                         "dmp_ms": meas[k], "emulated_ms": emulated.get(k, np.nan), "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
                          "sim_meas_step": sim_step[k] / meas[k], "vs_torchrec": st.estimate,
                          "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, "rounds": R})
         held = paired_interval(rounds[best_key][half:], tr[half:])
         sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
-                     "spearman_step": rho_step, "spearman_paper": rho_paper, "distinct_plans": len(ks),
+                     "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "distinct_plans": len(ks),
                      "seconds": time.perf_counter() - t0})
         print(sets[-1])
         write(rows, sets, a)  # after every set: an interrupted run keeps the sets it finished
@@ -197,14 +210,17 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
     for s in sets:
         mine = [r for r in rows if r["set"] == s["set"]]
         lines += [f"## {s['set']}", "",
-                  *format_table(["plan", "column split", "DMP ms", "sim step ms", "sim/meas", "vs TorchRec [95% CI]"],
+                  *format_table(["plan", "column split", "DMP ms", "emulated engine ms", "sim step ms", "sim paper ms",
+                                 "vs TorchRec in DMP [95% CI]"],
                                 [[r["plan"], "yes" if r["column_split"] else "no", f"{r['dmp_ms']:.2f}",
-                                  f"{r['sim_step_ms']:.3f}", f"{r['sim_meas_step']:.2f}", ci(r, "vs_torchrec")]
+                                  f"{r['emulated_ms']:.2f}", f"{r['sim_step_ms']:.3f}", f"{r['sim_paper_ms']:.3f}",
+                                  ci(r, "vs_torchrec")]
                                  for r in sorted(mine, key=lambda r: r["dmp_ms"])], style="markdown"), "",
                   f"Measured best (chosen on the first {a.rounds - s['held_out_rounds']} rounds): {s['measured_best']}, "
                   f"{ci(s, 'best_vs_torchrec')} of TorchRec's on the {s['held_out_rounds']} held-out rounds. Spearman over "
-                  f"the {s['distinct_plans']} plans, simulated vs DMP-measured: step cost {s['spearman_step']:.2f}, "
-                  f"paper cost {s['spearman_paper']:.2f}.", ""]
+                  f"the {s['distinct_plans']} plans against the DMP-measured cost: simulated step cost "
+                  f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
+                  f"{s['spearman_emulated']:.2f}.", ""]
     out = Path(a.out_dir)
     write_results(out / "torchrec_step_sets.csv", sets, config=a.__dict__)
     write_results(out / "torchrec_step.csv", rows, markdown="\n".join(lines), config=a.__dict__)
