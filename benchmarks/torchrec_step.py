@@ -12,7 +12,8 @@ user gets, with the pre-trained models of models/ (uncalibrated):
 - TorchRec's own planner (`torchrec`) and the four greedy heuristics;
 all measured as TorchRec training steps (`hardware/dmp_step.py`: forward + backward with the fused update of
 the sharded EmbeddingBagCollection, global batch B over the ranks, the same ids) in `--rounds` interleaved
-rounds of every distinct plan (shuffled per round), on `--ndevices` gloo ranks of this machine. Per plan: its
+rounds of every distinct plan (shuffled per round; each plan's DistributedModelParallel built again every
+`--rebuild_every` rounds, since two builds of one plan differ by a few per cent), on `--ndevices` gloo ranks. Per plan: its
 ratio to TorchRec's plan (paired over rounds, geometric mean, Student-t 95% interval), and the "measured best"
 (the plan fastest over the first half of the rounds, judged on the second half only, so that picking it is not
 what makes it fast). Per set: the Spearman correlation over the distinct plans of each simulated cost (step,
@@ -58,6 +59,7 @@ class TorchRecStepConfig:
     rounds: int = flag(20, "interleaved rounds of every plan")
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
+    rebuild_every: int = flag(1, "build each plan's DistributedModelParallel again every this many rounds (0: once)")
     emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
                                    "beside the DMP steps; 0: skip")
     out_dir: str = flag("results")
@@ -70,6 +72,7 @@ class TorchRecStepConfig:
         check_int("--warmup_iter", self.warmup_iter, 0, 1000)
         check_int("--num_iter", self.num_iter, 1, 1000)
         check_int("--emulated_rounds", self.emulated_rounds, 0, 10_000)
+        check_int("--rebuild_every", self.rebuild_every, 0, 10_000)
         Cluster(self.ndevices, self.max_mem).need_peers()
         return self
 
@@ -151,7 +154,8 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
     task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
     items = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, first[k]), task.table_ids) for k in keys]
     hw = resolve_hardware("cpu", "auto")
-    settings = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter, step=DMPStep)
+    settings = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter, step=DMPStep,
+                              rebuild_every=a.rebuild_every)
     res = measure_fixed(settings, items, a.ndevices, a.rounds)
     emulated = {}
     if a.emulated_rounds:

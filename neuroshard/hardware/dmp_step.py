@@ -5,7 +5,9 @@
 table whose ids it reads. On first sight of an item every rank builds, together, TorchRec's
 `DistributedModelParallel` of an `EmbeddingBagCollection` of those tables, sharded by the exported plan
 (`to_torchrec_plan`, fused kernel, the update fused into backward: exact SGD, learning rate 0.01) and kept
-for the rounds that follow. One measurement is `warmup` + `iters` training steps, each a forward of the
+for the rounds that follow, or built again every `EngineSettings.rebuild_every` rounds: two builds of one plan
+can differ by a few per cent for the whole life of the build (where its tables land in memory), an offset that
+rounds of one build cannot average out. One measurement is `warmup` + `iters` training steps, each a forward of the
 sharded collection (input distribution, lookups, pooled all-to-all) and a backward (gradient all-to-all,
 fused update), on the same ids every round: rank r feeds samples [r B/W, (r+1) B/W) of the dataset's
 first B (the engine's batch B over W ranks), as a training step splits a global batch. Per rank the median
@@ -55,6 +57,7 @@ class DMPStep(Step):
                             "the global batch evenly")
         self.dataset = DLRMDataset.load(settings.dataset_dir)
         self.built: dict[TorchRecItem, tuple] = {}
+        self.measured: dict[TorchRecItem, int] = {}
 
     def _inputs(self, spec: dict, table_ids):
         import torch
@@ -99,8 +102,12 @@ class DMPStep(Step):
 
         from .comm_bench import gather_floats
 
-        if item not in self.built:
+        seen = self.measured.get(item, 0)
+        every = self.settings.rebuild_every
+        if item not in self.built or (every and seen % every == 0):
+            self.built.pop(item, None)  # freed before the next build
             self.built[item] = self._build(item)
+        self.measured[item] = seen + 1
         dmp, kjt = self.built[item]
         s = self.settings
         for _ in range(s.warmup):
