@@ -64,6 +64,7 @@ def simulated_parts(cost) -> list[list[float]]:
 
 
 def best_simulated(candidates: list[Candidate]) -> Candidate:
-    """The candidate with the lowest simulated cost (ties: the earlier one, NeuroShard's first)."""
-    rated = [c for c in candidates if c.simulated_ms is not None]
-    return min(rated, key=lambda c: c.simulated_ms) if rated else candidates[0]
+    """The candidate with the lowest simulated cost (ties: NeuroShard's plan, then the earlier one)."""
+    rated = [(c.simulated_ms, not any(n.startswith("neuroshard") for n in c.names), i)
+             for i, c in enumerate(candidates) if c.simulated_ms is not None]
+    return candidates[min(rated)[2]] if rated else candidates[0]

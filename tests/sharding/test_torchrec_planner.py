@@ -118,6 +118,24 @@ def test_handed_out_plan_is_never_rated_slower_than_torchrec_or_a_heuristic(mode
     assert split.splits and sim.plan_cost(task, split).cost_ms > paper.simulator.plan_cost(task, split).cost_ms
 
 
+def test_planner_takes_models_already_loaded(models, tmp_path):
+    """simulator=: models already in memory (e.g. a calibration) replace the files; the notes say so; the wrong
+    object or models for another world size are one line."""
+    from analytic_models import analytic_simulator
+
+    sim = analytic_simulator(2)
+    p = planner(tmp_path / "no_models_here", simulator=sim, debug=False)
+    p.plan(w.ebc(WIDE), sharders())
+    assert p.simulator.compute is sim.compute and p.simulator.cost == "step"
+    assert any("the simulator given" in n for n in p.last_result.notes)
+    with pytest.raises(UserError, match="simulator must be a neuroshard Simulator"):
+        planner(models, simulator="models/compute.pt")
+    with pytest.raises(UserError, match="trained for 4 devices"):
+        planner(models, simulator=analytic_simulator(4))
+    with pytest.raises(UserError, match="--cost must be one of"):
+        planner(models, cost="fast")
+
+
 def test_sharding_types_are_honoured(models):
     model = w.ebc(WIDE)
     free = planner(models, debug=False, cost="paper", compare=False)  # the paper's search alone
