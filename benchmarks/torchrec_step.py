@@ -86,7 +86,7 @@ def main(argv=None) -> None:
 
 
 def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
-    """The table list and {plan name: ShardingPlan} a user gets for set `name` (module docstring)."""
+    """The table list and {plan name: Placement} a user gets for set `name` (module docstring)."""
     from neuroshard.data.table_list import load_table_list
     from neuroshard.models.loading import load_cost_models
     from neuroshard.planning.plan_tables import shard_tables
@@ -114,7 +114,7 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
 
 def planner_plan(tl, a: TorchRecStepConfig):
     """`NeuroShardPlanner.plan` of the set's EmbeddingBagCollection (one feature per table, the tables' pooling
-    factors as constraints, each rank's DDR = --max_mem), as the ShardingPlan it chose."""
+    factors as constraints, each rank's DDR = --max_mem), as the Placement it chose."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology

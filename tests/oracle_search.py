@@ -7,7 +7,7 @@ rounding of predictions to 1 ns, candidate order by shard position).
 import numpy as np
 
 from neuroshard.sharding.greedy import greedy_place
-from neuroshard.sharding.plan import ShardingPlan, apply_splits, can_split
+from neuroshard.sharding.plan import Placement, apply_splits, can_split
 from neuroshard.sharding.simulator import round_ms
 from neuroshard.data.features import table_size_gb, with_dim
 
@@ -51,7 +51,7 @@ def grid_search(sim, task, splits, N, max_mem, params):
 
 def _ordered_plan(N, shards, device_of, order, splits):
     """A plan whose shard list is in placement order (the order the simulator accumulates in)."""
-    return ShardingPlan(N, [shards[i] for i in order], [device_of[i] for i in order], splits)
+    return Placement(N, [shards[i] for i in order], [device_of[i] for i in order], splits)
 
 
 def candidates(sim, task, splits, params):
@@ -83,4 +83,4 @@ def direct_search(sim, task, cluster, params):
         beam = [x[2] for x in scored[:params.beam_width]]
     if not np.isfinite(best[0]):
         return None, np.inf
-    return ShardingPlan(N, apply_splits(task.dims, best[1]), list(best[2]), best[1]), best[0]
+    return Placement(N, apply_splits(task.dims, best[1]), list(best[2]), best[1]), best[0]

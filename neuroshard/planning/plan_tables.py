@@ -23,7 +23,7 @@ from ..core.errors import UserError
 from ..core.tables import format_table
 from ..core.types import Cluster, Cost, implausible_ms
 from ..data.table_list import TableList, load_table_list, tables_from_ids
-from ..sharding.plan import ShardingPlan
+from ..sharding.plan import Placement
 from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX
 from ..sharding.registry import expand_algs, make_sharder, shard_task
 from ..sharding.search import plan_key
@@ -41,7 +41,7 @@ MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B eac
 MEASURE_BYTES_PER_LOOKUP = 64
 
 
-def device_report(tl: TableList, plan: ShardingPlan, cluster: Cluster, cost: Cost | None) -> str:
+def device_report(tl: TableList, plan: Placement, cluster: Cluster, cost: Cost | None) -> str:
     mem = plan.device_mem_gb(tl.task)
     per_dev = plan.per_device()
     crit = cost.critical_device if cost else None
@@ -55,7 +55,7 @@ def device_report(tl: TableList, plan: ShardingPlan, cluster: Cluster, cost: Cos
                                   "total (ms)"], rows, style="text"))
 
 
-def table_report(tl: TableList, plan: ShardingPlan) -> str:
+def table_report(tl: TableList, plan: Placement) -> str:
     rows = []
     for t, name in enumerate(tl.names):
         shards = sorted((s.col_start, s.dim, d) for s, d in zip(plan.shards, plan.device_of) if s.table == t)

@@ -6,7 +6,7 @@ import numpy as np
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
 from .greedy import greedy_place, largest_first
-from .plan import ShardingPlan, apply_splits
+from .plan import Placement, apply_splits
 
 # Sort key of each greedy heuristic, per table of a task.
 GREEDY_KEYS = {
@@ -24,13 +24,13 @@ class GreedySharder:
         self.name = name
         self.key = GREEDY_KEYS[name]
 
-    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None:
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
         keys = self.key(task)
         device_of = greedy_place(largest_first(keys), task.sizes_gb(), cluster.num_devices, cluster.max_mem_gb,
                                  device_cost=lambda items: float(keys[items].sum()))
         if device_of is None:
             return None
-        return ShardingPlan(cluster.num_devices, apply_splits(task.dims, []), device_of)
+        return Placement(cluster.num_devices, apply_splits(task.dims, []), device_of)
 
 
 class RandomSharder:
@@ -41,6 +41,6 @@ class RandomSharder:
     def __init__(self, seed: int = 0):
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan:
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement:
         device_of = self.rng.integers(0, cluster.num_devices, task.num_tables).tolist()
-        return ShardingPlan(cluster.num_devices, apply_splits(task.dims, []), device_of)
+        return Placement(cluster.num_devices, apply_splits(task.dims, []), device_of)

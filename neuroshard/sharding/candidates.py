@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.types import Cluster
-from .plan import ShardingPlan
+from .plan import Placement
 from .search import plan_key
 
 
 @dataclass
 class Candidate:
     names: list[str]
-    plan: ShardingPlan
+    plan: Placement
     simulated_ms: float | None = None
     round_ms: list[float] = field(default_factory=list)
     simulated_parts_ms: list[list[float]] | None = None  # per device [compute, fw, bw] as simulated
@@ -31,7 +31,7 @@ def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k:
     from .registry import BASELINES, make_sharder, shard_task
     from .search import neuroshard_top_plans
 
-    named: list[tuple[str, ShardingPlan]] = []
+    named: list[tuple[str, Placement]] = []
     if sim is not None and top_k > 0:
         top = neuroshard_top_plans(sim, task, cluster, top_k, search)
         named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]

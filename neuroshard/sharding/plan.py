@@ -42,8 +42,8 @@ def apply_splits(dims, splits) -> list[Shard]:
 
 
 @dataclass
-class ShardingPlan:
-    """Which device owns each shard of a task."""
+class Placement:
+    """Which device owns each shard of a task: a plan (not named ShardingPlan, which is TorchRec's type)."""
 
     num_devices: int
     shards: list[Shard]
@@ -73,7 +73,7 @@ class ShardingPlan:
                 "devices": [[(int(s.table), int(s.col_start), int(s.dim)) for s in dev] for dev in self.per_device()]}
 
 
-def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> ShardingPlan:
+def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> Placement:
     """The plan whose shards are exactly the column slices `slices[t]` = [(col_offset, width, device)]
     of each table t (a table without an entry stays whole, on the device of its one slice), reached
     by halving splits in rounds: every shard of a table that is not one of its slices is halved, until
@@ -92,10 +92,10 @@ def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, i
     missing = [s.table for s in shards if (s.table, s.col_start) not in rank]
     if missing:
         raise PlanError(f"table {missing[0]} has no device")
-    return ShardingPlan(num_devices, shards, [rank[(s.table, s.col_start)] for s in shards], splits)
+    return Placement(num_devices, shards, [rank[(s.table, s.col_start)] for s in shards], splits)
 
 
-def check_complete(task: ShardingTask, plan: ShardingPlan) -> None:
+def check_complete(task: ShardingTask, plan: Placement) -> None:
     """Raise `PlanError` unless every column of every table is placed exactly once on a real device."""
     if len(plan.shards) != len(plan.device_of):
         raise PlanError(f"{len(plan.shards)} shards but {len(plan.device_of)} devices: every shard needs one device")
@@ -114,5 +114,5 @@ def check_complete(task: ShardingTask, plan: ShardingPlan) -> None:
             raise PlanError(f"table {t}: columns not placed exactly once")
 
 
-def fits_memory(task: ShardingTask, plan: ShardingPlan, cluster: Cluster) -> bool:
+def fits_memory(task: ShardingTask, plan: Placement, cluster: Cluster) -> bool:
     return bool(np.all(cluster.fits(plan.device_mem_gb(task))))

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..core.errors import PlanError, UserError
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
-from .plan import ShardingPlan, plan_from_slices
+from .plan import Placement, plan_from_slices
 from .torchrec_export import SPEC_KIND, check_spec
 
 PLAN_KIND = "neuroshard.plan"
@@ -41,7 +41,7 @@ class PlanFileSharder:
         self.name = f"{PREFIX}{path}"
         self.spec = read_plan_file(path)
 
-    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan:
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement:
         tables, world = self.spec["tables"], int(self.spec["world_size"])
         if world != cluster.num_devices:
             raise UserError(f"{self.path} is a plan for {world} devices, this run has {cluster.num_devices}; "

@@ -11,7 +11,7 @@ from ..core.errors import UserError
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
 from .baselines import GREEDY_KEYS, GreedySharder, RandomSharder
-from .plan import ShardingPlan, check_complete, fits_memory
+from .plan import Placement, check_complete, fits_memory
 
 BASELINES = ["random", *GREEDY_KEYS]
 ALGORITHMS = [*BASELINES, "neuroshard", "torchrec"]
@@ -20,7 +20,7 @@ ALGORITHMS = [*BASELINES, "neuroshard", "torchrec"]
 class Sharder(Protocol):
     name: str
 
-    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None: ...
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None: ...
 
 
 def expand_algs(algs) -> list[str]:
@@ -82,7 +82,7 @@ def make_sharders(algs: list[str], simulator=None, search_params=None, batch_siz
 class ShardResult:
     """One task sharded by one algorithm: a memory-feasible plan, or out of memory."""
 
-    plan: ShardingPlan | None
+    plan: Placement | None
     oom: bool
     search_s: float
 

@@ -33,7 +33,7 @@ from ..core.config import SearchParams
 from ..core.types import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import table_size_gb, with_dim
 from ..data.tasks import ShardingTask
-from .plan import ShardingPlan, apply_splits, can_split
+from .plan import Placement, apply_splits, can_split
 from .simulator import Simulator, input_words
 
 
@@ -201,18 +201,18 @@ def _beam_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: S
     return best
 
 
-def _plan(task: ShardingTask, cluster: Cluster, found) -> ShardingPlan:
+def _plan(task: ShardingTask, cluster: Cluster, found) -> Placement:
     _, splits, assign = found
-    return ShardingPlan(cluster.num_devices, apply_splits(task.dims, splits), [int(x) for x in assign], list(splits))
+    return Placement(cluster.num_devices, apply_splits(task.dims, splits), [int(x) for x in assign], list(splits))
 
 
-def plan_key(plan: ShardingPlan) -> tuple:
+def plan_key(plan: Placement) -> tuple:
     """What makes two plans the same: the multiset of (table, column slice) per device, devices unordered."""
     return tuple(sorted(tuple(sorted((s.table, s.col_start, s.dim) for s in dev)) for dev in plan.per_device()))
 
 
 def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams = SearchParams(),
-                      no_split: frozenset[int] = frozenset(), partition: Partition | None = None) -> ShardingPlan | None:
+                      no_split: frozenset[int] = frozenset(), partition: Partition | None = None) -> Placement | None:
     """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise);
     `partition` replaces the grid search (`grid_search_batch`'s arguments and results, less the simulator)."""
     best = _search(sim, task, cluster, params, no_split=no_split, partition=partition)
@@ -220,7 +220,7 @@ def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, para
 
 
 def neuroshard_top_plans(sim: Simulator, task: ShardingTask, cluster: Cluster, k: int,
-                         params: SearchParams = SearchParams()) -> list[tuple[float, ShardingPlan]]:
+                         params: SearchParams = SearchParams()) -> list[tuple[float, Placement]]:
     """The search's best plan, then the next best distinct plans it scored: up to k (simulated cost, plan).
 
     The first is exactly `neuroshard_search`'s plan; the others are the cheapest other complete
@@ -247,5 +247,5 @@ class NeuroShardSharder:
     def __init__(self, sim: Simulator, params: SearchParams = SearchParams()):
         self.sim, self.params = sim, params
 
-    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None:
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
         return neuroshard_search(self.sim, task, cluster, self.params)

@@ -35,7 +35,7 @@ from ..core.errors import UserError
 from ..core.types import Cluster, Cost, round_ms
 from ..data.features import with_dim
 from ..data.tasks import ShardingTask
-from .plan import ShardingPlan, fits_memory
+from .plan import Placement, fits_memory
 
 
 class SetCostModel(Protocol):
@@ -192,7 +192,7 @@ class Simulator:
                 "extrapolated. Collect comm data that covers it (collect_comm_cost_data.py --T_range 10,60 "
                 "--sleep_range 1,100) and retrain, or pass --calibrate")
 
-    def plan_cost(self, task: ShardingTask, plan: ShardingPlan, cluster: Cluster | None = None) -> Cost | None:
+    def plan_cost(self, task: ShardingTask, plan: Placement, cluster: Cluster | None = None) -> Cost | None:
         """Simulated cost of one plan; None if it does not fit the cluster's memory (out of memory)."""
         self.check_devices(plan.num_devices)
         if cluster is not None and not fits_memory(task, plan, cluster):
@@ -213,7 +213,7 @@ class Simulator:
         return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0])
 
 
-def plan_group_sums(task: ShardingTask, plan: ShardingPlan) -> tuple[np.ndarray, np.ndarray]:
+def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np.ndarray]:
     """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [2, N]: a table in more
     than one shard is column-wise, as `torchrec_export` exports it."""
     pieces = np.bincount([s.table for s in plan.shards], minlength=task.num_tables)

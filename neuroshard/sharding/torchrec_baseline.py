@@ -23,7 +23,7 @@ import logging
 from ..core.errors import PlanError, UserError
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
-from .plan import ShardingPlan, plan_from_slices
+from .plan import Placement, plan_from_slices
 
 INSTALL_HINT = ("TorchRec is not installed; install it without replacing torch: "
                 "pip install --no-deps torchrec==1.9.2 && pip install -c constraints.txt tensordict "
@@ -77,7 +77,7 @@ class TorchRecSharder:
         self.tr = _import()
         self.batch_size = batch_size
 
-    def __call__(self, task: ShardingTask, cluster: Cluster) -> ShardingPlan | None:
+    def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
         import torch
 
         num_devices, max_mem_gb = cluster.num_devices, cluster.max_mem_gb

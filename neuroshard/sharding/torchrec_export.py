@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..core.artifacts import atomic_write_text, provenance, read_json
 from ..core.errors import UserError
-from .plan import ShardingPlan
+from .plan import Placement
 
 SPEC_KIND = "neuroshard.torchrec_plan"
 MAX_WORLD_SIZE = 1024        # like --ndevices
@@ -40,7 +40,7 @@ def module_names(names: list[str]) -> list[str]:
     return out
 
 
-def plan_spec(names: list[str], rows, dims, plan: ShardingPlan) -> dict:
+def plan_spec(names: list[str], rows, dims, plan: Placement) -> dict:
     """Table-by-table description of `plan` (column shards sorted by offset)."""
     tables = []
     for t, (name, module_name) in enumerate(zip(names, module_names(names))):

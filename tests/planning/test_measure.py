@@ -12,7 +12,7 @@ from neuroshard.planning.measure import (Candidate, MeasureConfig, StopRule, can
                                             look_alpha, look_rounds, machine_drift, measure_candidates,
                                             separation, step_breakdown, still_measured, summarize)
 from neuroshard.hardware.backends import resolve_hardware
-from neuroshard.sharding.plan import ShardingPlan, apply_splits
+from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.search import SearchParams, plan_key
 
 from analytic_models import analytic_simulator
@@ -28,7 +28,7 @@ f,8000,32,4
 
 
 def _cands(costs, same_plan=False):
-    plan = ShardingPlan(2, apply_splits([8], []), [0])
+    plan = Placement(2, apply_splits([8], []), [0])
     return [Candidate([f"p{i}"], plan, 1.0, list(costs[:, i])) for i in range(costs.shape[1])]
 
 
@@ -78,7 +78,7 @@ def test_candidates_are_distinct_and_measured_best_is_not_the_bad_plan(tmp_path)
     cluster = Cluster(2, 0.02)
     sim = analytic_simulator(2)
     # a deliberately bad plan: every table on device 0
-    bad = ShardingPlan(2, apply_splits(tl.task.dims, []), [0] * tl.task.num_tables)
+    bad = Placement(2, apply_splits(tl.task.dims, []), [0] * tl.task.num_tables)
     cands = candidate_plans(tl.task, cluster, sim, SearchParams(max_splits=3), 256, 3, extra={"all_on_0": bad})
     keys = [plan_key(c.plan) for c in cands]
     assert len(set(keys)) == len(keys)

@@ -8,7 +8,7 @@ import pytest
 
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.sharding.plan import ShardingPlan, Shard, check_complete, fits_memory
+from neuroshard.sharding.plan import Placement, Shard, check_complete, fits_memory
 
 from analytic_models import save_hand_models
 from conftest import assert_clean_error, run_script
@@ -29,7 +29,7 @@ def _plan_from_record(rec, tl):
         for s in table["shards"]:
             shards.append(Shard(t, s["col_offset"], s["width"]))
             device_of.append(s["rank"])
-    return ShardingPlan(rec["ndevices"], shards, device_of)
+    return Placement(rec["ndevices"], shards, device_of)
 
 
 @pytest.mark.parametrize("alg", ["neuroshard", "size_lookup_greedy", "torchrec"])

@@ -8,7 +8,7 @@ from neuroshard.sharding.baselines import GREEDY_KEYS
 from neuroshard.core.errors import PlanError
 from neuroshard.core.types import Cluster
 from neuroshard.sharding.greedy import greedy_place, largest_first
-from neuroshard.sharding.plan import ShardingPlan, apply_splits, check_complete, fits_memory
+from neuroshard.sharding.plan import Placement, apply_splits, check_complete, fits_memory
 from neuroshard.sharding.registry import BASELINES, make_sharder, shard_task
 from neuroshard.data.tasks import ShardingTask
 
@@ -98,8 +98,8 @@ def test_column_splits():
     with pytest.raises(ValueError):
         apply_splits([8], [0, 0])  # 8 -> 4 -> 2 not allowed
     task = _task([100, 100], [128, 8])
-    plan = ShardingPlan(2, shards, [0, 1, 1, 0, 1], [0, 0, 2])
+    plan = Placement(2, shards, [0, 1, 1, 0, 1], [0, 0, 2])
     check_complete(task, plan)
-    bad = ShardingPlan(2, shards[:-1], [0, 1, 1, 0], [0, 0, 2])
+    bad = Placement(2, shards[:-1], [0, 1, 1, 0], [0, 0, 2])
     with pytest.raises(PlanError):
         check_complete(task, bad)

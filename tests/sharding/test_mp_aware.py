@@ -18,7 +18,7 @@ from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.compression import mp_wire
-from neuroshard.sharding.plan import ShardingPlan, apply_splits
+from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.search import NeuroShardSharder
 from neuroshard.sharding.simulator import Simulator
 
@@ -48,7 +48,7 @@ def test_compressed_models_by_hand():
     task = ShardingTask(np.arange(3), np.array([8, 16, 4]), feats)
     _, comp = _sims()
     assert comp.mp_keep == KEEP
-    cost = comp.plan_cost(task, ShardingPlan(2, apply_splits(task.dims, []), [0, 1, 0]))
+    cost = comp.plan_cost(task, Placement(2, apply_splits(task.dims, []), [0, 1, 0]))
     assert cost.compute_ms == pytest.approx([1.62, 1.86], abs=1e-6)
     # backward on dim sums [12, 16]: 0.3 + 0.05 * (0.002 d + 0.001 * 28)
     assert cost.bw_ms == pytest.approx([0.3026, 0.3030], abs=1e-6)
@@ -60,7 +60,7 @@ def test_compressed_models_by_hand():
 def _placements(task, N):
     for a in itertools.product(range(N), repeat=task.num_tables):
         if a[0] == 0:  # device symmetry
-            yield ShardingPlan(N, apply_splits(task.dims, []), list(a))
+            yield Placement(N, apply_splits(task.dims, []), list(a))
 
 
 def test_cheap_communication_moves_the_best_plan_towards_compute_balance():

@@ -10,7 +10,7 @@ from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.planning.plan_tables import shard_tables
-from neuroshard.sharding.plan import ShardingPlan, apply_splits, check_complete
+from neuroshard.sharding.plan import Placement, apply_splits, check_complete
 from neuroshard.sharding.plan_file import PlanFileSharder, read_plan_file
 from neuroshard.sharding.registry import algs_file_tag, expand_algs, make_sharder
 from neuroshard.sharding.torchrec_export import plan_spec
@@ -22,7 +22,7 @@ TABLES = "name,rows,dim,pooling_factor\nuser_id,20000,64,1\nitem_id,50000,128,1\
          "history,30000,64,25\ntags,2000,32,8\ngeo,500,8,1\n"
 
 
-def _placed(plan: ShardingPlan) -> set:
+def _placed(plan: Placement) -> set:
     return {(s.table, s.col_start, s.dim, d) for s, d in zip(plan.shards, plan.device_of)}
 
 
@@ -55,7 +55,7 @@ def test_unequal_column_shards_and_the_simulated_cost_survive_the_round_trip(tab
     _, tl = tables
     # item_id (128) -> 64 + 32 + 32 on three devices, history (64) -> 32 + 32: a NeuroShard-shaped plan
     shards = apply_splits(tl.task.dims, [1, 6, 3])
-    plan = ShardingPlan(3, shards, [0, 1, 2, 0, 1, 2, 2, 0, 1][: len(shards)], [1, 6, 3])
+    plan = Placement(3, shards, [0, 1, 2, 0, 1, 2, 2, 0, 1][: len(shards)], [1, 6, 3])
     check_complete(tl.task, plan)
     (tmp_path / "p.json").write_text(json.dumps(plan_spec(tl.names, tl.rows, tl.task.dims, plan)))
     got = PlanFileSharder(tmp_path / "p.json")(tl.task, Cluster(3, 1.0))

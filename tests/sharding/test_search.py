@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
-from neuroshard.sharding.plan import ShardingPlan, apply_splits, check_complete, fits_memory
+from neuroshard.sharding.plan import Placement, apply_splits, check_complete, fits_memory
 from neuroshard.sharding.search import SearchParams, ShardTable, grid_search_batch, neuroshard_search
 from neuroshard.sharding.simulator import Simulator
 from neuroshard.data.features import with_dim
@@ -43,7 +43,7 @@ def random_neural_simulator(N, seed):
 def exhaustive_table_wise(sim, task, N, max_mem):
     best = np.inf
     for assign in itertools.product(range(N), repeat=task.num_tables):
-        plan = ShardingPlan(N, apply_splits(task.dims, []), list(assign))
+        plan = Placement(N, apply_splits(task.dims, []), list(assign))
         c = sim.plan_cost(task, plan, Cluster(N, max_mem))
         if c is not None:
             best = min(best, c.cost_ms)

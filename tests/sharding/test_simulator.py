@@ -14,7 +14,7 @@ import pytest
 
 from neuroshard.core.types import Cluster
 from neuroshard.data.tasks import ShardingTask
-from neuroshard.sharding.plan import ShardingPlan, apply_splits
+from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.simulator import Simulator
 
 from analytic_models import hand_comm_model, hand_compute_model
@@ -32,7 +32,7 @@ def _sim(N):
 
 def test_two_devices_by_hand():
     task = _task()
-    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 1, 0])
+    plan = Placement(2, apply_splits(task.dims, []), [0, 1, 0])
     cost = _sim(2).plan_cost(task, plan)
     # compute: dev0 = (0.08+0.2+0.5) + (0.04+0.1+0.5) + 0.2 = 1.62; dev1 = (0.16+1.0+0.5) + 0.2 = 1.86
     assert cost.compute_ms == pytest.approx([1.62, 1.86], abs=1e-6)
@@ -46,7 +46,7 @@ def test_two_devices_by_hand():
 
 def test_empty_device_and_straggler_delays_by_hand():
     task = _task()
-    plan = ShardingPlan(3, apply_splits(task.dims, []), [0, 1, 0])  # device 2 holds nothing
+    plan = Placement(3, apply_splits(task.dims, []), [0, 1, 0])  # device 2 holds nothing
     cost = _sim(3).plan_cost(task, plan)
     assert cost.compute_ms == pytest.approx([1.62, 1.86, 0.0], abs=1e-6)
     assert cost.bw_ms == pytest.approx([0.352, 0.360, 0.328], abs=1e-6)
@@ -59,7 +59,7 @@ def test_empty_device_and_straggler_delays_by_hand():
 def test_column_split_costs_by_hand():
     task = _task()
     # table 1 (dim 16) split into two halves of 8, one on each device
-    plan = ShardingPlan(2, apply_splits(task.dims, [1]), [0, 0, 1, 1])
+    plan = Placement(2, apply_splits(task.dims, [1]), [0, 0, 1, 1])
     cost = _sim(2).plan_cost(task, plan)
     # dev0: table0 (0.78) + half of table1 (0.08+1.0+0.5) + 0.2 = 2.56; dev1: table2 (0.64) + half (1.58) + 0.2
     assert cost.compute_ms == pytest.approx([2.56, 2.42], abs=1e-6)
@@ -68,7 +68,7 @@ def test_column_split_costs_by_hand():
 
 def test_out_of_memory_plan_is_never_scored():
     task = _task()
-    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 0, 0])
+    plan = Placement(2, apply_splits(task.dims, []), [0, 0, 0])
     size = task.sizes_gb().sum()
     assert _sim(2).plan_cost(task, plan, Cluster(2, size * 0.99)) is None
     assert _sim(2).plan_cost(task, plan, Cluster(2, size)) is not None
@@ -78,7 +78,7 @@ def test_a_plan_beyond_the_comm_data_gets_one_note_naming_what_and_how_far():
     """The two-device plan above (dim sums 12 / 16, ready 1.972 / 2.220: a straggler wait of 0.248 ms) against
     the largest dim sums and delays the forward model records from its training data."""
     task = _task()
-    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 1, 0])
+    plan = Placement(2, apply_splits(task.dims, []), [0, 1, 0])
     bw = hand_comm_model(2, "bw")
     for top, want in (([10, 10, 0.2, 0.2], ["dim sum reaches 16 (the comm data: at most 10)",
                                              "straggler wait 0.2 ms (the comm data: at most 0.2 ms)"]),
@@ -101,7 +101,7 @@ def test_a_plan_beyond_the_comm_data_gets_one_note_naming_what_and_how_far():
 
 def test_step_cost_one_group_by_hand():
     task = _task()
-    plan = ShardingPlan(2, apply_splits(task.dims, []), [0, 1, 0])
+    plan = Placement(2, apply_splits(task.dims, []), [0, 1, 0])
     cost = _sim(2).with_cost("step").plan_cost(task, plan)
     assert cost.compute_ms == pytest.approx([1.62, 1.86], abs=1e-6)
     # backward on dims [12, 16] -> [0.352, 0.360]; input on words [10, 22] (total 32) -> [0.352, 0.376]
@@ -115,7 +115,7 @@ def test_step_cost_charges_a_column_split_its_own_group_by_hand():
     task = _task()
     shards = apply_splits(task.dims, [1])  # table 1 in two 8-column halves
     dev = [0 if s.table == 0 or (s.table == 1 and s.col_start == 0) else 1 for s in shards]
-    plan = ShardingPlan(2, shards, dev, [1])
+    plan = Placement(2, shards, dev, [1])
     cost = _sim(2).with_cost("step").plan_cost(task, plan)
     assert cost.compute_ms == pytest.approx([2.56, 2.42], abs=1e-6)
     # table-wise group: dims [8, 4], words [6, 4] -> bw [0.328, 0.320], input [0.322, 0.318]

@@ -10,7 +10,7 @@ pytest.importorskip("torchrec")
 
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.hardware.launch import run_processes  # noqa: E402
-from neuroshard.sharding.plan import ShardingPlan, apply_splits  # noqa: E402
+from neuroshard.sharding.plan import Placement, apply_splits  # noqa: E402
 from neuroshard.sharding.torchrec_export import (load_torchrec_plan, plan_spec, to_torchrec_plan,  # noqa: E402
                                                  write_torchrec_plan)
 
@@ -24,7 +24,7 @@ def _spec():
     shards = apply_splits(dims, [0, 3, 2])
     by_shard = {(s.table, s.col_start): s for s in shards}
     want = {(0, 0): 0, (0, 8): 1, (0, 12): 0, (1, 0): 1, (2, 0): 1, (2, 16): 1}
-    plan = ShardingPlan(2, shards, [want[(s.table, s.col_start)] for s in shards], [0, 3, 2])
+    plan = Placement(2, shards, [want[(s.table, s.col_start)] for s in shards], [0, 3, 2])
     assert set(by_shard) == set(want)
     return plan_spec(["a", "b", "c"], [50, 30, 20], dims, plan)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...core.types import Cost
 from ...data.tasks import ShardingTask
-from ..plan import ShardingPlan
+from ..plan import Placement
 from ..simulator import Simulator
 from .types import PerfModel
 
@@ -14,5 +14,5 @@ class NeuralPerfModel(PerfModel):
     def __init__(self, simulator: Simulator):
         self.simulator = simulator
 
-    def rate(self, task: ShardingTask, plan: ShardingPlan) -> Cost:
+    def rate(self, task: ShardingTask, plan: Placement) -> Cost:
         return self.simulator.plan_cost(task, plan)

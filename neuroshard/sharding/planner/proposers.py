@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...core.config import SearchParams
 from ...core.types import Cluster
 from ...data.tasks import ShardingTask
-from ..plan import ShardingPlan
+from ..plan import Placement
 from ..search import neuroshard_search
 from ..simulator import Simulator
 from .types import Partitioner, Proposer
@@ -18,5 +18,5 @@ class BeamSplitProposer(Proposer):
         self.simulator = simulator
 
     def propose(self, task: ShardingTask, cluster: Cluster, no_split: frozenset[int], params: SearchParams,
-                partitioner: Partitioner) -> ShardingPlan | None:
+                partitioner: Partitioner) -> Placement | None:
         return neuroshard_search(self.simulator, task, cluster, params, no_split, partition=partitioner.partition)

@@ -14,7 +14,7 @@ import numpy as np
 from ...core.config import SearchParams
 from ...core.types import Cluster, Cost
 from ...data.tasks import ShardingTask
-from ..plan import ShardingPlan
+from ..plan import Placement
 
 if TYPE_CHECKING:
     from ..search import ShardTable
@@ -58,7 +58,7 @@ class PlannerResult:
 
     tables: list[PlannedTable]
     task: ShardingTask
-    plan: ShardingPlan
+    plan: Placement
     cost: Cost
     sharding_types: list[str]  # per table: table_wise or column_wise, as handed to TorchRec
     specs: dict[str, dict]     # module path -> torchrec_export plan spec
@@ -78,7 +78,7 @@ class Enumerator(abc.ABC):
 
 class PerfModel(abc.ABC):
     @abc.abstractmethod
-    def rate(self, task: ShardingTask, plan: ShardingPlan) -> Cost:
+    def rate(self, task: ShardingTask, plan: Placement) -> Cost:
         """The plan's predicted cost per rank."""
 
 
@@ -92,7 +92,7 @@ class Partitioner(abc.ABC):
 class Proposer(abc.ABC):
     @abc.abstractmethod
     def propose(self, task: ShardingTask, cluster: Cluster, no_split: frozenset[int], params: SearchParams,
-                partitioner: Partitioner) -> ShardingPlan | None:
+                partitioner: Partitioner) -> Placement | None:
         """The best plan over the column splits it tries, each placed by `partitioner`; None if none fits."""
 
 
