@@ -5,9 +5,9 @@
 table whose ids it reads. On first sight of an item every rank builds, together, TorchRec's
 `DistributedModelParallel` of an `EmbeddingBagCollection` of those tables, sharded by the exported plan
 (`to_torchrec_plan`, fused kernel, the update fused into backward: exact SGD, learning rate 0.01) and kept
-for the rounds that follow, or built again every `EngineSettings.rebuild_every` rounds: two builds of one plan
-can differ by a few per cent for the whole life of the build (where its tables land in memory), an offset that
-rounds of one build cannot average out. One measurement is `warmup` + `iters` training steps, each a forward of the
+for the rounds that follow, or built again every `EngineSettings.rebuild_every` rounds: a build carries an
+offset through all its rounds that rounds of one build cannot average out (two single-build runs put one plan
+at 0.940 and at 1.081 of another's, each interval excluding the other: docs/findings.md). One measurement is `warmup` + `iters` training steps, each a forward of the
 sharded collection (input distribution, lookups, pooled all-to-all) and a backward (gradient all-to-all,
 fused update), on the same ids every round: rank r feeds samples [r B/W, (r+1) B/W) of the dataset's
 first B (the engine's batch B over W ranks), as a training step splits a global batch. Per rank the median

@@ -55,7 +55,7 @@ class EngineSettings:
     shuffle: bool = True          # each round in a seeded shuffled order (False: item order)
     step: type | None = None      # how one round of an item is measured (None: `EmulatedStep`)
     rebuild_every: int = 0        # a step that builds state per item (`DMPStep`) builds it again after this many
-                                  # of its measurements, so a build's memory layout is not one fixed offset (0: never)
+                                  # of its measurements, so rounds sample builds too (0: never)
 
 
 @dataclass(frozen=True)
