@@ -92,7 +92,7 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
                   "--bw_comm_model", models / "comm_2_bw.pt"]
     proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
                       "--out", tmp_path / "plan.json", "--calibrate", 15, "--calibrate_comm", 15, "--measure",
-                      "--measure_budget_s", 12, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu", *model_args)
+                      "--measure_budget_s", 6, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu", *model_args)
     assert proc.returncode == 0, proc.stderr
     assert "held-out MAPE" in proc.stdout and (tmp_path / "plan.calibration.pt").is_file()
     rec = json.loads((tmp_path / "plan.json").read_text())
@@ -164,7 +164,7 @@ def test_measure_in_torchrecs_own_step_writes_its_measured_best(tmp_path):
     models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
     proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
                       "--out", tmp_path / "plan.json", "--measure", "--measure_engine", "torchrec",
-                      "--measure_budget_s", 40, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu",
+                      "--measure_budget_s", 6, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu",
                       "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
                       "--bw_comm_model", models / "comm_2_bw.pt")
     assert proc.returncode == 0, proc.stderr

@@ -45,7 +45,7 @@ def test_torchrec_plans_are_complete_and_fit_memory():
     rng = np.random.default_rng(0)
     sharder = TorchRecSharder(batch_size=4096)
     planned = 0
-    for _ in range(6):
+    for _ in range(4):
         T = int(rng.integers(6, 15))
         task = _task(np.exp(rng.uniform(np.log(1e3), np.log(1e6), T)).round(), rng.choice([8, 16, 32, 64, 128], T),
                      rng.lognormal(1.5, 1, T))
@@ -56,7 +56,7 @@ def test_torchrec_plans_are_complete_and_fit_memory():
         planned += 1
         check_complete(task, plan)
         assert fits_memory(task, plan, Cluster(4, mem))
-    assert planned >= 4
+    assert planned >= 3
 
 
 def test_dim_128_table_splits_when_it_must():
