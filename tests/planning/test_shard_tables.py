@@ -202,3 +202,31 @@ def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path):
                      "--mp_keep", "0.05")
     assert_clean_error(bad, "--measure_engine torchrec")
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_a_measured_best_the_models_cannot_price_is_still_written(tmp_path, monkeypatch, capsys):
+    """The hand models predict a negative forward all-to-all for size_greedy's plan. When measuring makes it the best,
+    the plan and its measurements are written (nothing measured is lost), without a predicted cost, and one warning
+    line says why."""
+    import neuroshard.planning.plan_tables as pt
+    from neuroshard.core.config import CostModelFiles, ShardTablesConfig
+
+    (tmp_path / "t.csv").write_text(TABLES)
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+
+    def measured_as_best(tl, cluster, cands, hw, batch, mcfg, ids, reference=None):
+        i = next(i for i, c in enumerate(cands) if "size_greedy" in c.names)
+        rows = [{"names": c.names, "measured_ms": 1.0 + (j != i), "measured_parts_ms": [[0.5, 0.2, 0.3]] * 2}
+                for j, c in enumerate(cands)]
+        return {"best_index": i, "best": cands[i].names, "candidates": rows, "rounds": 1}
+
+    monkeypatch.setattr(pt, "measure_candidates", measured_as_best)
+    cfg = ShardTablesConfig(tables=str(tmp_path / "t.csv"), ndevices=2, max_mem=0.025, out=str(tmp_path / "plan.json"),
+                            measure=True, models=CostModelFiles(str(models / "compute.pt"), str(models / "comm_2_fw.pt"),
+                                                                str(models / "comm_2_bw.pt")))
+    cfg.hardware.device = "cpu"
+    pt.shard_tables(cfg)
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    assert rec["chosen"] == "size_greedy" and rec["predicted"] is None and rec["measured"]["best"] == ["size_greedy"]
+    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+    assert len(err) == 1 and "forward all-to-all" in err[0] and "size_greedy" in err[0]
