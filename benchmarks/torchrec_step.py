@@ -182,8 +182,9 @@ def run(a: TorchRecStepConfig) -> None:
         tr = rounds[plan_key(plans["torchrec"])]
         geo_first = {k: float(np.exp(np.log(v[:half]).mean())) for k, v in rounds.items()}
         best_key = min(geo_first, key=geo_first.get)
-        sim_step = {k: sim.with_cost("step").plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
-        sim_paper = {k: sim.with_cost("paper").plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
+        step_sim, paper_sim = sim.with_cost("step"), sim.with_cost("paper")
+        sim_step = {k: step_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
+        sim_paper = {k: paper_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
         meas = {k: float(np.exp(np.log(v).mean())) for k, v in rounds.items()}
         ks = list(rounds)
         rho_step = float(spearmanr([sim_step[k] for k in ks], [meas[k] for k in ks])[0])

@@ -273,12 +273,10 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
 def neuroshard_or_better(tl: TableList, cluster: Cluster, sim, search, batch: int, seed: int, plan):
     """NeuroShard's plan, unless the simulator rates TorchRec's or a heuristic's plan of the same tables faster:
     then that one (`best_simulated`). Prints the comparison; returns (plan, the names it goes by)."""
-    from ..sharding.candidates import best_simulated, candidate_plans
+    from ..sharding.candidates import against_baselines
 
-    cands = candidate_plans(tl.task, cluster, sim, search, batch, 0, seed, extra={"neuroshard": plan})
-    best = best_simulated(cands)
-    cells = [["/".join(c.names), "-" if c.simulated_ms is None else f"{c.simulated_ms:.3f}"]
-             for c in sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))]
+    best, ranked = against_baselines(tl.task, cluster, sim, search, batch, plan, seed)
+    cells = [["/".join(c.names), "-" if c.simulated_ms is None else f"{c.simulated_ms:.3f}"] for c in ranked]
     print(f"\nNeuroShard's plan against TorchRec's and the heuristics' (simulated {sim.cost} cost, ms):")
     print("\n".join(format_table(["plan", "simulated ms"], cells, style="text", align="lr")))
     names = "/".join(best.names)

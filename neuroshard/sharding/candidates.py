@@ -68,3 +68,12 @@ def best_simulated(candidates: list[Candidate]) -> Candidate:
     rated = [(c.simulated_ms, not any(n.startswith("neuroshard") for n in c.names), i)
              for i, c in enumerate(candidates) if c.simulated_ms is not None]
     return candidates[min(rated)[2]] if rated else candidates[0]
+
+
+def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement, seed: int = 0,
+                      no_split: frozenset[int] = frozenset()) -> tuple[Candidate, list[Candidate]]:
+    """NeuroShard's `plan` scored beside TorchRec's and each greedy heuristic's plan of the same tables (a plan that
+    splits a table in `no_split` is not a candidate): the best (`best_simulated`) and all of them, fastest first."""
+    cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra={"neuroshard": plan})
+             if not any(c.plan.shards[i].table in no_split for i in c.plan.splits)]
+    return best_simulated(cands), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))

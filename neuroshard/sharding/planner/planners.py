@@ -236,15 +236,12 @@ class NeuroShardPlanner:
     def _best_of(self, task: ShardingTask, plan, no_split: frozenset[int]):
         """(plan, note): NeuroShard's plan unless the simulator rates TorchRec's own planner's or a greedy heuristic's
         plan of the same tables faster (one that splits a table-wise-only table is not a candidate)."""
-        from ..candidates import best_simulated, candidate_plans
+        from ..candidates import against_baselines
 
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
-        cands = [c for c in candidate_plans(task, self.cluster, self.simulator, self.search, batch, 0,
-                                            extra={"neuroshard": plan})
-                 if not any(c.plan.shards[i].table in no_split for i in c.plan.splits)]
-        best = best_simulated(cands)
-        rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in
-                          sorted(cands, key=lambda c: c.simulated_ms) if c.simulated_ms is not None)
+        best, ranked = against_baselines(task, self.cluster, self.simulator, self.search, batch, plan,
+                                         no_split=no_split)
+        rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         verdict = ("NeuroShard's plan handed out" if "neuroshard" in best.names else
                    f"{'/'.join(best.names)}'s plan handed out: rated faster than NeuroShard's search plan")
         return best.plan, f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; {verdict}"
