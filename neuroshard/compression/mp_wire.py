@@ -1,6 +1,6 @@
 """DCT-MP's wire format (DESIGN.md §5): the one implementation of the compressed pooled-embedding all-to-all.
 
-Used by training (`training/dlrm.py`'s `_TopKAllToAll`) and by the comm-cost measurements
+Used by training (`training/dlrm.py`'s `_CompressedAllToAll`) and by the comm-cost measurements
 (`comm_bench`, the measurement engine), so cost data is measured exactly as DCT-MP sends.
 
 Forward: rank r holds pooled embeddings [B, W_r] for the global batch, its column shards side by side.
@@ -196,3 +196,112 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
     out = torch.empty(world * bn * k, dtype=grad.dtype, device=grad.device)
     seconds = _timed(lambda: dist.all_to_all_single(out, send, [bn * k] * world, [bn * x for x in layout.ks]))
     return scatter_grads(out, idx, layout.widths[rank]), send.numel() * send.element_size(), seconds
+
+
+# ----------------------------------------------------------------------------- scope `sign`: 1 bit an entry
+# Every entry of every column shard goes on the wire as its sign (1 bit), with one bf16 scale per sample
+# and shard: the shard's mean |x|, the scale that minimises the squared error of `scale * sign(x)`. The
+# receiver gets `scale * (+1 | -1)` for every column, so every table keeps all its columns and every
+# table.table dot product survives (as the dot product of the two sign vectors, times both scales). The
+# backward sends the received entries' gradients the same way, and the sender takes the decoded gradient
+# as its pooled embeddings' gradient (a straight-through estimate). bf16, not fp16, for the scales: a
+# per-sample gradient's mean |g| is often below fp16's normal range. No indices. Bytes per sample and
+# shard of width w, each way: ceil(w / 8) + 2 (`sign_bytes`); at w = 128, 18 against 512 dense.
+
+SCALE_BYTES = 2  # one bf16 scale per sample and column shard
+
+
+def sign_bytes(width: int) -> int:
+    """Bytes one sample's column shard of `width` columns takes on the wire (either direction)."""
+    return (width + 7) // 8 + SCALE_BYTES if width else 0
+
+
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def sign_encode(x: torch.Tensor, segments: list[int]) -> torch.Tensor:
+    """[rows, sum(segments)] float -> [rows, sum(sign_bytes(w))] uint8: per segment its packed sign bits
+    (bit set = x >= 0, least significant bit first, padded to a whole byte) then its bf16 scale."""
+    rows, pieces, start = x.shape[0], [], 0
+    x = x.detach()
+    for w in segments:
+        seg = x[:, start:start + w]
+        start += w
+        if not w:
+            continue
+        scale = seg.abs().mean(dim=1, keepdim=True).float().clamp(max=torch.finfo(torch.bfloat16).max)
+        bits = torch.zeros(rows, (w + 7) // 8 * 8, dtype=torch.uint8, device=x.device)
+        bits[:, :w] = (seg >= 0).to(torch.uint8)
+        packed = (bits.reshape(rows, -1, 8) * _BIT_WEIGHTS.to(x.device)).sum(dim=2, dtype=torch.uint8)
+        pieces += [packed, _as_bytes(scale.to(torch.bfloat16))]
+    if not pieces:
+        return torch.empty(rows, 0, dtype=torch.uint8, device=x.device)
+    return torch.cat(pieces, dim=1)
+
+
+def sign_decode(b: torch.Tensor, segments: list[int], dtype=torch.float32) -> torch.Tensor:
+    """[rows, sum(sign_bytes(w))] uint8 -> [rows, sum(segments)]: each entry scale * (+1 or -1)."""
+    rows, out, pos = b.shape[0], [], 0
+    for w in segments:
+        if not w:
+            continue
+        nb = (w + 7) // 8
+        packed = b[:, pos:pos + nb]
+        scale = _from_bytes(b[:, pos + nb:pos + nb + SCALE_BYTES].clone(memory_format=torch.contiguous_format),
+                            torch.bfloat16).to(dtype)
+        pos += nb + SCALE_BYTES
+        bits = (packed.unsqueeze(2) & _BIT_WEIGHTS.to(b.device)).ne(0).reshape(rows, nb * 8)[:, :w]
+        out.append(torch.where(bits, scale, -scale))
+    if not out:
+        return torch.zeros(rows, 0, dtype=dtype, device=b.device)
+    return torch.cat(out, dim=1)
+
+
+@dataclass
+class SignLayout:
+    """Scope `sign`: per rank the widths of its column shards in its column order (summing to its width)
+    and the bytes one sample of them takes on the wire."""
+    widths: list[int]
+    batch_size: int
+    segments: list[list[int]]
+
+    def __post_init__(self):
+        self.widths = [int(w) for w in self.widths]
+        self.segments = [[int(w) for w in seg] for seg in self.segments]
+        if len(self.segments) != len(self.widths) or any(sum(s) != w for s, w in zip(self.segments, self.widths)):
+            raise ValueError(f"segments {self.segments} do not add up to the ranks' widths {self.widths}")
+        self.sample_bytes = [sum(sign_bytes(w) for w in seg) for seg in self.segments]
+        self.bn = self.batch_size // len(self.widths)
+
+
+def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):
+    """Scope `sign`'s forward all-to-all: [B, W_r] -> (flat dense received pieces [B/N, W_q] from each rank q,
+    None, bytes sent, seconds in the collective)."""
+    rank = dist.get_rank()
+    world, bn, mine = len(layout.widths), layout.bn, layout.sample_bytes[rank]
+    send = sign_encode(pooled, layout.segments[rank])
+    recv = torch.empty(bn * sum(layout.sample_bytes), dtype=torch.uint8, device=pooled.device)
+    seconds = _timed(lambda: dist.all_to_all_single(recv, send.reshape(-1), [bn * e for e in layout.sample_bytes],
+                                                    [bn * mine] * world))
+    dense, pos = [], 0
+    for seg, e in zip(layout.segments, layout.sample_bytes):
+        dense.append(sign_decode(recv[pos:pos + bn * e].reshape(bn, e), seg, pooled.dtype).reshape(-1))
+        pos += bn * e
+    return torch.cat(dense), None, send.numel(), seconds
+
+
+def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
+    """Scope `sign`'s backward all-to-all: flat gradients of the received pieces -> (gradient [B, W_r] of this
+    rank's pooled embeddings, bytes sent, seconds in the collective)."""
+    rank = dist.get_rank()
+    world, bn, mine = len(layout.widths), layout.bn, layout.sample_bytes[rank]
+    pieces, pos = [], 0
+    for w, seg in zip(layout.widths, layout.segments):
+        pieces.append(sign_encode(grad[pos:pos + bn * w].reshape(bn, w), seg).reshape(-1))
+        pos += bn * w
+    send = torch.cat(pieces).contiguous()
+    out = torch.empty(world * bn * mine, dtype=torch.uint8, device=grad.device)
+    seconds = _timed(lambda: dist.all_to_all_single(out, send, [bn * mine] * world,
+                                                    [bn * e for e in layout.sample_bytes]))
+    g = sign_decode(out.reshape(world * bn, mine), layout.segments[rank], grad.dtype)
+    return g, send.numel(), seconds

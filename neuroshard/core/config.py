@@ -478,7 +478,7 @@ class ShardTablesConfig:
 # ----------------------------------------------------------------------------- DLRM training with DCT
 
 DCT_MODES = ("none", "dp", "mp", "both")
-MP_SCOPES = ("rank", "table")  # --mp_scope: one top-k over a rank's columns, or one per table shard
+MP_SCOPES = ("rank", "table", "sign")  # --mp_scope: one top-k over a rank's columns, one per table shard, or signs
 # hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
 # one logit), and the embedding dim. `mlperf`: the MLPerf DLRM reference (Criteo Terabyte) shape,
 # bottom 13-512-256-128 and top 1024-1024-512-256-1 with embedding dim 128
@@ -521,8 +521,9 @@ class TrainConfig:
                                 "target")
     mp_keep: float = flag(TRAIN_MP_KEEP, f"with --dct mp or both: share of pooled-embedding entries sent (default "
                                          f"{TRAIN_MP_KEEP:g})", none_if_absent=True)
-    mp_scope: str = flag("table", "DCT-MP's top-k: table (default: each table shard keeps its own ceil(mp_keep * "
-                                  "width) entries) or rank (one top-k over a rank's whole width)")
+    mp_scope: str = flag("table", "what DCT-MP sends per sample: table (default: each table shard's own ceil(mp_keep "
+                                  "* width) largest entries), rank (one top-k over a rank's whole width) or sign "
+                                  "(every entry's sign and one scale per table shard; --mp_keep sets nothing more)")
     dp_adam_freeze_after: int = flag(0, "with --dense_opt adam and DCT-DP: dense DP for this many steps, then Adam's "
                                         "second moment frozen (floored) while DCT-DP compresses; 0 (default): off")
     dp_adam_floor: float = flag(0.1, "floor of the frozen second moment, as a share of its mean per parameter "

@@ -8,12 +8,13 @@
   model). Its forward pools them for the *global* batch: [B, W_r], W_r = sum of its shard widths.
 - `pooled_all_to_all`: the forward all-to-all of pooled embeddings (each rank gets its slice of the
   batch from every rank) and, in backward, the all-to-all of their gradients. With `mp_keep` < 1
-  it is DCT-MP: per sample, only the largest-magnitude entries of a rank's pooled embedding are sent,
-  `max(1, ceil(mp_keep * w))` of each table shard of width w (scope `table`, the default) or
-  `max(1, floor(mp_keep * W_r))` of its whole width (scope `rank`) (fp16 values plus uint8/int16 column indices packed in one byte
-  all-to-all, a fixed count per sample so `all_to_all_single` keeps fixed sizes), and the backward
-  sends only those entries' fp32 gradients; every other entry is zero on the receiver and gets zero
-  gradient. `mp_keep >= 1` sends everything: the dense all-to-all.
+  it is DCT-MP, as `--mp_scope` says (`compression.mp_wire`): `table` (the default) sends per sample the
+  `max(1, ceil(mp_keep * w))` largest-magnitude entries of each table shard of width w, `rank` the
+  `max(1, floor(mp_keep * W_r))` largest of the rank's whole width (fp16 values plus column indices,
+  one byte all-to-all with a fixed count per sample; backward returns only those entries' fp32
+  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` sends every
+  entry's sign plus one bf16 scale per sample and table shard, both ways. `mp_keep >= 1` sends
+  everything: the dense all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
 Every collective records the bytes of the tensors it is given (`CommStats`).
 """
@@ -130,35 +131,44 @@ class _AllToAll(torch.autograd.Function):
         return out.reshape(world * bn, widths[rank]), None, None
 
 
-class _TopKAllToAll(torch.autograd.Function):
-    """DCT-MP: per sample, the k largest-magnitude entries go forward as fp16 values plus column
-    indices, packed into one byte all-to-all; backward returns only those entries' gradients (fp32).
-    The wire format is `compression.mp_wire`'s, the one the comm-cost measurements use."""
+class _CompressedAllToAll(torch.autograd.Function):
+    """DCT-MP: the forward all-to-all of pooled embeddings and the backward of their gradients, compressed
+    as `layout` says (`compression.mp_wire`'s wire format, the one the comm-cost measurements use). A
+    `WireLayout`: per sample the k largest-magnitude entries go forward as fp16 values plus column
+    indices, and backward returns only those entries' gradients (fp32). A `SignLayout`: every entry as
+    its sign plus one scale per sample and column shard, both ways."""
 
     @staticmethod
-    def forward(ctx, pooled, widths, keep, stats, segments):
-        layout = mp_wire.WireLayout(widths, keep, pooled.shape[0], segments)
-        dense, ctx.state, sent, seconds = mp_wire.forward_exchange(pooled, layout)
+    def forward(ctx, pooled, layout, stats):
+        sign = isinstance(layout, mp_wire.SignLayout)
+        exchange = mp_wire.sign_forward_exchange if sign else mp_wire.forward_exchange
+        dense, ctx.state, sent, seconds = exchange(pooled, layout)
         stats.add("mp", sent, seconds)
-        ctx.layout, ctx.stats = layout, stats
+        ctx.layout, ctx.stats, ctx.sign = layout, stats, sign
         return dense
 
     @staticmethod
     def backward(ctx, grad):
-        g_pooled, sent, seconds = mp_wire.backward_exchange(grad.contiguous(), ctx.state, ctx.layout)
+        exchange = mp_wire.sign_backward_exchange if ctx.sign else mp_wire.backward_exchange
+        g_pooled, sent, seconds = exchange(grad.contiguous(), ctx.state, ctx.layout)
         ctx.stats.add("mp", sent, seconds)
-        return g_pooled, None, None, None, None
+        return g_pooled, None, None
 
 
 def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None,
-                      segments: list[list[int]] | None = None):
+                      segments: list[list[int]] | None = None, scope: str = "table"):
     """[B, W_r] on every rank -> flat received pieces ([B/N, W_q] from each rank q, in rank order).
 
-    `mp_keep` None or >= 1 (everything is sent): the dense all-to-all; below 1: DCT-MP's top-k, over
-    each rank's whole width (`segments` None, scope `rank`) or per column shard (`segments`: per rank
-    its shard widths, scope `table`)."""
+    `mp_keep` None or >= 1 (everything is sent): the dense all-to-all. Below 1, DCT-MP as `scope` says:
+    `rank`: one top-k over each rank's whole width (`segments` not used); `table`: a top-k per column
+    shard (`segments`: per rank its shard widths); `sign`: every entry's sign and a scale per column
+    shard (`mp_keep` sets nothing more)."""
     if mp_keep is not None and mp_keep < 1:
-        return _TopKAllToAll.apply(pooled, widths, mp_keep, stats, segments)
+        if scope == "sign":
+            layout = mp_wire.SignLayout(widths, pooled.shape[0], segments)
+        else:
+            layout = mp_wire.WireLayout(widths, mp_keep, pooled.shape[0], segments if scope == "table" else None)
+        return _CompressedAllToAll.apply(pooled, layout, stats)
     return _AllToAll.apply(pooled, widths, stats)
 
 

@@ -95,7 +95,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     dense_step = opt_dense.step  # after --dp_adam_freeze_after steps: FrozenAdam's
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
-    segments = [[w for _, _, w in s] for s in rank_shards] if cfg.mp_scope == "table" else None
+    segments = [[w for _, _, w in s] for s in rank_shards]
     num_train = data.num_train
     if cfg.eval_every:  # the last tenth of the training split becomes the validation set
         num_train -= max(B, data.num_train // VALID_SHARE)
@@ -114,7 +114,8 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     def forward(idx, dense_model, comm_stats):
         """Logits and labels of this rank's slice of the global batch `idx` (len divisible by world)."""
         b = len(idx) // world
-        recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep, segments)
+        recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep, segments,
+                                 cfg.mp_scope)
         x, _, y = data.batch(idx[rank * b:(rank + 1) * b], [])
         return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
 

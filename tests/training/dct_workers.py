@@ -4,15 +4,18 @@ import torch
 
 def topk_gradients(rank, world, emit, keeps):
     """For each keep: rank r pools [B, W_r]; after the DCT-MP all-to-all and a loss on what arrived, only
-    the k largest-magnitude entries per sample may have a gradient."""
+    the k largest-magnitude entries per sample may have a gradient (keep "sign": scope sign)."""
     from neuroshard.training.dlrm import CommStats, pooled_all_to_all
 
-    widths = [8, 12]
-    for keep in keeps:
+    widths, segments = [8, 12], [[5, 3], [12]]
+    for keep in keeps:  # a keep of "sign": scope sign over the column shards `segments`
         g = torch.Generator().manual_seed(rank)
         pooled = torch.randn(6, widths[rank], generator=g).requires_grad_()
         stats = CommStats()
-        recv = pooled_all_to_all(pooled, widths, stats, keep)
+        if keep == "sign":
+            recv = pooled_all_to_all(pooled, widths, stats, 0.05, segments, "sign")
+        else:
+            recv = pooled_all_to_all(pooled, widths, stats, keep)
         (recv * torch.arange(1, recv.numel() + 1, dtype=recv.dtype)).sum().backward()
         # plain arrays through the pipe (tensors would travel as shared-memory handles a finished rank closes)
         emit((keep, rank, pooled.detach().numpy(), pooled.grad.numpy(), recv.detach().numpy(), stats.bytes["mp"]))

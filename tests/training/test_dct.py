@@ -48,6 +48,7 @@ GROUP = {
     "refresh_10": dict(dct="dp", steps=25, dp_refresh=10, dp_drift=1000),
     "dp_keep_1pct": dict(dct="both", dp_keep=0.01, dp_refresh=1, error_feedback=False),
     "mp_rank": dict(dct="mp", mp_scope="rank"),
+    "mp_sign": dict(dct="mp", mp_scope="sign"),
     "mlperf_none": dict(dct="none", arch="mlperf", steps=6),
     "mlperf_both": dict(dct="both", arch="mlperf", steps=6),
 }
@@ -121,6 +122,9 @@ def test_bytes_match_the_formula(baseline, group):
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
     ks = [max(1, int(0.05 * w)) for w in widths]                # per rank: floor(0.05 * 64) = 3
     assert r["mp_bytes_per_step"] == sum(B * kr * (2 + 1) + B * kr * 4 for kr in ks)  # fp16 + uint8 fw, fp32 bw
+    r = group["mp_sign"]                                        # 16 sign bits + a bf16 scale per sample and table
+    assert r["mp_bytes_per_step"] == 2 * B * T * (16 // 8 + 2)  # the same forward and backward
+    assert math.isfinite(r["test_logloss"]) and r["test_auc"] > 0.5
 
 
 def test_given_plans_are_the_ones_trained(movielens):
@@ -165,7 +169,8 @@ KEEPS = [0.25, 1.0]
 def topk_runs():
     """Every keep of KEEPS on one group of 2 ranks: {(keep, rank): (pooled, grad, recv, bytes)}."""
     got = {}
-    run_processes(dct_workers.topk_gradients, 2, (KEEPS,), lambda m: got.__setitem__(m[:2], m[2:]), group_device="cpu")
+    run_processes(dct_workers.topk_gradients, 2, (KEEPS + ["sign"],), lambda m: got.__setitem__(m[:2], m[2:]),
+                  group_device="cpu")
     return got
 
 
@@ -181,6 +186,50 @@ def test_dropped_mp_entries_get_zero_gradient(topk_runs, keep):
         assert (grad[~mask] == 0).all()
         assert (grad[mask] != 0).all()
         assert (recv != 0).sum() == 3 * (max(1, int(keep * 8)) + max(1, int(keep * 12)))
+
+
+def test_sign_scope_sends_every_sign_and_a_scale_per_shard_both_ways(topk_runs):
+    """Scope sign on 2 gloo ranks (rank 0's 8 columns as shards of 5 and 3, rank 1's 12 as one): each rank
+    receives every entry as its shard's mean |x| times its sign, and its pooled embeddings get the
+    received gradients compressed the same way (loss = sum(recv * 1..n), so recv's gradient is 1..n)."""
+    from neuroshard.compression import mp_wire
+
+    segments, bn = [[5, 3], [12]], 3
+    pooled = {r: torch.from_numpy(topk_runs[("sign", r)][0]) for r in (0, 1)}
+    sent_grad = {q: [] for q in (0, 1)}
+    for r in (0, 1):
+        _, grad, recv, nbytes = topk_runs[("sign", r)]
+        recv, pos = torch.from_numpy(recv), 0
+        for q in (0, 1):
+            rows = pooled[q][r * bn:(r + 1) * bn]
+            want, start = [], 0
+            for w in segments[q]:
+                seg = rows[:, start:start + w]
+                start += w
+                want.append(torch.where(seg >= 0, 1.0, -1.0) * seg.abs().mean(1, keepdim=True).bfloat16().float())
+            assert torch.equal(recv[pos:pos + rows.numel()].reshape(rows.shape), torch.cat(want, dim=1))
+            sent_grad[q].append(torch.arange(pos + 1, pos + rows.numel() + 1, dtype=torch.float32).reshape(rows.shape))
+            pos += rows.numel()
+        # forward: 6 samples of this rank's shards; backward: 3 samples of every rank's shards
+        fw = 6 * sum(mp_wire.sign_bytes(w) for w in segments[r])
+        bw = bn * sum(mp_wire.sign_bytes(w) for seg in segments for w in seg)
+        assert nbytes == fw + bw == (6 * ((1 + 2) + (1 + 2)) + 3 * (6 + 4) if r == 0 else 6 * (2 + 2) + 3 * (6 + 4))
+    for q in (0, 1):
+        want = mp_wire.sign_decode(mp_wire.sign_encode(torch.cat(sent_grad[q]), segments[q]), segments[q])
+        assert torch.equal(torch.from_numpy(topk_runs[("sign", q)][1]), want)
+
+
+def test_sign_codec_round_trip_and_bytes():
+    from neuroshard.compression import mp_wire
+
+    x = torch.tensor([[0.5, -1.5, 0.0, 2.0, -1.0, 3.0, 1e-30, -1e-30, 4.0, 5.0]])
+    enc = mp_wire.sign_encode(x, [9, 1])
+    assert enc.dtype == torch.uint8 and enc.shape == (1, (2 + 2) + (1 + 2))
+    assert [mp_wire.sign_bytes(w) for w in (0, 1, 8, 9, 128)] == [0, 3, 3, 4, 18]
+    s = x[0, :9].abs().mean().item()
+    want = torch.tensor([[s, -s, s, s, -s, s, s, -s, s, 5.0]]).bfloat16().float()
+    assert torch.allclose(mp_wire.sign_decode(enc, [9, 1]), want, rtol=0, atol=0)
+    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4]), [4]), torch.zeros(2, 4))
 
 
 def test_four_ranks_train_with_both_compressions(movielens):
@@ -248,7 +297,7 @@ def test_bad_settings_are_refused():
     assert (TrainConfig().resolved().lr, TrainConfig(dense_opt="adam").resolved().lr) == (1.0, 1e-3)
     assert TrainConfig().dense_opt == "sgd"
     assert TrainConfig(dense_opt="sgd", lr=0.7).resolved().lr == 0.7
-    with pytest.raises(UserError, match="--mp_scope must be one of rank, table, got 'shard'"):
+    with pytest.raises(UserError, match="--mp_scope must be one of rank, table, sign, got 'shard'"):
         TrainConfig(mp_scope="shard").check()
     for bad in (-1, 1001, 2.5, "x"):
         with pytest.raises(UserError, match="--dp_adam_freeze_after"):
