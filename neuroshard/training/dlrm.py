@@ -12,8 +12,9 @@
   `max(1, ceil(mp_keep * w))` largest-magnitude entries of each table shard of width w, `rank` the
   `max(1, floor(mp_keep * W_r))` largest of the rank's whole width (fp16 values plus column indices,
   one byte all-to-all with a fixed count per sample; backward returns only those entries' fp32
-  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` sends every
-  entry's sign plus one bf16 scale per sample and table shard, both ways. `mp_keep >= 1` sends
+  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` sends one bit
+  per entry plus one bf16 scale per sample and table shard, both ways (the sign forward, an unbiased
+  random rounding of the gradient backward). `mp_keep >= 1` sends
   everything: the dense all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
 Every collective records the bytes of the tensors it is given (`CommStats`).
@@ -135,8 +136,8 @@ class _CompressedAllToAll(torch.autograd.Function):
     """DCT-MP: the forward all-to-all of pooled embeddings and the backward of their gradients, compressed
     as `layout` says (`compression.mp_wire`'s wire format, the one the comm-cost measurements use). A
     `WireLayout`: per sample the k largest-magnitude entries go forward as fp16 values plus column
-    indices, and backward returns only those entries' gradients (fp32). A `SignLayout`: every entry as
-    its sign plus one scale per sample and column shard, both ways."""
+    indices, and backward returns only those entries' gradients (fp32). A `SignLayout`:
+    one bit per entry plus one scale per sample and column shard, both ways (`mp_wire`'s scope `sign`)."""
 
     @staticmethod
     def forward(ctx, pooled, layout, stats):
@@ -156,16 +157,17 @@ class _CompressedAllToAll(torch.autograd.Function):
 
 
 def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None,
-                      segments: list[list[int]] | None = None, scope: str = "table"):
+                      segments: list[list[int]] | None = None, scope: str = "table",
+                      generator: torch.Generator | None = None):
     """[B, W_r] on every rank -> flat received pieces ([B/N, W_q] from each rank q, in rank order).
 
     `mp_keep` None or >= 1 (everything is sent): the dense all-to-all. Below 1, DCT-MP as `scope` says:
     `rank`: one top-k over each rank's whole width (`segments` not used); `table`: a top-k per column
-    shard (`segments`: per rank its shard widths); `sign`: every entry's sign and a scale per column
-    shard (`mp_keep` sets nothing more)."""
+    shard (`segments`: per rank its shard widths); `sign`: one bit per entry and a scale per column
+    shard (`mp_keep` sets nothing more; `generator` draws the backward's random rounding)."""
     if mp_keep is not None and mp_keep < 1:
         if scope == "sign":
-            layout = mp_wire.SignLayout(widths, pooled.shape[0], segments)
+            layout = mp_wire.SignLayout(widths, pooled.shape[0], segments, generator)
         else:
             layout = mp_wire.WireLayout(widths, mp_keep, pooled.shape[0], segments if scope == "table" else None)
         return _CompressedAllToAll.apply(pooled, layout, stats)

@@ -96,6 +96,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
     segments = [[w for _, _, w in s] for s in rank_shards]
+    mp_generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + rank)  # --mp_scope sign's backward
     num_train = data.num_train
     if cfg.eval_every:  # the last tenth of the training split becomes the validation set
         num_train -= max(B, data.num_train // VALID_SHARE)
@@ -115,7 +116,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         """Logits and labels of this rank's slice of the global batch `idx` (len divisible by world)."""
         b = len(idx) // world
         recv = pooled_all_to_all(emb(sparse_for(idx), len(idx)), widths, comm_stats, mp_keep, segments,
-                                 cfg.mp_scope)
+                                 cfg.mp_scope, mp_generator)
         x, _, y = data.batch(idx[rank * b:(rank + 1) * b], [])
         return dense_model(x, assemble(recv, rank_shards, b, T, D)), y
 

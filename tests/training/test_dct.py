@@ -188,18 +188,18 @@ def test_dropped_mp_entries_get_zero_gradient(topk_runs, keep):
         assert (recv != 0).sum() == 3 * (max(1, int(keep * 8)) + max(1, int(keep * 12)))
 
 
-def test_sign_scope_sends_every_sign_and_a_scale_per_shard_both_ways(topk_runs):
+def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk_runs):
     """Scope sign on 2 gloo ranks (rank 0's 8 columns as shards of 5 and 3, rank 1's 12 as one): each rank
-    receives every entry as its shard's mean |x| times its sign, and its pooled embeddings get the
-    received gradients compressed the same way (loss = sum(recv * 1..n), so recv's gradient is 1..n)."""
+    receives every entry as its shard's mean |x| times its sign, and its pooled embeddings get the received
+    gradients (loss = sum(recv * 1..n), so recv's gradient is 1..n) randomly rounded to +-M per shard, as
+    the sender's generator (seeded 0, one draw per peer piece in rank order) drew them."""
     from neuroshard.compression import mp_wire
 
     segments, bn = [[5, 3], [12]], 3
     pooled = {r: torch.from_numpy(topk_runs[("sign", r)][0]) for r in (0, 1)}
-    sent_grad = {q: [] for q in (0, 1)}
     for r in (0, 1):
-        _, grad, recv, nbytes = topk_runs[("sign", r)]
-        recv, pos = torch.from_numpy(recv), 0
+        _, _, recv, nbytes = topk_runs[("sign", r)]
+        recv, pos, gen = torch.from_numpy(recv), 0, torch.Generator().manual_seed(0)
         for q in (0, 1):
             rows = pooled[q][r * bn:(r + 1) * bn]
             want, start = [], 0
@@ -208,18 +208,23 @@ def test_sign_scope_sends_every_sign_and_a_scale_per_shard_both_ways(topk_runs):
                 start += w
                 want.append(torch.where(seg >= 0, 1.0, -1.0) * seg.abs().mean(1, keepdim=True).bfloat16().float())
             assert torch.equal(recv[pos:pos + rows.numel()].reshape(rows.shape), torch.cat(want, dim=1))
-            sent_grad[q].append(torch.arange(pos + 1, pos + rows.numel() + 1, dtype=torch.float32).reshape(rows.shape))
+            # the gradient rank r sent back to q: 1..n at q's piece, rounded with r's generator
+            sent = torch.arange(pos + 1, pos + rows.numel() + 1, dtype=torch.float32).reshape(rows.shape)
+            got = torch.from_numpy(topk_runs[("sign", q)][1])[r * bn:(r + 1) * bn]
+            assert torch.equal(got, mp_wire.sign_decode(mp_wire.sign_encode(sent, segments[q], gen), segments[q]))
+            start = 0
+            for w in segments[q]:  # every entry +-M, M the shard's max |g| rounded up to bf16
+                m, g = got[:, start:start + w].abs(), sent[:, start:start + w]
+                start += w
+                assert (m == m[:, :1]).all() and (m[:, 0] >= g.amax(1)).all() and (m[:, 0] <= g.amax(1) * 1.02).all()
             pos += rows.numel()
         # forward: 6 samples of this rank's shards; backward: 3 samples of every rank's shards
         fw = 6 * sum(mp_wire.sign_bytes(w) for w in segments[r])
         bw = bn * sum(mp_wire.sign_bytes(w) for seg in segments for w in seg)
         assert nbytes == fw + bw == (6 * ((1 + 2) + (1 + 2)) + 3 * (6 + 4) if r == 0 else 6 * (2 + 2) + 3 * (6 + 4))
-    for q in (0, 1):
-        want = mp_wire.sign_decode(mp_wire.sign_encode(torch.cat(sent_grad[q]), segments[q]), segments[q])
-        assert torch.equal(torch.from_numpy(topk_runs[("sign", q)][1]), want)
 
 
-def test_sign_codec_round_trip_and_bytes():
+def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
     from neuroshard.compression import mp_wire
 
     x = torch.tensor([[0.5, -1.5, 0.0, 2.0, -1.0, 3.0, 1e-30, -1e-30, 4.0, 5.0]])
@@ -228,8 +233,17 @@ def test_sign_codec_round_trip_and_bytes():
     assert [mp_wire.sign_bytes(w) for w in (0, 1, 8, 9, 128)] == [0, 3, 3, 4, 18]
     s = x[0, :9].abs().mean().item()
     want = torch.tensor([[s, -s, s, s, -s, s, s, -s, s, 5.0]]).bfloat16().float()
-    assert torch.allclose(mp_wire.sign_decode(enc, [9, 1]), want, rtol=0, atol=0)
+    assert torch.equal(mp_wire.sign_decode(enc, [9, 1]), want)
     assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4]), [4]), torch.zeros(2, 4))
+    # random rounding: the same bytes, every entry +-M (M >= max |x|), and the mean over draws is x
+    gen = torch.Generator().manual_seed(1)
+    rows = x.repeat(40_000, 1) * 1e-7   # a gradient's size: below fp16's normal range, held by bf16
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(rows, [9, 1], gen), [9, 1])
+    assert mp_wire.sign_encode(rows[:1], [9, 1], gen).shape == enc.shape
+    m = dec[0, :9].abs().max()
+    assert (dec[:, :9].abs() == m).all() and m >= 4e-7 and (dec[:, 9].abs() == dec[0, 9].abs()).all() and dec[0, 9].abs() >= 5e-7
+    assert torch.allclose(dec.double().mean(0), rows[0].double(), rtol=0, atol=4e-7 * 4 / 40_000 ** 0.5)
+    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4], gen), [4]), torch.zeros(2, 4))
 
 
 def test_four_ranks_train_with_both_compressions(movielens):
