@@ -64,7 +64,7 @@ class DctNetworkConfig:
     modes: str = flag(",".join(DCT_MODES))
     reps: int = flag(2)
     dense_opt: str = flag(TrainConfig.dense_opt, "the MLPs' optimizer: sgd or adam")
-    dp_sync: str = flag("off", "on: blocking DP hooks (the reference), off: asynchronous (default)")
+    dp_sync: bool = flag(False, "on: blocking DP hooks (the reference), off: asynchronous (default)", parse="on_off")
     out_dir: str = flag("results")
     plot: str = flag("docs/dct_network.png")
     fresh: bool = flag(False, "drop the runs already in the CSV")
@@ -83,8 +83,6 @@ class DctNetworkConfig:
             raise UserError(f"--bandwidths must be Gbit/s from 0 (unshaped) to 1000, got {self.bandwidths!r}")
         if "none" not in modes or any(m not in DCT_MODES for m in modes):
             raise UserError(f"--modes must be from {', '.join(DCT_MODES)} and include none, got {self.modes!r}")
-        if self.dp_sync not in ("on", "off"):
-            raise UserError(f"--dp_sync must be on or off, got {self.dp_sync!r}")
         check_int("--reps", self.reps, 1)
         TrainConfig(dense_opt=self.dense_opt).check()
         return self
@@ -93,7 +91,7 @@ class DctNetworkConfig:
 def main(argv=None) -> None:
     C = DctNetworkConfig
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
-    bws, modes, dp_sync = a.gbits(), a.modes.split(","), a.dp_sync == "on"
+    bws, modes, dp_sync = a.gbits(), a.modes.split(","), a.dp_sync
     csv = Path(a.out_dir) / "dct_network.csv"
     if a.report_only:
         return report(read_results(csv, ("rep", "gbit", "dct", "step_ms")), csv, Path(a.plot))

@@ -20,7 +20,9 @@ what makes it fast). Per set: the Spearman correlation over the distinct plans o
 paper) and of the emulated engine's measured cost (`--emulated_rounds`: the engine that emulates independent
 devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks share 2 cores, DMP's
 compute contends and the two engines part. Writes results/torchrec_step.{csv,md} (per plan) and
-results/torchrec_step_sets.csv (per set), each with its .meta.json.
+results/torchrec_step_sets.csv (per set), each with its .meta.json, after every set. A rerun with the same
+settings and code skips the sets those files already hold (Ctrl-C loses at most the set being measured);
+`--fresh` measures every set again.
 """
 from __future__ import annotations
 
@@ -38,13 +40,14 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from neuroshard.core.artifacts import OutputLock, check_output_dir, write_results  # noqa: E402
+from neuroshard.core.artifacts import OutputLock, check_output_dir, source_digest, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConfig, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.stats import paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.training.report import read_results, runs_done  # noqa: E402
 from real_tables import SETS as SCALES, scaled_table_list  # noqa: E402  (the sets and their row scales)
 
 
@@ -63,6 +66,12 @@ class TorchRecStepConfig:
     emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
                                    "beside the DMP steps; 0: skip")
     out_dir: str = flag("results")
+    fresh: bool = flag(False, "measure every set again (drops the sets the results files already hold)")
+
+    def settings(self) -> dict:
+        """What every row records and a resumed run must match (besides the code)."""
+        return {k: getattr(self, k) for k in ("ndevices", "max_mem", "rounds", "warmup_iter", "num_iter",
+                                              "rebuild_every", "emulated_rounds")}
 
     def check(self) -> "TorchRecStepConfig":
         unknown = [s for s in self.sets if s not in SCALES]
@@ -168,9 +177,14 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
 def run(a: TorchRecStepConfig) -> None:
     from neuroshard.sharding.search import plan_key
 
-    rows, sets = [], []
+    rows, sets = finished_sets(a)
+    measured = []
     for name in a.sets:
+        if any(s["set"] == name for s in sets):
+            print(f"{name}: measured already ({Path(a.out_dir) / SETS_CSV}); --fresh measures it again")
+            continue
         t0 = time.perf_counter()
+        measured.append(name)
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             tl, plans, sim, batch = user_plans(name, a, tmp)
@@ -179,6 +193,7 @@ def run(a: TorchRecStepConfig) -> None:
             rounds, distinct, emulated = measure(tl, plans, a, batch, tmp)
         R = a.rounds
         half = R // 2
+        made = {**a.settings(), "code": source_digest()}
         tr = rounds[plan_key(plans["torchrec"])]
         geo_first = {k: float(np.exp(np.log(v[:half]).mean())) for k, v in rounds.items()}
         best_key = min(geo_first, key=geo_first.get)
@@ -195,14 +210,41 @@ def run(a: TorchRecStepConfig) -> None:
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
                          "dmp_ms": meas[k], "emulated_ms": emulated.get(k, np.nan), "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
                          "sim_meas_step": sim_step[k] / meas[k], "vs_torchrec": st.estimate,
-                         "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, "rounds": R})
+                         "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, **made})
         held = paired_interval(rounds[best_key][half:], tr[half:])
         sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
                      "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "distinct_plans": len(ks),
-                     "seconds": time.perf_counter() - t0})
+                     "seconds": time.perf_counter() - t0, **made})
         print(sets[-1])
         write(rows, sets, a)  # after every set: an interrupted run keeps the sets it finished
+    if sets and all(s["set"] not in measured for s in sets):  # every set finished before: report them
+        write(rows, sets, a)
+
+
+SETS_CSV, PLANS_CSV = "torchrec_step_sets.csv", "torchrec_step.csv"
+
+
+def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict]]:
+    """(plan rows, set rows) of the sets the results files already hold, made with these settings and this
+    code (refused in one line otherwise); none with --fresh. The sets CSV is written last, so a set counts
+    as finished only once both files hold it."""
+    out = Path(a.out_dir)
+    done = runs_done(out / SETS_CSV, a.fresh, a.settings(), ("set",))
+    if a.fresh:
+        (out / PLANS_CSV).unlink(missing_ok=True)
+    if not done:
+        return [], []
+    names = {name for (name,) in done}
+    sets = [r for r in read_results(out / SETS_CSV, ("set", "measured_best")).to_dict("records") if r["set"] in names]
+    plans = out / PLANS_CSV
+    rows = read_results(plans, ("set", "plan", "vs_torchrec")).to_dict("records") if plans.is_file() else []
+    rows = [r for r in rows if r["set"] in names]
+    missing = names - {r["set"] for r in rows}
+    if missing:
+        raise UserError(f"{plans} lacks the plans of set {sorted(missing)[0]!r} that {out / SETS_CSV} holds; "
+                        "pass --fresh to measure every set again")
+    return rows, sets
 
 
 def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
@@ -227,8 +269,8 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}.", ""]
     out = Path(a.out_dir)
-    write_results(out / "torchrec_step_sets.csv", sets, config=a.__dict__)
-    write_results(out / "torchrec_step.csv", rows, markdown="\n".join(lines), config=a.__dict__)
+    write_results(out / PLANS_CSV, rows, markdown="\n".join(lines), config=a.__dict__)
+    write_results(out / SETS_CSV, sets, config=a.__dict__)  # last: it marks the sets finished
     print("\n".join(lines))
 
 

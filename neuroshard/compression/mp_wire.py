@@ -3,9 +3,12 @@
 Used by training (`training/dlrm.py`'s `_CompressedAllToAll`) and by the comm-cost measurements
 (`comm_bench`, the measurement engine), so cost data is measured exactly as DCT-MP sends.
 
-Forward: rank r holds pooled embeddings [B, W_r] for the global batch, its column shards side by side.
-Per sample it keeps the largest-magnitude entries of each segment: scope `table` (`--mp_scope table`,
-the default): every column shard s of width w_s is a segment and keeps k_s = max(1, ceil(keep * w_s))
+Two families: the top-k scopes here, and scope `sign` (`--mp_scope sign`, the default; its own section
+below: one bit per entry and a scale per column shard).
+
+Top-k forward: rank r holds pooled embeddings [B, W_r] for the global batch, its column shards side by side.
+Per sample it keeps the largest-magnitude entries of each segment: scope `table` (`--mp_scope table`):
+every column shard s of width w_s is a segment and keeps k_s = max(1, ceil(keep * w_s))
 entries, so every table reaches every dot product; scope `rank`: the rank's whole width is one
 segment, k_r = max(1, floor(keep * W_r)), and its tables compete for those entries. It sends them as
 fp16 values (clamped to fp16's range) followed by their indices within their segment, in the

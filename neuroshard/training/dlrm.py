@@ -8,14 +8,14 @@
   model). Its forward pools them for the *global* batch: [B, W_r], W_r = sum of its shard widths.
 - `pooled_all_to_all`: the forward all-to-all of pooled embeddings (each rank gets its slice of the
   batch from every rank) and, in backward, the all-to-all of their gradients. With `mp_keep` < 1
-  it is DCT-MP, as `--mp_scope` says (`compression.mp_wire`): `table` (the default) sends per sample the
+  it is DCT-MP, as `--mp_scope` says (`compression.mp_wire`): `table` sends per sample the
   `max(1, ceil(mp_keep * w))` largest-magnitude entries of each table shard of width w, `rank` the
   `max(1, floor(mp_keep * W_r))` largest of the rank's whole width (fp16 values plus column indices,
   one byte all-to-all with a fixed count per sample; backward returns only those entries' fp32
-  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` sends one bit
-  per entry plus one bf16 scale per sample and table shard, both ways (the sign forward, an unbiased
-  random rounding of the gradient backward). `mp_keep >= 1` sends
-  everything: the dense all-to-all.
+  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` (the default)
+  sends one bit per entry plus one bf16 scale per sample and table shard, both ways (the sign forward,
+  an unbiased random rounding of the gradient backward). `mp_keep >= 1` sends everything: the dense
+  all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
 Every collective records the bytes of the tensors it is given (`CommStats`).
 """

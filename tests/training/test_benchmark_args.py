@@ -28,7 +28,7 @@ def _run(script, *args, cwd=None):
     ("dct_network.py", ["--bandwidths", "1,inf"], "--bandwidths must be Gbit/s from 0"),
     ("dct_network.py", ["--bandwidths", "1,x"], "--bandwidths must be numbers"),
     ("dct_network.py", ["--dense_opt", "lamb"], "--dense_opt must be one of sgd, adam"),
-    ("dct_network.py", ["--dp_sync", "yes"], "--dp_sync must be on or off, got 'yes'"),
+    ("dct_network.py", ["--dp_sync", "yes"], "argument --dp_sync: must be on or off, got 'yes'"),
     ("mp_aware_training.py", ["--gbit", "nan"], "--gbit must be a number of Gbit/s"),
     ("mp_aware_training.py", ["--mp_keep", "1"], "--mp_keep must be in (0, 1)"),
     ("mp_aware_training.py", ["--reps", "0"], "--reps must be >= 1"),

@@ -46,7 +46,7 @@ GROUP = {
     "eval_every_4": dict(dct="both", eval_every=4),
     "eval_every_6": dict(dct="both", eval_every=6),
     "refresh_10": dict(dct="dp", steps=25, dp_refresh=10, dp_drift=1000),
-    "dp_keep_1pct": dict(dct="both", dp_keep=0.01, dp_refresh=1, error_feedback=False),
+    "dp_keep_1pct": dict(dct="both", dp_keep=0.01, dp_refresh=1, error_feedback=False, mp_scope="table"),
     "mp_rank": dict(dct="mp", mp_scope="rank"),
     "mp_sign": dict(dct="mp", mp_scope="sign"),
     "mlperf_none": dict(dct="none", arch="mlperf", steps=6),
@@ -116,7 +116,7 @@ def test_bytes_match_the_formula(baseline, group):
     r = group["dp_keep_1pct"]
     k = int(0.01 * n)                                           # one bucket: a fresh tau keeps exactly k
     assert r["dp_bytes_per_step"] == N * (4 + k * (2 + 2))      # int32 count + k uint16 deltas + k fp16 values
-    # --mp_scope table (the default): each of the 8 whole tables keeps max(1, ceil(0.05 * 16)) = 1 entry
+    # --mp_scope table: each of the 8 whole tables keeps max(1, ceil(0.05 * 16)) = 1 entry
     assert r["mp_bytes_per_step"] == B * T * 1 * ((2 + 1) + 4)  # fp16 value + uint8 index fw, fp32 gradient bw
     r = group["mp_rank"]
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
@@ -134,7 +134,7 @@ def test_given_plans_are_the_ones_trained(movielens):
     split = [[(t, 0, D) for t in range(4)] + [(4, 0, 8), (5, 0, 8)],                # widths 80 | 48
              [(4, 8, 8), (5, 8, 8), (6, 0, D), (7, 0, D)]]
     cfg = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3, "mp_scope": "rank"})
-    table = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3})                     # --mp_scope table
+    table = TrainConfig(**{**SMALL, "dct": "mp", "steps": 3, "mp_scope": "table"})
     a, b, c = train_runs([cfg, cfg, table], movielens, shards=[lopsided, split, split])
     for r, widths in ((a, (96, 32)), (b, (80, 48))):
         ks = [max(1, int(0.05 * w)) for w in widths]                               # (4, 1) and (4, 2)
@@ -321,7 +321,7 @@ def test_bad_settings_are_refused():
     for bad in (0, -0.1, 1.5, float("nan")):
         with pytest.raises(UserError, match="--dp_adam_floor"):
             TrainConfig(dp_adam_floor=bad).check()
-    assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("table", 0)
+    assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("sign", 0)
     c = TrainConfig(arch="mlperf", bottom_mlp="100-50").resolved()
     assert (c.bottom_mlp, c.top_mlp, c.emb_dim) == ("100-50", "1024-1024-512-256", 128)
     assert [m.out_features for m in dense_arch(c, 4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]

@@ -1,0 +1,74 @@
+"""benchmarks/torchrec_step.py resumes: a rerun with the same settings and code skips the sets its results
+files already hold (and reports them); other settings, or a plans file that lacks a finished set, get one
+line. In-process, with results files written by the script's own writer (no plan is measured here)."""
+import importlib.util
+import signal
+import sys
+
+import pytest
+
+from neuroshard.core.artifacts import source_digest
+from neuroshard.core.cli import run_main
+
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("torchrec_step_script", ROOT / "benchmarks" / "torchrec_step.py")
+torchrec_step = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = torchrec_step  # its config is a dataclass, which looks its module up
+_spec.loader.exec_module(torchrec_step)
+
+
+def _run(capsys, monkeypatch, *argv):
+    def no_work(*a, **k):
+        raise AssertionError("a finished set was measured again")
+
+    monkeypatch.setattr(torchrec_step, "user_plans", no_work)
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(torchrec_step.main, [str(a) for a in argv])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def _finished(tmp_path, name="criteo_kaggle"):
+    """The results files of one finished set, as the script writes them."""
+    a = torchrec_step.TorchRecStepConfig(sets=(name,), out_dir=str(tmp_path)).check()
+    made = {**a.settings(), "code": source_digest()}
+    rows = [{"set": name, "plan": p, "column_split": False, "dmp_ms": ms, "emulated_ms": 1.0, "sim_step_ms": 1.0,
+             "sim_paper_ms": 1.0, "sim_meas_step": 1.0, "vs_torchrec": ms / 2.0, "vs_torchrec_lo": ms / 2.1,
+             "vs_torchrec_hi": ms / 1.9, **made} for p, ms in (("torchrec", 2.0), ("shard_tables", 1.7))]
+    sets = [{"set": name, "measured_best": "shard_tables", "best_vs_torchrec": 0.85, "best_vs_torchrec_lo": 0.8,
+             "best_vs_torchrec_hi": 0.9, "held_out_rounds": 10, "spearman_step": 1.0, "spearman_paper": 1.0,
+             "spearman_emulated": 1.0, "distinct_plans": 2, "seconds": 60.0, **made}]
+    torchrec_step.write(rows, sets, a)
+
+
+def test_a_rerun_skips_the_finished_sets_and_reports_them(tmp_path, capsys, monkeypatch):
+    _finished(tmp_path)
+    (tmp_path / "torchrec_step.md").unlink()
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code in (0, None), err
+    assert "criteo_kaggle: measured already" in out
+    md = (tmp_path / "torchrec_step.md").read_text()
+    assert "## criteo_kaggle" in md and "shard_tables, 0.850 [0.800, 0.900] of TorchRec's" in md
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--rounds", "8"], "holds runs made with other settings (rounds); pass --fresh"),
+    (["--ndevices", "2", "--max_mem", "0.08"], "other settings (ndevices, max_mem)"),
+])
+def test_other_settings_are_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, fragment):
+    _finished(tmp_path)
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path, *argv)
+    assert code == 2 and fragment in err and "Traceback" not in err
+    assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1
+
+
+def test_a_plans_file_without_a_finished_set_is_refused(tmp_path, capsys, monkeypatch):
+    _finished(tmp_path)
+    (tmp_path / "torchrec_step.csv").unlink()
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code == 2 and "lacks the plans of set 'criteo_kaggle'" in err and "--fresh" in err
