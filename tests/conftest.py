@@ -187,3 +187,29 @@ def hostile_objects(marker):
     """Objects whose unpickling would create `marker`, wrapped as a plausible artifact."""
     return [MarkerPayload(marker), {"kind": "x", "meta": {"evil": TorchBytesPayload(marker)}},
             {"tasks": [MarkerPayload(marker)]}]
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py imported as a module (`NAME_script`), for in-process tests of its checks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its config is a dataclass, which looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_main_in_process(capsys, main, argv) -> tuple[int | None, str, str]:
+    """`run_main(main, argv)` as the script would run it: (exit code, stdout, stderr). SIGTERM's handler is
+    put back afterwards."""
+    from neuroshard.core.cli import run_main
+
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(main, [str(a) for a in argv])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err

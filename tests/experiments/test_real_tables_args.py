@@ -1,22 +1,15 @@
 """benchmarks/real_tables.py checks everything cheap before it calibrates for minutes (issue 39), in-process:
 a budget that is not a number, an unknown table set, too few devices, an --out_dir it cannot write or one
 another run is writing: one line, exit 2, nothing written, no models loaded."""
-import importlib.util
 import os
-import signal
-import sys
 
 import pytest
 
 from neuroshard.core.artifacts import OutputLock
-from neuroshard.core.cli import run_main
 
-from conftest import ROOT
+from conftest import load_benchmark, run_main_in_process
 
-_spec = importlib.util.spec_from_file_location("real_tables_script", ROOT / "benchmarks" / "real_tables.py")
-real_tables = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = real_tables  # its config is a dataclass, which looks its module up
-_spec.loader.exec_module(real_tables)
+real_tables = load_benchmark("real_tables")
 
 
 def _run(capsys, monkeypatch, *argv):
@@ -24,16 +17,10 @@ def _run(capsys, monkeypatch, *argv):
         raise AssertionError("work started before the checks")
 
     monkeypatch.setattr(real_tables, "measure_sets", no_work)
-    old = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as e:
-            run_main(real_tables.main, [str(a) for a in argv])
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    err = capsys.readouterr().err
+    code, _, err = run_main_in_process(capsys, real_tables.main, argv)
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    return e.value.code, lines[0]
+    return code, lines[0]
 
 
 @pytest.mark.parametrize("args,words", [

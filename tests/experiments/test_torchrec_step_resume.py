@@ -1,21 +1,13 @@
 """benchmarks/torchrec_step.py resumes: a rerun with the same settings and code skips the sets its results
 files already hold (and reports them); other settings, or a plans file that lacks a finished set, get one
 line. In-process, with results files written by the script's own writer (no plan is measured here)."""
-import importlib.util
-import signal
-import sys
-
 import pytest
 
 from neuroshard.core.artifacts import source_digest
-from neuroshard.core.cli import run_main
 
-from conftest import ROOT
+from conftest import load_benchmark, run_main_in_process
 
-_spec = importlib.util.spec_from_file_location("torchrec_step_script", ROOT / "benchmarks" / "torchrec_step.py")
-torchrec_step = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = torchrec_step  # its config is a dataclass, which looks its module up
-_spec.loader.exec_module(torchrec_step)
+torchrec_step = load_benchmark("torchrec_step")
 
 
 def _run(capsys, monkeypatch, *argv):
@@ -23,14 +15,7 @@ def _run(capsys, monkeypatch, *argv):
         raise AssertionError("a finished set was measured again")
 
     monkeypatch.setattr(torchrec_step, "user_plans", no_work)
-    old = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as e:
-            run_main(torchrec_step.main, [str(a) for a in argv])
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+    return run_main_in_process(capsys, torchrec_step.main, argv)
 
 
 def _finished(tmp_path, name="criteo_kaggle"):
