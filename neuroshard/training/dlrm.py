@@ -157,7 +157,7 @@ class _CompressedAllToAll(torch.autograd.Function):
 
 
 def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats, mp_keep: float | None = None,
-                      segments: list[list[int]] | None = None, scope: str = "table",
+                      segments: list[list[int]] | None = None, scope: str = "rank",
                       generator: torch.Generator | None = None):
     """[B, W_r] on every rank -> flat received pieces ([B/N, W_q] from each rank q, in rank order).
 

@@ -19,7 +19,6 @@ log loss.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import tempfile
