@@ -79,10 +79,14 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Raw bytes [rows, c * itemsize] (uint8) -> [rows, c] of `dtype`."""
+    """Raw bytes [rows, c * itemsize] (uint8) -> [rows, c] of `dtype`. A column slice of one row counts as
+    contiguous whatever its row stride, which `view` then refuses: such a slice is copied to dense strides."""
     if b.numel() == 0:
         return torch.empty(b.shape[0], 0, dtype=dtype, device=b.device)
-    return b.contiguous().view(dtype)
+    b = b.contiguous()
+    if b.stride(0) != b.shape[1]:
+        b = b.clone(memory_format=torch.contiguous_format)
+    return b.view(dtype)
 
 
 @dataclass
@@ -262,8 +266,7 @@ def sign_decode(b: torch.Tensor, segments: list[int], dtype=torch.float32) -> to
             continue
         nb = (w + 7) // 8
         packed = b[:, pos:pos + nb]
-        scale = _from_bytes(b[:, pos + nb:pos + nb + SCALE_BYTES].clone(memory_format=torch.contiguous_format),
-                            torch.bfloat16).to(dtype)
+        scale = _from_bytes(b[:, pos + nb:pos + nb + SCALE_BYTES], torch.bfloat16).to(dtype)
         pos += nb + SCALE_BYTES
         bits = (packed.unsqueeze(2) & _BIT_WEIGHTS.to(b.device)).ne(0).reshape(rows, nb * 8)[:, :w]
         out.append(torch.where(bits, scale, -scale))

@@ -112,3 +112,16 @@ def test_values_beyond_fp16_are_clamped_not_infinite():
 def test_segments_must_add_up_to_the_ranks_widths():
     with pytest.raises(ValueError, match="do not add up"):
         mp_wire.WireLayout([40, 8], 0.05, 4, [[16, 16], [8]])
+
+
+def test_one_sample_per_rank_decodes():
+    """bn = 1 (a batch of one sample per rank): a one-row column slice of the received bytes has a row stride
+    of the whole entry block (here 3 bytes: fp16 value + uint8 index), which a dtype view refuses unless the
+    slice is made dense first."""
+    layout = mp_wire.WireLayout([20], 0.05, 1)
+    x = torch.zeros(1, 20)
+    x[0, 7] = -2.5
+    send, _ = mp_wire.encode(x, layout, 0)
+    assert send.shape == (1, 3)
+    dense, (idx,) = mp_wire.decode(send.reshape(-1), layout)
+    assert torch.equal(dense, x.reshape(-1)) and idx.tolist() == [[7]]
