@@ -178,13 +178,14 @@ def run(a: TorchRecStepConfig) -> None:
     from neuroshard.sharding.search import plan_key
 
     rows, sets = finished_sets(a)
-    measured = []
+    made = {**a.settings(), "code": source_digest()}  # recorded in every row, checked on resuming
+    measured = False
     for name in a.sets:
         if any(s["set"] == name for s in sets):
             print(f"{name}: measured already ({Path(a.out_dir) / SETS_CSV}); --fresh measures it again")
             continue
         t0 = time.perf_counter()
-        measured.append(name)
+        measured = True
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             tl, plans, sim, batch = user_plans(name, a, tmp)
@@ -193,7 +194,6 @@ def run(a: TorchRecStepConfig) -> None:
             rounds, distinct, emulated = measure(tl, plans, a, batch, tmp)
         R = a.rounds
         half = R // 2
-        made = {**a.settings(), "code": source_digest()}
         tr = rounds[plan_key(plans["torchrec"])]
         geo_first = {k: float(np.exp(np.log(v[:half]).mean())) for k, v in rounds.items()}
         best_key = min(geo_first, key=geo_first.get)
@@ -218,7 +218,7 @@ def run(a: TorchRecStepConfig) -> None:
                      "seconds": time.perf_counter() - t0, **made})
         print(sets[-1])
         write(rows, sets, a)  # after every set: an interrupted run keeps the sets it finished
-    if sets and all(s["set"] not in measured for s in sets):  # every set finished before: report them
+    if sets and not measured:  # every set finished before: report them
         write(rows, sets, a)
 
 
