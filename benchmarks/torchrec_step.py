@@ -40,7 +40,8 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from neuroshard.core.artifacts import OutputLock, check_output_dir, source_digest, write_results  # noqa: E402
+from neuroshard.core.artifacts import (OutputLock, check_output_dir, check_output_file, source_digest,  # noqa: E402
+                                       write_results)
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConfig, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
@@ -230,6 +231,7 @@ def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict]]:
     code (refused in one line otherwise); none with --fresh. The sets CSV is written last, so a set counts
     as finished only once both files hold it."""
     out = Path(a.out_dir)
+    check_output_file(out / PLANS_CSV, "--out_dir:")
     done = runs_done(out / SETS_CSV, a.fresh, a.settings(), ("set",))
     if a.fresh:
         (out / PLANS_CSV).unlink(missing_ok=True)

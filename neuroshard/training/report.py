@@ -27,9 +27,10 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
     Refused unless every row was made with `settings` (column -> value) and by the same neuroshard code
     (the rows' `code` column, the source digest), so one table never mixes runs of different settings or
     of code before and after a change."""
-    from ..core.artifacts import source_digest
+    from ..core.artifacts import check_output_file, source_digest
     from ..core.errors import UserError
 
+    check_output_file(csv, "--out_dir:")  # a folder there would fail the run's first write, after its work
     if fresh:
         csv.unlink(missing_ok=True)
     if not csv.is_file():

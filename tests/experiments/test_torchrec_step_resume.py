@@ -57,3 +57,10 @@ def test_a_plans_file_without_a_finished_set_is_refused(tmp_path, capsys, monkey
     (tmp_path / "torchrec_step.csv").unlink()
     code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
     assert code == 2 and "lacks the plans of set 'criteo_kaggle'" in err and "--fresh" in err
+
+
+@pytest.mark.parametrize("name", ["torchrec_step_sets.csv", "torchrec_step.csv"])
+def test_a_folder_where_a_results_file_goes_is_refused_before_any_work(tmp_path, capsys, monkeypatch, name):
+    (tmp_path / name).mkdir()
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code == 2 and f"{name} is a folder; name a file to write" in err and "Traceback" not in err
