@@ -80,11 +80,12 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Raw bytes [rows, c * itemsize] (uint8) -> [rows, c] of `dtype`. A column slice of one row counts as
-    contiguous whatever its row stride, which `view` then refuses: such a slice is copied to dense strides."""
+    contiguous whatever its row stride, and a slice may start at an offset `view` cannot align; `view` refuses
+    both, so such a slice is copied to dense strides first."""
     if b.numel() == 0:
         return torch.empty(b.shape[0], 0, dtype=dtype, device=b.device)
     b = b.contiguous()
-    if b.stride(0) != b.shape[1]:
+    if b.stride(0) != b.shape[1] or b.storage_offset() % dtype.itemsize:
         b = b.clone(memory_format=torch.contiguous_format)
     return b.view(dtype)
 
@@ -225,34 +226,55 @@ def sign_bytes(width: int) -> int:
     return (width + 7) // 8 + SCALE_BYTES if width else 0
 
 
-_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+# eight 0/1 bytes read as one little-endian int64, times this, hold bit i of byte i in the product's top byte
+# (the partial products never carry into it): the packed byte, least significant bit first
+_GATHER = 0x0102040810204080
+_SIGNS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float() * 2 - 1  # byte -> its 8 bits as +-1
+
+
+def _equal_width_runs(segments: list[int]) -> list[tuple[int, int, int]]:
+    """(first column, width, count) of each run of consecutive segments of one nonzero width (empty ones skipped):
+    the codec handles a run as one [rows, count, width] block, with the bytes of each segment alone."""
+    runs, start = [], 0
+    for w in map(int, segments):
+        if w and runs and runs[-1][1] == w:
+            runs[-1][2] += 1
+        elif w:
+            runs.append([start, w, 1])
+        start += w
+    return [tuple(r) for r in runs]
 
 
 def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
     """[rows, sum(segments)] float -> [rows, sum(sign_bytes(w))] uint8: per segment its packed bits (least
     significant bit first, padded to a whole byte) then its bf16 scale. Without `generator`: bit set where
     x >= 0, scale mean |x|; with it (random rounding): bit set with probability (1 + x / M) / 2, scale M =
-    max |x| (the bf16 M, so the decoded values average to x)."""
-    rows, pieces, start = x.shape[0], [], 0
+    max |x| (the bf16 M, so the decoded values average to x). The draws are [rows, w] blocks, one per segment
+    in order."""
+    rows, pieces = x.shape[0], []
     x = x.detach()
-    for w in segments:
-        seg = x[:, start:start + w].float()
-        start += w
-        if not w:
-            continue
+    for start, w, n in _equal_width_runs(segments):
+        seg = x[:, start:start + n * w].float().reshape(rows, n, w)
         if generator is None:
-            scale = seg.abs().mean(dim=1, keepdim=True).clamp(max=torch.finfo(torch.bfloat16).max).to(torch.bfloat16)
+            scale = seg.abs().mean(dim=2, keepdim=True).clamp(max=torch.finfo(torch.bfloat16).max).to(torch.bfloat16)
             positive = seg >= 0
         else:
             # rounded up past bf16's spacing (2^-7 relative), so that M >= max |x| and P lies in [0, 1]
-            scale = (seg.abs().amax(dim=1, keepdim=True) * (1 + 2 ** -7)).to(torch.bfloat16)
+            scale = (seg.abs().amax(dim=2, keepdim=True) * (1 + 2 ** -7)).to(torch.bfloat16)
             m = scale.float()
-            p = torch.where(m > 0, (1 + seg / torch.where(m > 0, m, 1.0)) / 2, 0.5)
-            positive = torch.rand(seg.shape, generator=generator, device=x.device) < p
-        bits = torch.zeros(rows, (w + 7) // 8 * 8, dtype=torch.uint8, device=x.device)
-        bits[:, :w] = positive.to(torch.uint8)
-        packed = (bits.reshape(rows, -1, 8) * _BIT_WEIGHTS.to(x.device)).sum(dim=2, dtype=torch.uint8)
-        pieces += [packed, _as_bytes(scale)]
+            if bool((m > 0).all()):
+                p = (seg / m).add_(1).div_(2)
+            else:
+                p = torch.where(m > 0, (1 + seg / torch.where(m > 0, m, 1.0)) / 2, 0.5)
+            draws = torch.empty(n, rows, w, device=x.device)
+            for j in range(n):
+                draws[j].uniform_(0, 1, generator=generator)
+            positive = draws.transpose(0, 1) < p
+        nb = (w + 7) // 8
+        bits = torch.zeros(rows, n, nb * 8, dtype=torch.uint8, device=x.device)
+        bits[..., :w] = positive
+        packed = ((bits.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
+        pieces.append(torch.cat([packed, scale.view(torch.uint8)], dim=2).reshape(rows, n * (nb + SCALE_BYTES)))
     if not pieces:
         return torch.empty(rows, 0, dtype=torch.uint8, device=x.device)
     return torch.cat(pieces, dim=1)
@@ -261,15 +283,13 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
 def sign_decode(b: torch.Tensor, segments: list[int], dtype=torch.float32) -> torch.Tensor:
     """[rows, sum(sign_bytes(w))] uint8 -> [rows, sum(segments)]: each entry scale * (+1 or -1)."""
     rows, out, pos = b.shape[0], [], 0
-    for w in segments:
-        if not w:
-            continue
+    for _, w, n in _equal_width_runs(segments):
         nb = (w + 7) // 8
-        packed = b[:, pos:pos + nb]
-        scale = _from_bytes(b[:, pos + nb:pos + nb + SCALE_BYTES], torch.bfloat16).to(dtype)
-        pos += nb + SCALE_BYTES
-        bits = (packed.unsqueeze(2) & _BIT_WEIGHTS.to(b.device)).ne(0).reshape(rows, nb * 8)[:, :w]
-        out.append(torch.where(bits, scale, -scale))
+        run = b[:, pos:pos + n * (nb + SCALE_BYTES)].reshape(rows, n, nb + SCALE_BYTES)
+        pos += n * (nb + SCALE_BYTES)
+        scale = _from_bytes(run[..., nb:].reshape(rows * n, SCALE_BYTES), torch.bfloat16).reshape(rows, n, 1).to(dtype)
+        signs = _SIGNS.to(device=b.device, dtype=dtype)[run[..., :nb].long()].reshape(rows, n, nb * 8)[..., :w]
+        out.append((signs * scale).reshape(rows, n * w))
     if not out:
         return torch.zeros(rows, 0, dtype=dtype, device=b.device)
     return torch.cat(out, dim=1)

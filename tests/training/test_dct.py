@@ -246,6 +246,33 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
     assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4], gen), [4]), torch.zeros(2, 4))
 
 
+def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
+    """The codec handles consecutive segments of one width as one block (mp_wire._equal_width_runs): the bytes,
+    the random draws and the decoded values are those of coding each segment by itself, in order."""
+    from neuroshard.compression import mp_wire
+
+    segments = [8, 8, 5, 5, 5, 0, 12, 1, 12, 12]
+    x = torch.randn(7, sum(segments)) * torch.logspace(-8, 3, sum(segments))
+    x[2, 16:21] = 0  # a segment of zeros: scale 0 in both directions
+    starts = [sum(segments[:i]) for i in range(len(segments))]
+    for seeded in (False, True):
+        gens = [torch.Generator().manual_seed(5) if seeded else None for _ in range(2)]
+        alone = torch.cat([mp_wire.sign_encode(x[:, a:a + w], [w], gens[0]) for a, w in zip(starts, segments)], dim=1)
+        whole = mp_wire.sign_encode(x, segments, gens[1])
+        assert torch.equal(whole, alone)
+        if seeded:
+            assert torch.equal(torch.rand(4, generator=gens[0]), torch.rand(4, generator=gens[1]))
+        pos, parts = 0, []
+        for w in segments:
+            e = mp_wire.sign_bytes(w)
+            parts.append(mp_wire.sign_decode(whole[:, pos:pos + e], [w]))
+            pos += e
+        assert torch.equal(mp_wire.sign_decode(whole, segments), torch.cat(parts, dim=1))
+        # a one-row slice at an odd byte offset, as an exchange hands a rank's piece to the decoder
+        padded = torch.cat([torch.zeros(2, 1, dtype=torch.uint8), whole[:2]], dim=1)
+        assert torch.equal(mp_wire.sign_decode(padded[1:, 1:], segments), mp_wire.sign_decode(whole[1:2], segments))
+
+
 def test_four_ranks_train_with_both_compressions(movielens):
     r = train_dlrm(TrainConfig(**{**SMALL, "dct": "both", "ndevices": 4, "steps": 8}), progress=False, data=movielens)
     assert r["num_test"] > 19_000 and math.isfinite(r["test_logloss"])
