@@ -388,6 +388,16 @@ CALIBRATE_WARMUP_ITER, CALIBRATE_NUM_ITER = 5, 10  # per calibration shard
 MEASURE_BUDGET_S = 180.0  # --measure: seconds of rounds
 MEASURE_WARMUP_ITER, MEASURE_NUM_ITER = 3, 5  # --measure: per candidate per round
 MEASURE_TOP = 3  # --measure: NeuroShard's best distinct plans measured
+# --min_gain: a plan other than TorchRec's is handed out only when the cost models rate it at least this share
+# cheaper. On the 2-core VM the step cost put all plans of the one-hot sets within a few per cent of each other,
+# and TorchRec's step measured them in another order (Spearman 0.32-0.80; docs/results.md).
+MIN_GAIN = 0.05
+
+
+def check_min_gain(min_gain: float) -> float:
+    """`--min_gain` / `min_gain=`: a share in [0, 1)."""
+    check_float("--min_gain", min_gain, 0.0, 1.0, hi_open=True)
+    return float(min_gain)
 
 
 def check_measure(budget_s: float, top_k: int, warmup_iter: int, num_iter: int) -> None:
@@ -444,6 +454,8 @@ class ShardTablesConfig:
     cost: str = flag("step", "what the simulator and search minimise: step (TorchRec's step: per sharding group the "
                              "input distribution and both all-to-alls) or paper (compute + one forward and one "
                              "backward all-to-all, as the paper)", choices=("step", "paper"))
+    min_gain: float = flag(MIN_GAIN, "with --alg neuroshard: hand out a plan other than TorchRec's only when the cost "
+                                     "models rate it at least this share cheaper (0: the plan rated fastest)")
     measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
     measure_top: int = flag(MEASURE_TOP, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
     no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "
@@ -470,6 +482,7 @@ class ShardTablesConfig:
         if self.calibrate is not None:
             check_calibrate(self.calibrate, self.calibrate_comm)
         check_int("--seed", self.seed, 0)
+        check_min_gain(self.min_gain)
         self.hardware.check()
         self.search.check()
         return self

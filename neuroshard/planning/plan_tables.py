@@ -207,7 +207,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     plan = res.plan
     chosen = alg
     if alg == "neuroshard" and not cfg.measure:
-        plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan)
+        plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan, cfg.min_gain)
     cost = sim.plan_cost(tl.task, plan) if sim else None
     models_fix = (f"delete {calibration_path(out)} and calibrate again (--calibrate K)" if calibration is not None
                   else "retrain them on more cost data or fine-tune them to these tables (--calibrate K)")
@@ -270,20 +270,19 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     return report
 
 
-def neuroshard_or_better(tl: TableList, cluster: Cluster, sim, search, batch: int, seed: int, plan):
-    """NeuroShard's plan, unless the simulator rates TorchRec's or a heuristic's plan of the same tables faster:
-    then that one (`best_simulated`). Prints the comparison; returns (plan, the names it goes by)."""
-    from ..sharding.candidates import against_baselines
+def neuroshard_or_better(tl: TableList, cluster: Cluster, sim, search, batch: int, seed: int, plan,
+                         min_gain: float = 0.0):
+    """NeuroShard's plan, unless the simulator rates TorchRec's or a heuristic's plan of the same tables faster, or
+    rates the fastest less than `min_gain` cheaper than TorchRec's (`best_simulated`): then that one. Prints the
+    comparison; returns (plan, the names it goes by)."""
+    from ..sharding.candidates import against_baselines, handout_verdict
 
-    best, ranked = against_baselines(tl.task, cluster, sim, search, batch, plan, seed)
+    best, ranked = against_baselines(tl.task, cluster, sim, search, batch, plan, seed, min_gain=min_gain)
     cells = [["/".join(c.names), "-" if c.simulated_ms is None else f"{c.simulated_ms:.3f}"] for c in ranked]
     print(f"\nNeuroShard's plan against TorchRec's and the heuristics' (simulated {sim.cost} cost, ms):")
     print("\n".join(format_table(["plan", "simulated ms"], cells, style="text", align="lr")))
-    names = "/".join(best.names)
-    if "neuroshard" in best.names:
-        return plan, "neuroshard"
-    print(f"written plan: {names}, which the cost models rate faster than NeuroShard's search plan")
-    return best.plan, names
+    print("\n" + handout_verdict(best, ranked, min_gain))
+    return (plan, "neuroshard") if "neuroshard" in best.names else (best.plan, "/".join(best.names))
 
 
 def check_measured_rows(rows: list[dict]) -> None:

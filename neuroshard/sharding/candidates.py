@@ -1,8 +1,10 @@
 """The candidate plans of a set of tables (DESIGN.md §8): NeuroShard's best distinct plans, every greedy
 heuristic's and TorchRec's, deduplicated (identical plans are one candidate under all their names) and each
-with its simulated cost. `--measure` measures them; `best_simulated` is the one the simulator rates fastest,
-which `--alg neuroshard` and `NeuroShardPlanner` hand out, so that neither gives a plan its own simulator
-predicts slower than TorchRec's or a heuristic's.
+with its simulated cost. `--measure` measures them. `best_simulated` is the one `--alg neuroshard` and
+`NeuroShardPlanner` hand out: the plan the simulator rates fastest, unless it is rated less than `min_gain`
+cheaper than TorchRec's plan, which is then kept. So neither hands out a plan its own simulator predicts slower
+than TorchRec's or a heuristic's, nor trades TorchRec's plan for a gain smaller than the models can tell apart
+(docs/planning.md).
 """
 from __future__ import annotations
 
@@ -63,17 +65,42 @@ def simulated_parts(cost) -> list[list[float]]:
     return np.stack([cost.compute_ms, cost.fw_ms, cost.bw_ms], axis=1).astype(float).tolist()
 
 
-def best_simulated(candidates: list[Candidate]) -> Candidate:
-    """The candidate with the lowest simulated cost (ties: NeuroShard's plan, then the earlier one)."""
+INCUMBENT = "torchrec"  # the plan a candidate must beat by `min_gain` to be handed out instead
+
+
+def best_simulated(candidates: list[Candidate], min_gain: float = 0.0) -> Candidate:
+    """The candidate with the lowest simulated cost (ties: NeuroShard's plan, then the earlier one), unless
+    TorchRec's plan is among the candidates and that one is rated less than `min_gain` (a share, 0.05 = 5%)
+    cheaper than it: then TorchRec's."""
     rated = [(c.simulated_ms, not any(n.startswith("neuroshard") for n in c.names), i)
              for i, c in enumerate(candidates) if c.simulated_ms is not None]
-    return candidates[min(rated)[2]] if rated else candidates[0]
+    if not rated:
+        return candidates[0]
+    best = candidates[min(rated)[2]]
+    incumbent = next((c for c in candidates if INCUMBENT in c.names and c.simulated_ms is not None), None)
+    if incumbent is not None and best.simulated_ms > (1.0 - min_gain) * incumbent.simulated_ms:
+        return incumbent
+    return best
 
 
 def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement, seed: int = 0,
-                      no_split: frozenset[int] = frozenset()) -> tuple[Candidate, list[Candidate]]:
+                      no_split: frozenset[int] = frozenset(), min_gain: float = 0.0) -> tuple[Candidate, list[Candidate]]:
     """NeuroShard's `plan` scored beside TorchRec's and each greedy heuristic's plan of the same tables (a plan that
-    splits a table in `no_split` is not a candidate): the best (`best_simulated`) and all of them, fastest first."""
+    splits a table in `no_split` is not a candidate): the one handed out (`best_simulated` with `min_gain`) and all
+    of them, fastest first."""
     cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra={"neuroshard": plan})
              if not any(c.plan.shards[i].table in no_split for i in c.plan.splits)]
-    return best_simulated(cands), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))
+    return best_simulated(cands, min_gain), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))
+
+
+def handout_verdict(best: Candidate, ranked: list[Candidate], min_gain: float) -> str:
+    """One line: which plan is handed out and why (`best_simulated`'s rule), for the printed and logged comparison."""
+    fastest = next((c for c in ranked if c.simulated_ms is not None), best)
+    names = "/".join(best.names)
+    if best is not fastest and INCUMBENT in best.names:
+        gain = 1.0 - fastest.simulated_ms / best.simulated_ms
+        return (f"plan handed out: {names}'s; the fastest rated ({'/'.join(fastest.names)}) is only {gain:.1%} cheaper, "
+                f"less than --min_gain {min_gain:g}")
+    if "neuroshard" in best.names:
+        return f"plan handed out: NeuroShard's ({names})"
+    return f"plan handed out: {names}'s, which the cost models rate faster than NeuroShard's search plan"

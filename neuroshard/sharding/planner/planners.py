@@ -27,7 +27,9 @@ every rank. Both return a TorchRec `ShardingPlan` built by `torchrec_export.to_t
   input distribution and both all-to-alls, `simulator.py`); `cost="paper"` by the paper's three terms.
 - Never slower than TorchRec's planner by its own models: with `compare` (default), TorchRec's own
   `EmbeddingShardingPlanner` plan and each greedy heuristic's plan of the same tables are scored too, and the
-  plan the simulator rates fastest is handed out; the stats list the scores and say which plan won.
+  plan the simulator rates fastest is handed out, unless it is rated less than `min_gain` (default 5%) cheaper
+  than TorchRec's plan: then TorchRec's (a gain the models cannot resolve is not worth a change of plan). The
+  stats list the scores and say which plan won and why.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...core.config import SearchParams, comm_model_paths
+from ...core.config import MIN_GAIN, SearchParams, check_min_gain, comm_model_paths
 from ...core.errors import PlanError, UserError
 from ...core.types import MAX_DEVICE_MEM_GB, Cluster
 from ...data.tasks import ShardingTask
@@ -70,7 +72,7 @@ class NeuroShardPlanner:
                  search: SearchParams = SearchParams(), debug: bool = True, enumerator: Enumerator | None = None,
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
                  partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = "step",
-                 simulator: Simulator | None = None, compare: bool = True):
+                 simulator: Simulator | None = None, compare: bool = True, min_gain: float = MIN_GAIN):
         from ..torchrec_baseline import _import
 
         _import()  # one clear line when TorchRec is missing
@@ -121,6 +123,7 @@ class NeuroShardPlanner:
         except UserError as e:
             raise UserError(f"NeuroShardPlanner: {e}") from None
         self.compare = compare
+        self.min_gain = check_min_gain(min_gain)
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         if batch_size is None:
             batch_size = max(1, int(self.model_batch) // world) if self.model_batch else 512
@@ -234,17 +237,17 @@ class NeuroShardPlanner:
                              self.model_batch, meta.get("device_name") or meta.get("device") or "?")
 
     def _best_of(self, task: ShardingTask, plan, no_split: frozenset[int]):
-        """(plan, note): NeuroShard's plan unless the simulator rates TorchRec's own planner's or a greedy heuristic's
-        plan of the same tables faster (one that splits a table-wise-only table is not a candidate)."""
-        from ..candidates import against_baselines
+        """(plan, note): the plan handed out among NeuroShard's, TorchRec's own planner's and each greedy heuristic's
+        of the same tables (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only table
+        is not a candidate)."""
+        from ..candidates import against_baselines, handout_verdict
 
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
         best, ranked = against_baselines(task, self.cluster, self.simulator, self.search, batch, plan,
-                                         no_split=no_split)
+                                         no_split=no_split, min_gain=self.min_gain)
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
-        verdict = ("NeuroShard's plan handed out" if "neuroshard" in best.names else
-                   f"{'/'.join(best.names)}'s plan handed out: rated faster than NeuroShard's search plan")
-        return best.plan, f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; {verdict}"
+        return best.plan, (f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
+                           f"{handout_verdict(best, ranked, self.min_gain).replace('--min_gain', 'min_gain')}")
 
     def _thresholds_for(self, task: ShardingTask, tables: list[PlannedTable],
                         no_split: frozenset[int]) -> tuple[SearchParams, str | None]:
