@@ -34,7 +34,7 @@ from ..core.types import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import table_size_gb, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, apply_splits, can_split
-from .simulator import Simulator, input_words
+from .simulator import Simulator, group_sums, input_words
 
 
 class ShardTable:
@@ -142,13 +142,7 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
 def step_costs(sim: Simulator, st: ShardTable, items: np.ndarray, assign: np.ndarray, compute: np.ndarray):
     """Step costs (`Simulator.step_total_cost`) of complete placements: ShardTable rows [P, L], devices [P, L]
     and per-device compute [P, N]."""
-    P, N = compute.shape
-    rows = np.repeat(np.arange(P), items.shape[1])
-    group = st.column_wise[items].ravel()
-    dims = np.zeros((P, 2, N))
-    words = np.zeros((P, 2, N))
-    np.add.at(dims, (rows, group, assign.ravel()), st.dim[items].ravel())
-    np.add.at(words, (rows, group, assign.ravel()), st.input_words[items].ravel())
+    dims, words = group_sums(st.column_wise[items], assign, st.dim[items], st.input_words[items], compute.shape[1])
     return sim.step_total_cost(compute, dims, words)[0]
 
 

@@ -216,12 +216,23 @@ class Simulator:
 def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np.ndarray]:
     """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [2, N]: a table in more
     than one shard is column-wise, as `torchrec_export` exports it."""
-    pieces = np.bincount([s.table for s in plan.shards], minlength=task.num_tables)
-    dims = np.zeros((2, plan.num_devices))
-    words = np.zeros((2, plan.num_devices))
-    per_shard = input_words(task.pooling_factors)
-    for s, d in zip(plan.shards, plan.device_of):
-        g = int(pieces[s.table] > 1)
-        dims[g, d] += s.dim
-        words[g, d] += per_shard[s.table]
-    return dims, words
+    tables = np.array([s.table for s in plan.shards], dtype=np.int64)
+    group = (np.bincount(tables, minlength=task.num_tables)[tables] > 1).astype(np.int64)
+    dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None],
+                             np.array([s.dim for s in plan.shards], np.float64)[None],
+                             input_words(task.pooling_factors)[tables][None], plan.num_devices)
+    return dims[0], words[0]
+
+
+def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np.ndarray,
+               num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
+    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise), device, dim and input words ->
+    per placement, group and device the dim sums and input words ([P, 2, N] each), added in shard order."""
+    P, L = group.shape
+    at = (np.repeat(np.arange(P), L), group.ravel(), device.ravel())
+    dims = np.zeros((P, 2, num_devices))
+    out = np.zeros((P, 2, num_devices))
+    np.add.at(dims, at, dim.ravel())
+    np.add.at(out, at, words.ravel())
+    return dims, out
