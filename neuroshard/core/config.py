@@ -390,7 +390,7 @@ MEASURE_WARMUP_ITER, MEASURE_NUM_ITER = 3, 5  # --measure: per candidate per rou
 MEASURE_TOP = 3  # --measure: NeuroShard's best distinct plans measured
 # --min_gain: a plan other than TorchRec's is handed out only when the cost models rate it at least this share
 # cheaper. On the 2-core VM the step cost put all plans of the one-hot sets within a few per cent of each other,
-# and TorchRec's step measured them in another order (Spearman 0.32-0.80; docs/results.md).
+# and TorchRec's step measured them in another order (Spearman 0.30-0.80 over two runs; docs/findings.md).
 MIN_GAIN = 0.05
 
 
