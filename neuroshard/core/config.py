@@ -455,7 +455,8 @@ class ShardTablesConfig:
                              "input distribution and both all-to-alls) or paper (compute + one forward and one "
                              "backward all-to-all, as the paper)", choices=("step", "paper"))
     min_gain: float = flag(MIN_GAIN, "with --alg neuroshard: hand out a plan other than TorchRec's only when the cost "
-                                     "models rate it at least this share cheaper (0: the plan rated fastest)")
+                                     "models rate it at least this share cheaper (0: the plan rated fastest; --measure writes "
+                                     "the measured best instead)")
     measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
     measure_top: int = flag(MEASURE_TOP, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
     no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "
