@@ -199,6 +199,11 @@ class _Buffers:
         self.res: torch.Tensor | None = None  # the carried residual (None: nothing carried)
 
 
+def add_mean_share(res: torch.Tensor, buf: torch.Tensor, world: int, out: torch.Tensor) -> torch.Tensor:
+    """out = res + buf / world in one pass over the bucket (addcdiv), rounded as the division then the sum."""
+    return torch.addcdiv(res, buf, torch.tensor(float(world), dtype=buf.dtype), out=out)
+
+
 def threshold(g: torch.Tensor, keep: float) -> float:
     """The magnitude that keeps `keep` of the entries: the k-th largest |g|."""
     return kth_largest(g.abs(), keep_count(g.numel(), keep))
@@ -286,9 +291,10 @@ class _Bucket:
         if w is None:
             w = self._new_buffers(order)
         self.w, g = w, w.g
-        torch.div(buf, world, out=g)
         if state.error_feedback and w.res is not None:
-            g += w.res
+            add_mean_share(w.res, buf, world, out=g)
+        else:
+            torch.div(buf, world, out=g)
         t0 = state.timed("prepare", t0, True)
         self.k = k = keep_count(self.n, state.keep)
         cap = drift_cap(k, state.drift)

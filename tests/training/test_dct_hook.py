@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from neuroshard.hardware.launch import run_processes
-from neuroshard.training.dct import (GROUP_ROWS, MAX_DELTA, decode_into, drift_cap, encode, keep_count, over_threshold,
-                                     payload_bytes)
+from neuroshard.training.dct import (GROUP_ROWS, MAX_DELTA, add_mean_share, decode_into, drift_cap, encode, keep_count,
+                                     over_threshold, payload_bytes)
 
 import dct_workers
 
@@ -195,3 +195,17 @@ def test_frozen_adam_divides_by_the_floored_second_moment_of_the_warm_up():
     assert float(st["step"]) == 4 and torch.equal(st["exp_avg_sq"] / (1 - 0.999 ** 3), v)  # v untouched
     with pytest.raises(ValueError, match="weight decay"):
         FrozenAdam(torch.optim.Adam([p], weight_decay=0.1))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+def test_the_one_pass_share_rounds_as_divide_then_add(world):
+    """The hook's g = residual + bucket / world in one pass equals the division then the sum, bit for bit, across
+    magnitudes (large, subnormal, mixed), so error feedback delivers what it did before the fusion."""
+    gen = torch.Generator().manual_seed(world)
+    for scale_buf, scale_res in ((1.0, 0.1), (1e30, 1e-30), (1e-40, 1e-40), (1e-3, 1e3)):
+        buf = torch.randn(50_000, generator=gen) * scale_buf
+        res = torch.randn(50_000, generator=gen) * scale_res
+        want = torch.div(buf, world)
+        want += res
+        got = add_mean_share(res, buf, world, out=torch.empty(50_000))
+        assert torch.equal(got, want)
