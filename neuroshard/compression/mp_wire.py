@@ -121,6 +121,12 @@ class WireLayout:
         self.offsets = [torch.tensor([o for o, k in zip(_starts(seg), ks) for _ in range(k)], dtype=torch.int64)
                         for seg, ks in zip(self.segments, self.seg_ks)]
 
+    def forward_exchange(self, pooled: torch.Tensor):
+        return forward_exchange(pooled, self)
+
+    def backward_exchange(self, grad: torch.Tensor, state):
+        return backward_exchange(grad, state, self)
+
 
 def _starts(widths) -> list[int]:
     out, pos = [], 0
@@ -313,6 +319,12 @@ class SignLayout:
             raise ValueError(f"segments {self.segments} do not add up to the ranks' widths {self.widths}")
         self.sample_bytes = [sum(sign_bytes(w) for w in seg) for seg in self.segments]
         self.bn = self.batch_size // len(self.widths)
+
+    def forward_exchange(self, pooled: torch.Tensor):
+        return sign_forward_exchange(pooled, self)
+
+    def backward_exchange(self, grad: torch.Tensor, state):
+        return sign_backward_exchange(grad, state, self)
 
 
 def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):

@@ -141,17 +141,14 @@ class _CompressedAllToAll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, pooled, layout, stats):
-        sign = isinstance(layout, mp_wire.SignLayout)
-        exchange = mp_wire.sign_forward_exchange if sign else mp_wire.forward_exchange
-        dense, ctx.state, sent, seconds = exchange(pooled, layout)
+        dense, ctx.state, sent, seconds = layout.forward_exchange(pooled)
         stats.add("mp", sent, seconds)
-        ctx.layout, ctx.stats, ctx.sign = layout, stats, sign
+        ctx.layout, ctx.stats = layout, stats
         return dense
 
     @staticmethod
     def backward(ctx, grad):
-        exchange = mp_wire.sign_backward_exchange if ctx.sign else mp_wire.backward_exchange
-        g_pooled, sent, seconds = exchange(grad.contiguous(), ctx.state, ctx.layout)
+        g_pooled, sent, seconds = ctx.layout.backward_exchange(grad.contiguous(), ctx.state)
         ctx.stats.add("mp", sent, seconds)
         return g_pooled, None, None
 
