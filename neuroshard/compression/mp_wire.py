@@ -268,10 +268,7 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
             # rounded up past bf16's spacing (2^-7 relative), so that M >= max |x| and P lies in [0, 1]
             scale = (seg.abs().amax(dim=2, keepdim=True) * (1 + 2 ** -7)).to(torch.bfloat16)
             m = scale.float()
-            if bool((m > 0).all()):
-                p = (seg / m).add_(1).div_(2)
-            else:
-                p = torch.where(m > 0, (1 + seg / torch.where(m > 0, m, 1.0)) / 2, 0.5)
+            p = (seg / torch.where(m > 0, m, 1.0)).add_(1).div_(2).masked_fill_(~(m > 0), 0.5)
             draws = torch.empty(n, rows, w, device=x.device)
             for j in range(n):
                 draws[j].uniform_(0, 1, generator=generator)

@@ -93,14 +93,15 @@ def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan
     return best_simulated(cands, min_gain), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))
 
 
-def handout_verdict(best: Candidate, ranked: list[Candidate], min_gain: float) -> str:
-    """One line: which plan is handed out and why (`best_simulated`'s rule), for the printed and logged comparison."""
+def handout_verdict(best: Candidate, ranked: list[Candidate], min_gain: float, setting: str = "--min_gain") -> str:
+    """One line: which plan is handed out and why (`best_simulated`'s rule), for the printed and logged comparison;
+    `setting` names min_gain as the caller's user sets it (a flag, or the planner's argument)."""
     fastest = next((c for c in ranked if c.simulated_ms is not None), best)
     names = "/".join(best.names)
     if best is not fastest and INCUMBENT in best.names:
         gain = 1.0 - fastest.simulated_ms / best.simulated_ms
         return (f"plan handed out: {names}'s; the fastest rated ({'/'.join(fastest.names)}) is only {gain:.1%} cheaper, "
-                f"less than --min_gain {min_gain:g}")
+                f"less than {setting} {min_gain:g}")
     if "neuroshard" in best.names:
         return f"plan handed out: NeuroShard's ({names})"
     return f"plan handed out: {names}'s, which the cost models rate faster than NeuroShard's search plan"

@@ -247,7 +247,7 @@ class NeuroShardPlanner:
                                          no_split=no_split, min_gain=self.min_gain)
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         return best.plan, (f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
-                           f"{handout_verdict(best, ranked, self.min_gain).replace('--min_gain', 'min_gain')}")
+                           f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}")
 
     def _thresholds_for(self, task: ShardingTask, tables: list[PlannedTable],
                         no_split: frozenset[int]) -> tuple[SearchParams, str | None]:
