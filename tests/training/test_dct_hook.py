@@ -1,12 +1,13 @@
 """The DCT-DP hook on real gloo ranks with a multi-bucket model (DDP rebuilds its buckets after the
 first iteration; static_graph and gradient_as_bucket_view too), and its encoding: bytes match the
 formula, the drift bound holds."""
+import math
 import pytest
 import torch
 
 from neuroshard.hardware.launch import run_processes
-from neuroshard.training.dct import (GROUP_ROWS, MAX_DELTA, add_mean_share, decode_into, drift_cap, encode, keep_count,
-                                     over_threshold, payload_bytes)
+from neuroshard.training.dct import (GROUP_ROWS, MAX_DELTA, SAMPLE_STRIDE, add_mean_share, decode_into, drift_cap, encode,
+                                     keep_count, kth_largest, over_threshold, payload_bytes)
 
 import dct_workers
 
@@ -154,19 +155,48 @@ def test_nothing_is_lost_when_no_rank_has_an_entry_over_a_stale_tau(runs):
 
 @pytest.mark.parametrize("n", [100, GROUP_ROWS * 1024 - 1, GROUP_ROWS * 1024, GROUP_ROWS * 4096 + 7, 1_000_003])
 def test_grouped_threshold_search_finds_exactly_the_plain_one(n):
-    """over_threshold (column maxima first) returns the same sorted positions as (|g| >= tau).nonzero(),
-    with ties at tau, zeros, a tail that does not fill a row, nothing or everything over tau, and NaNs."""
+    """over_threshold (column maxima and minima first) returns the same sorted positions as
+    (|g| >= tau).nonzero(), with ties at tau on both signs, zeros, a tail that does not fill a row,
+    nothing or everything over tau, and NaNs."""
     g = torch.Generator().manual_seed(n)
-    mag = torch.randn(n, generator=g).abs()
-    mag[torch.randint(0, n, (n // 7,), generator=g)] = 0.0
+    x = torch.randn(n, generator=g)
+    x[torch.randint(0, n, (n // 7,), generator=g)] = 0.0
+    mag = x.abs()
     tau = float(mag.kthvalue(max(1, n - n // 200)).values)
-    mag[torch.randint(0, n, (5,), generator=g)] = tau     # ties
-    mag[-1] = 2 * tau                                       # the tail
+    x[torch.randint(0, n, (5,), generator=g)] = tau       # ties
+    x[torch.randint(0, n, (5,), generator=g)] = -tau
+    x[-1] = -2 * tau                                        # the tail
+    mag = x.abs()
     cases = [tau, 0.0, float(mag.max()) * 2, float(mag.max()), 1e-30]
     for t in cases:
-        assert torch.equal(over_threshold(mag, t), (mag >= t).nonzero().squeeze(1)), t
-    mag[n // 3] = float("nan")
-    assert torch.equal(over_threshold(mag, tau), (mag >= tau).nonzero().squeeze(1))
+        assert torch.equal(over_threshold(x, t), (mag >= t).nonzero().squeeze(1)), t
+    x[n // 3] = float("nan")
+    x[n // 5] = float("-inf")
+    assert torch.equal(over_threshold(x, tau), (x.abs() >= tau).nonzero().squeeze(1))
+
+
+@pytest.mark.parametrize("n", [100, GROUP_ROWS * 1024 * 16, 1_000_003])
+def test_kth_largest_is_exactly_kthvalue_of_the_magnitudes(n):
+    """kth_largest (a sampled bound, then the candidates over it) gives the k-th largest |g| as
+    g.abs().kthvalue does: heavy ties, a sample that misses the largest entries (too few candidates),
+    NaN (ranked largest by kthvalue), infinities, every k from 1 to all."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    x[torch.randint(0, n, (n // 3,), generator=g)] = 0.5   # ties across the bound
+    x[torch.randint(0, n, (n // 3,), generator=g)] = -0.5
+    for k in [1, 7, max(1, n // 200), n // 2, n]:
+        assert kth_largest(x, k) == float(x.abs().kthvalue(n - k + 1).values), k
+    y = torch.zeros(n)
+    y[1::SAMPLE_STRIDE] = torch.rand(len(y[1::SAMPLE_STRIDE]), generator=g) + 1  # the sample sees only zeros
+    z = torch.rand(n, generator=g)
+    z[::SAMPLE_STRIDE] += 1                                 # the sample holds the largest: too few pass its bound
+    for v in (y, z):
+        for k in [1, max(1, n // 200)]:
+            assert kth_largest(v, k) == float(v.abs().kthvalue(n - k + 1).values), k
+    x[n // 2] = float("-inf")
+    assert kth_largest(x, 1) == float("inf")
+    x[n // 3] = float("nan")
+    assert math.isnan(kth_largest(x, 1)) and kth_largest(x, 2) == float("inf")
 
 
 def test_frozen_adam_divides_by_the_floored_second_moment_of_the_warm_up():
