@@ -19,7 +19,10 @@ ratio to TorchRec's plan (paired over rounds, geometric mean, Student-t 95% inte
 what makes it fast). Per set: the Spearman correlation over the distinct plans of each simulated cost (step,
 paper) and of the emulated engine's measured cost (`--emulated_rounds`: the engine that emulates independent
 devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks share 2 cores, DMP's
-compute contends and the two engines part. Writes results/torchrec_step.{csv,md} (per plan) and
+compute contends and the two engines part. With `--calibrate_dmp P` (default 16), P random plans of the set
+(`planning.step_fit.sample_user_plans`) are measured in the same interleaved rounds, the step cost is fitted to
+them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
+the fitted step cost is judged on the user's plans, none of which the fit saw. Writes results/torchrec_step.{csv,md} (per plan) and
 results/torchrec_step_sets.csv (per set), each with its .meta.json, after every set. A rerun with the same
 settings and code skips the sets those files already hold (Ctrl-C loses at most the set being measured);
 `--fresh` measures every set again.
@@ -66,13 +69,15 @@ class TorchRecStepConfig:
     rebuild_every: int = flag(1, "build each plan's DistributedModelParallel again every this many rounds (0: once)")
     emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
                                    "beside the DMP steps; 0: skip")
+    calibrate_dmp: int = flag(16, "random plans measured beside the user's plans, to fit the step cost to DMP steps "
+                                  "and judge the fit on the user's plans; 0: skip")
     out_dir: str = flag("results")
     fresh: bool = flag(False, "measure every set again (drops the sets the results files already hold)")
 
     def settings(self) -> dict:
         """What every row records and a resumed run must match (besides the code)."""
         return {k: getattr(self, k) for k in ("ndevices", "max_mem", "rounds", "warmup_iter", "num_iter",
-                                              "rebuild_every", "emulated_rounds")}
+                                              "rebuild_every", "emulated_rounds", "calibrate_dmp")}
 
     def check(self) -> "TorchRecStepConfig":
         unknown = [s for s in self.sets if s not in SCALES]
@@ -83,6 +88,8 @@ class TorchRecStepConfig:
         check_int("--num_iter", self.num_iter, 1, 1000)
         check_int("--emulated_rounds", self.emulated_rounds, 0, 10_000)
         check_int("--rebuild_every", self.rebuild_every, 0, 10_000)
+        if self.calibrate_dmp:
+            check_int("--calibrate_dmp", self.calibrate_dmp, 2, 1000)
         Cluster(self.ndevices, self.max_mem).need_peers()
         return self
 
@@ -168,14 +175,19 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
                               rebuild_every=a.rebuild_every)
     res = measure_fixed(settings, items, a.ndevices, a.rounds)
     emulated = {}
-    if a.emulated_rounds:
+    if a.emulated_rounds:  # the user's plans (not the step fit's random ones)
+        users = [k for k in keys if not all(n.startswith(RANDOM) for n in distinct[k])]
         emu = measure_fixed(EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter),
-                            [plan_device_tables(task, first[k]) for k in keys], a.ndevices, a.emulated_rounds)
-        emulated = {k: m.cost_ms for k, m in zip(keys, emu)}
+                            [plan_device_tables(task, first[k]) for k in users], a.ndevices, a.emulated_rounds)
+        emulated = {k: m.cost_ms for k, m in zip(users, emu)}
     return {k: m.round_ms for k, m in zip(keys, res)}, distinct, emulated
 
 
+RANDOM = "random"  # the name prefix of the fit's random plans
+
+
 def run(a: TorchRecStepConfig) -> None:
+    from neuroshard.planning.step_fit import fit_step_fit, sample_user_plans
     from neuroshard.sharding.search import plan_key
 
     rows, sets = finished_sets(a)
@@ -190,9 +202,16 @@ def run(a: TorchRecStepConfig) -> None:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             tl, plans, sim, batch = user_plans(name, a, tmp)
-            print(f"\n=== {name}: {len(tl.names)} tables, {len(set(map(plan_key, plans.values())))} distinct plans, "
-                  f"{a.rounds} rounds on {a.ndevices} ranks")
+            print(f"\n=== {name}: {len(tl.names)} tables, {len(set(map(plan_key, plans.values())))} distinct plans "
+                  f"(and {a.calibrate_dmp} random plans for the step fit), {a.rounds} rounds on {a.ndevices} ranks")
+            for i, p in enumerate(sample_user_plans(tl.task, Cluster(a.ndevices, a.max_mem), a.calibrate_dmp, 0)):
+                plans[f"{RANDOM}{i}"] = p
             rounds, distinct, emulated = measure(tl, plans, a, batch, tmp)
+        # the fit's random plans (the user's plans among them, if one was drawn, count as the user's): judged apart
+        fit_plans = [plans[ns[0]] for k, ns in distinct.items() if all(n.startswith(RANDOM) for n in ns)]
+        fit_ms = [float(np.exp(np.log(rounds.pop(k)).mean())) for k, ns in list(distinct.items())
+                  if all(n.startswith(RANDOM) for n in ns)]
+        distinct = {k: [n for n in ns if not n.startswith(RANDOM)] for k, ns in distinct.items() if k in rounds}
         R = a.rounds
         half = R // 2
         tr = rounds[plan_key(plans["torchrec"])]
@@ -203,6 +222,16 @@ def run(a: TorchRecStepConfig) -> None:
         sim_paper = {k: paper_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
         meas = {k: float(np.exp(np.log(v).mean())) for k, v in rounds.items()}
         ks = list(rounds)
+        fitted = {k: np.nan for k in ks}
+        fit_cols = {"fit_scale": np.nan, "fit_overhead_ms": np.nan, "fit_mape": np.nan, "fit_ratio_min": np.nan,
+                    "fit_ratio_max": np.nan}
+        if fit_plans:
+            fit = fit_step_fit([step_sim.plan_cost(tl.task, p).cost_ms for p in fit_plans], fit_ms)
+            fitted = {k: sim_step[k] * fit.scale + fit.overhead_ms for k in ks}
+            ratio = np.array([fitted[k] / meas[k] for k in ks])
+            fit_cols = {"fit_scale": fit.scale, "fit_overhead_ms": fit.overhead_ms,
+                        "fit_mape": float(np.mean(np.abs(ratio - 1))), "fit_ratio_min": float(ratio.min()),
+                        "fit_ratio_max": float(ratio.max())}
         rho_step = float(spearmanr([sim_step[k] for k in ks], [meas[k] for k in ks])[0])
         rho_paper = float(spearmanr([sim_paper[k] for k in ks], [meas[k] for k in ks])[0])
         rho_emulated = float(spearmanr([emulated[k] for k in ks], [meas[k] for k in ks])[0]) if emulated else np.nan
@@ -210,12 +239,14 @@ def run(a: TorchRecStepConfig) -> None:
             st = paired_interval(rounds[k], tr)
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
                          "dmp_ms": meas[k], "emulated_ms": emulated.get(k, np.nan), "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
-                         "sim_meas_step": sim_step[k] / meas[k], "vs_torchrec": st.estimate,
+                         "sim_meas_step": sim_step[k] / meas[k], "sim_fit_ms": fitted[k],
+                         "sim_meas_fit": fitted[k] / meas[k], "vs_torchrec": st.estimate,
                          "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, **made})
         held = paired_interval(rounds[best_key][half:], tr[half:])
         sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
                      "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "distinct_plans": len(ks),
+                     "fit_plans": len(fit_plans), **fit_cols,
                      "seconds": time.perf_counter() - t0, **made})
         print(sets[-1])
         write(rows, sets, a)  # after every set: an interrupted run keeps the sets it finished
@@ -260,16 +291,21 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
         mine = [r for r in rows if r["set"] == s["set"]]
         lines += [f"## {s['set']}", "",
                   *format_table(["plan", "column split", "DMP ms", "emulated engine ms", "sim step ms", "sim paper ms",
-                                 "vs TorchRec in DMP [95% CI]"],
+                                 "fitted step ms", "vs TorchRec in DMP [95% CI]"],
                                 [[r["plan"], "yes" if r["column_split"] else "no", f"{r['dmp_ms']:.2f}",
                                   f"{r['emulated_ms']:.2f}", f"{r['sim_step_ms']:.3f}", f"{r['sim_paper_ms']:.3f}",
-                                  ci(r, "vs_torchrec")]
+                                  f"{r.get('sim_fit_ms', float('nan')):.2f}", ci(r, "vs_torchrec")]
                                  for r in sorted(mine, key=lambda r: r["dmp_ms"])], style="markdown"), "",
                   f"Measured best (chosen on the first {a.rounds - s['held_out_rounds']} rounds): {s['measured_best']}, "
                   f"{ci(s, 'best_vs_torchrec')} of TorchRec's on the {s['held_out_rounds']} held-out rounds. Spearman over "
                   f"the {s['distinct_plans']} plans against the DMP-measured cost: simulated step cost "
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
-                  f"{s['spearman_emulated']:.2f}.", ""]
+                  f"{s['spearman_emulated']:.2f}.",
+                  *([] if not s.get("fit_plans") else [
+                      "", f"Step cost fitted to {s['fit_plans']} random plans measured in the same rounds: DMP step = "
+                      f"{s['fit_scale']:.3f} x sim step + {s['fit_overhead_ms']:.2f} ms; on the user's plans (none of them "
+                      f"in the fit) fitted/measured {s['fit_ratio_min']:.2f}-{s['fit_ratio_max']:.2f}, mean absolute "
+                      f"error {100 * s['fit_mape']:.1f}%."]), ""]
     out = Path(a.out_dir)
     write_results(out / PLANS_CSV, rows, markdown="\n".join(lines), config=a.__dict__)
     write_results(out / SETS_CSV, sets, config=a.__dict__)  # last: it marks the sets finished

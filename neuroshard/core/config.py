@@ -388,6 +388,8 @@ CALIBRATE_WARMUP_ITER, CALIBRATE_NUM_ITER = 5, 10  # per calibration shard
 MEASURE_BUDGET_S = 180.0  # --measure: seconds of rounds
 MEASURE_WARMUP_ITER, MEASURE_NUM_ITER = 3, 5  # --measure: per candidate per round
 MEASURE_TOP = 3  # --measure: NeuroShard's best distinct plans measured
+DEFAULT_CALIBRATE_DMP = 16  # random plans --calibrate_dmp measures as TorchRec steps when given without P
+CALIBRATE_DMP_ROUNDS = 5  # their interleaved rounds (MEASURE_WARMUP_ITER + MEASURE_NUM_ITER steps each)
 # --min_gain: a plan other than TorchRec's is handed out only when the cost models rate it at least this share
 # cheaper. On the 2-core VM the step cost put all plans of the one-hot sets within a few per cent of each other,
 # and TorchRec's step measured them in another order (Spearman 0.30-0.80 over two runs; docs/findings.md).
@@ -407,10 +409,15 @@ def check_measure(budget_s: float, top_k: int, warmup_iter: int, num_iter: int) 
     check_int("--measure_top", top_k, 3, 100)
 
 
-def check_calibrate(num_shards: int, comm_layouts: int) -> None:
-    """The range checks of --calibrate K and --calibrate_comm (the flags and `CalibrationConfig` alike)."""
+def check_calibrate(num_shards: int, comm_layouts: int, dmp_plans: int = 0, dmp_rounds: int = CALIBRATE_DMP_ROUNDS
+                    ) -> None:
+    """The range checks of --calibrate K, --calibrate_comm and --calibrate_dmp P (the flags and
+    `CalibrationConfig` alike); P = 0: no step fit. P >= 12 leaves the fit 7 plans and 5 held out."""
     check_int("--calibrate", num_shards, 15, 100_000)
     check_int("--calibrate_comm", comm_layouts, 15, 100_000)
+    if dmp_plans:
+        check_int("--calibrate_dmp", dmp_plans, 12, 1000)
+    check_int("--calibrate_dmp rounds", dmp_rounds, 2, 1000)
 
 
 MEASURE_ENGINES = ("emulated", "torchrec")
@@ -445,6 +452,10 @@ class ShardTablesConfig:
                                        "hardware", bare=DEFAULT_CALIBRATE_K)
     calibrate_comm: int = flag(DEFAULT_CALIBRATE_COMM, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
                                    "models on")
+    calibrate_dmp: int | None = flag(None, "[P]: with --calibrate, also measure P random plans of these tables as "
+                                           "TorchRec training steps (DistributedModelParallel) on these ranks and fit "
+                                           "the step cost to them (scale and per-step overhead); --calibrate_dmp "
+                                           f"alone: P = {DEFAULT_CALIBRATE_DMP}", bare=DEFAULT_CALIBRATE_DMP)
     measure: bool = flag(False, "measure NeuroShard's top plans, the heuristics' and TorchRec's in interleaved "
                                 "rounds and write the measured best")
     measure_engine: str = flag("emulated", "with --measure: emulated (independent devices emulated, one rank's compute "
@@ -480,8 +491,17 @@ class ShardTablesConfig:
         if self.measure:
             check_measure(self.measure_budget_s, self.measure_top, self.warmup_iter, self.num_iter)
             check_measure_engine(self.measure_engine, self.mp_keep)
+        if self.calibrate_dmp is not None:
+            if self.calibrate is None:
+                raise UserError("--calibrate_dmp fits the step cost of calibrated models: pass --calibrate too, "
+                                "e.g. --calibrate --calibrate_dmp")
+            if self.cost != "step":
+                raise UserError("--calibrate_dmp fits the step cost; drop --cost paper or drop --calibrate_dmp")
+            if self.mp_keep is not None:
+                raise UserError("--calibrate_dmp measures TorchRec's own step, which has no DCT-MP all-to-all; "
+                                "drop --mp_keep or drop --calibrate_dmp")
         if self.calibrate is not None:
-            check_calibrate(self.calibrate, self.calibrate_comm)
+            check_calibrate(self.calibrate, self.calibrate_comm, self.calibrate_dmp or 0)
         check_int("--seed", self.seed, 0)
         check_min_gain(self.min_gain)
         self.hardware.check()

@@ -2,7 +2,9 @@
 
 - `Cluster`: the devices a plan is for (count and memory per device, GB).
 - `Cost`: per-device compute, forward and backward all-to-all costs (ms) of one plan, simulated or
-  measured alike; the plan's cost is the slowest device's total.
+  measured alike; the plan's cost is the slowest device's total (times a `StepFit`'s scale, plus its overhead).
+- `StepFit`: the step cost fitted to TorchRec training steps measured on the user's ranks (scale and a fixed
+  per-step overhead, ms), made by `--calibrate_dmp`.
 - `MEM_TOL_GB`: the one tolerance every memory check uses.
 - `check_max_mem_gb`: the one range check of `--max_mem` (GB per device), up to `MAX_DEVICE_MEM_GB`.
 - `implausible_ms`: the one check of a cost (ms) before it is printed or written as a result: finite, not
@@ -19,6 +21,7 @@ from .errors import UserError, check_float, check_int
 MEM_TOL_GB = 1e-9
 MAX_DEVICE_MEM_GB = 1e6  # a petabyte per device: beyond any device, and still a whole number of bytes (TorchRec)
 MAX_PLAUSIBLE_MS = 1e6  # 1,000 s for one batch on one device: beyond any step this project measures or predicts
+MIN_STEP_SCALE, MAX_STEP_SCALE = 1e-3, 1e3  # a StepFit's scale: measured steps within 1000x of the models
 COST_DECIMALS = 6  # costs are rounded to 1 ns so that equal sums compare equal whatever the order
 
 
@@ -66,13 +69,38 @@ class Cluster:
         return self
 
 
+@dataclass(frozen=True)
+class StepFit:
+    """A simulated step cost fitted to measured TorchRec training steps (`DistributedModelParallel`):
+    step_ms = scale x (the slowest device's compute + all-to-alls) + overhead_ms. scale: how much longer the
+    measured step's compute and collectives take than the models' (ranks sharing cores, TorchRec's kernels);
+    overhead_ms: what every step pays whatever the plan (the sharded module's forward and backward outside the
+    lookups and collectives, the optimizer's fused update's fixed part). Made by `planning.calibrate` with
+    `--calibrate_dmp P`; checked on load, so a damaged file cannot make plans free or negative."""
+
+    scale: float
+    overhead_ms: float
+
+    def __post_init__(self):
+        for name, v, lo, hi in (("scale", self.scale, MIN_STEP_SCALE, MAX_STEP_SCALE),
+                                ("overhead_ms", self.overhead_ms, 0.0, MAX_PLAUSIBLE_MS)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # nan fails too
+                raise UserError(f"a step fit's {name} must be a number from {lo:g} to {hi:g}, got {v!r}")
+
+    def to_dict(self) -> dict:
+        return {"scale": float(self.scale), "overhead_ms": float(self.overhead_ms)}
+
+
 @dataclass
 class Cost:
-    """Per-device costs of one plan (ms). `per_device_ms` = compute + bw + fw; `cost_ms` its max."""
+    """Per-device costs of one plan (ms). `per_device_ms` = (compute + bw + fw) x scale + overhead_ms (a
+    `StepFit`'s; 1 and 0 without one); `cost_ms` its max. The parts stay the models' own predictions."""
 
     compute_ms: np.ndarray
     fw_ms: np.ndarray
     bw_ms: np.ndarray
+    scale: float = 1.0
+    overhead_ms: float = 0.0
 
     def implausible(self, negative_parts: bool = False) -> tuple[str, str] | None:
         """(part, why) of the first part that cannot be true (`implausible_ms`): compute, the forward and backward
@@ -88,7 +116,8 @@ class Cost:
 
     @property
     def per_device_ms(self) -> np.ndarray:
-        return np.asarray(self.compute_ms) + np.asarray(self.bw_ms) + np.asarray(self.fw_ms)
+        parts = np.asarray(self.compute_ms) + np.asarray(self.bw_ms) + np.asarray(self.fw_ms)
+        return parts if self.scale == 1.0 and self.overhead_ms == 0.0 else parts * self.scale + self.overhead_ms
 
     @property
     def cost_ms(self) -> float:

@@ -51,8 +51,12 @@ def device_report(tl: TableList, plan: Placement, cluster: Cluster, cost: Cost |
               f"{cost.per_device_ms[r]:.3f}"] if cost else ["-"] * 4)
         rows.append([f"{r}{' *' if r == crit else ''}", f"{mem[r]:.4f} / {cluster.max_mem_gb:g}", str(len(per_dev[r])),
                      *c])
-    return "\n".join(format_table(["device", "memory (GB)", "shards", "compute (ms)", "fw comm (ms)", "bw comm (ms)",
-                                  "total (ms)"], rows, style="text"))
+    lines = format_table(["device", "memory (GB)", "shards", "compute (ms)", "fw comm (ms)", "bw comm (ms)",
+                          "total (ms)"], rows, style="text")
+    if cost is not None and (cost.scale != 1.0 or cost.overhead_ms != 0.0):
+        lines.append(f"total = (compute + fw + bw) x {cost.scale:.3f} + {cost.overhead_ms:.2f} ms: the step cost fitted to "
+                     "TorchRec training steps measured on these ranks (--calibrate_dmp)")
+    return "\n".join(lines)
 
 
 def table_report(tl: TableList, plan: Placement) -> str:
@@ -80,8 +84,13 @@ def check_predicted(cost: Cost | None, what: str, fix: str) -> None:
 
 
 def _predicted(cost: Cost | None, batch: int) -> dict | None:
-    return None if cost is None else {"batch_size": batch, "cost_ms": cost.cost_ms, "compute_ms": cost.compute_ms.tolist(),
-                                      "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()}
+    if cost is None:
+        return None
+    out = {"batch_size": batch, "cost_ms": cost.cost_ms, "compute_ms": cost.compute_ms.tolist(),
+           "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()}
+    if cost.scale != 1.0 or cost.overhead_ms != 0.0:
+        out["step_fit"] = {"scale": cost.scale, "overhead_ms": cost.overhead_ms}
+    return out
 
 
 def _coverage_note(sim: Simulator | None, plan, cost) -> None:
@@ -99,14 +108,18 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
                                 cfg.ids)
     found, differ = find_calibration(path, inputs, tl.task, cluster)
     ccfg = None if cfg.calibrate is None else \
-        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed)
+        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed,
+                          dmp_plans=cfg.calibrate_dmp or 0)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
         c = found[1]["compute"]
+        st = found[1].get("step") if found[0].step_fit is not None else None
         print(f"reusing the calibrated cost models in {path} (same tables, hardware and models; held-out compute "
-              f"MAPE {100 * c['before']['mape']:.1f}% -> {100 * c['after']['mape']:.1f}%)")
+              f"MAPE {100 * c['before']['mape']:.1f}% -> {100 * c['after']['mape']:.1f}%"
+              + (f"; the step cost fitted to TorchRec steps, held-out MAPE {100 * st['before']['mape']:.1f}% -> "
+                 f"{100 * st['after']['mape']:.1f}%" if st else "") + ")")
         return found[0], {k: v for k, v in found[1].items() if k != "provenance"}
     other = (f"was calibrated for other tables, hardware or models ({', '.join(differ)} differ)" if differ else
-             "was calibrated with another --calibrate K, --calibrate_comm or --seed")
+             "was calibrated with another --calibrate K, --calibrate_comm, --calibrate_dmp or --seed")
     if cfg.calibrate is None:
         if differ:
             print(f"note: {path} {other}; not used (pass --calibrate K to replace it)")

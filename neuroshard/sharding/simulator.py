@@ -22,6 +22,11 @@ column split) the step cost is the paper's cost plus the input distribution; a c
 second group's three collectives. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
 forward all-to-alls. The paper's cost (`cost="paper"`, the default) is unchanged.
 
+**A step fit** (`step_fit`, a `StepFit` made by `--calibrate_dmp`): the step cost's total times its scale plus its
+per-step overhead, fitted to TorchRec training steps measured on the user's ranks. It moves every plan's step cost
+the same increasing way, so it never reorders plans; it makes the totals (and the relative gains `--min_gain`
+judges) those of the measured step. The paper's cost ignores it.
+
 The three models must agree (forward and backward direction, device count, hardware, batch) and,
 for tasks drawn from a dataset, come from that dataset and batch (`check_dataset`).
 """
@@ -32,7 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from ..core.errors import UserError
-from ..core.types import Cluster, Cost, round_ms
+from ..core.types import Cluster, Cost, StepFit, round_ms
 from ..data.features import with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, fits_memory
@@ -71,7 +76,8 @@ def input_words(pooling: np.ndarray) -> np.ndarray:
 
 
 class Simulator:
-    def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = "paper"):
+    def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = "paper",
+                 step_fit: StepFit | None = None):
         for m, want in ((fw, "fw"), (bw, "bw")):
             got = getattr(m, "direction", want)
             if got != want:
@@ -90,12 +96,17 @@ class Simulator:
                             f"one for {bw.meta.get('mp_keep')}; train both from one comm cost-data file")
         self.compute, self.fw, self.bw = compute, fw, bw
         self.cost = check_cost(cost)
+        self.step_fit = step_fit
         self.num_devices = fw.num_devices
         self.mp_keep = fw.meta.get("mp_keep")  # DCT-MP's keep fraction the comm models know; None: uncompressed
 
     def with_cost(self, cost: str) -> "Simulator":
         """This simulator scoring plans by `cost` ("paper" or "step"; module docstring)."""
-        return Simulator(self.compute, self.fw, self.bw, cost)
+        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit)
+
+    def with_step_fit(self, step_fit: StepFit | None) -> "Simulator":
+        """This simulator with `step_fit` (None: without one) for its step cost."""
+        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit)
 
     @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
@@ -168,7 +179,10 @@ class Simulator:
         waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
         fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1))
         fw = np.where(present, fw.reshape(P, G, N), 0.0).sum(axis=1)
-        return round_ms((ready + fw).max(axis=1)), fw, before
+        per_device = ready + fw
+        if self.step_fit is not None:  # as Cost.per_device_ms: (compute + bw + fw) x scale + overhead
+            per_device = per_device * self.step_fit.scale + self.step_fit.overhead_ms
+        return round_ms(per_device.max(axis=1)), fw, before
 
     def comm_coverage_note(self, dim_sums, cost: Cost) -> str | None:
         """One line if a plan's dim sums or straggler waits lie beyond the comm models' training data (the
@@ -208,6 +222,9 @@ class Simulator:
         if self.cost == "step":
             dims, words = plan_group_sums(task, plan)
             _, fw, bw = self.step_total_cost(compute, dims[None], words[None])
+            if self.step_fit is not None:
+                return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0], scale=self.step_fit.scale,
+                            overhead_ms=self.step_fit.overhead_ms)
         else:
             _, fw, bw = self.total_cost(compute, plan.device_dim_sums()[None])
         return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0])
