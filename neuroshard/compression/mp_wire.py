@@ -213,23 +213,57 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
 
 
 # ----------------------------------------------------------------------------- scope `sign`: 1 bit an entry
-# Every entry of every column shard goes on the wire as one bit, with one bf16 scale per sample and shard;
+# Every entry of every column shard goes on the wire as one bit, with one 8-bit scale code per sample and shard;
 # the receiver gets scale * (+1 | -1) for every column, so every table keeps all its columns and every
 # table.table dot product survives (as the dot product of the two sign vectors, times both scales).
 # Forward: the bit is the entry's sign and the scale the shard's mean |x|, the scale that minimises the
 # squared error of `scale * sign(x)`. Backward: the received entries' gradients, each rounded at random to
-# +M or -M with M the shard's max |g| and P(+M) = (1 + g / M) / 2, so the decoded gradient is unbiased
+# +M or -M with M >= the shard's max |g| and P(+M) = (1 + g / M) / 2, so the decoded gradient is unbiased
 # (E = g); the sender takes it as its pooled embeddings' gradient (straight through). Measured paired over
-# 5 seeds, the random rounding backward kept more AUC than a deterministic sign (docs/findings.md). bf16,
-# not fp16, for the scales: a per-sample gradient's max |g| is often below fp16's normal range. No indices.
-# Bytes per sample and shard of width w, each way: ceil(w / 8) + 2 (`sign_bytes`); at w = 128, 18 against 512.
+# 5 seeds, the random rounding backward kept more AUC than a deterministic sign (docs/findings.md).
+# The scales: what one rank sends one peer is a block of samples; per block and shard one fp32 base (the
+# block's largest scale), and per sample and shard a code q in 0..254 for base x 2^(-q/16) (steps of 4.4%,
+# down to 2^-15.9 of the base; 255 is zero). The forward rounds q to the nearest code, the backward towards a
+# larger scale (so M >= max |g| still holds). A fp32 base reaches a per-sample gradient's small sizes, which
+# fp16 does not. No indices. Bytes per sample and shard of width w, each way: ceil(w / 8) + 1 (`sign_bytes`),
+# plus 4 per shard and block (`sign_block_bytes`); at w = 128, 17 against 512; at w = 16, 3 against 64.
 
-SCALE_BYTES = 2  # one bf16 scale per sample and column shard
+SCALE_BYTES = 1       # one scale code per sample and column shard
+BASE_BYTES = 4        # one fp32 base per block and column shard
+CODES_PER_OCTAVE = 16
+ZERO_CODE = 255
 
 
 def sign_bytes(width: int) -> int:
-    """Bytes one sample's column shard of `width` columns takes on the wire (either direction)."""
+    """Bytes one sample's column shard of `width` columns takes on the wire (either direction), bases aside."""
     return (width + 7) // 8 + SCALE_BYTES if width else 0
+
+
+def sign_block_bytes(segments: list[int], rows: int) -> int:
+    """Bytes of one block: `rows` samples of shards `segments`, with one base per nonempty shard."""
+    return rows * sum(sign_bytes(w) for w in segments) + BASE_BYTES * sum(1 for w in segments if w)
+
+
+def _decoded_scales(q: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Scale codes [blocks, rows, n] (uint8) and bases [blocks, 1, n] -> the scales, as encoder and decoder
+    both compute them (the same operations, so the same floats)."""
+    s = base * torch.exp2(q.float() / -CODES_PER_OCTAVE)
+    return s.masked_fill_(q == ZERO_CODE, 0.0)
+
+
+def _scale_codes(m: torch.Tensor, base: torch.Tensor, round_up: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample scales m [blocks, rows, n] >= 0 and their block's largest [blocks, 1, n] -> (codes, decoded
+    scales): to the nearest code, or with `round_up` to the code whose scale is the smallest one >= m."""
+    e = torch.log2(m / torch.where(base > 0, base, 1.0)).mul_(-CODES_PER_OCTAVE)  # inf where m is 0
+    q = (e.floor_() if round_up else e.round_()).clamp_(0, ZERO_CODE - 1)
+    q = q.masked_fill_(~(m > 0), ZERO_CODE).to(torch.uint8)
+    s = _decoded_scales(q, base)
+    if round_up:  # rounding in exp2 may leave a scale a hair under m: one code larger (code 0 is the base)
+        under = s < m
+        if bool(under.any()):
+            q = torch.where(under, q - 1, q)
+            s = _decoded_scales(q, base)
+    return q, s
 
 
 # eight 0/1 bytes read as one little-endian int64, times this, hold bit i of byte i in the product's top byte
@@ -240,7 +274,7 @@ _SIGNS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float() * 2 -
 
 def _equal_width_runs(segments: list[int]) -> list[tuple[int, int, int]]:
     """(first column, width, count) of each run of consecutive segments of one nonzero width (empty ones skipped):
-    the codec handles a run as one [rows, count, width] block, with the bytes of each segment alone."""
+    the codec handles a run as one [blocks, rows, count, width] block, with the bytes of each segment alone."""
     runs, start = [], 0
     for w in map(int, segments):
         if w and runs and runs[-1][1] == w:
@@ -251,50 +285,63 @@ def _equal_width_runs(segments: list[int]) -> list[tuple[int, int, int]]:
     return [tuple(r) for r in runs]
 
 
-def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
-    """[rows, sum(segments)] float -> [rows, sum(sign_bytes(w))] uint8: per segment its packed bits (least
-    significant bit first, padded to a whole byte) then its bf16 scale. Without `generator`: bit set where
-    x >= 0, scale mean |x|; with it (random rounding): bit set with probability (1 + x / M) / 2, scale M =
-    max |x| (the bf16 M, so the decoded values average to x). The draws are [rows, w] blocks, one per segment
-    in order."""
-    rows, pieces = x.shape[0], []
+def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator | None = None,
+                blocks: int = 1) -> torch.Tensor:
+    """[rows, sum(segments)] float, as `blocks` blocks of rows / blocks samples -> flat uint8 of `blocks` x
+    `sign_block_bytes(segments, rows / blocks)`: per block the fp32 bases of its shards, then per sample and
+    shard its packed bits (least significant bit first, padded to a whole byte) and its scale code. Without
+    `generator`: bit set where x >= 0, scale mean |x|; with it (random rounding): bit set with probability
+    (1 + x / M) / 2, M the decoded scale (>= max |x|, so the decoded values average to x). The draws are
+    [rows, w] blocks, one per shard in order."""
+    rows, heads, bodies = x.shape[0], [], []
+    if rows % blocks:
+        raise ValueError(f"{rows} rows do not split into {blocks} blocks")
+    r = rows // blocks
     x = x.detach()
     for start, w, n in _equal_width_runs(segments):
-        seg = x[:, start:start + n * w].float().reshape(rows, n, w)
+        seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
+        m = seg.abs().mean(dim=3) if generator is None else seg.abs().amax(dim=3)
+        base = m.amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
+        q, scale = _scale_codes(m, base, round_up=generator is not None)
         if generator is None:
-            scale = seg.abs().mean(dim=2, keepdim=True).clamp(max=torch.finfo(torch.bfloat16).max).to(torch.bfloat16)
             positive = seg >= 0
         else:
-            # rounded up past bf16's spacing (2^-7 relative), so that M >= max |x| and P lies in [0, 1]
-            scale = (seg.abs().amax(dim=2, keepdim=True) * (1 + 2 ** -7)).to(torch.bfloat16)
-            m = scale.float()
-            p = (seg / torch.where(m > 0, m, 1.0)).add_(1).div_(2).masked_fill_(~(m > 0), 0.5)
+            sc = scale.unsqueeze(3)
+            p = (seg / torch.where(sc > 0, sc, 1.0)).add_(1).div_(2).masked_fill_(~(sc > 0), 0.5)
             draws = torch.empty(n, rows, w, device=x.device)
             for j in range(n):
                 draws[j].uniform_(0, 1, generator=generator)
-            positive = draws.transpose(0, 1) < p
+            positive = draws.transpose(0, 1).reshape(blocks, r, n, w) < p
         nb = (w + 7) // 8
-        bits = torch.zeros(rows, n, nb * 8, dtype=torch.uint8, device=x.device)
+        bits = torch.zeros(blocks, r, n, nb * 8, dtype=torch.uint8, device=x.device)
         bits[..., :w] = positive
         packed = ((bits.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
-        pieces.append(torch.cat([packed, scale.view(torch.uint8)], dim=2).reshape(rows, n * (nb + SCALE_BYTES)))
-    if not pieces:
-        return torch.empty(rows, 0, dtype=torch.uint8, device=x.device)
-    return torch.cat(pieces, dim=1)
+        bodies.append(torch.cat([packed, q.unsqueeze(3)], dim=3).reshape(blocks, r, n * (nb + SCALE_BYTES)))
+        heads.append(base.reshape(blocks, n).contiguous().view(torch.uint8))
+    if not bodies:
+        return torch.empty(0, dtype=torch.uint8, device=x.device)
+    return torch.cat([torch.cat(heads, dim=1), torch.cat(bodies, dim=2).reshape(blocks, -1)], dim=1).reshape(-1)
 
 
-def sign_decode(b: torch.Tensor, segments: list[int], dtype=torch.float32) -> torch.Tensor:
-    """[rows, sum(sign_bytes(w))] uint8 -> [rows, sum(segments)]: each entry scale * (+1 or -1)."""
-    rows, out, pos = b.shape[0], [], 0
-    for _, w, n in _equal_width_runs(segments):
+def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32) -> torch.Tensor:
+    """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
+    its scale times +1 or -1."""
+    runs = _equal_width_runs(segments)
+    if not runs:
+        return torch.zeros(rows, sum(segments), dtype=dtype, device=b.device)
+    r, S = rows // blocks, sum(n for _, _, n in runs)
+    b = b.reshape(blocks, -1)
+    bases = _from_bytes(b[:, :BASE_BYTES * S], torch.float32).reshape(blocks, 1, S)
+    body = b[:, BASE_BYTES * S:].reshape(blocks, r, -1)
+    out, pos, k = [], 0, 0
+    for _, w, n in runs:
         nb = (w + 7) // 8
-        run = b[:, pos:pos + n * (nb + SCALE_BYTES)].reshape(rows, n, nb + SCALE_BYTES)
+        run = body[:, :, pos:pos + n * (nb + SCALE_BYTES)].reshape(blocks, r, n, nb + SCALE_BYTES)
         pos += n * (nb + SCALE_BYTES)
-        scale = _from_bytes(run[..., nb:].reshape(rows * n, SCALE_BYTES), torch.bfloat16).reshape(rows, n, 1).to(dtype)
-        signs = _SIGNS.to(device=b.device, dtype=dtype)[run[..., :nb].long()].reshape(rows, n, nb * 8)[..., :w]
-        out.append((signs * scale).reshape(rows, n * w))
-    if not out:
-        return torch.zeros(rows, 0, dtype=dtype, device=b.device)
+        scale = _decoded_scales(run[..., nb], bases[..., k:k + n])
+        k += n
+        signs = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
+        out.append((signs * scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
     return torch.cat(out, dim=1)
 
 
@@ -314,8 +361,8 @@ class SignLayout:
             self.generator = torch.Generator().manual_seed(0)
         if len(self.segments) != len(self.widths) or any(sum(s) != w for s, w in zip(self.segments, self.widths)):
             raise ValueError(f"segments {self.segments} do not add up to the ranks' widths {self.widths}")
-        self.sample_bytes = [sum(sign_bytes(w) for w in seg) for seg in self.segments]
         self.bn = self.batch_size // len(self.widths)
+        self.block_bytes = [sign_block_bytes(seg, self.bn) for seg in self.segments]  # one peer's piece, per rank
 
     def forward_exchange(self, pooled: torch.Tensor):
         return sign_forward_exchange(pooled, self)
@@ -328,15 +375,14 @@ def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):
     """Scope `sign`'s forward all-to-all: [B, W_r] -> (flat dense received pieces [B/N, W_q] from each rank q,
     None, bytes sent, seconds in the collective)."""
     rank = dist.get_rank()
-    world, bn, mine = len(layout.widths), layout.bn, layout.sample_bytes[rank]
-    send = sign_encode(pooled, layout.segments[rank])
-    recv = torch.empty(bn * sum(layout.sample_bytes), dtype=torch.uint8, device=pooled.device)
-    seconds = _timed(lambda: dist.all_to_all_single(recv, send.reshape(-1), [bn * e for e in layout.sample_bytes],
-                                                    [bn * mine] * world))
+    world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
+    send = sign_encode(pooled, layout.segments[rank], blocks=world)  # one block per peer: its samples
+    recv = torch.empty(sum(layout.block_bytes), dtype=torch.uint8, device=pooled.device)
+    seconds = _timed(lambda: dist.all_to_all_single(recv, send, list(layout.block_bytes), [mine] * world))
     dense, pos = [], 0
-    for seg, e in zip(layout.segments, layout.sample_bytes):
-        dense.append(sign_decode(recv[pos:pos + bn * e].reshape(bn, e), seg, pooled.dtype).reshape(-1))
-        pos += bn * e
+    for seg, e in zip(layout.segments, layout.block_bytes):
+        dense.append(sign_decode(recv[pos:pos + e], seg, bn, dtype=pooled.dtype).reshape(-1))
+        pos += e
     return torch.cat(dense), None, send.numel(), seconds
 
 
@@ -344,14 +390,13 @@ def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
     """Scope `sign`'s backward all-to-all: flat gradients of the received pieces -> (gradient [B, W_r] of this
     rank's pooled embeddings, bytes sent, seconds in the collective)."""
     rank = dist.get_rank()
-    world, bn, mine = len(layout.widths), layout.bn, layout.sample_bytes[rank]
+    world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
     pieces, pos = [], 0
     for w, seg in zip(layout.widths, layout.segments):
-        pieces.append(sign_encode(grad[pos:pos + bn * w].reshape(bn, w), seg, layout.generator).reshape(-1))
+        pieces.append(sign_encode(grad[pos:pos + bn * w].reshape(bn, w), seg, layout.generator))
         pos += bn * w
     send = torch.cat(pieces).contiguous()
-    out = torch.empty(world * bn * mine, dtype=torch.uint8, device=grad.device)
-    seconds = _timed(lambda: dist.all_to_all_single(out, send, [bn * mine] * world,
-                                                    [bn * e for e in layout.sample_bytes]))
-    g = sign_decode(out.reshape(world * bn, mine), layout.segments[rank], grad.dtype)
+    out = torch.empty(world * mine, dtype=torch.uint8, device=grad.device)
+    seconds = _timed(lambda: dist.all_to_all_single(out, send, [mine] * world, list(layout.block_bytes)))
+    g = sign_decode(out, layout.segments[rank], world * bn, blocks=world, dtype=grad.dtype)
     return g, send.numel(), seconds

@@ -13,7 +13,7 @@
   `max(1, floor(mp_keep * W_r))` largest of the rank's whole width (fp16 values plus column indices,
   one byte all-to-all with a fixed count per sample; backward returns only those entries' fp32
   gradients, every other entry is zero on the receiver and gets zero gradient); `sign` (the default)
-  sends one bit per entry plus one bf16 scale per sample and table shard, both ways (the sign forward,
+  sends one bit per entry plus one 8-bit scale code per sample and table shard, both ways (the sign forward,
   an unbiased random rounding of the gradient backward). `mp_keep >= 1` sends everything: the dense
   all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).

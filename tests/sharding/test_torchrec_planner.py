@@ -134,6 +134,13 @@ def test_planner_takes_models_already_loaded(models, tmp_path):
     p.plan(w.ebc(WIDE), sharders())
     assert p.simulator.compute is sim.compute and p.simulator.cost == "step"
     assert any("the simulator given" in n for n in p.last_result.notes)
+    assert not any("fitted to TorchRec steps" in n for n in p.last_result.notes)
+    from neuroshard.core.types import StepFit
+
+    fitted = planner(tmp_path / "no_models_here", simulator=sim.with_step_fit(StepFit(1.5, 20.0)), debug=False)
+    fitted.plan(w.ebc(WIDE), sharders())  # a calibration's step fit (--calibrate_dmp) is named, and plans the same
+    assert any("fitted to TorchRec steps (x 1.500 + 20.00 ms)" in n for n in fitted.last_result.notes)
+    assert fitted.last_result.plan.to_dict() == p.last_result.plan.to_dict()
     with pytest.raises(UserError, match="simulator must be a neuroshard Simulator"):
         planner(models, simulator="models/compute.pt")
     with pytest.raises(UserError, match="trained for 4 devices"):

@@ -122,8 +122,9 @@ def test_bytes_match_the_formula(baseline, group):
     widths = [T * D // N] * N                                   # size_lookup_greedy splits evenly here
     ks = [max(1, int(0.05 * w)) for w in widths]                # per rank: floor(0.05 * 64) = 3
     assert r["mp_bytes_per_step"] == sum(B * kr * (2 + 1) + B * kr * 4 for kr in ks)  # fp16 + uint8 fw, fp32 bw
-    r = group["mp_sign"]                                        # 16 sign bits + a bf16 scale per sample and table
-    assert r["mp_bytes_per_step"] == 2 * B * T * (16 // 8 + 2)  # the same forward and backward
+    r = group["mp_sign"]                                        # 16 sign bits + a 1-byte scale code per sample and
+    # table, and a fp32 base per table in each block (one block per rank pair): the same forward and backward
+    assert r["mp_bytes_per_step"] == 2 * (B * T * (16 // 8 + 1) + N * T * 4)
     assert math.isfinite(r["test_logloss"]) and r["test_auc"] > 0.5
 
 
@@ -188,11 +189,16 @@ def test_dropped_mp_entries_get_zero_gradient(topk_runs, keep):
         assert (recv != 0).sum() == 3 * (max(1, int(keep * 8)) + max(1, int(keep * 12)))
 
 
+STEP = 2 ** (1 / 16)  # the sign scope's scale codes: steps of 2^(1/16)
+
+
 def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk_runs):
     """Scope sign on 2 gloo ranks (rank 0's 8 columns as shards of 5 and 3, rank 1's 12 as one): each rank
-    receives every entry as its shard's mean |x| times its sign, and its pooled embeddings get the received
-    gradients (loss = sum(recv * 1..n), so recv's gradient is 1..n) randomly rounded to +-M per shard, as
-    the sender's generator (seeded 0, one draw per peer piece in rank order) drew them."""
+    receives every entry as its shard's mean |x| (to a scale code: within half a step; the block's largest
+    exactly) times its sign, and its pooled embeddings get the received gradients (loss = sum(recv * 1..n),
+    so recv's gradient is 1..n) randomly rounded to +-M per shard, as the sender's generator (seeded 0, one
+    draw per peer piece in rank order) drew them. Bytes: per block (one peer's samples) a fp32 base per shard,
+    per sample and shard the bits and a one-byte code."""
     from neuroshard.compression import mp_wire
 
     segments, bn = [[5, 3], [12]], 3
@@ -202,26 +208,33 @@ def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk
         recv, pos, gen = torch.from_numpy(recv), 0, torch.Generator().manual_seed(0)
         for q in (0, 1):
             rows = pooled[q][r * bn:(r + 1) * bn]
-            want, start = [], 0
+            got = recv[pos:pos + rows.numel()].reshape(rows.shape)
+            start = 0
             for w in segments[q]:
-                seg = rows[:, start:start + w]
+                seg, dec = rows[:, start:start + w], got[:, start:start + w]
                 start += w
-                want.append(torch.where(seg >= 0, 1.0, -1.0) * seg.abs().mean(1, keepdim=True).bfloat16().float())
-            assert torch.equal(recv[pos:pos + rows.numel()].reshape(rows.shape), torch.cat(want, dim=1))
+                mean = seg.abs().mean(1)
+                assert torch.equal(torch.sign(dec), torch.where(seg >= 0, 1.0, -1.0))
+                assert (dec.abs() == dec.abs()[:, :1]).all()
+                ratio = dec.abs()[:, 0] / mean
+                assert (ratio <= STEP ** 0.5 * 1.0001).all() and (ratio >= STEP ** -0.5 / 1.0001).all()
+                assert dec.abs()[mean.argmax(), 0] == mean.max()  # the base: the block's largest scale, exact
             # the gradient rank r sent back to q: 1..n at q's piece, rounded with r's generator
             sent = torch.arange(pos + 1, pos + rows.numel() + 1, dtype=torch.float32).reshape(rows.shape)
-            got = torch.from_numpy(topk_runs[("sign", q)][1])[r * bn:(r + 1) * bn]
-            assert torch.equal(got, mp_wire.sign_decode(mp_wire.sign_encode(sent, segments[q], gen), segments[q]))
+            back = torch.from_numpy(topk_runs[("sign", q)][1])[r * bn:(r + 1) * bn]
+            assert torch.equal(back, mp_wire.sign_decode(mp_wire.sign_encode(sent, segments[q], gen), segments[q], bn))
             start = 0
-            for w in segments[q]:  # every entry +-M, M the shard's max |g| rounded up to bf16
-                m, g = got[:, start:start + w].abs(), sent[:, start:start + w]
+            for w in segments[q]:  # every entry +-M, M >= the shard's max |g| and within one code step of it
+                m, g = back[:, start:start + w].abs(), sent[:, start:start + w]
                 start += w
-                assert (m == m[:, :1]).all() and (m[:, 0] >= g.amax(1)).all() and (m[:, 0] <= g.amax(1) * 1.02).all()
+                assert (m == m[:, :1]).all() and (m[:, 0] >= g.amax(1)).all() and (m[:, 0] <= g.amax(1) * STEP).all()
             pos += rows.numel()
-        # forward: 6 samples of this rank's shards; backward: 3 samples of every rank's shards
-        fw = 6 * sum(mp_wire.sign_bytes(w) for w in segments[r])
-        bw = bn * sum(mp_wire.sign_bytes(w) for seg in segments for w in seg)
-        assert nbytes == fw + bw == (6 * ((1 + 2) + (1 + 2)) + 3 * (6 + 4) if r == 0 else 6 * (2 + 2) + 3 * (6 + 4))
+        # forward: this rank's shards in one block per peer (3 samples each); backward: one block per peer of
+        # that peer's shards
+        fw = 2 * mp_wire.sign_block_bytes(segments[r], bn)
+        bw = sum(mp_wire.sign_block_bytes(seg, bn) for seg in segments)
+        assert nbytes == fw + bw == (2 * (3 * (2 + 2) + 8) + (3 * 4 + 8) + (3 * 3 + 4) if r == 0 else
+                                     2 * (3 * 3 + 4) + (3 * 4 + 8) + (3 * 3 + 4))
 
 
 def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
@@ -229,48 +242,67 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
 
     x = torch.tensor([[0.5, -1.5, 0.0, 2.0, -1.0, 3.0, 1e-30, -1e-30, 4.0, 5.0]])
     enc = mp_wire.sign_encode(x, [9, 1])
-    assert enc.dtype == torch.uint8 and enc.shape == (1, (2 + 2) + (1 + 2))
-    assert [mp_wire.sign_bytes(w) for w in (0, 1, 8, 9, 128)] == [0, 3, 3, 4, 18]
-    s = x[0, :9].abs().mean().item()
-    want = torch.tensor([[s, -s, s, s, -s, s, s, -s, s, 5.0]]).bfloat16().float()
-    assert torch.equal(mp_wire.sign_decode(enc, [9, 1]), want)
-    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4]), [4]), torch.zeros(2, 4))
-    # random rounding: the same bytes, every entry +-M (M >= max |x|), and the mean over draws is x
+    assert enc.dtype == torch.uint8 and enc.shape == (2 * 4 + (2 + 1) + (1 + 1),)  # bases, then the sample
+    assert [mp_wire.sign_bytes(w) for w in (0, 1, 8, 9, 16, 128)] == [0, 2, 2, 3, 3, 17]
+    assert mp_wire.sign_block_bytes([16, 0, 128], 256) == 256 * 20 + 8
+    s = x[0, :9].abs().mean().item()  # one sample: its scales are the bases, exact
+    want = torch.tensor([[s, -s, s, s, -s, s, s, -s, s, 5.0]])
+    assert torch.equal(mp_wire.sign_decode(enc, [9, 1], 1), want)
+    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4]), [4], 2), torch.zeros(2, 4))
+    # samples 2^-60 to 2^40 of one block: every scale within half a code step of its mean |x|, or 0 beyond
+    # 2^-15.9 of the block's largest (the last code)
+    y = torch.randn(101, 8) * torch.logspace(-60, 40, 101, base=2).unsqueeze(1)
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(y, [8]), [8], 101).abs()[:, 0]
+    mean = y.abs().mean(1)
+    near = mean >= mean.max() * 2 ** -15.5
+    assert ((dec[near] / mean[near] - 1).abs() <= STEP ** 0.5 - 1 + 1e-6).all()
+    assert (dec[~near] <= mean.max() * 2 ** -15.5).all() and near.sum() > 10 and (~near).sum() > 10
+    # random rounding: every entry +-M (M >= max |x|), and the mean over draws is x
     gen = torch.Generator().manual_seed(1)
-    rows = x.repeat(40_000, 1) * 1e-7   # a gradient's size: below fp16's normal range, held by bf16
-    dec = mp_wire.sign_decode(mp_wire.sign_encode(rows, [9, 1], gen), [9, 1])
+    rows = x.repeat(40_000, 1) * 1e-30   # a gradient's size: far below fp16's range, held by the fp32 base
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(rows, [9, 1], gen), [9, 1], 40_000)
     assert mp_wire.sign_encode(rows[:1], [9, 1], gen).shape == enc.shape
     m = dec[0, :9].abs().max()
-    assert (dec[:, :9].abs() == m).all() and m >= 4e-7 and (dec[:, 9].abs() == dec[0, 9].abs()).all() and dec[0, 9].abs() >= 5e-7
-    assert torch.allclose(dec.double().mean(0), rows[0].double(), rtol=0, atol=4e-7 * 4 / 40_000 ** 0.5)
-    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4], gen), [4]), torch.zeros(2, 4))
+    assert (dec[:, :9].abs() == m).all() and m >= 4e-30 and (dec[:, 9].abs() == dec[0, 9].abs()).all()
+    assert dec[0, 9].abs() >= 5e-30
+    assert torch.allclose(dec.double().mean(0), rows[0].double(), rtol=0, atol=4e-30 * 4 / 40_000 ** 0.5)
+    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4], gen), [4], 2), torch.zeros(2, 4))
+    z = torch.randn(64, 12) * torch.logspace(-12, 3, 64).unsqueeze(1)  # M >= max |x| on every sample
+    dz = mp_wire.sign_decode(mp_wire.sign_encode(z, [12], gen), [12], 64)
+    assert (dz.abs()[:, 0] >= z.abs().amax(1)).all()
+    with pytest.raises(ValueError, match="do not split into 3 blocks"):
+        mp_wire.sign_encode(torch.zeros(4, 4), [4], blocks=3)
 
 
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
-    """The codec handles consecutive segments of one width as one block (mp_wire._equal_width_runs): the bytes,
-    the random draws and the decoded values are those of coding each segment by itself, in order."""
+    """The codec handles consecutive segments of one width as one run (mp_wire._equal_width_runs): the codes,
+    the random draws and the decoded values are those of coding each segment by itself, in order, and blocks
+    coded together are those coded one by one."""
     from neuroshard.compression import mp_wire
 
     segments = [8, 8, 5, 5, 5, 0, 12, 1, 12, 12]
-    x = torch.randn(7, sum(segments)) * torch.logspace(-8, 3, sum(segments))
+    x = torch.randn(6, sum(segments)) * torch.logspace(-8, 3, sum(segments))
     x[2, 16:21] = 0  # a segment of zeros: scale 0 in both directions
     starts = [sum(segments[:i]) for i in range(len(segments))]
     for seeded in (False, True):
         gens = [torch.Generator().manual_seed(5) if seeded else None for _ in range(2)]
-        alone = torch.cat([mp_wire.sign_encode(x[:, a:a + w], [w], gens[0]) for a, w in zip(starts, segments)], dim=1)
+        alone = [mp_wire.sign_decode(mp_wire.sign_encode(x[:, a:a + w], [w], gens[0]), [w], 6)
+                 for a, w in zip(starts, segments)]
         whole = mp_wire.sign_encode(x, segments, gens[1])
-        assert torch.equal(whole, alone)
+        assert whole.numel() == mp_wire.sign_block_bytes(segments, 6)
+        assert torch.equal(mp_wire.sign_decode(whole, segments, 6), torch.cat(alone, dim=1))
         if seeded:
             assert torch.equal(torch.rand(4, generator=gens[0]), torch.rand(4, generator=gens[1]))
-        pos, parts = 0, []
-        for w in segments:
-            e = mp_wire.sign_bytes(w)
-            parts.append(mp_wire.sign_decode(whole[:, pos:pos + e], [w]))
-            pos += e
-        assert torch.equal(mp_wire.sign_decode(whole, segments), torch.cat(parts, dim=1))
-        # a one-row slice at an odd byte offset, as an exchange hands a rank's piece to the decoder
-        padded = torch.cat([torch.zeros(2, 1, dtype=torch.uint8), whole[:2]], dim=1)
-        assert torch.equal(mp_wire.sign_decode(padded[1:, 1:], segments), mp_wire.sign_decode(whole[1:2], segments))
+        else:
+            three = mp_wire.sign_encode(x, segments, blocks=3)
+            one_by_one = torch.cat([mp_wire.sign_encode(x[2 * i:2 * i + 2], segments) for i in range(3)])
+            assert torch.equal(three, one_by_one)
+            assert torch.equal(mp_wire.sign_decode(three, segments, 6, blocks=3),
+                               torch.cat([mp_wire.sign_decode(one_by_one[i * len(three) // 3:(i + 1) * len(three) // 3],
+                                                              segments, 2) for i in range(3)]))
+        # a block at an odd byte offset, as an exchange hands a rank's piece to the decoder
+        padded = torch.cat([torch.zeros(1, dtype=torch.uint8), whole])
+        assert torch.equal(mp_wire.sign_decode(padded[1:], segments, 6), mp_wire.sign_decode(whole, segments, 6))
 
 
 def test_four_ranks_train_with_both_compressions(movielens):

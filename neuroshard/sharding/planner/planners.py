@@ -223,8 +223,11 @@ class NeuroShardPlanner:
             specs.setdefault(table.module_path, {**spec, "tables": []})["tables"].append(
                 {**entry, "name": table.name, "sharding_type": kind})
         meta = self.simulator.compute.meta
+        fit = self.simulator.step_fit if self.simulator.cost == "step" else None
+        fitted = "" if fit is None else \
+            f", fitted to TorchRec steps (x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms)"
         notes = found.notes + [f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored by the "
-                               f"simulated {self.simulator.cost} cost"] + ([compared[1]] if compared else [])
+                               f"simulated {self.simulator.cost} cost{fitted}"] + ([compared[1]] if compared else [])
         batch = self.batch_size * self.cluster.num_devices
         if self.model_batch and int(self.model_batch) != batch:
             notes.append(f"note: the cost models were trained at global batch {self.model_batch}, this run's is {batch} "
