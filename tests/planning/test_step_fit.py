@@ -113,3 +113,16 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
     torch.save(obj, path)
     with pytest.raises(UserError, match="damaged step fit"):
         find_calibration(path, fp, tl.task, cluster)
+
+
+@pytest.mark.parametrize("kw,fragment", [({"calibrate_dmp": 16}, "pass --calibrate too"),
+                                         ({"calibrate": 15, "calibrate_dmp": 5}, "--calibrate_dmp must be >= 12"),
+                                         ({"calibrate": 15, "calibrate_dmp": 16, "cost": "paper"}, "drop --cost paper"),
+                                         ({"calibrate": 15, "calibrate_dmp": 16, "mp_keep": 0.1}, "no DCT-MP all-to-all")])
+def test_calibrate_dmp_refuses_what_it_cannot_fit(kw, fragment):
+    from neuroshard.core.config import ShardTablesConfig
+
+    with pytest.raises(UserError, match=fragment):
+        ShardTablesConfig(tables="t.csv", **kw).check()
+    with pytest.raises(UserError, match="--calibrate_dmp must be >= 12"):
+        CalibrationConfig(num_shards=15, comm_layouts=15, dmp_plans=3).check()
