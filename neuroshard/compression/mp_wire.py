@@ -301,7 +301,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     for start, w, n in _equal_width_runs(segments):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
         m = seg.abs().mean(dim=3) if generator is None else seg.abs().amax(dim=3)
-        base = m.amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
+        # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
+        base = m.where(m.isfinite(), 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
         q, scale = _scale_codes(m, base, round_up=generator is not None)
         if generator is None:
             positive = seg >= 0
@@ -327,7 +328,7 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
     """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
     its scale times +1 or -1."""
     runs = _equal_width_runs(segments)
-    if not runs:
+    if not runs or rows == 0:
         return torch.zeros(rows, sum(segments), dtype=dtype, device=b.device)
     r, S = rows // blocks, sum(n for _, _, n in runs)
     b = b.reshape(blocks, -1)

@@ -272,6 +272,13 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
     assert (dz.abs()[:, 0] >= z.abs().amax(1)).all()
     with pytest.raises(ValueError, match="do not split into 3 blocks"):
         mp_wire.sign_encode(torch.zeros(4, 4), [4], blocks=3)
+    # a sample gone NaN or inf decodes as zeros or its block's largest scale, and leaves the others' scales alone
+    bad = torch.randn(6, 16)
+    bad[1, 3], bad[4, 0] = float("nan"), float("inf")
+    for g in (None, torch.Generator().manual_seed(0)):
+        dec = mp_wire.sign_decode(mp_wire.sign_encode(bad, [8, 8], g), [8, 8], 6)
+        assert dec.isfinite().all() and (dec[0] != 0).all()
+    assert mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(0, 16), [8, 8]), [8, 8], 0).shape == (0, 16)
 
 
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
