@@ -232,6 +232,7 @@ SCALE_BYTES = 1       # one scale code per sample and column shard
 BASE_BYTES = 4        # one fp32 base per block and column shard
 CODES_PER_OCTAVE = 16
 ZERO_CODE = 255
+_TINY = float(torch.finfo(torch.float32).tiny) * 2 ** -23  # the smallest positive float32
 
 
 def sign_bytes(width: int) -> int:
@@ -293,14 +294,21 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     `generator`: bit set where x >= 0, scale mean |x|; with it (random rounding): bit set with probability
     (1 + x / M) / 2, M the decoded scale (>= max |x|, so the decoded values average to x). The draws are
     [rows, w] blocks, one per shard in order."""
+    if x.dim() != 2 or not x.is_floating_point() or sum(segments) != x.shape[1] or min(segments, default=0) < 0:
+        raise ValueError(f"sign_encode takes [rows, sum(segments)] floats; got {tuple(x.shape)} {x.dtype} for "
+                         f"segments summing to {sum(segments)}")
     rows, heads, bodies = x.shape[0], [], []
-    if rows % blocks:
+    if blocks < 1 or rows % blocks:
         raise ValueError(f"{rows} rows do not split into {blocks} blocks")
     r = rows // blocks
     x = x.detach()
     for start, w, n in _equal_width_runs(segments):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
-        m = seg.abs().mean(dim=3) if generator is None else seg.abs().amax(dim=3)
+        if generator is None:  # summed in float64: no overflow near float32's largest, no underflow to 0 of a
+            m64 = seg.abs().mean(dim=3, dtype=torch.float64)  # shard holding only subnormals
+            m = m64.float().where(~((m64 > 0) & (m64.float() == 0)), _TINY)
+        else:
+            m = seg.abs().amax(dim=3)
         # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
         base = m.where(m.isfinite(), 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
         q, scale = _scale_codes(m, base, round_up=generator is not None)
@@ -327,6 +335,10 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
 def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32) -> torch.Tensor:
     """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
     its scale times +1 or -1."""
+    if b.dtype != torch.uint8 or blocks < 1 or rows % blocks or \
+            b.numel() != blocks * sign_block_bytes(segments, rows // blocks):
+        raise ValueError(f"sign_decode: {b.numel()} {b.dtype} bytes are not {blocks} block(s) of {rows} samples "
+                         f"of shards {list(segments)}")
     runs = _equal_width_runs(segments)
     if not runs or rows == 0:
         return torch.zeros(rows, sum(segments), dtype=dtype, device=b.device)

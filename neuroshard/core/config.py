@@ -500,6 +500,7 @@ class ShardTablesConfig:
             if self.mp_keep is not None:
                 raise UserError("--calibrate_dmp measures TorchRec's own step, which has no DCT-MP all-to-all; "
                                 "drop --mp_keep or drop --calibrate_dmp")
+            check_int("--calibrate_dmp", self.calibrate_dmp, 12, 1000)  # 0 too: the flag asks for a fit
         if self.calibrate is not None:
             check_calibrate(self.calibrate, self.calibrate_comm, self.calibrate_dmp or 0)
         check_int("--seed", self.seed, 0)

@@ -51,7 +51,7 @@ from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..models.trainer import regression_metrics
 from ..sharding.plan import can_split
 from ..sharding.simulator import Simulator
-from .step_fit import calibrate_step
+from .step_fit import calibrate_step, sample_user_plans
 
 CALIBRATION_KIND = "neuroshard.calibration"
 MEASURE_LIMIT_GB = 4.0  # building the user's tables allocates every table: refuse more than this in total
@@ -391,9 +391,13 @@ def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = No
             or not isinstance(obj.get("report"), dict):
         raise UserError(f"{path} is not a neuroshard calibration; delete it or choose another --out")
     report = obj["report"]
-    if "digest" in report and report["digest"] != _content_digest(report):
-        raise UserError(f"{path} was changed after it was saved (what it holds no longer matches its digest); "
-                        "delete it to calibrate again")
+    try:
+        unchanged = "digest" in report and report["digest"] == _content_digest(report)
+    except (TypeError, ValueError):  # a value no saved calibration holds (a tensor, bytes)
+        unchanged = False
+    if not unchanged:
+        raise UserError(f"{path} is damaged or was changed after it was saved (what it holds no longer matches "
+                        "its digest, or it has none); delete it to calibrate again")
     differ = differences(report.get("made_for"), inputs)
     if differ:
         return None, differ
@@ -456,6 +460,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     t0 = time.perf_counter()
     task = tl.task
     shards = sample_user_shards(task, cluster, cfg.num_shards, cfg.seed)
+    dmp_plans = sample_user_plans(task, cluster, cfg.dmp_plans, cfg.seed) if cfg.dmp_plans else []  # before any work
     log(f"calibrating: measuring {len(shards)} shards of these tables (the heaviest tables alone, the rest "
         f"random; {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) "
         f"and {cfg.comm_layouts} all-to-all layouts of their dims on {cluster.num_devices} ranks")
@@ -493,7 +498,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
         step_fit, rep_step = None, None
         if cfg.dmp_plans:
             step_fit, rep_step, measured["dmp"] = calibrate_step(
-                calibrated, tl, cluster, ds, hw, batch_size, cfg.dmp_plans, cfg.dmp_rounds, MEASURE_WARMUP_ITER,
+                calibrated, tl, cluster, ds, hw, batch_size, dmp_plans, cfg.dmp_rounds, MEASURE_WARMUP_ITER,
                 MEASURE_NUM_ITER, cfg.seed, _split, log)
         report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "step": rep_step,
                   "step_fit": None if step_fit is None else step_fit.to_dict(),

@@ -99,6 +99,14 @@ def _coverage_note(sim: Simulator | None, plan, cost) -> None:
         print(note)
 
 
+def _held_out(rep, what: str) -> str:
+    """'; <what> before% -> after%' from a calibration report's part, or '' where it holds no such numbers."""
+    try:
+        return f"; {what} {100 * float(rep['before']['mape']):.1f}% -> {100 * float(rep['after']['mape']):.1f}%"
+    except (TypeError, KeyError, ValueError):
+        return ""
+
+
 def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, batch: int, paths,
                          cfg: ShardTablesConfig) -> tuple[Simulator, dict | None]:
     """The simulator to plan with: calibrated models beside `--out` when they were made for these tables, this
@@ -111,12 +119,10 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
         CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed,
                           dmp_plans=cfg.calibrate_dmp or 0)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
-        c = found[1]["compute"]
-        st = found[1].get("step") if found[0].step_fit is not None else None
-        print(f"reusing the calibrated cost models in {path} (same tables, hardware and models; held-out compute "
-              f"MAPE {100 * c['before']['mape']:.1f}% -> {100 * c['after']['mape']:.1f}%"
-              + (f"; the step cost fitted to TorchRec steps, held-out MAPE {100 * st['before']['mape']:.1f}% -> "
-                 f"{100 * st['after']['mape']:.1f}%" if st else "") + ")")
+        step = found[1].get("step") if found[0].step_fit else None
+        print(f"reusing the calibrated cost models in {path} (same tables, hardware and models"
+              f"{_held_out(found[1].get('compute'), 'held-out compute MAPE')}"
+              f"{_held_out(step, 'the step cost fitted to TorchRec steps, held-out MAPE')})")
         return found[0], {k: v for k, v in found[1].items() if k != "provenance"}
     other = (f"was calibrated for other tables, hardware or models ({', '.join(differ)} differ)" if differ else
              "was calibrated with another --calibrate K, --calibrate_comm, --calibrate_dmp or --seed")

@@ -91,16 +91,17 @@ def measure_plans_dmp(tl, plans: list[Placement], ds, hw, batch_size: int, num_d
     return np.array([float(np.exp(np.mean(np.log(m.round_ms)))) for m in measured])
 
 
-def calibrate_step(sim, tl, cluster: Cluster, ds, hw, batch_size: int, count: int, rounds: int, warmup: int,
-                   iters: int, seed: int, split, log=print) -> tuple[StepFit | None, dict, dict]:
-    """Steps 1-3 of the module docstring with the simulator `sim` (its step cost): (the fit, or None where it
-    is not better on the held-out plans; its report; what was measured). `split(n, seed)` gives the
-    (fit, held-out) positions, as the rest of the calibration splits."""
+def calibrate_step(sim, tl, cluster: Cluster, ds, hw, batch_size: int, plans: list[Placement], rounds: int,
+                   warmup: int, iters: int, seed: int, split, log=print) -> tuple[StepFit | None, dict, dict]:
+    """Steps 2-3 of the module docstring for `plans` (step 1, drawn by the caller before its other work) with the
+    simulator `sim` (its step cost): (the fit, or None where it is not better on the held-out plans; its report;
+    what was measured). `split(n, seed)` gives the (fit, held-out) positions, as the rest of the calibration
+    splits."""
     from ..sharding.torchrec_baseline import _import
 
     _import()  # one line when TorchRec is missing
     t0 = time.perf_counter()
-    plans = sample_user_plans(tl.task, cluster, count, seed)
+    count = len(plans)
     log(f"calibrating the step cost: measuring {count} random plans of these tables as TorchRec training steps "
         f"(DistributedModelParallel) on {cluster.num_devices} ranks, {rounds} interleaved rounds of {warmup} warm-up "
         f"+ {iters} timed steps")

@@ -108,15 +108,28 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
     torch.save(obj, path)
     with pytest.raises(UserError, match="changed after it was saved"):
         find_calibration(path, fp, tl.task, cluster)
-    obj["report"]["step_fit"] = {"scale": -1.0, "overhead_ms": 0.0}
-    obj["report"].pop("digest")
+    from neuroshard.planning.calibrate import _content_digest
+
+    obj["report"]["step_fit"] = {"scale": -1.0, "overhead_ms": 0.0}  # a digest made again by hand: still checked
+    obj["report"]["digest"] = _content_digest(obj["report"])
     torch.save(obj, path)
     with pytest.raises(UserError, match="damaged step fit"):
+        find_calibration(path, fp, tl.task, cluster)
+    obj["report"]["step_fit"] = {"scale": 1e-3, "overhead_ms": 0.0}
+    obj["report"].pop("digest")  # no digest: refused, not taken as unchecked
+    torch.save(obj, path)
+    with pytest.raises(UserError, match="has none"):
+        find_calibration(path, fp, tl.task, cluster)
+    obj["report"]["step_fit"] = {"scale": torch.tensor(1.0), "overhead_ms": 0.0}  # not plain data: one line
+    obj["report"]["digest"] = "0" * 64
+    torch.save(obj, path)
+    with pytest.raises(UserError, match="is damaged or was changed"):
         find_calibration(path, fp, tl.task, cluster)
 
 
 @pytest.mark.parametrize("kw,fragment", [({"calibrate_dmp": 16}, "pass --calibrate too"),
                                          ({"calibrate": 15, "calibrate_dmp": 5}, "--calibrate_dmp must be >= 12"),
+                                         ({"calibrate": 15, "calibrate_dmp": 0}, "--calibrate_dmp must be >= 12"),
                                          ({"calibrate": 15, "calibrate_dmp": 16, "cost": "paper"}, "drop --cost paper"),
                                          ({"calibrate": 15, "calibrate_dmp": 16, "mp_keep": 0.1}, "no DCT-MP all-to-all")])
 def test_calibrate_dmp_refuses_what_it_cannot_fit(kw, fragment):

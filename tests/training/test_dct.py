@@ -213,7 +213,7 @@ def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk
             for w in segments[q]:
                 seg, dec = rows[:, start:start + w], got[:, start:start + w]
                 start += w
-                mean = seg.abs().mean(1)
+                mean = seg.abs().mean(1, dtype=torch.float64).float()  # summed in float64, as the codec does
                 assert torch.equal(torch.sign(dec), torch.where(seg >= 0, 1.0, -1.0))
                 assert (dec.abs() == dec.abs()[:, :1]).all()
                 ratio = dec.abs()[:, 0] / mean
@@ -245,7 +245,7 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
     assert enc.dtype == torch.uint8 and enc.shape == (2 * 4 + (2 + 1) + (1 + 1),)  # bases, then the sample
     assert [mp_wire.sign_bytes(w) for w in (0, 1, 8, 9, 16, 128)] == [0, 2, 2, 3, 3, 17]
     assert mp_wire.sign_block_bytes([16, 0, 128], 256) == 256 * 20 + 8
-    s = x[0, :9].abs().mean().item()  # one sample: its scales are the bases, exact
+    s = x[0, :9].abs().mean(dtype=torch.float64).float().item()  # one sample: its scales are the bases, exact
     want = torch.tensor([[s, -s, s, s, -s, s, s, -s, s, 5.0]])
     assert torch.equal(mp_wire.sign_decode(enc, [9, 1], 1), want)
     assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4]), [4], 2), torch.zeros(2, 4))
@@ -279,6 +279,22 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
         dec = mp_wire.sign_decode(mp_wire.sign_encode(bad, [8, 8], g), [8, 8], 6)
         assert dec.isfinite().all() and (dec[0] != 0).all()
     assert mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(0, 16), [8, 8]), [8, 8], 0).shape == (0, 16)
+    # near float32's largest and among subnormals, every finite sign and scale arrives
+    big = torch.full((2, 8), 4.3e37) * torch.tensor([-1.0, 1.0] * 4)
+    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(big, [8]), [8], 2), big)
+    tiny = torch.zeros(1, 8)
+    tiny[0, 3] = -1.4e-45
+    assert (torch.sign(mp_wire.sign_decode(mp_wire.sign_encode(tiny, [8]), [8], 1))[0, 3]) == -1
+    # what does not fit the format is refused in one line, not misread
+    enc = mp_wire.sign_encode(bad, [8, 8])
+    for args in ((torch.cat([enc, enc]), [8, 8], 6), (enc[:-1], [8, 8], 6), (enc.float(), [8, 8], 6),
+                 (enc, [8, 8], 6, 4)):
+        with pytest.raises(ValueError, match="sign_decode"):
+            mp_wire.sign_decode(*args)
+    for x_, seg in ((torch.zeros(2, 12), [4, 4]), (torch.zeros(2, 8), [12, -4]), (torch.zeros(8), [8]),
+                    (torch.zeros(2, 8, dtype=torch.int64), [8])):
+        with pytest.raises(ValueError, match="sign_encode takes"):
+            mp_wire.sign_encode(x_, seg)
 
 
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
