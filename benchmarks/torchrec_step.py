@@ -22,9 +22,9 @@ devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks
 compute contends and the two engines part. With `--calibrate_dmp P` (default 16), P random plans of the set
 (`planning.step_fit.sample_user_plans`) are measured in the same interleaved rounds, the step cost is fitted to
 them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
-the fitted step cost is judged on the user's plans, none of which the fit saw. Writes results/torchrec_step.{csv,md} (per plan) and
-results/torchrec_step_sets.csv (per set), each with its .meta.json, after every set. A rerun with the same
-settings and code skips the sets those files already hold (Ctrl-C loses at most the set being measured);
+the fitted step cost is judged on the user's plans, none of which the fit saw. Writes results/torchrec_step.{csv,md}
+(per plan) and results/torchrec_step_sets.csv (per set), each with its .meta.json, after every set. A rerun with
+the same settings and code skips the sets those files already hold (Ctrl-C loses at most the set being measured);
 `--fresh` measures every set again.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from neuroshard.core.artifacts import (OutputLock, check_output_dir, check_outpu
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConfig, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
-from neuroshard.core.stats import paired_interval  # noqa: E402
+from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.training.report import read_results, runs_done  # noqa: E402
@@ -208,19 +208,19 @@ def run(a: TorchRecStepConfig) -> None:
                 plans[f"{RANDOM}{i}"] = p
             rounds, distinct, emulated = measure(tl, plans, a, batch, tmp)
         # the fit's random plans (the user's plans among them, if one was drawn, count as the user's): judged apart
-        fit_plans = [plans[ns[0]] for k, ns in distinct.items() if all(n.startswith(RANDOM) for n in ns)]
-        fit_ms = [float(np.exp(np.log(rounds.pop(k)).mean())) for k, ns in list(distinct.items())
-                  if all(n.startswith(RANDOM) for n in ns)]
+        fit_keys = [k for k, ns in distinct.items() if all(n.startswith(RANDOM) for n in ns)]
+        fit_plans = [plans[distinct[k][0]] for k in fit_keys]
+        fit_ms = [float(geo_mean(rounds.pop(k))) for k in fit_keys]
         distinct = {k: [n for n in ns if not n.startswith(RANDOM)] for k, ns in distinct.items() if k in rounds}
         R = a.rounds
         half = R // 2
         tr = rounds[plan_key(plans["torchrec"])]
-        geo_first = {k: float(np.exp(np.log(v[:half]).mean())) for k, v in rounds.items()}
+        geo_first = {k: float(geo_mean(v[:half])) for k, v in rounds.items()}
         best_key = min(geo_first, key=geo_first.get)
         step_sim, paper_sim = sim.with_cost("step"), sim.with_cost("paper")
         sim_step = {k: step_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
         sim_paper = {k: paper_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
-        meas = {k: float(np.exp(np.log(v).mean())) for k, v in rounds.items()}
+        meas = {k: float(geo_mean(v)) for k, v in rounds.items()}
         ks = list(rounds)
         fitted = {k: np.nan for k in ks}
         fit_cols = {"fit_scale": np.nan, "fit_overhead_ms": np.nan, "fit_mape": np.nan, "fit_ratio_min": np.nan,
@@ -303,8 +303,8 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"{s['spearman_emulated']:.2f}.",
                   *([] if not s.get("fit_plans") else [
                       "", f"Step cost fitted to {s['fit_plans']} random plans measured in the same rounds: DMP step = "
-                      f"{s['fit_scale']:.3f} x sim step + {s['fit_overhead_ms']:.2f} ms; on the user's plans (none of them "
-                      f"in the fit) fitted/measured {s['fit_ratio_min']:.2f}-{s['fit_ratio_max']:.2f}, mean absolute "
+                      f"{s['fit_scale']:.3f} x sim step + {s['fit_overhead_ms']:.2f} ms; on the user's plans (none "
+                      f"of them in the fit) fitted/measured {s['fit_ratio_min']:.2f}-{s['fit_ratio_max']:.2f}, mean absolute "
                       f"error {100 * s['fit_mape']:.1f}%."]), ""]
     out = Path(a.out_dir)
     write_results(out / PLANS_CSV, rows, markdown="\n".join(lines), config=a.__dict__)

@@ -87,20 +87,23 @@ class StepFit:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # nan fails too
                 raise UserError(f"a step fit's {name} must be a number from {lo:g} to {hi:g}, got {v!r}")
 
+    def apply(self, ms):
+        """Simulated step costs (ms, any shape) -> the fitted ones."""
+        return ms * self.scale + self.overhead_ms
+
     def to_dict(self) -> dict:
         return {"scale": float(self.scale), "overhead_ms": float(self.overhead_ms)}
 
 
 @dataclass
 class Cost:
-    """Per-device costs of one plan (ms). `per_device_ms` = (compute + bw + fw) x scale + overhead_ms (a
-    `StepFit`'s; 1 and 0 without one); `cost_ms` its max. The parts stay the models' own predictions."""
+    """Per-device costs of one plan (ms). `per_device_ms` = compute + bw + fw, through `step_fit` when the
+    plan's cost is a fitted step cost; `cost_ms` its max. The parts stay the models' own predictions."""
 
     compute_ms: np.ndarray
     fw_ms: np.ndarray
     bw_ms: np.ndarray
-    scale: float = 1.0
-    overhead_ms: float = 0.0
+    step_fit: StepFit | None = None
 
     def implausible(self, negative_parts: bool = False) -> tuple[str, str] | None:
         """(part, why) of the first part that cannot be true (`implausible_ms`): compute, the forward and backward
@@ -117,7 +120,7 @@ class Cost:
     @property
     def per_device_ms(self) -> np.ndarray:
         parts = np.asarray(self.compute_ms) + np.asarray(self.bw_ms) + np.asarray(self.fw_ms)
-        return parts if self.scale == 1.0 and self.overhead_ms == 0.0 else parts * self.scale + self.overhead_ms
+        return parts if self.step_fit is None else self.step_fit.apply(parts)
 
     @property
     def cost_ms(self) -> float:

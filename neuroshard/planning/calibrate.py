@@ -51,7 +51,7 @@ from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..models.trainer import regression_metrics
 from ..sharding.plan import can_split
 from ..sharding.simulator import Simulator
-from .step_fit import calibrate_step, sample_user_plans
+from .step_fit import fit_to_steps, measure_plans_dmp, sample_user_plans
 
 CALIBRATION_KIND = "neuroshard.calibration"
 MEASURE_LIMIT_GB = 4.0  # building the user's tables allocates every table: refuse more than this in total
@@ -77,7 +77,7 @@ class CalibrationConfig:
     steps: int = 500              # fine-tuning: full-batch Adam steps on the relative error, from the pre-trained
     lr: float = 1e-3              # weights (`CostModel.fine_tune`)
     seed: int = 0
-    dmp_plans: int = 0            # random plans measured as TorchRec steps to fit the step cost (`step_fit.py`); 0: none
+    dmp_plans: int = 0            # random plans measured as TorchRec steps, to fit the step cost (`step_fit.py`)
     dmp_rounds: int = CALIBRATE_DMP_ROUNDS
 
     def check(self) -> "CalibrationConfig":
@@ -363,7 +363,8 @@ def calibration_path(out) -> Path:
 def _content_digest(report: dict) -> str:
     """Digest of what a calibration file says it measured and what for: a file edited after it was saved (a
     fingerprint or reference changed by hand) no longer matches its digest."""
-    keys = ("made_for", "measured", "reference", "config") + (("step_fit",) if report.get("step_fit") is not None else ())
+    fitted = ("step_fit",) if report.get("step_fit") is not None else ()  # files without a fit keep their digest
+    keys = ("made_for", "measured", "reference", "config") + fitted
     return _digest({k: report.get(k) for k in keys})
 
 
@@ -467,48 +468,48 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
-        spread_ms = max(MIN_SPREAD_MS, float(np.nanmax(y)))  # plans' straggler delays reach about a device's compute
-        layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed, spread_ms)
-        reference = drift_reference(shards, y, _split(len(shards), cfg.seed)[1], cluster.num_devices, cfg.seed)
-        # the all-to-all the comm models know: DCT-MP's compressed one for models trained with --mp_keep
-        fw_y, bw_y = measure_layouts(layouts + reference_layouts(reference), cluster.num_devices, batch_size, hw,
-                                     cfg.warmup_iter, cfg.num_iter, sim.mp_keep)
-        for g, b in zip(reference, bw_y[len(layouts):]):
-            g["bw_ms"] = [float(v) for v in b]
-        fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]
-        measured_s = time.perf_counter() - t0
-        for what, values, positive in (("compute", y, True), ("forward all-to-all", fw_y, False),
-                                       ("backward all-to-all", bw_y, False)):
-            why = implausible_ms(values, positive)
-            if why:
-                raise UserError(f"calibrating measured a {what} cost that cannot be true ({why}): the timer or a worker "
-                                "failed; rerun the same command (nothing was saved)")
-        measured = {"shards": [[[int(t), int(d)] for t, d in zip(*sh)] for sh in shards],
-                    "compute_ms": [float(v) for v in y],
-                    "layouts": [{"dims": [int(v) for v in d], "delays_ms": [float(v) for v in w]} for d, w in layouts],
-                    "fw_ms": fw_y.tolist(), "bw_ms": bw_y.tolist()}
-        compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
-        dims = np.stack([d for d, _ in layouts]).astype(np.float32)
-        delays = np.stack([d for _, d in layouts]).astype(np.float32)
-        ctune, cheld = _split(len(layouts), cfg.seed + 1)
-        fw, rep_fw = _fine_tune_kept(sim.fw, (np.concatenate([dims, delays], axis=1),), fw_y.astype(np.float32),
-                                     ctune, cheld, cfg, _copy)
-        bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
-        calibrated = Simulator(compute, fw, bw)
-        step_fit, rep_step = None, None
-        if cfg.dmp_plans:
-            step_fit, rep_step, measured["dmp"] = calibrate_step(
-                calibrated, tl, cluster, ds, hw, batch_size, dmp_plans, cfg.dmp_rounds, MEASURE_WARMUP_ITER,
-                MEASURE_NUM_ITER, cfg.seed, _split, log)
-        report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "step": rep_step,
-                  "step_fit": None if step_fit is None else step_fit.to_dict(),
-                  "comm_max_spread_ms": spread_ms, "reference": reference,
-                  "measured": measured, "measure_s": measured_s,
-                  "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
-        for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
-            b, a = r["before"], r["after"]
-            log(f"  {name:<8} held-out MAPE {100 * b['mape']:6.1f}% -> {100 * a['mape']:6.1f}%   Spearman "
-                f"{b['spearman']:.3f} -> {a['spearman']:.3f}   ({r['samples']['fine_tune']} fine-tune / "
-                f"{r['samples']['held_out']} held out){'' if r['kept'] else '  (not better: pre-trained model kept)'}")
-        log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")
-    return calibrated.with_step_fit(step_fit), report
+        dmp_ms = measure_plans_dmp(tl, dmp_plans, ds, hw, batch_size, cluster.num_devices, cfg.dmp_rounds,
+                                   MEASURE_WARMUP_ITER, MEASURE_NUM_ITER, log) if dmp_plans else None
+    spread_ms = max(MIN_SPREAD_MS, float(np.nanmax(y)))  # plans' straggler delays reach about a device's compute
+    layouts = comm_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed, spread_ms)
+    reference = drift_reference(shards, y, _split(len(shards), cfg.seed)[1], cluster.num_devices, cfg.seed)
+    # the all-to-all the comm models know: DCT-MP's compressed one for models trained with --mp_keep
+    fw_y, bw_y = measure_layouts(layouts + reference_layouts(reference), cluster.num_devices, batch_size, hw,
+                                 cfg.warmup_iter, cfg.num_iter, sim.mp_keep)
+    for g, b in zip(reference, bw_y[len(layouts):]):
+        g["bw_ms"] = [float(v) for v in b]
+    fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]
+    measured_s = time.perf_counter() - t0
+    for what, values, positive in (("compute", y, True), ("forward all-to-all", fw_y, False),
+                                   ("backward all-to-all", bw_y, False)):
+        why = implausible_ms(values, positive)
+        if why:
+            raise UserError(f"calibrating measured a {what} cost that cannot be true ({why}): the timer or a worker "
+                            "failed; rerun the same command (nothing was saved)")
+    measured = {"shards": [[[int(t), int(d)] for t, d in zip(*sh)] for sh in shards],
+                "compute_ms": [float(v) for v in y],
+                "layouts": [{"dims": [int(v) for v in d], "delays_ms": [float(v) for v in w]} for d, w in layouts],
+                "fw_ms": fw_y.tolist(), "bw_ms": bw_y.tolist()}
+    compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
+    dims = np.stack([d for d, _ in layouts]).astype(np.float32)
+    delays = np.stack([d for _, d in layouts]).astype(np.float32)
+    ctune, cheld = _split(len(layouts), cfg.seed + 1)
+    fw, rep_fw = _fine_tune_kept(sim.fw, (np.concatenate([dims, delays], axis=1),), fw_y.astype(np.float32),
+                                 ctune, cheld, cfg, _copy)
+    bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
+    step_fit, rep_step = None, None
+    if dmp_plans:
+        step_fit, rep_step, measured["dmp"] = fit_to_steps(Simulator(compute, fw, bw), task, dmp_plans, dmp_ms,
+                                                           _split, cfg.seed, log)
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "step": rep_step,
+              "step_fit": None if step_fit is None else step_fit.to_dict(),
+              "comm_max_spread_ms": spread_ms, "reference": reference,
+              "measured": measured, "measure_s": measured_s,
+              "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
+    for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
+        b, a = r["before"], r["after"]
+        log(f"  {name:<8} held-out MAPE {100 * b['mape']:6.1f}% -> {100 * a['mape']:6.1f}%   Spearman "
+            f"{b['spearman']:.3f} -> {a['spearman']:.3f}   ({r['samples']['fine_tune']} fine-tune / "
+            f"{r['samples']['held_out']} held out){'' if r['kept'] else '  (not better: pre-trained model kept)'}")
+    log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")
+    return Simulator(compute, fw, bw, step_fit=step_fit), report

@@ -53,9 +53,10 @@ def device_report(tl: TableList, plan: Placement, cluster: Cluster, cost: Cost |
                      *c])
     lines = format_table(["device", "memory (GB)", "shards", "compute (ms)", "fw comm (ms)", "bw comm (ms)",
                           "total (ms)"], rows, style="text")
-    if cost is not None and (cost.scale != 1.0 or cost.overhead_ms != 0.0):
-        lines.append(f"total = (compute + fw + bw) x {cost.scale:.3f} + {cost.overhead_ms:.2f} ms: the step cost fitted to "
-                     "TorchRec training steps measured on these ranks (--calibrate_dmp)")
+    fit = cost.step_fit if cost is not None else None
+    if fit is not None:
+        lines.append(f"total = (compute + fw + bw) x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms: the step cost "
+                     "fitted to TorchRec training steps measured on these ranks (--calibrate_dmp)")
     return "\n".join(lines)
 
 
@@ -88,8 +89,8 @@ def _predicted(cost: Cost | None, batch: int) -> dict | None:
         return None
     out = {"batch_size": batch, "cost_ms": cost.cost_ms, "compute_ms": cost.compute_ms.tolist(),
            "fw_ms": cost.fw_ms.tolist(), "bw_ms": cost.bw_ms.tolist()}
-    if cost.scale != 1.0 or cost.overhead_ms != 0.0:
-        out["step_fit"] = {"scale": cost.scale, "overhead_ms": cost.overhead_ms}
+    if cost.step_fit is not None:
+        out["step_fit"] = cost.step_fit.to_dict()
     return out
 
 

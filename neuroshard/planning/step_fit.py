@@ -3,14 +3,16 @@
 The step cost (`Simulator`, cost="step") prices compute and collectives from models measured one rank at a
 time. TorchRec's `DistributedModelParallel` step on the same ranks also pays what every step pays whatever the
 plan (its sharded module's forward and backward outside the lookups and collectives, the fused optimizer's
-fixed part), and where ranks share cores its compute and collectives stretch. `calibrate_step`:
+fixed part), and where ranks share cores its compute and collectives stretch. `planning.calibrate` with
+`--calibrate_dmp P`:
 1. draws P random plans of the user's tables (`sample_user_plans`: random column splits in half, devices drawn
    from skewed weights so that balanced and unbalanced plans both appear, within each device's memory);
-2. measures each as TorchRec training steps (`hardware/dmp_step.py`: forward + backward with the fused update,
-   the same ids, `rounds` interleaved rounds; a plan's cost is the geometric mean of its rounds);
-3. fits step_ms = scale x simulated step + overhead_ms (`fit_step_fit`: non-negative least squares on the
-   relative error) on 2/3 of them and reports the error on the held-out third before (scale 1, overhead 0)
-   and after; the fit is kept only where its held-out error is lower.
+2. measures each as TorchRec training steps (`measure_plans_dmp`, `hardware/dmp_step.py`: forward + backward
+   with the fused update, the same ids, `rounds` interleaved rounds; a plan's cost is the geometric mean of its
+   rounds);
+3. fits step_ms = scale x simulated step + overhead_ms (`fit_to_steps`, `fit_step_fit`: non-negative least
+   squares on the relative error) on 2/3 of them and reports the error on the held-out third before (scale 1,
+   overhead 0) and after; the fit is kept only where its held-out error is lower.
 
 Why this form: on three public table sets (benchmarks/real_tables/, 4 ranks on 2 cores, 16 random plans each),
 fitted on random plans and judged on the plans users get, it put every held-out plan within 0.92-1.11 of its
@@ -19,8 +21,6 @@ comm on their own did not help on every set (docs/findings.md). Being increasing
 it makes totals, and the gains `--min_gain` judges, those of the measured step.
 """
 from __future__ import annotations
-
-import time
 
 import numpy as np
 from scipy.optimize import nnls
@@ -77,47 +77,44 @@ def _errors(pred, y) -> dict:
 
 
 def measure_plans_dmp(tl, plans: list[Placement], ds, hw, batch_size: int, num_devices: int, rounds: int,
-                      warmup: int, iters: int) -> np.ndarray:
-    """Each plan's TorchRec training step (ms; geometric mean over `rounds` interleaved rounds)."""
+                      warmup: int, iters: int, log=print) -> np.ndarray:
+    """Step 2 of the module docstring: each plan's TorchRec training step (ms; the geometric mean over `rounds`
+    interleaved rounds)."""
     from ..data.tasks import ShardingTask
     from ..hardware.dmp_step import DMPStep, TorchRecItem
     from ..hardware.engine import EngineSettings, measure_fixed
+    from ..sharding.torchrec_baseline import _import
     from ..sharding.torchrec_export import plan_spec
 
+    _import()  # one line when TorchRec is missing
+    log(f"calibrating the step cost: measuring {len(plans)} random plans of these tables as TorchRec training steps "
+        f"(DistributedModelParallel) on {num_devices} ranks, {rounds} interleaved rounds of {warmup} warm-up + "
+        f"{iters} timed steps")
     task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
     items = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, p), task.table_ids) for p in plans]
     settings = EngineSettings(str(ds.path), hw, batch_size, warmup, iters, step=DMPStep)
-    measured = measure_fixed(settings, items, num_devices, rounds)
-    return np.array([float(np.exp(np.mean(np.log(m.round_ms)))) for m in measured])
-
-
-def calibrate_step(sim, tl, cluster: Cluster, ds, hw, batch_size: int, plans: list[Placement], rounds: int,
-                   warmup: int, iters: int, seed: int, split, log=print) -> tuple[StepFit | None, dict, dict]:
-    """Steps 2-3 of the module docstring for `plans` (step 1, drawn by the caller before its other work) with the
-    simulator `sim` (its step cost): (the fit, or None where it is not better on the held-out plans; its report;
-    what was measured). `split(n, seed)` gives the (fit, held-out) positions, as the rest of the calibration
-    splits."""
-    from ..sharding.torchrec_baseline import _import
-
-    _import()  # one line when TorchRec is missing
-    t0 = time.perf_counter()
-    count = len(plans)
-    log(f"calibrating the step cost: measuring {count} random plans of these tables as TorchRec training steps "
-        f"(DistributedModelParallel) on {cluster.num_devices} ranks, {rounds} interleaved rounds of {warmup} warm-up "
-        f"+ {iters} timed steps")
-    y = measure_plans_dmp(tl, plans, ds, hw, batch_size, cluster.num_devices, rounds, warmup, iters)
+    y = np.array([m.cost_ms for m in measure_fixed(settings, items, num_devices, rounds)])
     why = implausible_ms(y, positive=True)
     if why:
         raise UserError(f"--calibrate_dmp measured a TorchRec step that cannot be true ({why}): the timer or a worker "
                         "failed; rerun the same command (nothing was saved)")
+    return y
+
+
+def fit_to_steps(sim, task, plans: list[Placement], step_ms: np.ndarray, split, seed: int,
+                 log=print) -> tuple[StepFit | None, dict, dict]:
+    """Step 3 of the module docstring with the simulator `sim` (its step cost) and the plans' measured steps:
+    (the fit, or None where it is not better on the held-out plans; its report; what was measured).
+    `split(n, seed)` gives the (fit, held-out) positions, as the rest of the calibration splits."""
+    y = np.asarray(step_ms, np.float64)
     step = sim.with_cost("step").with_step_fit(None)
-    simulated = np.array([step.plan_cost(tl.task, p).cost_ms for p in plans])
-    tune, held = split(count, seed + 2)
+    simulated = np.array([step.plan_cost(task, p).cost_ms for p in plans])
+    tune, held = split(len(plans), seed + 2)
     fit = fit_step_fit(simulated[tune], y[tune])
-    before, after = _errors(simulated[held], y[held]), _errors(simulated[held] * fit.scale + fit.overhead_ms, y[held])
+    before, after = _errors(simulated[held], y[held]), _errors(fit.apply(simulated[held]), y[held])
     kept = after["mape"] < before["mape"]
     report = {"before": before, "after": after, "kept": kept, "fit": fit.to_dict(),
-              "samples": {"fit": len(tune), "held_out": len(held)}, "seconds": time.perf_counter() - t0}
+              "samples": {"fit": len(tune), "held_out": len(held)}}
     log(f"  step     held-out MAPE {100 * before['mape']:6.1f}% -> {100 * after['mape']:6.1f}%   simulated/measured "
         f"{before['ratio_min']:.2f}-{before['ratio_max']:.2f} -> {after['ratio_min']:.2f}-{after['ratio_max']:.2f}   "
         f"(step = {fit.scale:.3f} x simulated + {fit.overhead_ms:.2f} ms; {len(tune)} fit / {len(held)} held out)"

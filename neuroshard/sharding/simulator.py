@@ -179,9 +179,9 @@ class Simulator:
         waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
         fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1))
         fw = np.where(present, fw.reshape(P, G, N), 0.0).sum(axis=1)
-        per_device = ready + fw
-        if self.step_fit is not None:  # as Cost.per_device_ms: (compute + bw + fw) x scale + overhead
-            per_device = per_device * self.step_fit.scale + self.step_fit.overhead_ms
+        per_device = ready + fw  # (compute + bw) + fw, as Cost.per_device_ms adds them
+        if self.step_fit is not None:
+            per_device = self.step_fit.apply(per_device)
         return round_ms(per_device.max(axis=1)), fw, before
 
     def comm_coverage_note(self, dim_sums, cost: Cost) -> str | None:
@@ -222,9 +222,7 @@ class Simulator:
         if self.cost == "step":
             dims, words = plan_group_sums(task, plan)
             _, fw, bw = self.step_total_cost(compute, dims[None], words[None])
-            if self.step_fit is not None:
-                return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0], scale=self.step_fit.scale,
-                            overhead_ms=self.step_fit.overhead_ms)
+            return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0], step_fit=self.step_fit)
         else:
             _, fw, bw = self.total_cost(compute, plan.device_dim_sums()[None])
         return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0])
