@@ -1,4 +1,5 @@
-"""Step 4b: pre-train the forward and backward communication cost models (DESIGN.md §3.3)."""
+"""Step 4b: pre-train the forward and backward communication cost models (DESIGN.md §3.3), or with --input_dist
+the model of TorchRec's input distribution (§3.4b)."""
 from __future__ import annotations
 
 from neuroshard.core.cli import config_from_args, run_main, step_parser

@@ -101,10 +101,20 @@ class CostModelFiles:
     compute_model: str = flag("models/compute.pt")
     fw_comm_model: str | None = flag(None, "default models/comm_<N>_fw.pt (with --mp_keep K: comm_<N>_mpK_fw.pt)")
     bw_comm_model: str | None = flag(None, "default models/comm_<N>_bw.pt (with --mp_keep K: comm_<N>_mpK_bw.pt)")
+    input_comm_model: str | None = flag(None, "TorchRec's input distribution for the step cost; default "
+                                              "comm_<N>_input.pt beside the backward model, where it exists "
+                                              "(without one the backward model prices it)")
 
     def paths(self, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path, Path]:
         fw, bw = comm_model_paths("models", num_devices, mp_keep)
         return Path(self.compute_model), Path(self.fw_comm_model or fw), Path(self.bw_comm_model or bw)
+
+    def input_path(self, num_devices: int, mp_keep: float | None = None) -> tuple[Path, bool]:
+        """The input-distribution model's file (default: beside the backward model), and whether it was named (a
+        named one must exist)."""
+        if self.input_comm_model:
+            return Path(self.input_comm_model), True
+        return input_model_path(self.paths(num_devices, mp_keep)[2].parent, num_devices), False
 
 
 def comm_model_paths(models_dir: str | Path, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path]:
@@ -113,9 +123,23 @@ def comm_model_paths(models_dir: str | Path, num_devices: int, mp_keep: float | 
     return d / f"comm_{num_devices}{tag}_fw.pt", d / f"comm_{num_devices}{tag}_bw.pt"
 
 
-def comm_data_path(data_dir: str | Path, num_devices: int, mp_keep: float | None = None) -> Path:
-    """The comm cost-data file of `num_devices` ranks: comm_cost_data_<N>.pkl, or ..._<N>_mp<K>.pkl compressed."""
-    return Path(data_dir) / f"comm_cost_data_{num_devices}{mp_tag(mp_keep)}.pkl"
+def input_model_path(models_dir: str | Path, num_devices: int) -> Path:
+    """The default input-distribution model file for `num_devices` devices."""
+    return Path(models_dir) / f"comm_{num_devices}_input.pt"
+
+
+def comm_data_path(data_dir: str | Path, num_devices: int, mp_keep: float | None = None,
+                   input_dist: bool = False) -> Path:
+    """The comm cost-data file of `num_devices` ranks: comm_cost_data_<N>.pkl, or ..._<N>_mp<K>.pkl compressed, or
+    ..._<N>_input.pkl for the input distribution."""
+    tag = "_input" if input_dist else mp_tag(mp_keep)
+    return Path(data_dir) / f"comm_cost_data_{num_devices}{tag}.pkl"
+
+
+def check_input_dist(input_dist: bool, mp_keep: float | None) -> None:
+    if input_dist and mp_keep is not None:
+        raise UserError("--input_dist measures TorchRec's input distribution, which DCT-MP does not compress; drop "
+                        "--mp_keep (one input-distribution model serves every --mp_keep)")
 
 
 @dataclass(frozen=True)
@@ -270,10 +294,14 @@ class CommCollectConfig:
     out_dir: str = flag("data/cost_data")
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
     mp_keep: float | None = flag(None, MP_KEEP_HELP + "; writes comm_cost_data_<N>_mp<K>.pkl")
+    input_dist: bool = flag(False, "measure TorchRec's input distribution (its KJTAllToAll of ids and lengths; "
+                                   "T_range features per sample, one-hot or multi-hot) instead of the pooled "
+                                   "all-to-alls; writes comm_cost_data_<N>_input.pkl")
 
     def check(self, num_ranks: int) -> "CommCollectConfig":
         HardwareConfig(gpu_devices=self.gpu_devices).check()
         self.mp_keep = check_mp_keep(self.mp_keep)
+        check_input_dist(self.input_dist, self.mp_keep)
         check_int("--ndevices", num_ranks, 2, 1024)
         check_int("--data_size", self.data_size, 1, 10_000_000)
         check_range("--T_range", self.T_range, 1, strict=True)
@@ -317,12 +345,18 @@ class TrainCommConfig:
     fw_wait_term: bool = flag(False, "forward model = MLP + each rank's wait for the last-ready rank (max delay - "
                                      "its delay), so the MLP learns only the transfer; holds beyond the "
                                      "collected --sleep_range (default off: the paper's model)")
+    input_dist: bool = flag(False, "train the input-distribution model from comm_cost_data_<N>_input.pkl instead")
+    input_out_path: str | None = flag(None, "with --input_dist: default models/comm_<N>_input.pt")
     fit: FitConfig = field(default_factory=FitConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     @property
     def data_path(self) -> Path:
-        return comm_data_path(self.data_dir, self.ndevices, check_mp_keep(self.mp_keep))
+        check_input_dist(self.input_dist, check_mp_keep(self.mp_keep))
+        return comm_data_path(self.data_dir, self.ndevices, check_mp_keep(self.mp_keep), self.input_dist)
+
+    def input_out(self) -> Path:
+        return Path(self.input_out_path or input_model_path("models", self.ndevices))
 
     def out_paths(self) -> tuple[Path, Path]:
         fw, bw = comm_model_paths("models", self.ndevices, check_mp_keep(self.mp_keep))

@@ -23,6 +23,14 @@ NUM_FEATURES = len(FEATURE_NAMES)  # 20
 MIN_ROWS = 100
 DIM_CHOICES = (128, 64, 32, 16, 8, 4)
 BYTES_PER_PARAM = 4  # fp32
+WORDS_PER_ID = 2        # an int64 id on the wire, in 4-byte words (the comm models' unit: one float per dim)
+WORDS_PER_LENGTH = 2    # an int64 length per sample and shard
+
+
+def input_words(pooling) -> np.ndarray:
+    """Words per sample of one shard's input distribution (TorchRec's ids and lengths all-to-all): its ids and
+    its length."""
+    return WORDS_PER_ID * np.asarray(pooling, np.float64) + WORDS_PER_LENGTH
 
 
 def reuse_bin(counts: np.ndarray) -> np.ndarray:

@@ -102,12 +102,34 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
                  lambda cm=cm: collect_comm(cm), redo_removes=[cost / f"comm_cost_data_{N}.pkl"]),
             Step(f"4 comm cost models ({N} devices)", _cmd("train_comm_cost_model.py", tm),
                  lambda tm=tm: train_comm_models(tm), [fw, bw]),
+            *_input_steps(cost, models, N, P, gpus, fit),
             Step(f"5 simulate all algorithms ({N} devices)", _cmd("eval_simulator.py", sim),
                  lambda sim=sim: eval_simulator(sim), [results / f"sim_{N}.csv"]),
             Step(f"6 measure all algorithms ({N} devices)", _cmd("eval.py", ev),
                  lambda ev=ev: eval_hardware(ev), [results / f"eval_{N}.csv"]),
         ]
     return steps
+
+
+def _input_steps(cost: Path, models: Path, N: int, P, gpus, fit: FitConfig) -> list[Step]:
+    """The input-distribution model of the step cost (TorchRec's KJTAllToAll; the user's tools plan with it, the
+    paper's cost does not use it): nothing where TorchRec is not installed."""
+    try:
+        import torchrec.distributed.dist_data  # noqa: F401
+    except ImportError:
+        print(f"note: torchrec is not installed; no input-distribution model for {N} devices (`make setup`)")
+        return []
+    from ..hardware.collect import collect_comm
+    from ..models.fitting import train_comm_models
+
+    out = models / f"comm_{N}_input.pt"
+    ci = CommCollectConfig(out_dir=str(cost), ndevices=N, data_size=P.comm_samples, batch_size=P.batch_size,
+                           T_range=P.T_range, gpu_devices=gpus, input_dist=True)
+    ti = TrainCommConfig(data_dir=str(cost), ndevices=N, input_dist=True, input_out_path=str(out), fit=fit)
+    return [Step(f"3 input-distribution cost data ({N} devices)", _cmd("collect_comm_cost_data.py", ci),
+                 lambda: collect_comm(ci), redo_removes=[cost / f"comm_cost_data_{N}_input.pkl"]),
+            Step(f"4 input-distribution model ({N} devices)", _cmd("train_comm_cost_model.py", ti),
+                 lambda: train_comm_models(ti), [out])]
 
 
 def run_pipeline(cfg: PipelineConfig, command: str = "") -> Path:

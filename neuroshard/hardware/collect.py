@@ -21,14 +21,14 @@ from ..core.config import CommCollectConfig, ComputeCollectConfig, comm_data_pat
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
-from .comm_bench import COMM_DATA_KIND, CommRankSettings, comm_rank
+from .comm_bench import COMM_DATA_KIND, INPUT_MAX_POOLING, CommRankSettings, InputDist, comm_rank
 from .compute_bench import COMPUTE_DATA_KIND, ComputeWorkerSettings, compute_worker, family_collection
 from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes
 
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
 COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
-                   "num_iter", "mp_keep")
+                   "num_iter", "mp_keep", "input_dist")
 
 
 def missing_indices(records: list[dict], data_size: int) -> list[int]:
@@ -123,9 +123,13 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "mp_keep": cfg.mp_keep,
             "provenance": provenance()}
-    path = comm_data_path(cfg.out_dir, N, cfg.mp_keep)
+    if cfg.input_dist:  # refused before any file is touched where TorchRec is missing (no key otherwise: older
+        InputDist.check_torchrec()  # all-to-all files stay resumable)
+        meta.update(input_dist=True, input_max_pooling=INPUT_MAX_POOLING)
+    path = comm_data_path(cfg.out_dir, N, cfg.mp_keep, cfg.input_dist)
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
-    print(f"{N} ranks on {dev}, batch {batch_size}, {mp_text(cfg.mp_keep)} all-to-all -> {path}")
+    what = "TorchRec's input distribution" if cfg.input_dist else f"{mp_text(cfg.mp_keep)} all-to-all"
+    print(f"{N} ranks on {dev}, batch {batch_size}, {what} -> {path}")
     if writer:
         log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file", salvage=cfg.salvage)
         todo = missing_indices(log.records, cfg.data_size)
@@ -137,7 +141,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
         if log is not None:
             log.close()
         return _report(0, len(log.records) if log else 0, float("nan"), path)
-    args = (CommRankSettings(todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep),)
+    args = (CommRankSettings(todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep, cfg.input_dist),)
     run = lambda on_message: run_processes(comm_rank, N, args, on_message, group_device=dev, gpu_ids=gpu_ids)  # noqa
     if log is None:
         run(lambda _: None)

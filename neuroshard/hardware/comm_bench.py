@@ -10,6 +10,12 @@ With `mp_keep` (DCT-MP, `CompressedAllToAll`) both all-to-alls are DCT-MP's own 
 forward encodes every sample's top-k entries, exchanges the bytes and scatters them back to dense
 blocks; the backward gathers the received entries' gradients, exchanges them and scatters them back.
 The encode/scatter work is timed with the exchange: it is part of what compression costs a step.
+
+With `input_dist` the collector measures TorchRec's input distribution instead (DESIGN.md §3.4b): TorchRec's own
+`KJTAllToAll`, which sends each rank the ids and lengths of the features its shards read (one all-to-all of the
+split sizes, then one per tensor). Rank r holds the global batch's [B/N] samples of every feature and receives
+all B samples of its own features; its input words are 2 x pooling + 2 per feature and sample (an int64 id or
+length being two 4-byte words), and the sample records them with each rank's cost.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..data.features import dim_choices
+from ..data.features import dim_choices, input_words
 from ..compression import mp_wire
 
 COMM_DATA_KIND = "neuroshard.comm_cost_data"
@@ -127,6 +133,65 @@ def measure_layout(rank: int, dim_sums, delays_ms, batch_size: int, device: str,
     return np.array([c[0] for c in costs]), np.array([c[1] for c in costs])
 
 
+INPUT_POOLING_ONE = 0.4  # share of input-distribution features with one id per sample (the one-hot sets')
+INPUT_MAX_POOLING = 120  # the others draw their ids per sample uniformly from 2..this
+
+
+def sample_input(index: int, seed: int, N: int, T_range, max_pooling: int = INPUT_MAX_POOLING
+                 ) -> list[list[int]]:
+    """Per rank the pooling factors of the features it receives: T features (from `T_range`), each one-hot or
+    multi-hot, placed by a randomised greedy split of their input words (as `sample_comm` splits dims)."""
+    rng = np.random.default_rng([seed, index, 1])
+    T = max(int(rng.integers(*T_range)), N)
+    pooling = np.where(rng.random(T) < INPUT_POOLING_ONE, 1, rng.integers(2, max_pooling + 1, T))
+    p = rng.random()
+    ranks: list[list[int]] = [[] for _ in range(N)]
+    words = np.zeros(N)
+    for i, f in enumerate(pooling):
+        r = i if i < N else (int(rng.integers(N)) if rng.random() < p else int(np.argmin(words)))
+        ranks[r].append(int(f))
+        words[r] += float(input_words(f))
+    return ranks
+
+
+class InputDist:
+    """One rank's part of TorchRec's input distribution for per-rank pooling factors (`sample_input`)."""
+
+    @staticmethod
+    def check_torchrec() -> None:
+        try:
+            import torchrec.distributed.dist_data  # noqa: F401
+        except ImportError:
+            from ..core.errors import UserError
+
+            raise UserError("measuring the input distribution runs TorchRec's KJTAllToAll, and torchrec is not "
+                            "installed; run `make setup` (it installs torchrec 1.9.2)") from None
+
+    def __init__(self, pooling: list[list[int]], batch_size: int, rank: int, device: str):
+        self.check_torchrec()
+        from torchrec.distributed.dist_data import KJTAllToAll
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        bn = batch_size // len(pooling)
+        flat = [p for r in pooling for p in r]
+        lengths = torch.cat([torch.full((bn,), p, dtype=torch.int64) for p in flat])
+        gen = torch.Generator().manual_seed(rank)
+        self.kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(flat))], lengths=lengths,
+                                     values=torch.randint(0, 1 << 20, (int(lengths.sum()),), generator=gen,
+                                                          dtype=torch.int64)).to(torch.device(device))
+        self.a2a = KJTAllToAll(dist.group.WORLD, [len(r) for r in pooling])
+
+    def run(self):
+        self.a2a(self.kjt).wait().wait()
+
+
+def measure_input(rank: int, pooling: list[list[int]], batch_size: int, device: str, warmup: int, iters: int
+                  ) -> np.ndarray:
+    """Every rank's input-distribution ms for one layout; call on all ranks together."""
+    return np.array([c[0] for c in gather_floats([timed_collective(
+        InputDist(pooling, batch_size, rank, device).run, device, 0.0, warmup, iters)], device)])
+
+
 @dataclass(frozen=True)
 class CommRankSettings:
     """How the comm collector's ranks measure: the one settings object `comm_rank` takes."""
@@ -138,6 +203,7 @@ class CommRankSettings:
     warmup: int                  # warm-up iterations of each layout
     iters: int                   # timed iterations of each layout (their median)
     mp_keep: float | None = None  # DCT-MP's compressed all-to-alls (None: uncompressed)
+    input_dist: bool = False      # TorchRec's input distribution instead of the pooled all-to-alls
 
 
 def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
@@ -146,6 +212,13 @@ def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
     indices, sample_args, batch_size, device = s.indices, s.sample_args, s.batch_size, s.device
     warmup, iters, mp_keep = s.warmup, s.iters, s.mp_keep
     for index in indices:
+        if s.input_dist:
+            pooling = sample_input(index, sample_args["seed"], world, sample_args["T_range"])
+            ms = measure_input(rank, pooling, batch_size, device, warmup, iters)
+            if rank == 0:
+                emit({"index": index, "pooling": pooling, "input_words": [float(input_words(np.array(r)).sum())
+                                                                          for r in pooling], "input_ms": ms})
+            continue
         dim_sums, delays = sample_comm(index, N=world, **sample_args)
         fw, bw = measure_layout(rank, dim_sums, delays, batch_size, device, warmup, iters, mp_keep)
         if rank == 0:

@@ -222,6 +222,9 @@ class ComputeCostModel(CostModel):
         return _np_forward(self._layers()[3], emb_sum)[..., 0]
 
 
+COMM_DIRECTIONS = ("fw", "bw", "input")
+
+
 class CommNet(nn.Module):
     def __init__(self, n_in: int, n_out: int):
         super().__init__()
@@ -231,13 +234,14 @@ class CommNet(nn.Module):
 
 
 class CommCostModel(CostModel):
-    """Predicts every rank's forward (dim sums + delays) or backward (dim sums) all-to-all cost."""
+    """Predicts every rank's forward (dim sums + delays) or backward (dim sums) all-to-all cost, or (direction
+    "input") its part of TorchRec's input distribution (input words per sample, `data.features.input_words`)."""
 
     kind = "comm_cost_model"
 
     def __init__(self, num_devices: int, direction: str, meta: dict[str, Any] | None = None):
-        if direction not in ("fw", "bw"):
-            raise UserError(f"a comm model's direction must be fw or bw, got {direction!r}")
+        if direction not in COMM_DIRECTIONS:
+            raise UserError(f"a comm model's direction must be fw, bw or input, got {direction!r}")
         if not isinstance(num_devices, int) or num_devices < 2:
             raise UserError(f"a comm model needs >= 2 devices, got {num_devices!r}")
         meta = {"fw_wait_term": False, **(meta or {}), "ndevices": num_devices, "direction": direction}
@@ -263,7 +267,7 @@ class CommCostModel(CostModel):
         """Load a comm model and refuse one trained for the other direction."""
         model = cls.load(path)
         if model.direction != direction:
-            names = {"fw": "forward", "bw": "backward"}
+            names = {"fw": "forward", "bw": "backward", "input": "input-distribution"}
             raise UserError(f"{path} is the {names[model.direction]} comm model, but the {names[direction]} one "
                             f"is needed here; pass --{direction}_comm_model models/comm_<N>_{direction}.pt")
         return model
@@ -312,6 +316,12 @@ def comm_training_arrays(samples: list[dict], direction: str):
     else:
         x, y = dims, np.stack([s["bw_ms"] for s in samples])
     return x, y.astype(np.float32)
+
+
+def input_training_arrays(samples: list[dict]):
+    """Input words per rank [S, N] and each rank's input-distribution ms [S, N] (`comm_bench.sample_input`)."""
+    x = np.stack([s["input_words"] for s in samples]).astype(np.float32)
+    return x, np.stack([s["input_ms"] for s in samples]).astype(np.float32)
 
 
 def model_meta(data_meta: dict, **extra) -> dict:

@@ -5,6 +5,7 @@ dataset given, enough samples, valid training settings) and write the model atom
 """
 from __future__ import annotations
 
+import numpy as np
 
 from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig, check_mp_keep, mp_text
 from ..core.errors import UserError, check_int
@@ -13,7 +14,7 @@ from ..hardware.collect import load_cost_data
 from ..hardware.comm_bench import COMM_DATA_KIND
 from ..hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables
 from .cost_models import (CommCostModel, ComputeCostModel, check_input_transform, comm_training_arrays,
-                          compute_training_arrays, model_meta)
+                          compute_training_arrays, input_training_arrays, model_meta)
 
 MIN_SAMPLES = 10
 
@@ -56,12 +57,15 @@ def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
     return model
 
 
-def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostModel]:
+def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     """Step 4b: fit the forward and backward comm cost models on the N-device comm samples (with
-    `cfg.mp_keep`: on DCT-MP's compressed all-to-all samples; the models record it in their meta)."""
+    `cfg.mp_keep`: on DCT-MP's compressed all-to-all samples; the models record it in their meta); with
+    `cfg.input_dist`, the input-distribution model on the input-distribution samples instead (a 1-tuple)."""
     fit = cfg.fit.check(MIN_SAMPLES)
     mp_keep = check_mp_keep(cfg.mp_keep)
     check_int("--ndevices", cfg.ndevices, 2, 4096)
+    if cfg.input_dist:
+        return (train_input_model(cfg, fit),)
     fw_out_path, bw_out_path = cfg.out_paths()
     if fw_out_path.resolve() == bw_out_path.resolve():
         raise UserError("--fw_out_path and --bw_out_path are the same file; give each model its own path")
@@ -89,6 +93,35 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, CommCostMode
         print(f"saved {out}")
         models.append(model)
     return models[0], models[1]
+
+
+def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
+    """The input-distribution model (direction "input") on comm_cost_data_<N>_input.pkl."""
+    if cfg.fw_wait_term:
+        raise UserError("--fw_wait_term is for the forward model; drop it with --input_dist")
+    out, data_path = cfg.input_out(), cfg.data_path
+    meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
+    N = meta.get("ndevices")
+    if not meta.get("input_dist") or N != cfg.ndevices:
+        raise UserError(f"{data_path} does not hold {cfg.ndevices}-device input-distribution samples; collect them "
+                        f"with collect_comm_cost_data.py --input_dist --ndevices {cfg.ndevices}")
+    try:
+        x, y = input_training_arrays(samples)
+        ok = x.shape == y.shape == (len(samples), N) and np.isfinite(x).all() and (x > 0).all() \
+            and np.isfinite(y).all() and (y > 0).all()
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"{data_path} holds damaged input-distribution samples (each needs {N} positive input "
+                        "words and ms); delete it and collect again")
+    kw = _fit_kwargs(fit)
+    model = CommCostModel(N, "input", {**model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw),
+                                       "training_input_max": [float(v) for v in x.max(0)]})
+    report = model.fit((x,), y, epochs=fit.epochs, **kw)
+    _print_metrics(f"input-distribution model ({N} devices, {meta['device']})", report)
+    model.save(out)
+    print(f"saved {out}")
+    return model
 
 
 def _fit_kwargs(fit: FitConfig) -> dict:

@@ -374,7 +374,8 @@ def save_calibration(path, sim: Simulator, report: dict) -> Path:
         report["fingerprint"] = fingerprint_of(report["made_for"])
     state = {name: {"kind": m.kind, "meta": m.meta, "state_dict": {k: v.detach().clone() for k, v in
                                                                   m.net.state_dict().items()}}
-             for name, m in (("compute", sim.compute), ("fw", sim.fw), ("bw", sim.bw))}
+             for name, m in (("compute", sim.compute), ("fw", sim.fw), ("bw", sim.bw), ("input", sim.inp))
+             if m is not None}
     return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
 
 
@@ -407,8 +408,12 @@ def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = No
         check_measured(measured, task, cluster, str(path))
         check_reference(report.get("reference"), task.rows, cluster, str(path), task.dims, measured)
     models = []
-    for name, cls in (("compute", ComputeCostModel), ("fw", CommCostModel), ("bw", CommCostModel)):
+    for name, cls in (("compute", ComputeCostModel), ("fw", CommCostModel), ("bw", CommCostModel),
+                      ("input", CommCostModel)):
         entry = obj["models"].get(name)
+        if name == "input" and entry is None:  # a calibration made without an input-distribution model
+            models.append(None)
+            continue
         try:
             m = cls._build(entry["meta"])
             m.net.load_state_dict(entry["state_dict"])
@@ -423,7 +428,11 @@ def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = No
         step_fit = None if fit is None else StepFit(fit["scale"], fit["overhead_ms"])
     except (TypeError, KeyError, UserError):
         raise UserError(f"{path} holds a damaged step fit; delete it to calibrate again") from None
-    return (Simulator(*models, step_fit=step_fit), report), []
+    try:
+        sim = Simulator(*models[:3], step_fit=step_fit, inp=models[3])
+    except UserError:  # models that disagree (direction, devices, hardware, batch)
+        raise UserError(f"{path} is damaged (its models disagree); delete it to calibrate again") from None
+    return (sim, report), []
 
 
 def load_calibration(path, inputs: dict, task=None, cluster: Cluster | None = None) -> tuple[Simulator, dict] | None:
@@ -499,8 +508,8 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
     step_fit, rep_step = None, None
     if dmp_plans:
-        step_fit, rep_step, measured["dmp"] = fit_to_steps(Simulator(compute, fw, bw), task, dmp_plans, dmp_ms,
-                                                           _split, cfg.seed, log)
+        step_fit, rep_step, measured["dmp"] = fit_to_steps(Simulator(compute, fw, bw, inp=sim.inp), task, dmp_plans,
+                                                           dmp_ms, _split, cfg.seed, log)
     report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "step": rep_step,
               "step_fit": None if step_fit is None else step_fit.to_dict(),
               "comm_max_spread_ms": spread_ms, "reference": reference,
@@ -512,4 +521,4 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
             f"{b['spearman']:.3f} -> {a['spearman']:.3f}   ({r['samples']['fine_tune']} fine-tune / "
             f"{r['samples']['held_out']} held out){'' if r['kept'] else '  (not better: pre-trained model kept)'}")
     log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")
-    return Simulator(compute, fw, bw, step_fit=step_fit), report
+    return Simulator(compute, fw, bw, step_fit=step_fit, inp=sim.inp), report

@@ -199,8 +199,10 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         tl = load_table_list(cfg.tables, max_mem)
     else:
         tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
-    paths = cfg.models.paths(ndevices, cfg.mp_keep)
     sim = load_cost_models(cfg.models, ndevices, cfg.mp_keep, required=alg == "neuroshard" or cfg.calibrate is not None)
+    # the model files a calibration depends on: the input-distribution model too where one is used
+    paths = (*cfg.models.paths(ndevices, cfg.mp_keep),
+             *([cfg.models.input_path(ndevices, cfg.mp_keep)[0]] if sim is not None and sim.inp is not None else []))
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
     if cfg.measure or cfg.calibrate is not None:
         check_measure_budget(tl, batch)
@@ -219,6 +221,8 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     if sim is not None:
         sim = sim.with_cost(cfg.cost)
+        if sim.input_model_note():
+            print(sim.input_model_note())
     res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)
     if res.plan is None or res.oom:
         other = "" if alg == "neuroshard" else ", or try --alg neuroshard"

@@ -31,10 +31,10 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.config import SearchParams
 from ..core.types import MEM_TOL_GB, Cluster, round_ms
-from ..data.features import table_size_gb, with_dim
+from ..data.features import input_words, table_size_gb, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, apply_splits, can_split
-from .simulator import Simulator, group_sums, input_words
+from .simulator import Simulator, group_sums
 
 
 class ShardTable:

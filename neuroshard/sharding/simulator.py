@@ -10,10 +10,12 @@ model trained with `--fw_wait_term` adds each rank's wait max_r' d_r' - d_r to i
 **The step cost** (`cost="step"`, DESIGN.md §3.4b): what TorchRec's sharded EmbeddingBagCollection runs in
 one training step. Its shards fall into sharding groups: `table_wise` (tables in one piece) and
 `column_wise` (tables cut into column blocks); TorchRec runs one set of collectives per group present.
-Per group g: the input distribution, an all-to-all of the ids and lengths each rank's shards of g read
-(rank r receives the global batch's ids of its shards: per sample 2 x pooling + 2 floats' worth per
-shard, an int64 id or length being two 4-byte words), priced by the backward model (the all-to-all whose
-rank r receives B x its width) on those widths; the backward all-to-all of g's dim sums; and the forward
+Per group g: the input distribution, TorchRec's all-to-all of the ids and lengths each rank's shards of g read
+(rank r receives the global batch's ids of its shards: per sample 2 x pooling + 2 words per shard, an int64
+id or length being two 4-byte words), priced by the input-distribution model (`inp`, trained on TorchRec's
+own KJTAllToAll, `collect_comm_cost_data.py --input_dist`) on those words; without one, by the backward
+model (the all-to-all whose rank r receives B x its width), which misses the fixed part of TorchRec's three
+collectives (docs/findings.md); the backward all-to-all of g's dim sums; and the forward
 all-to-all of g's dim sums. A device's step is compute + sum_g (input_g + bw_g) + sum_g fw_g, with the
 forward delays taken from compute + sum_g (input_g + bw_g) as in the paper's cost; the first group's forward
 (table-wise when present) waits for the last-ready rank, and the groups after it start together, so the wait
@@ -38,7 +40,7 @@ import numpy as np
 
 from ..core.errors import UserError
 from ..core.types import Cluster, Cost, StepFit, round_ms
-from ..data.features import with_dim
+from ..data.features import input_words, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, fits_memory
 
@@ -60,8 +62,6 @@ class DeviceCostModel(Protocol):
 
 COSTS = ("paper", "step")
 GROUPS = ("table_wise", "column_wise")
-WORDS_PER_ID = 2        # an int64 id on the wire, in 4-byte words (the comm models' unit: one float per dim)
-WORDS_PER_LENGTH = 2    # an int64 length per sample and shard
 
 
 def check_cost(cost: str) -> str:
@@ -70,31 +70,33 @@ def check_cost(cost: str) -> str:
     return cost
 
 
-def input_words(pooling: np.ndarray) -> np.ndarray:
-    """Words per sample of one shard's input distribution: its ids and its length."""
-    return WORDS_PER_ID * np.asarray(pooling, np.float64) + WORDS_PER_LENGTH
-
-
 class Simulator:
     def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = "paper",
-                 step_fit: StepFit | None = None):
-        for m, want in ((fw, "fw"), (bw, "bw")):
+                 step_fit: StepFit | None = None, inp: DeviceCostModel | None = None):
+        for m, want in ((fw, "fw"), (bw, "bw"), (inp, "input")):
+            if m is None:
+                continue
             got = getattr(m, "direction", want)
             if got != want:
                 raise UserError(f"the {want} comm model given is a {got} model; pass the forward model as "
-                                "--fw_comm_model and the backward one as --bw_comm_model")
+                                "--fw_comm_model, the backward one as --bw_comm_model and the input-distribution "
+                                "one as --input_comm_model")
         if fw.num_devices != bw.num_devices:
             raise UserError(f"forward comm model is for {fw.num_devices} devices, backward for {bw.num_devices}; "
                             "train both from one comm_cost_data_<N>.pkl")
+        if inp is not None and inp.num_devices != fw.num_devices:
+            raise UserError(f"the input-distribution model is for {inp.num_devices} devices, the comm models for "
+                            f"{fw.num_devices}; pass models/comm_{fw.num_devices}_input.pt as --input_comm_model")
+        models = (compute, fw, bw) + ((inp,) if inp is not None else ())
         for key, what in (("device", "hardware"), ("batch_size", "batch sizes")):
-            vals = {str(m.meta.get(key)) for m in (compute, fw, bw) if m.meta.get(key) is not None}
+            vals = {str(m.meta.get(key)) for m in models if m.meta.get(key) is not None}
             if len(vals) > 1:
                 raise UserError(f"cost models come from different {what} ({', '.join(sorted(vals))}); "
                                 f"collect and train all three with the same {key}")
         if fw.meta.get("mp_keep") != bw.meta.get("mp_keep"):
             raise UserError(f"the forward comm model was trained for mp_keep {fw.meta.get('mp_keep')}, the backward "
                             f"one for {bw.meta.get('mp_keep')}; train both from one comm cost-data file")
-        self.compute, self.fw, self.bw = compute, fw, bw
+        self.compute, self.fw, self.bw, self.inp = compute, fw, bw, inp
         self.cost = check_cost(cost)
         self.step_fit = step_fit
         self.num_devices = fw.num_devices
@@ -102,22 +104,32 @@ class Simulator:
 
     def with_cost(self, cost: str) -> "Simulator":
         """This simulator scoring plans by `cost` ("paper" or "step"; module docstring)."""
-        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit)
+        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit, self.inp)
 
     def with_step_fit(self, step_fit: StepFit | None) -> "Simulator":
         """This simulator with `step_fit` (None: without one) for its step cost."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit)
+        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp)
+
+    def input_model_note(self) -> str | None:
+        """One line when the step cost prices the input distribution without its own model; else None."""
+        if self.cost != "step" or self.inp is not None:
+            return None
+        return (f"note: no input-distribution model (models/comm_{self.num_devices}_input.pt); the step cost prices "
+                "TorchRec's input distribution by the backward comm model, which misses the fixed part of its "
+                f"collectives; make one with collect_comm_cost_data.py --input_dist --ndevices {self.num_devices} && "
+                f"train_comm_cost_model.py --input_dist --ndevices {self.num_devices}")
 
     @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
-             mp_keep: float | None = None) -> "Simulator":
-        """The three models from disk; with `num_devices`, refused unless trained for that many devices;
-        refused unless the comm models were trained on the all-to-all of `mp_keep` (None: uncompressed,
-        else DCT-MP's keep fraction)."""
+             mp_keep: float | None = None, input_path=None) -> "Simulator":
+        """The three models (and, with `input_path`, the input-distribution model) from disk; with `num_devices`,
+        refused unless trained for that many devices; refused unless the comm models were trained on the
+        all-to-all of `mp_keep` (None: uncompressed, else DCT-MP's keep fraction)."""
         from ..models.cost_models import CommCostModel, ComputeCostModel
 
         sim = cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
-                  CommCostModel.load_direction(bw_path, "bw"))
+                  CommCostModel.load_direction(bw_path, "bw"),
+                  inp=None if input_path is None else CommCostModel.load_direction(input_path, "input"))
         if num_devices is not None:
             sim.check_devices(num_devices)
         sim.check_mp_keep(mp_keep)
@@ -129,7 +141,10 @@ class Simulator:
         if got is not None and got != fingerprint:
             raise UserError("the compute cost model was trained on another dataset (fingerprint "
                             f"{got}, this one {fingerprint}); retrain it on this dataset's cost data")
-        for name, m in (("compute", self.compute), ("forward comm", self.fw), ("backward comm", self.bw)):
+        for name, m in (("compute", self.compute), ("forward comm", self.fw), ("backward comm", self.bw),
+                        ("input-distribution", self.inp)):
+            if m is None:
+                continue
             b = m.meta.get("batch_size")
             if b is not None and int(b) != int(batch_size):
                 raise UserError(f"the {name} cost model was trained at batch {b}, this run uses batch {batch_size}; "
@@ -170,7 +185,7 @@ class Simulator:
         P, G, N = dims.shape
         present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
-        inp = self.bw.predict_np(np.asarray(input_sums, np.float64).reshape(-1, N)).reshape(P, G, N)
+        inp = (self.inp or self.bw).predict_np(np.asarray(input_sums, np.float64).reshape(-1, N)).reshape(P, G, N)
         before = np.where(present, bw + inp, 0.0).sum(axis=1)                         # [P, N]
         ready = compute + before
         delays = ready - ready.min(axis=1, keepdims=True)

@@ -33,13 +33,14 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     shutil.copytree(done, tmp_path, dirs_exist_ok=True)
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out
-    assert second.count("skipped") == 7  # every step with outputs; the two collectors always run
+    assert second.count("skipped") == 8  # every step with outputs; the three collectors always run
+    assert (done / "models/comm_2_input.pt").is_file()  # the step cost's input-distribution model
     assert "measured 0 samples" in second
     # an interrupted run (the measured results missing) resumes at that step only
     (tmp_path / "results/eval_2.csv").unlink()
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     third = capsys.readouterr().out
-    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 6
+    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 7
     # --force redoes everything, collections included
     mtime = (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime
     run_pipeline(PipelineConfig("tiny", str(tmp_path), force=True))

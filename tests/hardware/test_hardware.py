@@ -241,6 +241,54 @@ def test_comm_collection(tmp_path):
                                   "--out_dir", tmp_path), "divisible")
 
 
+def test_input_distribution_collection_and_model(tmp_path):
+    """TorchRec's own KJTAllToAll measured on 2 gloo ranks, a model of it trained, and its bad inputs refused."""
+    from neuroshard.core.artifacts import RecordLog
+    from neuroshard.data.features import input_words
+    from neuroshard.models.cost_models import CommCostModel
+
+    args = ("--out_dir", tmp_path, "--ndevices", "2", "--batch_size", "512", "--T_range", "2,8", "--num_iter", "2",
+            "--warmup_iter", "1", "--input_dist")
+    proc = run_script("collect_comm_cost_data.py", *args, "--data_size", "12")
+    assert proc.returncode == 0, proc.stderr
+    meta, samples = load_cost_data(tmp_path / "comm_cost_data_2_input.pkl", COMM_DATA_KIND)
+    assert len(samples) == 12 and meta["input_dist"] is True
+    for s in samples:  # every rank receives at least one feature; its words are 2 x pooling + 2 per feature
+        assert len(s["pooling"]) == 2 and all(len(r) >= 1 for r in s["pooling"])
+        assert s["input_words"] == [float(input_words(r).sum()) for r in s["pooling"]]
+        assert s["input_ms"].shape == (2,) and np.all(s["input_ms"] > 0)
+    assert not (tmp_path / "comm_cost_data_2.pkl").exists()  # the pooled all-to-all's file is another one
+    out = tmp_path / "in.pt"
+    train = ("--data_dir", tmp_path, "--ndevices", "2", "--input_dist", "--input_out_path", out, "--epochs", "5")
+    proc = run_script("train_comm_cost_model.py", *train)
+    assert proc.returncode == 0, proc.stderr
+    model = CommCostModel.load_direction(out, "input")
+    assert model.num_devices == 2 and model.meta["batch_size"] == 512
+    with pytest.raises(Exception, match="input-distribution comm model, but the backward one"):
+        CommCostModel.load_direction(out, "bw")
+    # DCT-MP does not compress ids; the forward model's wait term has no place here
+    assert_clean_error(run_script("collect_comm_cost_data.py", *args, "--mp_keep", "0.1"), "drop --mp_keep")
+    assert_clean_error(run_script("train_comm_cost_model.py", *train, "--fw_wait_term"), "--fw_wait_term")
+    # pooled all-to-all samples under the input file's name, and damaged input samples, are refused in one line
+    # and leave the trained model as it was
+    saved = out.read_bytes()
+    other = tmp_path / "other"
+    bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, {"ndevices": 2, "device": "cpu"})
+    for i in range(12):
+        bad.append({"index": i, "dim_sums": np.ones(2), "bw_ms": np.ones(2)})
+    bad.close()
+    bad_train = ("--data_dir", other, *train[2:])
+    assert_clean_error(run_script("train_comm_cost_model.py", *bad_train), "--input_dist --ndevices 2")
+    (other / "comm_cost_data_2_input.pkl").unlink()
+    bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, {"ndevices": 2, "device": "cpu",
+                                                                            "input_dist": True})
+    for i in range(12):
+        bad.append({"index": i, "input_words": [4.0, 6.0], "input_ms": np.array([1.0, -1.0 if i == 5 else 2.0])})
+    bad.close()
+    assert_clean_error(run_script("train_comm_cost_model.py", *bad_train), "damaged input-distribution samples")
+    assert out.read_bytes() == saved
+
+
 def test_interleaved_rounds_report_the_geometric_mean_of_the_rounds(small_dataset):
     from neuroshard.hardware.engine import EngineSettings, measure_plans
 

@@ -165,6 +165,31 @@ def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_f
     save_calibration(tmp_path / "plan.calibration.pt", Simulator(sim.compute, fw, sim.bw), {"made_for": fp})
     back, _ = load_calibration(tmp_path / "plan.calibration.pt", fp)
     assert back.fw.wait_term and not back.bw.wait_term and np.allclose(back.fw.predict_np(x), fw.predict_np(x))
+    assert back.inp is None  # saved without an input-distribution model: the step cost prices it by the backward one
+
+
+def test_the_input_distribution_model_travels_in_the_calibration_file(tmp_path):
+    """A calibration of a simulator with an input-distribution model loads back with it (same predictions); one
+    whose input entry is another direction's model is refused as damaged."""
+    from analytic_models import hand_comm_model
+
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    paths = [models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt"]
+    sim = Simulator.load(*paths, num_devices=2)
+    inp = hand_comm_model(2, "input", meta={"batch_size": 256, "device": "cpu"})
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    fp = calibration_inputs(tl.task, resolve_hardware("cpu", "auto").describe(), 256, 2, 0.02, paths)
+    path = tmp_path / "plan.calibration.pt"
+    save_calibration(path, Simulator(sim.compute, sim.fw, sim.bw, inp=inp), {"made_for": fp})
+    back, _ = load_calibration(path, fp)
+    words = np.array([[10.0, 300.0]])
+    assert back.inp.direction == "input" and np.allclose(back.inp.predict_np(words), [[5.1, 8.0]])
+    obj = torch.load(path, weights_only=True)
+    obj["models"]["input"] = obj["models"]["bw"]
+    torch.save(obj, path)
+    with pytest.raises(UserError, match="damaged"):
+        load_calibration(path, fp)
 
 
 def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):

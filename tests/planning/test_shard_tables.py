@@ -70,6 +70,34 @@ def test_plan_is_complete_fits_memory_and_is_reported(tmp_path, alg):
         assert len(notes) == 1 and "(the comm data: at most 1)" in notes[0] and "straggler" not in notes[0], notes
 
 
+def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_path):
+    """Without comm_<N>_input.pt the step cost says the backward model prices the input distribution; with one
+    beside the backward model (or named) the plan's step cost carries its fixed part; a named missing one is
+    refused in one line."""
+    from analytic_models import hand_comm_model
+
+    (tmp_path / "t.csv").write_text(TABLES)
+    models = save_hand_models(tmp_path / "models", 2)
+    base = ["tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+            "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
+            "--bw_comm_model", models / "comm_2_bw.pt"]
+    without = run_script(*base, "--out", tmp_path / "a.json")
+    assert without.returncode == 0, without.stderr
+    assert "no input-distribution model" in without.stdout
+    hand_comm_model(2, "input").save(models / "comm_2_input.pt")  # 5 ms fixed + 0.01 ms per own word
+    beside = run_script(*base, "--out", tmp_path / "b.json")
+    assert beside.returncode == 0, beside.stderr
+    assert "no input-distribution model" not in beside.stdout
+    cost = [json.loads((tmp_path / f"{n}.json").read_text())["predicted"]["cost_ms"] for n in "ab"]
+    assert cost[1] > cost[0] + 4.0  # the 5 ms fixed part, less the backward model's price of the same words
+    paper = run_script(*base, "--out", tmp_path / "c.json", "--cost", "paper")
+    assert paper.returncode == 0, paper.stderr
+    assert "no input-distribution model" not in paper.stdout  # the paper's cost has no input distribution
+    missing = run_script(*base, "--out", tmp_path / "d.json", "--input_comm_model", tmp_path / "no.pt")
+    assert_clean_error(missing, "input-distribution model not found", "--input_dist")
+    assert not (tmp_path / "d.json").exists()
+
+
 def test_missing_models_say_how_to_get_them(tmp_path):
     (tmp_path / "t.csv").write_text(TABLES)
     proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--compute_model", tmp_path / "no.pt",

@@ -12,6 +12,7 @@ over devices of the sum) changes the numbers below if it is broken.
 import numpy as np
 import pytest
 
+from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.sharding.plan import Placement, apply_splits
@@ -109,6 +110,30 @@ def test_step_cost_one_group_by_hand():
     # ready [2.324, 2.596] -> delays [0, 0.272]; forward 1 + 0.003 d + 0.068 - 0.5 delay
     assert cost.fw_ms == pytest.approx([1.104, 0.980], abs=1e-6)
     assert cost.cost_ms == pytest.approx(3.576, abs=1e-6)
+
+
+def test_step_cost_prices_the_input_distribution_by_its_own_model_by_hand():
+    task = _task()
+    plan = Placement(2, apply_splits(task.dims, []), [0, 1, 0])
+    inp = hand_comm_model(2, "input")  # 5 + 0.01 x own input words
+    sim = Simulator(hand_compute_model(), hand_comm_model(2, "fw"), hand_comm_model(2, "bw"), inp=inp)
+    cost = sim.with_cost("step").plan_cost(task, plan)
+    # input on words [10, 22] -> [5.100, 5.220]; backward on dims [12, 16] -> [0.352, 0.360]
+    assert cost.bw_ms == pytest.approx([5.452, 5.580], abs=1e-6)
+    # ready [7.072, 7.440] -> delays [0, 0.368]; forward 1 + 0.003 d + 0.092 - 0.5 delay
+    assert cost.fw_ms == pytest.approx([1.128, 0.956], abs=1e-6)
+    assert cost.cost_ms == pytest.approx(8.396, abs=1e-6)
+    # the paper's cost ignores it; without the model the step cost prices the words by the backward model
+    assert sim.plan_cost(task, plan).cost_ms == _sim(2).plan_cost(task, plan).cost_ms
+    assert sim.with_cost("step").input_model_note() is None and "backward comm model" in \
+        _sim(2).with_cost("step").input_model_note()
+    # a model of another direction or device count in its place is refused
+    with pytest.raises(UserError, match="input comm model given is a bw model"):
+        Simulator(hand_compute_model(), hand_comm_model(2, "fw"), hand_comm_model(2, "bw"),
+                  inp=hand_comm_model(2, "bw"))
+    with pytest.raises(UserError, match="input-distribution model is for 3 devices"):
+        Simulator(hand_compute_model(), hand_comm_model(2, "fw"), hand_comm_model(2, "bw"),
+                  inp=hand_comm_model(3, "input"))
 
 
 def test_step_cost_charges_a_column_split_its_own_group_by_hand():

@@ -22,7 +22,9 @@ every rank. Both return a TorchRec `ShardingPlan` built by `torchrec_export.to_t
   per rank, as in TorchRec; when `batch_size x world_size` differs from the batch the models were trained
   at, the stats say that the predicted milliseconds are at the models' batch. Default `batch_size`: the
   models' batch divided by the world size. `simulator=` takes models already loaded, e.g. a calibration
-  (`planning.calibrate.load_calibration`).
+  (`planning.calibrate.load_calibration`). The input-distribution model (`input_comm_model`, default
+  `models_dir/comm_<N>_input.pt` where it exists) prices TorchRec's input distribution in the step cost;
+  without one the stats say that the backward model prices it.
 - Cost: `cost="step"` (default) scores plans by the simulated step TorchRec runs (per sharding group the
   input distribution and both all-to-alls, `simulator.py`); `cost="paper"` by the paper's three terms.
 - Never slower than TorchRec's planner by its own models: with `compare` (default), TorchRec's own
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...core.config import MIN_GAIN, SearchParams, check_min_gain, comm_model_paths
+from ...core.config import MIN_GAIN, CostModelFiles, SearchParams, check_min_gain, comm_model_paths
 from ...core.errors import PlanError, UserError
 from ...core.types import MAX_DEVICE_MEM_GB, Cluster
 from ...data.tasks import ShardingTask
@@ -68,7 +70,7 @@ class NeuroShardPlanner:
 
     def __init__(self, topology: "Topology", batch_size: int | None = None,
                  constraints: "dict[str, ParameterConstraints] | None" = None, compute_model=None,
-                 fw_comm_model=None, bw_comm_model=None, models_dir="models",
+                 fw_comm_model=None, bw_comm_model=None, models_dir="models", input_comm_model=None,
                  search: SearchParams = SearchParams(), debug: bool = True, enumerator: Enumerator | None = None,
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
                  partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = "step",
@@ -118,7 +120,11 @@ class NeuroShardPlanner:
                 simulator.check_devices(world)
                 self.model_paths = ("the simulator given",)
             else:
-                simulator = Simulator.load(*self.model_paths, num_devices=world)
+                from ...models.loading import input_model_file
+
+                inp = input_model_file(CostModelFiles(*map(str, self.model_paths), input_comm_model), world)
+                simulator = Simulator.load(*self.model_paths, num_devices=world, input_path=inp)
+                self.model_paths += (inp,) if inp is not None else ()
             self.simulator = simulator.with_cost(cost)
         except UserError as e:
             raise UserError(f"NeuroShardPlanner: {e}") from None
@@ -228,6 +234,8 @@ class NeuroShardPlanner:
             f", fitted to TorchRec steps (x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms)"
         notes = found.notes + [f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored by the "
                                f"simulated {self.simulator.cost} cost{fitted}"] + ([compared[1]] if compared else [])
+        if self.simulator.input_model_note():
+            notes.append(self.simulator.input_model_note())
         batch = self.batch_size * self.cluster.num_devices
         if self.model_batch and int(self.model_batch) != batch:
             notes.append(f"note: the cost models were trained at global batch {self.model_batch}, this run's is {batch} "
