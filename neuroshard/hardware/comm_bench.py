@@ -155,7 +155,8 @@ def sample_input(index: int, seed: int, N: int, T_range, max_pooling: int = INPU
 
 
 class InputDist:
-    """One rank's part of TorchRec's input distribution for per-rank pooling factors (`sample_input`)."""
+    """One rank's part of TorchRec's input distribution for per-rank pooling factors (`sample_input`, or the
+    user's tables' for calibration: a fractional pooling factor is met on average over the samples)."""
 
     @staticmethod
     def check_torchrec() -> None:
@@ -169,12 +170,18 @@ class InputDist:
 
     def __init__(self, pooling: list[list[int]], batch_size: int, rank: int, device: str):
         self.check_torchrec()
+        import logging
+
+        # TorchRec's KJT asks torch.fx whether it is tracing, and torch warns once per rank that it is asked
+        logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
         from torchrec.distributed.dist_data import KJTAllToAll
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
         bn = batch_size // len(pooling)
-        flat = [p for r in pooling for p in r]
-        lengths = torch.cat([torch.full((bn,), p, dtype=torch.int64) for p in flat])
+        flat = [float(p) for r in pooling for p in r]
+        # sample i of a feature reads floor(p (i + 1)) - floor(p i) ids: p each for a whole p, p on average else
+        i = torch.arange(bn + 1, dtype=torch.float64)
+        lengths = torch.cat([torch.diff(torch.floor(p * i)).to(torch.int64) for p in flat])
         gen = torch.Generator().manual_seed(rank)
         self.kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(flat))], lengths=lengths,
                                      values=torch.randint(0, 1 << 20, (int(lengths.sum()),), generator=gen,
@@ -204,6 +211,7 @@ class CommRankSettings:
     iters: int                   # timed iterations of each layout (their median)
     mp_keep: float | None = None  # DCT-MP's compressed all-to-alls (None: uncompressed)
     input_dist: bool = False      # TorchRec's input distribution instead of the pooled all-to-alls
+    input_layouts: tuple | None = None  # with input_dist: per index the ranks' pooling factors (else sampled)
 
 
 def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
@@ -213,7 +221,8 @@ def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
     warmup, iters, mp_keep = s.warmup, s.iters, s.mp_keep
     for index in indices:
         if s.input_dist:
-            pooling = sample_input(index, sample_args["seed"], world, sample_args["T_range"])
+            pooling = s.input_layouts[index] if s.input_layouts is not None else \
+                sample_input(index, sample_args["seed"], world, sample_args["T_range"])
             ms = measure_input(rank, pooling, batch_size, device, warmup, iters)
             if rank == 0:
                 emit({"index": index, "pooling": pooling, "input_words": [float(input_words(np.array(r)).sum())

@@ -16,7 +16,9 @@ Pre-train, **calibrate**, search, verify. `calibrate`:
    before and after. The delays are where a plan's forward all-to-all waits for its slowest device:
    a device that finishes its compute early spends the difference inside the collective, so the
    range must reach the compute differences the user's plans have (tens of ms for multi-hot tables,
-   beyond the pre-training's 1-20 ms).
+   beyond the pre-training's 1-20 ms). With an input-distribution model, as many layouts of TorchRec's input
+   distribution (`input_layouts`: random table-wise placements of the user's tables, their pooling factors; at
+   least one table a rank) are measured as its collector measures them and fine-tune it the same way.
 A fine-tuned model is kept only where its held-out error is not worse than the pre-trained one's.
 5. keeps a drift reference (`drift_reference`): the held-out shards in groups of N, one per rank, with their
    measured compute and the backward all-to-all of each group's dims (measured with the layouts).
@@ -215,6 +217,36 @@ def comm_layouts(task, N: int, count: int, seed: int, max_spread_ms: float = MIN
         delays = rng.uniform(0, rng.uniform(0, bound), N)
         out.append((dims, delays - delays.min()))
     return out
+
+
+def input_layouts(task, N: int, count: int, seed: int) -> list[list[list[float]]]:
+    """Per layout and rank the pooling factors of the user's tables placed there: random table-wise placements
+    with at least one table per rank (the input distribution's layouts; needs N tables or more)."""
+    rng = np.random.default_rng([seed, 35])
+    T = task.num_tables
+    out = []
+    for _ in range(count):
+        dev = np.empty(T, np.int64)
+        perm = rng.permutation(T)
+        dev[perm[:N]] = np.arange(N)
+        dev[perm[N:]] = rng.integers(0, N, T - N)
+        out.append([[float(task.pooling_factors[t]) for t in np.flatnonzero(dev == r)] for r in range(N)])
+    return out
+
+
+def measure_input_layouts(layouts, N: int, batch_size: int, hw, warmup: int, iters: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Per layout every rank's input words and TorchRec input-distribution ms ([len, N] each), on N ranks, as the
+    input-distribution collector measures them (`comm_bench.comm_rank`)."""
+    from ..hardware.comm_bench import CommRankSettings, comm_rank
+    from ..hardware.launch import run_processes
+
+    got: dict[int, dict] = {}
+    settings = CommRankSettings(list(range(len(layouts))), {"seed": 0, "T_range": (1, 2)}, batch_size, hw.device,
+                                warmup, iters, None, True, tuple(layouts))
+    run_processes(comm_rank, N, (settings,), lambda m: got.__setitem__(int(m["index"]), m), group_device=hw.device)
+    return (np.array([got[i]["input_words"] for i in range(len(layouts))], np.float64),
+            np.array([got[i]["input_ms"] for i in range(len(layouts))], np.float64))
 
 
 def drift_reference(shards, costs_ms, held: np.ndarray, N: int, seed: int) -> list[dict]:
@@ -453,7 +485,7 @@ def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
                 and 0 <= x[0] < task.num_tables and _shard_dim_ok(x[1], int(task.dims[x[0]])) for x in dev)
             ok = ok and table_size_gb(task.rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum() \
                 <= cluster.max_mem_gb * (1 + 1e-9)
-        for key in ("fw_ms", "bw_ms"):
+        for key in ("fw_ms", "bw_ms") + (("input_ms",) if "input_ms" in measured else ()):
             v = np.asarray(measured[key], np.float64)
             ok = ok and v.ndim == 2 and v.shape[1] == cluster.num_devices and implausible_ms(v) is None
     except (TypeError, KeyError, ValueError, IndexError):
@@ -473,7 +505,8 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     dmp_plans = sample_user_plans(task, cluster, cfg.dmp_plans, cfg.seed) if cfg.dmp_plans else []  # before any work
     log(f"calibrating: measuring {len(shards)} shards of these tables (the heaviest tables alone, the rest "
         f"random; {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) "
-        f"and {cfg.comm_layouts} all-to-all layouts of their dims on {cluster.num_devices} ranks")
+        f"and {cfg.comm_layouts} all-to-all layouts of their dims on {cluster.num_devices} ranks"
+        f"{' (and of their input distribution)' if sim.inp is not None else ''}")
     with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
@@ -488,9 +521,15 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     for g, b in zip(reference, bw_y[len(layouts):]):
         g["bw_ms"] = [float(v) for v in b]
     fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]
+    # TorchRec's input distribution, where there is a model of it to fine-tune, N tables to place and TorchRec
+    in_layouts = input_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed) \
+        if sim.inp is not None and task.num_tables >= cluster.num_devices and _has_torchrec() else []
+    in_words, in_y = (measure_input_layouts(in_layouts, cluster.num_devices, batch_size, hw, cfg.warmup_iter,
+                                            cfg.num_iter) if in_layouts else (None, None))
     measured_s = time.perf_counter() - t0
     for what, values, positive in (("compute", y, True), ("forward all-to-all", fw_y, False),
-                                   ("backward all-to-all", bw_y, False)):
+                                   ("backward all-to-all", bw_y, False),
+                                   *((("input distribution", in_y, True),) if in_layouts else ())):
         why = implausible_ms(values, positive)
         if why:
             raise UserError(f"calibrating measured a {what} cost that cannot be true ({why}): the timer or a worker "
@@ -499,6 +538,12 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
                 "compute_ms": [float(v) for v in y],
                 "layouts": [{"dims": [int(v) for v in d], "delays_ms": [float(v) for v in w]} for d, w in layouts],
                 "fw_ms": fw_y.tolist(), "bw_ms": bw_y.tolist()}
+    inp, rep_in = sim.inp, None
+    if in_layouts:
+        measured.update(input_layouts=in_layouts, input_ms=in_y.tolist())
+        itune, iheld = _split(len(in_layouts), cfg.seed + 2)
+        inp, rep_in = _fine_tune_kept(sim.inp, (in_words.astype(np.float32),), in_y.astype(np.float32), itune,
+                                      iheld, cfg, _copy)
     compute, rep_c = fine_tune_compute(sim.compute, task, shards, y, cfg)
     dims = np.stack([d for d, _ in layouts]).astype(np.float32)
     delays = np.stack([d for _, d in layouts]).astype(np.float32)
@@ -508,17 +553,27 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     bw, rep_bw = _fine_tune_kept(sim.bw, (dims,), bw_y.astype(np.float32), ctune, cheld, cfg, _copy)
     step_fit, rep_step = None, None
     if dmp_plans:
-        step_fit, rep_step, measured["dmp"] = fit_to_steps(Simulator(compute, fw, bw, inp=sim.inp), task, dmp_plans,
+        step_fit, rep_step, measured["dmp"] = fit_to_steps(Simulator(compute, fw, bw, inp=inp), task, dmp_plans,
                                                            dmp_ms, _split, cfg.seed, log)
-    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "step": rep_step,
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "input": rep_in, "step": rep_step,
               "step_fit": None if step_fit is None else step_fit.to_dict(),
               "comm_max_spread_ms": spread_ms, "reference": reference,
               "measured": measured, "measure_s": measured_s,
               "total_s": time.perf_counter() - t0, "config": asdict(cfg), "provenance": provenance()}
-    for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw)):
+    for name, r in (("compute", rep_c), ("fw comm", rep_fw), ("bw comm", rep_bw), ("input", rep_in)):
+        if r is None:
+            continue
         b, a = r["before"], r["after"]
         log(f"  {name:<8} held-out MAPE {100 * b['mape']:6.1f}% -> {100 * a['mape']:6.1f}%   Spearman "
             f"{b['spearman']:.3f} -> {a['spearman']:.3f}   ({r['samples']['fine_tune']} fine-tune / "
             f"{r['samples']['held_out']} held out){'' if r['kept'] else '  (not better: pre-trained model kept)'}")
     log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")
-    return Simulator(compute, fw, bw, step_fit=step_fit, inp=sim.inp), report
+    return Simulator(compute, fw, bw, step_fit=step_fit, inp=inp), report
+
+
+def _has_torchrec() -> bool:
+    try:
+        import torchrec.distributed.dist_data  # noqa: F401
+    except ImportError:
+        return False
+    return True

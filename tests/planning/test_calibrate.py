@@ -97,6 +97,11 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     _mismatched_compute_model(models / "compute.pt")
     paths = [models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt"]
     sim = Simulator.load(*paths, num_devices=2)
+    from analytic_models import hand_comm_model
+
+    # an input-distribution model far off this machine's (5 ms + 0.01 ms a word): calibration measures TorchRec's
+    sim = Simulator(sim.compute, sim.fw, sim.bw, inp=hand_comm_model(2, "input", meta={"batch_size": 256,
+                                                                                       "device": "cpu"}))
     cluster = Cluster(2, 0.02)
     hw = resolve_hardware("cpu", "auto")
     cfg = CalibrationConfig(num_shards=24, comm_layouts=15, warmup_iter=1, num_iter=3, steps=300, lr=1e-3)
@@ -108,9 +113,16 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     assert c["kept"] and c["after"]["mape"] < 0.5 * c["before"]["mape"], c
     assert cal.compute is not sim.compute
     assert any("held-out MAPE" in l for l in lines)
-    for name in ("fw", "bw"):  # a comm model is replaced only when it got better on held-out layouts
+    for name in ("fw", "bw", "input"):  # a comm model is replaced only when it got better on held-out layouts
         r = report[name]
         assert r["kept"] == (r["after"]["mape"] <= r["before"]["mape"])
+    # the input distribution: 15 placements of all six tables' pooling factors, every rank holding one or more
+    m = report["measured"]
+    assert len(m["input_layouts"]) == 15 and np.asarray(m["input_ms"]).shape == (15, 2)
+    for lay in m["input_layouts"]:
+        assert sorted(p for r in lay for p in r) == sorted(tl.task.pooling_factors) and min(map(len, lay)) >= 1
+    assert report["input"]["kept"] and cal.inp is not sim.inp  # the hand model's 5 ms floor is far off
+    assert any(l.strip().startswith("input") for l in lines)
 
     fp = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths)
     path = calibration_path(tmp_path / "plan.json")
@@ -119,6 +131,7 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     again, rep = load_calibration(path, fp)
     feats = np.concatenate([np.full((1, 1), 64.0), tl.task.data_features[:1]], axis=1)
     assert np.allclose(again.compute.embed(feats), cal.compute.embed(feats))
+    assert np.allclose(again.inp.predict_np([[40.0, 60.0]]), cal.inp.predict_np([[40.0, 60.0]]))
     assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
     other = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
     assert find_calibration(path, other) == (None, ["device memory"])

@@ -299,9 +299,10 @@ def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake
                          {**report, "reference": [bad, *report["reference"][1:]]})
         code, out, err = run(capsys, *args, "--out", tmp / "p.json")
         assert code == 2 and f"{path} holds a damaged drift reference; delete it" in one_error(err)
-    report = {**report, "measured": {**report["measured"], "compute_ms": [-1.0] * 15}}
-    with pytest.raises(UserError, match="holds damaged measurements"):
-        cal_mod.check_measured(report["measured"], tl.task, cluster, "f")
+    for bad in ({"compute_ms": [-1.0] * 15}, {"input_ms": [[1.0, float("nan")]]}, {"input_ms": [1.0, 2.0]},
+                {"input_ms": [[1.0, 2.0, 3.0]]}):
+        with pytest.raises(UserError, match="holds damaged measurements"):
+            cal_mod.check_measured({**report["measured"], **bad}, tl.task, cluster, "f")
 
 
 def test_eval_simulator_never_writes_a_simulated_cost_that_cannot_be_true(capsys):
