@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..data.features import dim_choices, input_words
 from ..compression import mp_wire
+from .launch import quiet_torchrec_logs
 
 COMM_DATA_KIND = "neuroshard.comm_cost_data"
 
@@ -170,10 +171,7 @@ class InputDist:
 
     def __init__(self, pooling: list[list[int]], batch_size: int, rank: int, device: str):
         self.check_torchrec()
-        import logging
-
-        # TorchRec's KJT asks torch.fx whether it is tracing, and torch warns once per rank that it is asked
-        logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+        quiet_torchrec_logs()
         from torchrec.distributed.dist_data import KJTAllToAll
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 

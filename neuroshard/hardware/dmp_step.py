@@ -82,7 +82,9 @@ class DMPStep(Step):
         from torchrec.distributed.types import ShardingEnv
 
         from ..sharding.torchrec_export import make_ebc, to_torchrec_plan
+        from .launch import quiet_torchrec_logs
 
+        quiet_torchrec_logs()
         spec = json.loads(item.spec_json)
         device = torch.device(self.settings.hw.device)
         sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,

@@ -83,6 +83,14 @@ def torchrun_env() -> tuple[int, int, int]:
     return rank, world, local
 
 
+def quiet_torchrec_logs() -> None:
+    """TorchRec's KJT asks torch.fx whether it is tracing, and torch then warns once per rank that it was asked: a
+    line per rank that says nothing to a user of a TorchRec step or collective."""
+    import logging
+
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
 def _mute_stderr() -> int | None:
     """Point file descriptor 2 at /dev/null; returns a copy of the old one (None if that failed)."""
     import sys
