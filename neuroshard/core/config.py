@@ -106,6 +106,8 @@ class CostModelFiles:
                                               "(without one the backward model prices it)")
 
     def paths(self, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path, Path]:
+        check_not_empty(compute_model=self.compute_model, fw_comm_model=self.fw_comm_model,
+                        bw_comm_model=self.bw_comm_model, input_comm_model=self.input_comm_model)
         fw, bw = comm_model_paths("models", num_devices, mp_keep)
         return Path(self.compute_model), Path(self.fw_comm_model or fw), Path(self.bw_comm_model or bw)
 
@@ -121,6 +123,13 @@ def comm_model_paths(models_dir: str | Path, num_devices: int, mp_keep: float | 
     """Default forward and backward comm model files for `num_devices` devices (and DCT-MP's `mp_keep`)."""
     d, tag = Path(models_dir), mp_tag(mp_keep)
     return d / f"comm_{num_devices}{tag}_fw.pt", d / f"comm_{num_devices}{tag}_bw.pt"
+
+
+def check_not_empty(**paths) -> None:
+    """Refuse a path flag given as an empty string (it would silently mean its default file)."""
+    for name, value in paths.items():
+        if value is not None and not str(value).strip():
+            raise UserError(f"--{name} is empty; name a file, or leave the flag out for its default")
 
 
 def input_model_path(models_dir: str | Path, num_devices: int) -> Path:
@@ -356,9 +365,11 @@ class TrainCommConfig:
         return comm_data_path(self.data_dir, self.ndevices, check_mp_keep(self.mp_keep), self.input_dist)
 
     def input_out(self) -> Path:
+        check_not_empty(input_out_path=self.input_out_path)
         return Path(self.input_out_path or input_model_path("models", self.ndevices))
 
     def out_paths(self) -> tuple[Path, Path]:
+        check_not_empty(fw_out_path=self.fw_out_path, bw_out_path=self.bw_out_path)
         fw, bw = comm_model_paths("models", self.ndevices, check_mp_keep(self.mp_keep))
         return Path(self.fw_out_path or fw), Path(self.bw_out_path or bw)
 

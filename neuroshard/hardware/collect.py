@@ -13,10 +13,12 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, provenance, read_record_log
+from ..core.errors import UserError
 from ..core.config import CommCollectConfig, ComputeCollectConfig, comm_data_path, mp_text
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
@@ -28,19 +30,41 @@ from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
 COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
-                   "num_iter", "mp_keep", "input_dist")
+                   "num_iter", "mp_keep", "input_dist", "input_max_pooling")
+
+
+def _index(record) -> int | None:
+    """A sample's index (a whole number >= 0), or None where the record has none."""
+    i = record.get("index") if isinstance(record, dict) else None
+    return int(i) if isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0 else None
+
+
+def check_indices(records: list[dict], path, salvage: bool = False) -> list[dict]:
+    """The records, each with its own index; a record without a valid index, or a second one of an index, is
+    refused in one line (dropped with `salvage`: the collector never writes either)."""
+    seen, good = set(), []
+    for r in records:
+        i = _index(r)
+        if i is not None and i not in seen:
+            seen.add(i)
+            good.append(r)
+    if len(good) < len(records) and not salvage:
+        raise UserError(f"{path} holds {len(records) - len(good)} record(s) without a valid index or with an index "
+                        "held twice, which the collector never writes; rerun with --salvage to keep the "
+                        f"{len(good)} good ones, or delete the file")
+    return good
 
 
 def missing_indices(records: list[dict], data_size: int) -> list[int]:
     """Indices in 0..data_size-1 that the file does not hold yet."""
-    have = {int(r["index"]) for r in records}
+    have = {_index(r) for r in records}
     return [i for i in range(data_size) if i not in have]
 
 
 def load_cost_data(path: str | Path, kind: str, salvage: bool = False) -> tuple[dict, list[dict]]:
     """(meta, samples sorted by index) of a cost-data file."""
     meta, samples = read_record_log(path, kind, "cost data file", salvage)
-    return meta, sorted(samples, key=lambda s: s["index"])
+    return meta, sorted(check_indices(samples, path, salvage), key=lambda s: s["index"])
 
 
 def _collect(log: RecordLog, todo: list[int], desc: str, run, writer: bool = True) -> dict:
@@ -94,6 +118,11 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
     n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
     print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
     log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file", salvage=cfg.salvage)
+    try:
+        check_indices(log.records, path, cfg.salvage)
+    except UserError:
+        log.close()
+        raise
     todo = missing_indices(log.records, cfg.data_size)
     if not todo:
         log.close()
@@ -132,6 +161,11 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     print(f"{N} ranks on {dev}, batch {batch_size}, {what} -> {path}")
     if writer:
         log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file", salvage=cfg.salvage)
+        try:
+            check_indices(log.records, path, cfg.salvage)
+        except UserError:
+            log.close()
+            raise
         todo = missing_indices(log.records, cfg.data_size)
     else:  # other torchrun ranks learn the indices from rank 0 below
         log, todo = None, None

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig, check_mp_keep, mp_text
+from ..core.artifacts import check_outputs
 from ..core.errors import UserError, check_int
+from ..core.types import implausible_ms
 from ..data.dataset import DLRMDataset
 from ..hardware.collect import load_cost_data
 from ..hardware.comm_bench import COMM_DATA_KIND
@@ -17,10 +19,15 @@ from .cost_models import (CommCostModel, ComputeCostModel, check_input_transform
                           compute_training_arrays, input_training_arrays, model_meta)
 
 MIN_SAMPLES = 10
+MAX_INPUT_WORDS = 1e8  # a rank's input words per sample: far beyond any plan's (a 1e6-table set at pooling 50)
 
 
 def _samples(path, kind: str, num_samples: int | None, salvage: bool = False) -> tuple[dict, list[dict]]:
     meta, samples = load_cost_data(path, kind, salvage)
+    batch, device = meta.get("batch_size"), meta.get("device")  # copied into the model: a forged header stops here
+    if not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1) or not isinstance(device, str):
+        raise UserError(f"{path} has a damaged header (batch {batch!r}, device {device!r}); delete it and collect "
+                        "again")
     samples = samples[:num_samples] if num_samples else samples
     if len(samples) < MIN_SAMPLES:
         raise UserError(f"{path} holds {len(samples)} samples; at least {MIN_SAMPLES} are needed to train "
@@ -40,6 +47,7 @@ def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:
     fit = cfg.fit.check(MIN_SAMPLES)
     check_input_transform(cfg.input_transform)
     data_path = cfg.data_path
+    check_outputs({"--out_path": cfg.out_path}, {"the compute cost data": data_path})
     dataset = DLRMDataset.load(cfg.dataset_dir)
     meta, samples = _samples(data_path, COMPUTE_DATA_KIND, fit.num_samples, cfg.salvage)
     if meta.get("dataset_fingerprint") != dataset.fingerprint:
@@ -70,6 +78,7 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     if fw_out_path.resolve() == bw_out_path.resolve():
         raise UserError("--fw_out_path and --bw_out_path are the same file; give each model its own path")
     data_path = cfg.data_path
+    check_outputs({"--fw_out_path": fw_out_path, "--bw_out_path": bw_out_path}, {"the comm cost data": data_path})
     meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
     N = meta.get("ndevices")
     if N != cfg.ndevices:  # e.g. 2-device samples copied under the 4-device name: the models would be mislabelled
@@ -100,20 +109,23 @@ def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
     if cfg.fw_wait_term:
         raise UserError("--fw_wait_term is for the forward model; drop it with --input_dist")
     out, data_path = cfg.input_out(), cfg.data_path
+    check_outputs({"--input_out_path": out}, {"the input-distribution cost data": data_path})
     meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
     N = meta.get("ndevices")
     if not meta.get("input_dist") or N != cfg.ndevices:
         raise UserError(f"{data_path} does not hold {cfg.ndevices}-device input-distribution samples; collect them "
                         f"with collect_comm_cost_data.py --input_dist --ndevices {cfg.ndevices}")
-    try:
+    try:  # real numbers only (no bools or strings cast), words up to MAX_INPUT_WORDS, plausible ms
+        raw = [np.asarray(s[k]) for s in samples for k in ("input_words", "input_ms")]
+        ok = all(a.dtype.kind in "iuf" for a in raw)
         x, y = input_training_arrays(samples)
-        ok = x.shape == y.shape == (len(samples), N) and np.isfinite(x).all() and (x > 0).all() \
-            and np.isfinite(y).all() and (y > 0).all()
+        ok = ok and x.shape == y.shape == (len(samples), N) and np.isfinite(x).all() and (x > 0).all() \
+            and x.max() <= MAX_INPUT_WORDS and implausible_ms(y, positive=True) is None
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
-        raise UserError(f"{data_path} holds damaged input-distribution samples (each needs {N} positive input "
-                        "words and ms); delete it and collect again")
+        raise UserError(f"{data_path} holds damaged input-distribution samples (each needs {N} input words in (0, "
+                        f"{MAX_INPUT_WORDS:g}] and {N} plausible ms); delete it and collect again")
     kw = _fit_kwargs(fit)
     model = CommCostModel(N, "input", {**model_meta(meta, data=str(data_path), epochs=fit.epochs, **kw),
                                        "training_input_max": [float(v) for v in x.max(0)]})

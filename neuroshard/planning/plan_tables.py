@@ -184,7 +184,9 @@ def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
     beside --out) can be written, name no file twice and replace no input. Returns them for the lock."""
     cal = calibration_path(cfg.out)
     inputs = {"--tables": cfg.tables, "--ids": cfg.ids, "--compute_model": cfg.models.compute_model,
-              "--fw_comm_model": cfg.models.fw_comm_model, "--bw_comm_model": cfg.models.bw_comm_model}
+              "--fw_comm_model": cfg.models.fw_comm_model, "--bw_comm_model": cfg.models.bw_comm_model,
+              # the input-distribution model it would load: named, or the default beside the backward model
+              "--input_comm_model": cfg.models.input_path(cfg.ndevices, cfg.mp_keep)[0]}
     if cfg.alg.startswith(PLAN_PREFIX):
         inputs["--alg"] = cfg.alg[len(PLAN_PREFIX):]
     return check_outputs({"--out": cfg.out, "--torchrec_plan": cfg.torchrec_plan,

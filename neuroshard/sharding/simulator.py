@@ -92,7 +92,7 @@ class Simulator:
             vals = {str(m.meta.get(key)) for m in models if m.meta.get(key) is not None}
             if len(vals) > 1:
                 raise UserError(f"cost models come from different {what} ({', '.join(sorted(vals))}); "
-                                f"collect and train all three with the same {key}")
+                                f"collect and train every model with the same {key}")
         if fw.meta.get("mp_keep") != bw.meta.get("mp_keep"):
             raise UserError(f"the forward comm model was trained for mp_keep {fw.meta.get('mp_keep')}, the backward "
                             f"one for {bw.meta.get('mp_keep')}; train both from one comm cost-data file")

@@ -161,3 +161,20 @@ def test_a_results_folder_is_checked_before_any_work(tmp_path):
     assert (tmp_path / "f").read_text() == "keep me"
     with pytest.raises(UserError, match="cannot write results there"):
         check_output_dir(tmp_path / "f", "--out_dir")
+
+
+def test_an_atomic_write_never_replaces_a_fifo_or_device(tmp_path):
+    """Writing an artifact over a FIFO (or /dev/null, as root) would replace the node with a regular file."""
+    import stat
+
+    from neuroshard.core.artifacts import atomic_write_text
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is a FIFO .*, not a file to write"):
+        atomic_write_text(fifo, "x")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and [p.name for p in tmp_path.iterdir()] == ["fifo"]
+    link = tmp_path / "link"  # a symlink is replaced itself, never written through
+    link.symlink_to(fifo)
+    atomic_write_text(link, "x")
+    assert link.read_text() == "x" and not link.is_symlink() and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -34,7 +34,8 @@ def test_eval_simulator_with_one_device_names_the_real_limit(tmp_path):
 
 
 def _comm_log(path, ndevices, n=10):
-    with RecordLog(path, COMM_DATA_KIND, {"ndevices": ndevices, "device": "cpu"}, ()) as log:
+    header = {"ndevices": ndevices, "device": "cpu", "batch_size": 512}
+    with RecordLog(path, COMM_DATA_KIND, header, ()) as log:
         for i in range(n):
             log.append({"index": i, "dims": [[4, 8]] * ndevices, "fw_ms": [1.0] * ndevices,
                         "bw_ms": [1.0] * ndevices})

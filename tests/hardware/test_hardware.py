@@ -2,6 +2,7 @@
 import csv
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -273,20 +274,57 @@ def test_input_distribution_collection_and_model(tmp_path):
     # and leave the trained model as it was
     saved = out.read_bytes()
     other = tmp_path / "other"
-    bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, {"ndevices": 2, "device": "cpu"})
+    header = {"ndevices": 2, "device": "cpu", "batch_size": 512}
+    bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, header)
     for i in range(12):
         bad.append({"index": i, "dim_sums": np.ones(2), "bw_ms": np.ones(2)})
     bad.close()
     bad_train = ("--data_dir", other, *train[2:])
     assert_clean_error(run_script("train_comm_cost_model.py", *bad_train), "--input_dist --ndevices 2")
     (other / "comm_cost_data_2_input.pkl").unlink()
-    bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, {"ndevices": 2, "device": "cpu",
-                                                                            "input_dist": True})
+    bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, {**header, "input_dist": True})
     for i in range(12):
         bad.append({"index": i, "input_words": [4.0, 6.0], "input_ms": np.array([1.0, -1.0 if i == 5 else 2.0])})
     bad.close()
     assert_clean_error(run_script("train_comm_cost_model.py", *bad_train), "damaged input-distribution samples")
+    # forged values the collector never writes: bools or strings for numbers, absurd ms or words
+    for i, rec in enumerate(({"input_words": [True, True], "input_ms": [1.0, 2.0]},
+                             {"input_words": ["4", "6"], "input_ms": [1.0, 2.0]},
+                             {"input_words": [4.0, 6.0], "input_ms": [1e37, 2.0]},
+                             {"input_words": [1e30, 6.0], "input_ms": [1.0, 2.0]})):
+        path = other / f"f{i}" / "comm_cost_data_2_input.pkl"
+        with RecordLog(path, COMM_DATA_KIND, {**header, "input_dist": True}) as log:
+            for j in range(12):
+                log.append({"index": j, "input_words": [4.0, 6.0], "input_ms": [1.0, 2.0], **(rec if j == 3 else {})})
+        proc = run_script("train_comm_cost_model.py", "--data_dir", path.parent, *train[2:])
+        assert_clean_error(proc, "damaged input-distribution samples")
+    # records without an index or with one index twice; a forged header
+    for name, recs, head, want in (("dup", [0] * 12, header, "held twice"), ("noindex", [None] + list(range(11)),
+                                   header, "without a valid index"),
+                                   ("head", list(range(12)), {**header, "batch_size": "abc"}, "damaged header")):
+        path = other / name / "comm_cost_data_2_input.pkl"
+        with RecordLog(path, COMM_DATA_KIND, {**head, "input_dist": True}) as log:
+            for j in recs:
+                log.append({**({} if j is None else {"index": j}), "input_words": [4.0, 6.0], "input_ms": [1.0, 2.0]})
+        assert_clean_error(run_script("train_comm_cost_model.py", "--data_dir", path.parent, *train[2:]), want)
+    # the collector refuses to continue a file holding an index twice (its own file, one record appended)
+    dup = other / "collected" / "comm_cost_data_2_input.pkl"
+    dup.parent.mkdir()
+    dup.write_bytes((tmp_path / "comm_cost_data_2_input.pkl").read_bytes())
+    with RecordLog(dup, COMM_DATA_KIND, meta) as log:
+        log.append({**samples[0]})
+    assert_clean_error(run_script("collect_comm_cost_data.py", *args[2:], "--out_dir", dup.parent, "--data_size", "13"),
+                       "held twice", "--salvage")
     assert out.read_bytes() == saved
+    # an empty output path, the data file itself, or a FIFO as the output: refused, nothing replaced
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    data = tmp_path / "comm_cost_data_2_input.pkl"
+    before = data.read_bytes()
+    for where, want in (("", "--input_out_path is empty"), (data, "is also the input"), (fifo, "FIFO")):
+        proc = run_script("train_comm_cost_model.py", *train[:5], "--input_out_path", where, "--epochs", "5")
+        assert_clean_error(proc, want)
+    assert data.read_bytes() == before and stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_interleaved_rounds_report_the_geometric_mean_of_the_rounds(small_dataset):

@@ -93,6 +93,10 @@ def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_pa
     paper = run_script(*base, "--out", tmp_path / "c.json", "--cost", "paper")
     assert paper.returncode == 0, paper.stderr
     assert "no input-distribution model" not in paper.stdout  # the paper's cost has no input distribution
+    # a plan written over the input-distribution model it reads: refused, the model kept
+    model = (models / "comm_2_input.pt").read_bytes()
+    assert_clean_error(run_script(*base, "--out", models / "comm_2_input.pt"), "is also the input --input_comm_model")
+    assert (models / "comm_2_input.pt").read_bytes() == model
     missing = run_script(*base, "--out", tmp_path / "d.json", "--input_comm_model", tmp_path / "no.pt")
     assert_clean_error(missing, "input-distribution model not found", "--input_dist")
     assert not (tmp_path / "d.json").exists()

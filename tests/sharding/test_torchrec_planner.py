@@ -244,6 +244,16 @@ def test_bad_construction_is_one_line(models, tmp_path):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu", ddr_cap=0), models_dir=models)
     with pytest.raises(UserError, match=r"more than 1e\+06 GB; pass Topology\(\.\.\., hbm_cap=BYTES\)"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cuda", hbm_cap=2**70), models_dir=models)
+    for bad in (5, b"m.pt", ""):  # a model path that is not one
+        with pytest.raises(UserError, match="input_comm_model must be a file path"):
+            NeuroShardPlanner(topo, models_dir=models, input_comm_model=bad)
+    with pytest.raises(UserError, match="NeuroShardPlanner: input-distribution model not found"):
+        NeuroShardPlanner(topo, models_dir=models, input_comm_model=tmp_path / "no_input.pt")
+    from analytic_models import hand_comm_model
+
+    hand_comm_model(2, "bw").save(tmp_path / "bw_as_input.pt")  # another direction's model in its place
+    with pytest.raises(UserError, match="is the backward comm model, but the input-distribution one"):
+        NeuroShardPlanner(topo, models_dir=models, input_comm_model=tmp_path / "bw_as_input.pt")
 
 
 def test_collective_plan_needs_a_matching_process_group(models, tmp_path):

@@ -55,6 +55,13 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder; name a file to write (e.g. {path / 'out'})")
+    try:  # a device, FIFO or socket is never replaced by a file (a symlink is replaced itself, below)
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = None
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), None) if mode is not None else None
+    if kind:
+        raise UserError(f"{path} is {kind}, not a file to write; choose another output path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

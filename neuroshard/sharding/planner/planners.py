@@ -36,6 +36,7 @@ every rank. Both return a TorchRec `ShardingPlan` built by `torchrec_export.to_t
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -109,6 +110,12 @@ class NeuroShardPlanner:
                             f"{MAX_DEVICE_MEM_GB:g} GB; pass Topology(..., {self.memory_kind.lower()}_cap=BYTES) "
                             f"of at most {int(MAX_DEVICE_MEM_GB * 2**30)} bytes")
         self.cluster = Cluster(world, self.mem_cap_gb)
+        for name, value in (("compute_model", compute_model), ("fw_comm_model", fw_comm_model),
+                            ("bw_comm_model", bw_comm_model), ("input_comm_model", input_comm_model),
+                            ("models_dir", models_dir)):
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value).strip()):
+                raise UserError(f"NeuroShardPlanner: {name} must be a file path (str or pathlib.Path), got "
+                                f"{type(value).__name__} {str(value)[:40]!r}")
         fw, bw = comm_model_paths(models_dir, world)
         self.model_paths = (Path(compute_model or Path(models_dir) / "compute.pt"), Path(fw_comm_model or fw),
                             Path(bw_comm_model or bw))
