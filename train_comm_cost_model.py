@@ -13,4 +13,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="interrupted: nothing was written (a model file there is as it was); rerun the same "
+                                  "command to train again")

@@ -325,6 +325,17 @@ def test_input_distribution_collection_and_model(tmp_path):
         proc = run_script("train_comm_cost_model.py", *train[:5], "--input_out_path", where, "--epochs", "5")
         assert_clean_error(proc, want)
     assert data.read_bytes() == before and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    # Ctrl-C while training: exit 130, says nothing was written, and the model is as it was
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = popen_interruptible([sys.executable, str(ROOT / "train_comm_cost_model.py"),
+                                    *map(str, train[:-1]), "1000000"], stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.time() + 120
+        while time.time() < deadline and "train comm_cost_model" not in (tmp_path / "err.txt").read_text():
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    assert "interrupted: nothing was written" in (tmp_path / "err.txt").read_text()
+    assert out.read_bytes() == saved
 
 
 def test_interleaved_rounds_report_the_geometric_mean_of_the_rounds(small_dataset):
