@@ -114,13 +114,13 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
 def _input_steps(cost: Path, models: Path, N: int, P, gpus, fit: FitConfig) -> list[Step]:
     """The input-distribution model of the step cost (TorchRec's KJTAllToAll; the user's tools plan with it, the
     paper's cost does not use it): nothing where TorchRec is not installed."""
-    try:
-        import torchrec.distributed.dist_data  # noqa: F401
-    except ImportError:
+    from ..hardware.collect import collect_comm
+    from ..hardware.comm_bench import torchrec_available
+    from ..models.fitting import train_comm_models
+
+    if not torchrec_available():
         print(f"note: torchrec is not installed; no input-distribution model for {N} devices (`make setup`)")
         return []
-    from ..hardware.collect import collect_comm
-    from ..models.fitting import train_comm_models
 
     out = models / f"comm_{N}_input.pt"
     ci = CommCollectConfig(out_dir=str(cost), ndevices=N, data_size=P.comm_samples, batch_size=P.batch_size,

@@ -55,6 +55,17 @@ def check_indices(records: list[dict], path, salvage: bool = False) -> list[dict
     return good
 
 
+def open_cost_log(path, kind: str, meta: dict, must_match: tuple, salvage: bool) -> RecordLog:
+    """A collector's cost-data file opened for appending, its records' indices checked (`check_indices`)."""
+    log = RecordLog(path, kind, meta, must_match, "cost data file", salvage=salvage)
+    try:
+        check_indices(log.records, path, salvage)
+    except UserError:
+        log.close()
+        raise
+    return log
+
+
 def missing_indices(records: list[dict], data_size: int) -> list[int]:
     """Indices in 0..data_size-1 that the file does not hold yet."""
     have = {_index(r) for r in records}
@@ -117,12 +128,7 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
         gpu_ids = cuda_ranks(cfg.workers or torch.cuda.device_count(), "worker")
     n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
     print(f"hardware: {hw.describe()}  batch {batch}  {n_workers} worker(s) -> {path}")
-    log = RecordLog(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, "cost data file", salvage=cfg.salvage)
-    try:
-        check_indices(log.records, path, cfg.salvage)
-    except UserError:
-        log.close()
-        raise
+    log = open_cost_log(path, COMPUTE_DATA_KIND, meta, COMPUTE_MUST_MATCH, cfg.salvage)
     todo = missing_indices(log.records, cfg.data_size)
     if not todo:
         log.close()
@@ -160,12 +166,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     what = "TorchRec's input distribution" if cfg.input_dist else f"{mp_text(cfg.mp_keep)} all-to-all"
     print(f"{N} ranks on {dev}, batch {batch_size}, {what} -> {path}")
     if writer:
-        log = RecordLog(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, "cost data file", salvage=cfg.salvage)
-        try:
-            check_indices(log.records, path, cfg.salvage)
-        except UserError:
-            log.close()
-            raise
+        log = open_cost_log(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, cfg.salvage)
         todo = missing_indices(log.records, cfg.data_size)
     else:  # other torchrun ranks learn the indices from rank 0 below
         log, todo = None, None

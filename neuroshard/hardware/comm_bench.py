@@ -155,19 +155,26 @@ def sample_input(index: int, seed: int, N: int, T_range, max_pooling: int = INPU
     return ranks
 
 
+def torchrec_available() -> bool:
+    """Whether TorchRec's KJTAllToAll can be imported (the input distribution is measured with it)."""
+    try:
+        import torchrec.distributed.dist_data  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class InputDist:
     """One rank's part of TorchRec's input distribution for per-rank pooling factors (`sample_input`, or the
     user's tables' for calibration: a fractional pooling factor is met on average over the samples)."""
 
     @staticmethod
     def check_torchrec() -> None:
-        try:
-            import torchrec.distributed.dist_data  # noqa: F401
-        except ImportError:
+        if not torchrec_available():
             from ..core.errors import UserError
 
             raise UserError("measuring the input distribution runs TorchRec's KJTAllToAll, and torchrec is not "
-                            "installed; run `make setup` (it installs torchrec 1.9.2)") from None
+                            "installed; run `make setup` (it installs torchrec 1.9.2)")
 
     def __init__(self, pooling: list[list[int]], batch_size: int, rank: int, device: str):
         self.check_torchrec()

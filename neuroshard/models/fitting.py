@@ -75,9 +75,8 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     if cfg.input_dist:
         return (train_input_model(cfg, fit),)
     fw_out_path, bw_out_path = cfg.out_paths()
-    if fw_out_path.resolve() == bw_out_path.resolve():
-        raise UserError("--fw_out_path and --bw_out_path are the same file; give each model its own path")
     data_path = cfg.data_path
+    # one line where the two outputs name one file (hard links too) or the cost data they are trained on
     check_outputs({"--fw_out_path": fw_out_path, "--bw_out_path": bw_out_path}, {"the comm cost data": data_path})
     meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
     N = meta.get("ndevices")

@@ -49,6 +49,7 @@ from ..core.config import (CALIBRATE_DMP_ROUNDS, CALIBRATE_NUM_ITER, CALIBRATE_W
 from ..core.errors import UserError, check_int
 from ..core.types import Cluster, StepFit, implausible_ms
 from ..data.features import table_size_gb, with_dim
+from ..hardware.comm_bench import CommRankSettings, comm_rank, torchrec_available
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..models.trainer import regression_metrics
 from ..sharding.plan import can_split
@@ -238,7 +239,6 @@ def measure_input_layouts(layouts, N: int, batch_size: int, hw, warmup: int, ite
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Per layout every rank's input words and TorchRec input-distribution ms ([len, N] each), on N ranks, as the
     input-distribution collector measures them (`comm_bench.comm_rank`)."""
-    from ..hardware.comm_bench import CommRankSettings, comm_rank
     from ..hardware.launch import run_processes
 
     got: dict[int, dict] = {}
@@ -523,7 +523,7 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     fw_y, bw_y = fw_y[:len(layouts)], bw_y[:len(layouts)]
     # TorchRec's input distribution, where there is a model of it to fine-tune, N tables to place and TorchRec
     in_layouts = input_layouts(task, cluster.num_devices, cfg.comm_layouts, cfg.seed) \
-        if sim.inp is not None and task.num_tables >= cluster.num_devices and _has_torchrec() else []
+        if sim.inp is not None and task.num_tables >= cluster.num_devices and torchrec_available() else []
     in_words, in_y = (measure_input_layouts(in_layouts, cluster.num_devices, batch_size, hw, cfg.warmup_iter,
                                             cfg.num_iter) if in_layouts else (None, None))
     measured_s = time.perf_counter() - t0
@@ -570,10 +570,3 @@ def calibrate(sim: Simulator, tl, cluster: Cluster, hw, batch_size: int, cfg: Ca
     log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")
     return Simulator(compute, fw, bw, step_fit=step_fit, inp=inp), report
 
-
-def _has_torchrec() -> bool:
-    try:
-        import torchrec.distributed.dist_data  # noqa: F401
-    except ImportError:
-        return False
-    return True

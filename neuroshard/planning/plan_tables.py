@@ -223,8 +223,9 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     if sim is not None:
         sim = sim.with_cost(cfg.cost)
-        if sim.input_model_note():
-            print(sim.input_model_note())
+        note = sim.input_model_note()
+        if note:
+            print(note)
     res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)
     if res.plan is None or res.oom:
         other = "" if alg == "neuroshard" else ", or try --alg neuroshard"

@@ -241,8 +241,7 @@ class NeuroShardPlanner:
             f", fitted to TorchRec steps (x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms)"
         notes = found.notes + [f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored by the "
                                f"simulated {self.simulator.cost} cost{fitted}"] + ([compared[1]] if compared else [])
-        if self.simulator.input_model_note():
-            notes.append(self.simulator.input_model_note())
+        notes += [n for n in [self.simulator.input_model_note()] if n]
         batch = self.batch_size * self.cluster.num_devices
         if self.model_batch and int(self.model_batch) != batch:
             notes.append(f"note: the cost models were trained at global batch {self.model_batch}, this run's is {batch} "
