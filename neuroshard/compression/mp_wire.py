@@ -235,14 +235,15 @@ ZERO_CODE = 255
 _TINY = float(torch.finfo(torch.float32).tiny) * 2 ** -23  # the smallest positive float32
 
 
-def sign_bytes(width: int) -> int:
-    """Bytes one sample's column shard of `width` columns takes on the wire (either direction), bases aside."""
-    return (width + 7) // 8 + SCALE_BYTES if width else 0
+def sign_bytes(width: int, bits: int = 1) -> int:
+    """Bytes one sample's column shard of `width` columns takes on the wire with `bits` bits an entry (1: scope
+    `sign` either way and `sign2`'s backward; 2: `sign2`'s forward), bases aside."""
+    return bits * ((width + 7) // 8) + SCALE_BYTES if width else 0
 
 
-def sign_block_bytes(segments: list[int], rows: int) -> int:
+def sign_block_bytes(segments: list[int], rows: int, bits: int = 1) -> int:
     """Bytes of one block: `rows` samples of shards `segments`, with one base per nonempty shard."""
-    return rows * sum(sign_bytes(w) for w in segments) + BASE_BYTES * sum(1 for w in segments if w)
+    return rows * sum(sign_bytes(w, bits) for w in segments) + BASE_BYTES * sum(1 for w in segments if w)
 
 
 def _decoded_scales(q: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -270,7 +271,31 @@ def _scale_codes(m: torch.Tensor, base: torch.Tensor, round_up: bool) -> tuple[t
 # eight 0/1 bytes read as one little-endian int64, times this, hold bit i of byte i in the product's top byte
 # (the partial products never carry into it): the packed byte, least significant bit first
 _GATHER = 0x0102040810204080
-_SIGNS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float() * 2 - 1  # byte -> its 8 bits as +-1
+_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float()  # byte -> its 8 bits as 0 / 1
+_SIGNS = _BITS * 2 - 1                                                       # byte -> its 8 bits as +-1
+OUTER_LEVEL = 3.0  # 2 bits forward: |decoded| is scale * 1 or scale * OUTER_LEVEL (a uniform 4-level grid)
+
+
+def _pack(bits: torch.Tensor) -> torch.Tensor:
+    """[..., w] bool -> [..., ceil(w / 8)] uint8, least significant bit first, padded with zeros."""
+    nb = (bits.shape[-1] + 7) // 8
+    out = torch.zeros(*bits.shape[:-1], nb * 8, dtype=torch.uint8, device=bits.device)
+    out[..., :bits.shape[-1]] = bits
+    return ((out.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
+
+
+def _two_bit_scale(a: torch.Tensor) -> torch.Tensor:
+    """|x| [..., w] -> per row the least-squares scale s of the levels s * {1, OUTER_LEVEL} once each entry is
+    given the outer level where |x| >= the row's RMS (the Gaussian's best uniform 4-level grid puts that
+    threshold at 0.996 RMS): s = sum(|x| l) / sum(l^2). Computed on |x| / the row's max |x|, so nothing
+    overflows near float32's largest; a row of subnormals keeps a positive scale."""
+    top = a.amax(dim=-1, keepdim=True)
+    u = a / torch.where(top > 0, top, 1.0)
+    outer = u.square() >= u.square().mean(dim=-1, keepdim=True)
+    w, n_outer = a.shape[-1], outer.sum(dim=-1)
+    level_sum = u.sum(dim=-1) + (OUTER_LEVEL - 1) * (u * outer).sum(dim=-1)  # sum(u l)
+    s = top.squeeze(-1) * (level_sum / (w + (OUTER_LEVEL ** 2 - 1) * n_outer))
+    return s.where(~((top.squeeze(-1) > 0) & (s == 0)), _TINY)
 
 
 def _equal_width_runs(segments: list[int]) -> list[tuple[int, int, int]]:
@@ -287,16 +312,20 @@ def _equal_width_runs(segments: list[int]) -> list[tuple[int, int, int]]:
 
 
 def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator | None = None,
-                blocks: int = 1) -> torch.Tensor:
+                blocks: int = 1, bits: int = 1) -> torch.Tensor:
     """[rows, sum(segments)] float, as `blocks` blocks of rows / blocks samples -> flat uint8 of `blocks` x
-    `sign_block_bytes(segments, rows / blocks)`: per block the fp32 bases of its shards, then per sample and
-    shard its packed bits (least significant bit first, padded to a whole byte) and its scale code. Without
-    `generator`: bit set where x >= 0, scale mean |x|; with it (random rounding): bit set with probability
+    `sign_block_bytes(segments, rows / blocks, bits)`: per block the fp32 bases of its shards, then per sample
+    and shard its packed sign bits (least significant bit first, padded to a whole byte), with `bits` 2 its
+    packed magnitude bits, and its scale code. Without `generator`, 1 bit: bit set where x >= 0, scale mean
+    |x|; 2 bits: also the magnitude bit where |x| is nearer scale * OUTER_LEVEL than scale, the scale
+    `_two_bit_scale`'s. With `generator` (random rounding, 1 bit only): bit set with probability
     (1 + x / M) / 2, M the decoded scale (>= max |x|, so the decoded values average to x). The draws are
     [rows, w] blocks, one per shard in order."""
     if x.dim() != 2 or not x.is_floating_point() or sum(segments) != x.shape[1] or min(segments, default=0) < 0:
         raise ValueError(f"sign_encode takes [rows, sum(segments)] floats; got {tuple(x.shape)} {x.dtype} for "
                          f"segments summing to {sum(segments)}")
+    if bits not in (1, 2) or (bits == 2 and generator is not None):
+        raise ValueError(f"sign_encode codes 1 bit an entry, or 2 without random rounding; got bits={bits!r}")
     rows, heads, bodies = x.shape[0], [], []
     if blocks < 1 or rows % blocks:
         raise ValueError(f"{rows} rows do not split into {blocks} blocks")
@@ -304,7 +333,10 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     x = x.detach()
     for start, w, n in _equal_width_runs(segments):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
-        if generator is None:  # summed in float64: no overflow near float32's largest, no underflow to 0 of a
+        if bits == 2:
+            mag = seg.abs()
+            m = _two_bit_scale(mag)
+        elif generator is None:  # summed in float64: no overflow near float32's largest, no underflow to 0 of a
             m64 = seg.abs().mean(dim=3, dtype=torch.float64)  # shard holding only subnormals
             m = m64.float().where(~((m64 > 0) & (m64.float() == 0)), _TINY)
         else:
@@ -312,33 +344,34 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
         base = m.where(m.isfinite(), 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
         q, scale = _scale_codes(m, base, round_up=generator is not None)
+        planes = []
         if generator is None:
-            positive = seg >= 0
+            planes.append(seg >= 0)
+            if bits == 2:  # the nearer of the two decoded levels
+                planes.append(mag >= scale.unsqueeze(3) * (1 + OUTER_LEVEL) / 2)
         else:
             sc = scale.unsqueeze(3)
             p = (seg / torch.where(sc > 0, sc, 1.0)).add_(1).div_(2).masked_fill_(~(sc > 0), 0.5)
             draws = torch.empty(n, rows, w, device=x.device)
             for j in range(n):
                 draws[j].uniform_(0, 1, generator=generator)
-            positive = draws.transpose(0, 1).reshape(blocks, r, n, w) < p
-        nb = (w + 7) // 8
-        bits = torch.zeros(blocks, r, n, nb * 8, dtype=torch.uint8, device=x.device)
-        bits[..., :w] = positive
-        packed = ((bits.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
-        bodies.append(torch.cat([packed, q.unsqueeze(3)], dim=3).reshape(blocks, r, n * (nb + SCALE_BYTES)))
+            planes.append(draws.transpose(0, 1).reshape(blocks, r, n, w) < p)
+        body = torch.cat([_pack(b) for b in planes] + [q.unsqueeze(3)], dim=3)
+        bodies.append(body.reshape(blocks, r, n * body.shape[3]))
         heads.append(base.reshape(blocks, n).contiguous().view(torch.uint8))
     if not bodies:
         return torch.empty(0, dtype=torch.uint8, device=x.device)
     return torch.cat([torch.cat(heads, dim=1), torch.cat(bodies, dim=2).reshape(blocks, -1)], dim=1).reshape(-1)
 
 
-def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32) -> torch.Tensor:
+def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32,
+                bits: int = 1) -> torch.Tensor:
     """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
-    its scale times +1 or -1."""
-    if b.dtype != torch.uint8 or blocks < 1 or rows % blocks or \
-            b.numel() != blocks * sign_block_bytes(segments, rows // blocks):
+    its scale times +1 or -1 (`bits` 2: times 1 or OUTER_LEVEL, as its magnitude bit says)."""
+    if b.dtype != torch.uint8 or blocks < 1 or rows % blocks or bits not in (1, 2) or \
+            b.numel() != blocks * sign_block_bytes(segments, rows // blocks, bits):
         raise ValueError(f"sign_decode: {b.numel()} {b.dtype} bytes are not {blocks} block(s) of {rows} samples "
-                         f"of shards {list(segments)}")
+                         f"of shards {list(segments)} at {bits} bit(s) an entry")
     runs = _equal_width_runs(segments)
     if not runs or rows == 0:
         return torch.zeros(rows, sum(segments), dtype=dtype, device=b.device)
@@ -349,23 +382,29 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
     out, pos, k = [], 0, 0
     for _, w, n in runs:
         nb = (w + 7) // 8
-        run = body[:, :, pos:pos + n * (nb + SCALE_BYTES)].reshape(blocks, r, n, nb + SCALE_BYTES)
-        pos += n * (nb + SCALE_BYTES)
-        scale = _decoded_scales(run[..., nb], bases[..., k:k + n])
+        e = bits * nb + SCALE_BYTES
+        run = body[:, :, pos:pos + n * e].reshape(blocks, r, n, e)
+        pos += n * e
+        scale = _decoded_scales(run[..., bits * nb], bases[..., k:k + n])
         k += n
-        signs = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
-        out.append((signs * scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
+        value = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
+        if bits == 2:
+            outer = _BITS.to(b.device)[run[..., nb:2 * nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
+            value = value * (1 + (OUTER_LEVEL - 1) * outer)
+        out.append((value * scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
     return torch.cat(out, dim=1)
 
 
 @dataclass
 class SignLayout:
-    """Scope `sign`: per rank the widths of its column shards in its column order (summing to its width)
-    and the bytes one sample of them takes on the wire."""
+    """Scopes `sign` and `sign2`: per rank the widths of its column shards in its column order (summing to its
+    width), the forward's bits an entry (1: `sign`, 2: `sign2`; the backward always sends 1) and the bytes one
+    peer's block takes on the wire each way."""
     widths: list[int]
     batch_size: int
     segments: list[list[int]]
     generator: torch.Generator | None = None  # the backward's random rounding; None: a fresh one seeded 0
+    fw_bits: int = 1
 
     def __post_init__(self):
         self.widths = [int(w) for w in self.widths]
@@ -375,7 +414,11 @@ class SignLayout:
         if len(self.segments) != len(self.widths) or any(sum(s) != w for s, w in zip(self.segments, self.widths)):
             raise ValueError(f"segments {self.segments} do not add up to the ranks' widths {self.widths}")
         self.bn = self.batch_size // len(self.widths)
-        self.block_bytes = [sign_block_bytes(seg, self.bn) for seg in self.segments]  # one peer's piece, per rank
+        if self.fw_bits not in (1, 2):
+            raise ValueError(f"fw_bits must be 1 or 2, got {self.fw_bits!r}")
+        # one peer's piece, per rank: forward and backward
+        self.fw_block_bytes = [sign_block_bytes(seg, self.bn, self.fw_bits) for seg in self.segments]
+        self.block_bytes = [sign_block_bytes(seg, self.bn) for seg in self.segments]
 
     def forward_exchange(self, pooled: torch.Tensor):
         return sign_forward_exchange(pooled, self)
@@ -387,14 +430,14 @@ class SignLayout:
 def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):
     """Scope `sign`'s forward all-to-all: [B, W_r] -> (flat dense received pieces [B/N, W_q] from each rank q,
     None, bytes sent, seconds in the collective)."""
-    rank = dist.get_rank()
-    world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
-    send = sign_encode(pooled, layout.segments[rank], blocks=world)  # one block per peer: its samples
-    recv = torch.empty(sum(layout.block_bytes), dtype=torch.uint8, device=pooled.device)
-    seconds = _timed(lambda: dist.all_to_all_single(recv, send, list(layout.block_bytes), [mine] * world))
+    rank, bits = dist.get_rank(), layout.fw_bits
+    world, bn, mine = len(layout.widths), layout.bn, layout.fw_block_bytes[rank]
+    send = sign_encode(pooled, layout.segments[rank], blocks=world, bits=bits)  # one block per peer: its samples
+    recv = torch.empty(sum(layout.fw_block_bytes), dtype=torch.uint8, device=pooled.device)
+    seconds = _timed(lambda: dist.all_to_all_single(recv, send, list(layout.fw_block_bytes), [mine] * world))
     dense, pos = [], 0
-    for seg, e in zip(layout.segments, layout.block_bytes):
-        dense.append(sign_decode(recv[pos:pos + e], seg, bn, dtype=pooled.dtype).reshape(-1))
+    for seg, e in zip(layout.segments, layout.fw_block_bytes):
+        dense.append(sign_decode(recv[pos:pos + e], seg, bn, dtype=pooled.dtype, bits=bits).reshape(-1))
         pos += e
     return torch.cat(dense), None, send.numel(), seconds
 

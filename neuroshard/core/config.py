@@ -558,7 +558,8 @@ class ShardTablesConfig:
 # ----------------------------------------------------------------------------- DLRM training with DCT
 
 DCT_MODES = ("none", "dp", "mp", "both")
-MP_SCOPES = ("rank", "table", "sign")  # --mp_scope: one top-k over a rank's columns, one per table shard, or signs
+MP_SCOPES = ("rank", "table", "sign", "sign2")  # --mp_scope: one top-k over a rank's columns, one per table shard,
+# or signs (sign2: two bits an entry forward)
 # hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
 # one logit), and the embedding dim. `mlperf`: the MLPerf DLRM reference (Criteo Terabyte) shape,
 # bottom 13-512-256-128 and top 1024-1024-512-256-1 with embedding dim 128
@@ -602,7 +603,8 @@ class TrainConfig:
     mp_keep: float = flag(TRAIN_MP_KEEP, f"with --dct mp or both: share of pooled-embedding entries sent (default "
                                          f"{TRAIN_MP_KEEP:g})", none_if_absent=True)
     mp_scope: str = flag("sign", "what DCT-MP sends per sample: sign (default: one bit per entry and one scale per "
-                                 "table shard, both ways; --mp_keep sets nothing more), table (each table shard's "
+                                 "table shard, both ways; --mp_keep sets nothing more), sign2 (two bits an entry "
+                                 "forward: sign and magnitude; one back), table (each table shard's "
                                  "own ceil(mp_keep * width) largest entries) or rank (one top-k over a rank's whole "
                                  "width)")
     dp_adam_freeze_after: int = flag(0, "with --dense_opt adam and DCT-DP: dense DP for this many steps, then Adam's "

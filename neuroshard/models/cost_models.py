@@ -268,8 +268,10 @@ class CommCostModel(CostModel):
         model = cls.load(path)
         if model.direction != direction:
             names = {"fw": "forward", "bw": "backward", "input": "input-distribution"}
+            made = "train_comm_cost_model.py" + (" --input_dist" if direction == "input" else "")
             raise UserError(f"{path} is the {names[model.direction]} comm model, but the {names[direction]} one "
-                            f"is needed here; pass --{direction}_comm_model models/comm_<N>_{direction}.pt")
+                            f"is needed here; pass --{direction}_comm_model models/comm_<N>_{direction}.pt "
+                            f"(made by {made})")
         return model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

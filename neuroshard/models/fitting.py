@@ -38,8 +38,12 @@ def _samples(path, kind: str, num_samples: int | None, salvage: bool = False) ->
 def _print_metrics(name: str, report: dict) -> None:
     m = report["test"]
     n = report["num_samples"]
-    print(f"{name}: test MSE {m['mse']:.4g}  MAPE {100 * m['mape']:.2f}%  R² {m['r2']:.4f}  Spearman {m['spearman']:.4f}"
+    r2, rho = (f"{m[k]:.4f}" if m[k] == m[k] else "n/a" for k in ("r2", "spearman"))
+    print(f"{name}: test MSE {m['mse']:.4g}  MAPE {100 * m['mape']:.2f}%  R² {r2}  Spearman {rho}"
           f"  (train/valid/test {n['train']}/{n['valid']}/{n['test']}, best valid MSE {report['best_valid_mse']:.4g})")
+    if n["test"] < 3 or rho == "n/a":
+        print(f"note: a test split of {n['test']} sample(s) cannot rank; R² and Spearman need at least 3 distinct "
+              f"test samples: train on more (--num_samples, or collect more with --data_size)")
 
 
 def train_compute_model(cfg: TrainComputeConfig) -> ComputeCostModel:

@@ -207,7 +207,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
              *([cfg.models.input_path(ndevices, cfg.mp_keep)[0]] if sim is not None and sim.inp is not None else []))
     batch = int(sim.compute.meta.get("batch_size") or 4096) if sim else 4096
     if cfg.measure or cfg.calibrate is not None:
-        check_measure_budget(tl, batch)
+        check_measure_budget(tl, batch, ndevices)
     print(f"{len(tl.names)} tables from {tl.source}, {tl.task.total_size_gb():.4f} GB in all; "
           f"{ndevices} devices x {max_mem:g} GB; --alg {alg}")
     if tl.defaulted_reuse:
@@ -324,9 +324,14 @@ def check_measured_rows(rows: list[dict]) -> None:
                                 "a timer or rank failed; rerun the same command")
 
 
-def check_measure_budget(tl: TableList, batch: int) -> None:
-    """Before any work: --measure and --calibrate allocate every table and synthesise batch x pooling factor
-    ids per table; refuse, with the numbers, more than MEASURE_LIMIT_GB of tables or MEASURE_MAX_LOOKUPS ids."""
+def check_measure_budget(tl: TableList, batch: int, ndevices: int = 1) -> None:
+    """Before any work: --measure and --calibrate split the batch over the ranks, allocate every table and
+    synthesise batch x pooling factor ids per table; refuse, with the numbers, a batch the ranks do not divide,
+    more than MEASURE_LIMIT_GB of tables or MEASURE_MAX_LOOKUPS ids."""
+    if batch % ndevices:
+        raise UserError(f"--measure and --calibrate split the cost models' batch of {batch} over the ranks, and "
+                        f"{ndevices} do not divide it; use a --ndevices that divides {batch}, or cost models "
+                        f"collected at a batch it divides")
     if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
         raise UserError(f"--measure allocates every table on this machine: {tl.task.total_size_gb():.2f} GB is more "
                         f"than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")

@@ -161,10 +161,12 @@ def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats,
     `mp_keep` None or >= 1 (everything is sent): the dense all-to-all. Below 1, DCT-MP as `scope` says:
     `rank`: one top-k over each rank's whole width (`segments` not used); `table`: a top-k per column
     shard (`segments`: per rank its shard widths); `sign`: one bit per entry and a scale per column
-    shard (`mp_keep` sets nothing more; `generator` draws the backward's random rounding)."""
+    shard (`mp_keep` sets nothing more; `generator` draws the backward's random rounding); `sign2`: as `sign`
+    with two bits an entry forward (sign and magnitude)."""
     if mp_keep is not None and mp_keep < 1:
-        if scope == "sign":
-            layout = mp_wire.SignLayout(widths, pooled.shape[0], segments, generator)
+        if scope in ("sign", "sign2"):
+            layout = mp_wire.SignLayout(widths, pooled.shape[0], segments, generator,
+                                        fw_bits=2 if scope == "sign2" else 1)
         else:
             layout = mp_wire.WireLayout(widths, mp_keep, pooled.shape[0], segments if scope == "table" else None)
         return _CompressedAllToAll.apply(pooled, layout, stats)

@@ -192,6 +192,24 @@ def test_metrics_by_hand():
     assert m["spearman"] == pytest.approx(np.corrcoef([1, 2, 3], [1, 2.5, 2.5])[0, 1])
 
 
+def test_metrics_line_says_when_the_test_split_cannot_rank(capsys):
+    """A test split too small to rank (train_*_cost_model.py --num_samples 10) prints n/a and says why, not nan."""
+    from neuroshard.models.fitting import _print_metrics
+    from neuroshard.models.trainer import regression_metrics
+
+    def report(pred, target):
+        return {"test": regression_metrics(pred, target), "best_valid_mse": 0.5,
+                "num_samples": {"train": 8, "valid": 1, "test": len(target)}}
+
+    _print_metrics("compute", report([1.0], [2.0]))
+    out = capsys.readouterr().out
+    assert "Spearman n/a" in out and "R² n/a" in out and "nan" not in out
+    assert "a test split of 1 sample(s) cannot rank" in out and "--num_samples" in out
+    _print_metrics("compute", report([1.0, 2.0, 3.5, 3.0], [1.0, 2.0, 3.0, 4.0]))
+    out = capsys.readouterr().out
+    assert "Spearman 0.8000" in out and "cannot rank" not in out
+
+
 def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path):
     """train -> eval_simulator -> eval with --alg neuroshard, all through the scripts, on the cost data the
     session's tiny pipeline collected (the collector scripts run in tests/hardware/test_hardware.py)."""

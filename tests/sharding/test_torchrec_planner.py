@@ -252,7 +252,8 @@ def test_bad_construction_is_one_line(models, tmp_path):
     from analytic_models import hand_comm_model
 
     hand_comm_model(2, "bw").save(tmp_path / "bw_as_input.pt")  # another direction's model in its place
-    with pytest.raises(UserError, match="is the backward comm model, but the input-distribution one"):
+    with pytest.raises(UserError, match=r"is the backward comm model, but the input-distribution one .*\(made by "
+                                        r"train_comm_cost_model.py --input_dist\)"):
         NeuroShardPlanner(topo, models_dir=models, input_comm_model=tmp_path / "bw_as_input.pt")
 
 

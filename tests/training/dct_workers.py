@@ -8,12 +8,12 @@ def topk_gradients(rank, world, emit, keeps):
     from neuroshard.training.dlrm import CommStats, pooled_all_to_all
 
     widths, segments = [8, 12], [[5, 3], [12]]
-    for keep in keeps:  # a keep of "sign": scope sign over the column shards `segments`
+    for keep in keeps:  # a keep of "sign" or "sign2": that scope over the column shards `segments`
         g = torch.Generator().manual_seed(rank)
         pooled = torch.randn(6, widths[rank], generator=g).requires_grad_()
         stats = CommStats()
-        if keep == "sign":
-            recv = pooled_all_to_all(pooled, widths, stats, 0.05, segments, "sign")
+        if keep in ("sign", "sign2"):
+            recv = pooled_all_to_all(pooled, widths, stats, 0.05, segments, keep)
         else:
             recv = pooled_all_to_all(pooled, widths, stats, keep)
         (recv * torch.arange(1, recv.numel() + 1, dtype=recv.dtype)).sum().backward()
