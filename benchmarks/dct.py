@@ -2,7 +2,7 @@
 
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
                          [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0] [--dense_opt sgd] [--lr L]
-                         [--mp_scope sign[,table,rank]] [--dp_adam_freeze_after 0[,N]]
+                         [--mp_scope sign2[,sign,table,rank]] [--dp_adam_freeze_after 0[,N]]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
 from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
@@ -57,8 +57,9 @@ class DctBenchConfig:
     modes: str = flag(",".join(DCT_MODES), "comma-separated; none is always run")
     dp_keep: float = flag(TrainConfig.dp_keep, "DCT-DP's share of gradient entries sent")
     mp_keep: float = flag(TrainConfig.mp_keep, "DCT-MP's share of pooled entries sent")
-    mp_scope: str = flag(TrainConfig.mp_scope, "what DCT-MP sends: sign, a top-k per table shard (table) or per "
-                                               "rank (rank); comma-separated: each")
+    mp_scope: str = flag(TrainConfig.mp_scope, "what DCT-MP sends: sign2 (2 bits forward on wide shards), sign, a "
+                                               "top-k per table shard (table) or per rank (rank); comma-separated: "
+                                               "each")
     dp_adam_freeze_after: str = flag(str(TrainConfig.dp_adam_freeze_after), "with --dense_opt adam: dense DP steps "
                                      "before Adam's second moment is frozen and DCT-DP starts (0: off); "
                                      "comma-separated: each")

@@ -3,8 +3,8 @@
 Used by training (`training/dlrm.py`'s `_CompressedAllToAll`) and by the comm-cost measurements
 (`comm_bench`, the measurement engine), so cost data is measured exactly as DCT-MP sends.
 
-Two families: the top-k scopes here, and scope `sign` (`--mp_scope sign`, the default; its own section
-below: one bit per entry and a scale per column shard).
+Two families: the top-k scopes here, and scopes `sign` and `sign2` (`--mp_scope`, `sign2` the default; their
+own section below: one bit per entry and a scale per column shard, or two bits forward on wide shards).
 
 Top-k forward: rank r holds pooled embeddings [B, W_r] for the global batch, its column shards side by side.
 Per sample it keeps the largest-magnitude entries of each segment: scope `table` (`--mp_scope table`):
@@ -227,6 +227,15 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
 # larger scale (so M >= max |g| still holds). A fp32 base reaches a per-sample gradient's small sizes, which
 # fp16 does not. No indices. Bytes per sample and shard of width w, each way: ceil(w / 8) + 1 (`sign_bytes`),
 # plus 4 per shard and block (`sign_block_bytes`); at w = 128, 17 against 512; at w = 16, 3 against 64.
+#
+# Scope `sign2`: the same backward; forward, a shard of at least 88 columns (`shard_bits`: where the round trip
+# stays over MIN_REDUCTION = 20x under dense) sends two bits an entry, its sign and a magnitude bit, decoded
+# as +-s or +-3s (a uniform 4-level grid, whose best step for a Gaussian puts the magnitude threshold at 0.996
+# of the RMS): the magnitude bit is set where |x| >= the sample's RMS over the shard, s is the least-squares
+# scale for those levels, coded as the sign scope's scales are, and the bit is then re-chosen as the nearer
+# level of the decoded s. Squared error 0.12 of the variance on Gaussian rows (the best 4-level quantizer's
+# 0.1175) against the sign's 0.36. Narrower shards send the sign scope's one bit. At w = 128, 2 * 16 + 1 = 33
+# bytes forward and 17 back: 20.5x fewer than 2 x 512.
 
 SCALE_BYTES = 1       # one scale code per sample and column shard
 BASE_BYTES = 4        # one fp32 base per block and column shard
@@ -241,9 +250,23 @@ def sign_bytes(width: int, bits: int = 1) -> int:
     return bits * ((width + 7) // 8) + SCALE_BYTES if width else 0
 
 
+MIN_REDUCTION = 20  # scope sign2 spends a second forward bit on a shard only where its round trip stays this far
+# under the dense one
+
+
+def shard_bits(width: int, bits: int) -> int:
+    """Forward bits an entry a shard of `width` columns gets when up to `bits` are allowed: 2 only where its
+    round trip (2 bits forward, 1 back, a scale code each way) stays more than MIN_REDUCTION times under the
+    dense fp32 one (8 * width bytes), i.e. from width 88 up; else 1. The per-block bases are not counted."""
+    if bits == 2 and 8 * width > MIN_REDUCTION * (sign_bytes(width, 2) + sign_bytes(width, 1)):
+        return 2
+    return 1
+
+
 def sign_block_bytes(segments: list[int], rows: int, bits: int = 1) -> int:
-    """Bytes of one block: `rows` samples of shards `segments`, with one base per nonempty shard."""
-    return rows * sum(sign_bytes(w, bits) for w in segments) + BASE_BYTES * sum(1 for w in segments if w)
+    """Bytes of one block: `rows` samples of shards `segments` at up to `bits` bits an entry (`shard_bits`), with
+    one base per nonempty shard."""
+    return rows * sum(sign_bytes(w, shard_bits(w, bits)) for w in segments) + BASE_BYTES * sum(1 for w in segments if w)
 
 
 def _decoded_scales(q: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -315,10 +338,10 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
                 blocks: int = 1, bits: int = 1) -> torch.Tensor:
     """[rows, sum(segments)] float, as `blocks` blocks of rows / blocks samples -> flat uint8 of `blocks` x
     `sign_block_bytes(segments, rows / blocks, bits)`: per block the fp32 bases of its shards, then per sample
-    and shard its packed sign bits (least significant bit first, padded to a whole byte), with `bits` 2 its
-    packed magnitude bits, and its scale code. Without `generator`, 1 bit: bit set where x >= 0, scale mean
-    |x|; 2 bits: also the magnitude bit where |x| is nearer scale * OUTER_LEVEL than scale, the scale
-    `_two_bit_scale`'s. With `generator` (random rounding, 1 bit only): bit set with probability
+    and shard its packed sign bits (least significant bit first, padded to a whole byte), on a shard given 2
+    bits (`shard_bits(w, bits)`) its packed magnitude bits, and its scale code. Without `generator`, 1 bit: bit
+    set where x >= 0, scale mean |x|; 2 bits: also the magnitude bit where |x| is nearer scale * OUTER_LEVEL
+    than scale, the scale `_two_bit_scale`'s. With `generator` (random rounding, 1 bit only): bit set with probability
     (1 + x / M) / 2, M the decoded scale (>= max |x|, so the decoded values average to x). The draws are
     [rows, w] blocks, one per shard in order."""
     if x.dim() != 2 or not x.is_floating_point() or sum(segments) != x.shape[1] or min(segments, default=0) < 0:
@@ -333,7 +356,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     x = x.detach()
     for start, w, n in _equal_width_runs(segments):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
-        if bits == 2:
+        wide = shard_bits(w, bits) == 2
+        if wide:
             mag = seg.abs()
             m = _two_bit_scale(mag)
         elif generator is None:  # summed in float64: no overflow near float32's largest, no underflow to 0 of a
@@ -347,7 +371,7 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         planes = []
         if generator is None:
             planes.append(seg >= 0)
-            if bits == 2:  # the nearer of the two decoded levels
+            if wide:  # the nearer of the two decoded levels
                 planes.append(mag >= scale.unsqueeze(3) * (1 + OUTER_LEVEL) / 2)
         else:
             sc = scale.unsqueeze(3)
@@ -367,7 +391,7 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
 def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32,
                 bits: int = 1) -> torch.Tensor:
     """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
-    its scale times +1 or -1 (`bits` 2: times 1 or OUTER_LEVEL, as its magnitude bit says)."""
+    its scale times +1 or -1 (on a shard given 2 bits: times 1 or OUTER_LEVEL, as its magnitude bit says)."""
     if b.dtype != torch.uint8 or blocks < 1 or rows % blocks or bits not in (1, 2) or \
             b.numel() != blocks * sign_block_bytes(segments, rows // blocks, bits):
         raise ValueError(f"sign_decode: {b.numel()} {b.dtype} bytes are not {blocks} block(s) of {rows} samples "
@@ -381,14 +405,14 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
     body = b[:, BASE_BYTES * S:].reshape(blocks, r, -1)
     out, pos, k = [], 0, 0
     for _, w, n in runs:
-        nb = (w + 7) // 8
-        e = bits * nb + SCALE_BYTES
+        nb, wb = (w + 7) // 8, shard_bits(w, bits)
+        e = wb * nb + SCALE_BYTES
         run = body[:, :, pos:pos + n * e].reshape(blocks, r, n, e)
         pos += n * e
-        scale = _decoded_scales(run[..., bits * nb], bases[..., k:k + n])
+        scale = _decoded_scales(run[..., wb * nb], bases[..., k:k + n])
         k += n
         value = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
-        if bits == 2:
+        if wb == 2:
             outer = _BITS.to(b.device)[run[..., nb:2 * nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
             value = value * (1 + (OUTER_LEVEL - 1) * outer)
         out.append((value * scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
@@ -398,8 +422,8 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
 @dataclass
 class SignLayout:
     """Scopes `sign` and `sign2`: per rank the widths of its column shards in its column order (summing to its
-    width), the forward's bits an entry (1: `sign`, 2: `sign2`; the backward always sends 1) and the bytes one
-    peer's block takes on the wire each way."""
+    width), the forward's bits an entry (1: `sign`; 2: `sign2`, on the shards `shard_bits` gives 2; the backward
+    always sends 1) and the bytes one peer's block takes on the wire each way."""
     widths: list[int]
     batch_size: int
     segments: list[list[int]]

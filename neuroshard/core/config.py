@@ -602,11 +602,11 @@ class TrainConfig:
                                 "target")
     mp_keep: float = flag(TRAIN_MP_KEEP, f"with --dct mp or both: share of pooled-embedding entries sent (default "
                                          f"{TRAIN_MP_KEEP:g})", none_if_absent=True)
-    mp_scope: str = flag("sign", "what DCT-MP sends per sample: sign (default: one bit per entry and one scale per "
-                                 "table shard, both ways; --mp_keep sets nothing more), sign2 (two bits an entry "
-                                 "forward: sign and magnitude; one back), table (each table shard's "
-                                 "own ceil(mp_keep * width) largest entries) or rank (one top-k over a rank's whole "
-                                 "width)")
+    mp_scope: str = flag("sign2", "what DCT-MP sends per sample: sign2 (default: a scale per table shard and two "
+                                  "bits an entry forward, sign and magnitude, on shards of 88 columns or more, one "
+                                  "on narrower ones; one bit back; --mp_keep sets nothing more), sign (one bit an "
+                                  "entry both ways), table (each table shard's own ceil(mp_keep * width) largest "
+                                  "entries) or rank (one top-k over a rank's whole width)")
     dp_adam_freeze_after: int = flag(0, "with --dense_opt adam and DCT-DP: dense DP for this many steps, then Adam's "
                                         "second moment frozen (floored) while DCT-DP compresses; 0 (default): off")
     dp_adam_floor: float = flag(0.1, "floor of the frozen second moment, as a share of its mean per parameter "

@@ -12,10 +12,11 @@
   `max(1, ceil(mp_keep * w))` largest-magnitude entries of each table shard of width w, `rank` the
   `max(1, floor(mp_keep * W_r))` largest of the rank's whole width (fp16 values plus column indices,
   one byte all-to-all with a fixed count per sample; backward returns only those entries' fp32
-  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` (the default)
-  sends one bit per entry plus one 8-bit scale code per sample and table shard, both ways (the sign forward,
-  an unbiased random rounding of the gradient backward). `mp_keep >= 1` sends everything: the dense
-  all-to-all.
+  gradients, every other entry is zero on the receiver and gets zero gradient); `sign` sends one bit per
+  entry plus one 8-bit scale code per sample and table shard, both ways (the sign forward, an unbiased random
+  rounding of the gradient backward); `sign2` (the default) sends two bits an entry forward (sign and
+  magnitude) on shards of 88 columns or more, and is `sign` otherwise. `mp_keep >= 1` sends everything: the
+  dense all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
 Every collective records the bytes of the tensors it is given (`CommStats`).
 """
@@ -162,7 +163,7 @@ def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats,
     `rank`: one top-k over each rank's whole width (`segments` not used); `table`: a top-k per column
     shard (`segments`: per rank its shard widths); `sign`: one bit per entry and a scale per column
     shard (`mp_keep` sets nothing more; `generator` draws the backward's random rounding); `sign2`: as `sign`
-    with two bits an entry forward (sign and magnitude)."""
+    with two bits an entry forward (sign and magnitude) on shards `mp_wire.shard_bits` gives two."""
     if mp_keep is not None and mp_keep < 1:
         if scope in ("sign", "sign2"):
             layout = mp_wire.SignLayout(widths, pooled.shape[0], segments, generator,

@@ -7,8 +7,9 @@ def topk_gradients(rank, world, emit, keeps):
     the k largest-magnitude entries per sample may have a gradient (keep "sign": scope sign)."""
     from neuroshard.training.dlrm import CommStats, pooled_all_to_all
 
-    widths, segments = [8, 12], [[5, 3], [12]]
     for keep in keeps:  # a keep of "sign" or "sign2": that scope over the column shards `segments`
+        # sign2 gives 2 bits forward only to shards from 88 columns: rank 0 holds one such shard and a narrow one
+        widths, segments = ([104, 128], [[96, 8], [128]]) if keep == "sign2" else ([8, 12], [[5, 3], [12]])
         g = torch.Generator().manual_seed(rank)
         pooled = torch.randn(6, widths[rank], generator=g).requires_grad_()
         stats = CommStats()

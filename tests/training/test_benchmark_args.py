@@ -20,7 +20,7 @@ def _run(script, *args, cwd=None):
     ("dct.py", ["--modes", "none,xx"], "--modes must be from"),
     ("dct.py", ["--dense_opt", "rmsprop"], "--dense_opt must be one of sgd, adam"),
     ("dct.py", ["--dense_opt", "adam", "--lr", "inf"], "--lr must be a finite number"),
-    ("dct.py", ["--mp_scope", "table,shard"], "--mp_scope must be one of rank, table, sign, got 'shard'"),
+    ("dct.py", ["--mp_scope", "table,shard"], "--mp_scope must be one of rank, table, sign, sign2, got 'shard'"),
     ("dct.py", ["--mp_scope", "rank,rank"], "--mp_scope must be distinct values separated by commas"),
     ("dct.py", ["--dp_adam_freeze_after", "50,x"], "--dp_adam_freeze_after must be distinct values"),
     ("dct.py", ["--dp_adam_freeze_after", "50"], "--dp_adam_freeze_after 50 needs --dense_opt adam"),

@@ -161,6 +161,9 @@ def test_mlperf_shape_meets_the_byte_targets_at_the_defaults(group):
     assert base["dp_bytes_per_step"] / r["dp_bytes_per_step"] >= 100
     assert base["mp_bytes_per_step"] / r["mp_bytes_per_step"] >= 20
     assert base["mp_bytes_per_step"] == 2 * 4 * 128 * 8 * 128  # forward + backward, B x T x D fp32
+    # the default scope sign2 on 8 whole tables of 128 columns: per sample and table 2 x 16 bytes of bits + a
+    # scale code forward, 16 + 1 back; a fp32 base per table in each block (one block per rank pair), each way
+    assert r["mp_bytes_per_step"] == 128 * 8 * (33 + 17) + 2 * 2 * 8 * 4
 
 
 KEEPS = [0.25, 1.0]
@@ -192,19 +195,20 @@ def test_dropped_mp_entries_get_zero_gradient(topk_runs, keep):
 STEP = 2 ** (1 / 16)  # the sign scope's scale codes: steps of 2^(1/16)
 
 
-def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk_runs):
-    """Scope sign on 2 gloo ranks (rank 0's 8 columns as shards of 5 and 3, rank 1's 12 as one): each rank
-    receives every entry as its shard's mean |x| (to a scale code: within half a step; the block's largest
-    exactly) times its sign, and its pooled embeddings get the received gradients (loss = sum(recv * 1..n),
-    so recv's gradient is 1..n) randomly rounded to +-M per shard, as the sender's generator (seeded 0, one
-    draw per peer piece in rank order) drew them. Bytes: per block (one peer's samples) a fp32 base per shard,
-    per sample and shard the bits and a one-byte code."""
+def _check_sign_exchange(topk_runs, scope, segments, bn=3):
+    """Scope sign or sign2 on 2 gloo ranks: each rank receives every entry of a 1-bit shard as its shard's mean
+    |x| (to a scale code: within half a step; the block's largest exactly) times its sign, and every entry of a
+    2-bit shard (sign2, from 88 columns) as its sign times s or 3 s, whichever is nearer |x|; its pooled
+    embeddings get the received gradients (loss = sum(recv * 1..n), so recv's gradient is 1..n) randomly rounded
+    to +-M per shard, as the sender's generator (seeded 0, one draw per peer piece in rank order) drew them.
+    Bytes: per block (one peer's samples) a fp32 base per shard, per sample and shard the bits and a one-byte
+    code."""
     from neuroshard.compression import mp_wire
 
-    segments, bn = [[5, 3], [12]], 3
-    pooled = {r: torch.from_numpy(topk_runs[("sign", r)][0]) for r in (0, 1)}
+    bits = 2 if scope == "sign2" else 1
+    pooled = {r: torch.from_numpy(topk_runs[(scope, r)][0]) for r in (0, 1)}
     for r in (0, 1):
-        _, _, recv, nbytes = topk_runs[("sign", r)]
+        _, _, recv, nbytes = topk_runs[(scope, r)]
         recv, pos, gen = torch.from_numpy(recv), 0, torch.Generator().manual_seed(0)
         for q in (0, 1):
             rows = pooled[q][r * bn:(r + 1) * bn]
@@ -213,15 +217,21 @@ def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk
             for w in segments[q]:
                 seg, dec = rows[:, start:start + w], got[:, start:start + w]
                 start += w
-                mean = seg.abs().mean(1, dtype=torch.float64).float()  # summed in float64, as the codec does
                 assert torch.equal(torch.sign(dec), torch.where(seg >= 0, 1.0, -1.0))
+                if mp_wire.shard_bits(w, bits) == 2:
+                    s = dec.abs().amin(1, keepdim=True)
+                    level = dec.abs() / s
+                    assert ((level == 1) | ((level - 3).abs() < 1e-6)).all() and (level > 2).any()
+                    assert ((seg.abs() >= 2 * s) == (level > 2)).all()  # the nearer level
+                    continue
+                mean = seg.abs().mean(1, dtype=torch.float64).float()  # summed in float64, as the codec does
                 assert (dec.abs() == dec.abs()[:, :1]).all()
                 ratio = dec.abs()[:, 0] / mean
                 assert (ratio <= STEP ** 0.5 * 1.0001).all() and (ratio >= STEP ** -0.5 / 1.0001).all()
                 assert dec.abs()[mean.argmax(), 0] == mean.max()  # the base: the block's largest scale, exact
             # the gradient rank r sent back to q: 1..n at q's piece, rounded with r's generator
             sent = torch.arange(pos + 1, pos + rows.numel() + 1, dtype=torch.float32).reshape(rows.shape)
-            back = torch.from_numpy(topk_runs[("sign", q)][1])[r * bn:(r + 1) * bn]
+            back = torch.from_numpy(topk_runs[(scope, q)][1])[r * bn:(r + 1) * bn]
             assert torch.equal(back, mp_wire.sign_decode(mp_wire.sign_encode(sent, segments[q], gen), segments[q], bn))
             start = 0
             for w in segments[q]:  # every entry +-M, M >= the shard's max |g| and within one code step of it
@@ -231,44 +241,23 @@ def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk
             pos += rows.numel()
         # forward: this rank's shards in one block per peer (3 samples each); backward: one block per peer of
         # that peer's shards
-        fw = 2 * mp_wire.sign_block_bytes(segments[r], bn)
+        fw = 2 * mp_wire.sign_block_bytes(segments[r], bn, bits)
         bw = sum(mp_wire.sign_block_bytes(seg, bn) for seg in segments)
-        assert nbytes == fw + bw == (2 * (3 * (2 + 2) + 8) + (3 * 4 + 8) + (3 * 3 + 4) if r == 0 else
-                                     2 * (3 * 3 + 4) + (3 * 4 + 8) + (3 * 3 + 4))
+        assert nbytes == fw + bw
+    return {r: topk_runs[(scope, r)][3] for r in (0, 1)}
 
 
-def test_sign2_scope_sends_two_bits_forward_and_the_sign_scopes_backward(topk_runs):
-    """Scope sign2 on the same 2 gloo ranks: forward, every entry arrives as its sign times scale or 3 x scale,
-    whichever is nearer |x| (one scale per sample and shard); backward, exactly scope sign's rounding of the
-    received gradients. Bytes: forward 2 * ceil(w / 8) + 1 per sample and shard, backward ceil(w / 8) + 1, plus
-    a fp32 base per shard and block each way."""
-    from neuroshard.compression import mp_wire
+def test_sign_scope_sends_one_bit_per_entry_and_a_scale_per_shard_both_ways(topk_runs):
+    nbytes = _check_sign_exchange(topk_runs, "sign", [[5, 3], [12]])
+    assert nbytes == {0: 2 * (3 * (2 + 2) + 8) + (3 * 4 + 8) + (3 * 3 + 4), 1: 2 * (3 * 3 + 4) + (3 * 4 + 8) + (3 * 3 + 4)}
 
-    segments, bn = [[5, 3], [12]], 3
-    pooled = {r: torch.from_numpy(topk_runs[("sign2", r)][0]) for r in (0, 1)}
-    for r in (0, 1):
-        _, grad, recv, nbytes = topk_runs[("sign2", r)]
-        assert torch.equal(pooled[r], torch.from_numpy(topk_runs[("sign", r)][0]))
-        recv, pos = torch.from_numpy(recv), 0
-        for q in (0, 1):
-            rows = pooled[q][r * bn:(r + 1) * bn]
-            got = recv[pos:pos + rows.numel()].reshape(rows.shape)
-            pos += rows.numel()
-            start = 0
-            for w in segments[q]:
-                seg, dec = rows[:, start:start + w], got[:, start:start + w]
-                start += w
-                assert torch.equal(torch.sign(dec), torch.where(seg >= 0, 1.0, -1.0))
-                s = dec.abs().amin(1, keepdim=True)
-                level = dec.abs() / s
-                assert ((level == 1) | ((level - 3).abs() < 1e-6)).all()
-                assert ((seg.abs() >= 2 * s) == (level > 2)).all()  # the nearer level
-        # the backward is scope sign's, bit for bit: the same received gradients, the same draws
-        assert torch.equal(torch.from_numpy(grad), torch.from_numpy(topk_runs[("sign", r)][1]))
-        fw = 2 * mp_wire.sign_block_bytes(segments[r], bn, bits=2)
-        bw = sum(mp_wire.sign_block_bytes(seg, bn) for seg in segments)
-        assert nbytes == fw + bw == (2 * (3 * (3 + 3) + 8) + (3 * 4 + 8) + (3 * 3 + 4) if r == 0 else
-                                     2 * (3 * 5 + 4) + (3 * 4 + 8) + (3 * 3 + 4))
+
+def test_sign2_scope_sends_two_bits_forward_on_wide_shards_and_the_sign_scopes_backward(topk_runs):
+    """Rank 0's shards of 96 and 8 columns, rank 1's of 128: 2 bits forward on the 96 and the 128 (25 and 33
+    bytes a sample), 1 on the 8 (2 bytes); backward 1 bit on all (13, 2 and 17 bytes)."""
+    nbytes = _check_sign_exchange(topk_runs, "sign2", [[96, 8], [128]])
+    assert nbytes == {0: 2 * (3 * (25 + 2) + 8) + (3 * 15 + 8) + (3 * 17 + 4),
+                      1: 2 * (3 * 33 + 4) + (3 * 15 + 8) + (3 * 17 + 4)}
 
 
 def test_two_bit_codec_error_and_bytes():
@@ -279,37 +268,44 @@ def test_two_bit_codec_error_and_bytes():
     from neuroshard.compression import mp_wire
 
     assert [mp_wire.sign_bytes(w, 2) for w in (0, 1, 8, 9, 16, 128)] == [0, 3, 3, 5, 5, 33]
-    assert mp_wire.sign_block_bytes([16, 0, 128], 256, bits=2) == 256 * 38 + 8
+    # a second bit only where the round trip stays over 20x under dense: 88 columns (704 / 35 bytes) and up
+    assert [mp_wire.shard_bits(w, 2) for w in (1, 16, 64, 80, 88, 128, 1024)] == [1, 1, 1, 1, 2, 2, 2]
+    assert [mp_wire.shard_bits(w, 1) for w in (16, 128)] == [1, 1]
+    assert mp_wire.sign_block_bytes([16, 0, 128], 256, bits=2) == 256 * (3 + 33) + 8
     g = torch.Generator().manual_seed(0)
     for x, best in ((torch.randn(512, 128, generator=g), 0.1175), (torch.rand(512, 128, generator=g) * 2 - 1, 1 / 16)):
         x = x * torch.logspace(-20, 20, 512, base=2).unsqueeze(1)  # per-row scales over 40 octaves
         err = {}
         for bits in (1, 2):
-            enc = mp_wire.sign_encode(x, [64, 64], blocks=4, bits=bits)
-            assert enc.numel() == 4 * mp_wire.sign_block_bytes([64, 64], 128, bits)
-            dec = mp_wire.sign_decode(enc, [64, 64], 512, blocks=4, bits=bits)
+            enc = mp_wire.sign_encode(x, [128], blocks=4, bits=bits)
+            assert enc.numel() == 4 * mp_wire.sign_block_bytes([128], 128, bits)
+            dec = mp_wire.sign_decode(enc, [128], 512, blocks=4, bits=bits)
             near = x.abs().amax(1) >= x.abs().amax() * 2 ** -15  # within the scale codes' range of the block's base
             err[bits] = float(((dec - x)[near] ** 2 / (x[near] ** 2).mean(1, keepdim=True)).mean())
         assert err[2] <= best * 1.05 and err[2] <= err[1] / 3
-    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 4), [4], bits=2), [4], 2, bits=2),
-                       torch.zeros(2, 4))
-    bad = torch.randn(6, 16)
-    bad[1, 3], bad[4, 0] = float("nan"), float("inf")
-    dec = mp_wire.sign_decode(mp_wire.sign_encode(bad, [8, 8], bits=2), [8, 8], 6, bits=2)
+    W = [128, 128]  # shards wide enough for 2 bits
+    assert torch.equal(mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(2, 256), W, bits=2), W, 2, bits=2),
+                       torch.zeros(2, 256))
+    bad = torch.randn(6, 256)
+    bad[1, 3], bad[4, 130] = float("nan"), float("inf")
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(bad, W, bits=2), W, 6, bits=2)
     assert dec.isfinite().all() and (dec[0] != 0).all()
-    big = torch.full((2, 8), 4.3e37) * torch.tensor([-1.0, 1.0] * 4)  # near float32's largest: no overflow
-    dec = mp_wire.sign_decode(mp_wire.sign_encode(big, [8], bits=2), [8], 2, bits=2)
+    big = torch.full((2, 128), 4.3e37) * torch.tensor([-1.0, 1.0] * 64)  # near float32's largest: no overflow
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(big, [128], bits=2), [128], 2, bits=2)
     assert torch.allclose(dec, big, rtol=1e-6)
-    tiny = torch.zeros(1, 8)
+    tiny = torch.zeros(1, 128)
     tiny[0, 3] = -1.4e-45  # a lone subnormal keeps its sign and a nonzero value
-    assert torch.sign(mp_wire.sign_decode(mp_wire.sign_encode(tiny, [8], bits=2), [8], 1, bits=2))[0, 3] == -1
+    assert torch.sign(mp_wire.sign_decode(mp_wire.sign_encode(tiny, [128], bits=2), [128], 1, bits=2))[0, 3] == -1
     with pytest.raises(ValueError, match="2 without random rounding"):
-        mp_wire.sign_encode(bad, [8, 8], torch.Generator(), bits=2)
+        mp_wire.sign_encode(bad, W, torch.Generator(), bits=2)
     for bits in (0, 3, "2"):
         with pytest.raises(ValueError, match="sign_encode codes 1 bit"):
-            mp_wire.sign_encode(bad, [8, 8], bits=bits)
+            mp_wire.sign_encode(bad, W, bits=bits)
     with pytest.raises(ValueError, match="at 1 bit"):  # two-bit bytes read as one-bit ones are refused
-        mp_wire.sign_decode(mp_wire.sign_encode(bad, [8, 8], bits=2), [8, 8], 6)
+        mp_wire.sign_decode(mp_wire.sign_encode(bad, W, bits=2), W, 6)
+    # narrow shards get 1 bit under sign2: the same bytes as sign
+    x = torch.randn(4, 24)
+    assert torch.equal(mp_wire.sign_encode(x, [16, 8], bits=2), mp_wire.sign_encode(x, [16, 8]))
 
 
 def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
@@ -478,7 +474,7 @@ def test_bad_settings_are_refused():
     for bad in (0, -0.1, 1.5, float("nan")):
         with pytest.raises(UserError, match="--dp_adam_floor"):
             TrainConfig(dp_adam_floor=bad).check()
-    assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("sign", 0)
+    assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("sign2", 0)
     c = TrainConfig(arch="mlperf", bottom_mlp="100-50").resolved()
     assert (c.bottom_mlp, c.top_mlp, c.emb_dim) == ("100-50", "1024-1024-512-256", 128)
     assert [m.out_features for m in dense_arch(c, 4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]
