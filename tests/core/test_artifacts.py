@@ -163,6 +163,26 @@ def test_a_results_folder_is_checked_before_any_work(tmp_path):
         check_output_dir(tmp_path / "f", "--out_dir")
 
 
+def test_a_run_that_writes_nothing_leaves_no_folder(tmp_path):
+    """The write check and the output lock make the output's folders; a run that stops before writing leaves
+    none of them, one that writes keeps its file and folder, and folders that were there stay."""
+    from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_writable_file
+
+    out = tmp_path / "new" / "deeper" / "plan.json"
+    check_writable_file(out, "--out")
+    assert list(tmp_path.iterdir()) == []
+    with OutputLock([("--out", out), ("--torchrec_plan", tmp_path / "new" / "other.json")]):
+        assert (out.parent / ".plan.json.lock").is_file()
+    assert list(tmp_path.iterdir()) == []  # a failed run: nothing left to block or clutter the corrected one
+    with OutputLock([("--out", out)]):
+        atomic_write_text(out, "{}")
+    assert out.read_text() == "{}" and sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]
+    (tmp_path / "kept").mkdir()
+    with OutputLock([("--out", tmp_path / "kept" / "x.json")]):
+        pass
+    assert (tmp_path / "kept").is_dir()
+
+
 def test_an_atomic_write_never_replaces_a_fifo_or_device(tmp_path):
     """Writing an artifact over a FIFO (or /dev/null, as root) would replace the node with a regular file."""
     import stat

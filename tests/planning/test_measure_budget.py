@@ -14,7 +14,7 @@ from neuroshard.core.config import ShardTablesConfig
 from neuroshard.core.errors import UserError
 from neuroshard.planning.plan_tables import MEASURE_MAX_LOOKUPS, shard_tables
 
-from conftest import ROOT, files_under
+from conftest import ROOT
 
 
 def _cfg(tmp_path, text, **kw):
@@ -33,7 +33,7 @@ def test_the_issue_table_is_refused_before_any_id_is_made(tmp_path, monkeypatch)
     msg = str(e.value)
     assert "--measure would synthesise 409.6 M ids for a batch of 4096" in msg
     assert "'small' alone 409.6 M at pooling factor 100000" in msg and f"budget of {MEASURE_MAX_LOOKUPS / 1e6:g} M" in msg
-    assert files_under(tmp_path / "out") == []
+    assert not (tmp_path / "out").exists()  # no file, and no empty folder either
 
 
 def test_the_budget_is_on_the_sum_over_tables(tmp_path):
@@ -57,7 +57,7 @@ def test_a_batch_the_ranks_do_not_divide_is_refused_before_any_plan(tmp_path, mo
     cfg.ndevices = 3
     with pytest.raises(UserError, match="batch of 4096 over the ranks, and 3 do not divide it; use a --ndevices"):
         shard_tables(cfg)
-    assert files_under(tmp_path / "out") == []
+    assert not (tmp_path / "out").exists()  # no file, and no empty folder either
 
 
 def test_out_and_torchrec_plan_naming_one_file_is_refused(tmp_path):
@@ -65,7 +65,7 @@ def test_out_and_torchrec_plan_naming_one_file_is_refused(tmp_path):
     cfg.torchrec_plan = str(tmp_path / "out" / ".." / "out" / "plan.json")
     with pytest.raises(UserError, match="--out and --torchrec_plan both name"):
         shard_tables(cfg)
-    assert files_under(tmp_path / "out") == []
+    assert not (tmp_path / "out").exists()  # no file, and no empty folder either
 
 
 def _marked_processes(mark):

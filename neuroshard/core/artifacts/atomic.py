@@ -121,6 +121,24 @@ def _fix_for(label: str) -> str:
     return f"choose another {label}" if label.startswith("--") else "choose another path"
 
 
+def _missing_dirs(folder: Path) -> list[Path]:
+    """The folders `folder` and its parents that do not exist yet, deepest first (what a mkdir(parents=True) makes)."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove those of `folders` (deepest first) that are still empty: what a run made and did not fill."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
 def check_writable_file(path: str | os.PathLike, label: str, fix: str | None = None) -> Path:
     """Before any work: `path` can be written as a file (not a folder, FIFO or device; its folder can be made and
     written), so that a long run never fails at its end. `label` names it in the line (a flag, or what it is)."""
@@ -135,11 +153,14 @@ def check_writable_file(path: str | os.PathLike, label: str, fix: str | None = N
         above = above.parent
     if not above.is_dir():
         raise UserError(f"{label} {path}: {above} is a file, not a folder; {fix}")
+    made = _missing_dirs(path.parent)  # made for the check only: a run that stops early leaves no empty folder
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.write-check-", delete=True).close()
     except OSError as e:
         raise UserError(f"{label} {path}: cannot write there ({e.strerror or type(e).__name__}); {fix}") from None
+    finally:
+        _remove_empty(made)
     return path
 
 
@@ -170,10 +191,12 @@ class OutputLock:
     success with one's files replacing the other's.
 
     The lock of `DIR/NAME` is an `flock` on `DIR/.NAME.lock`, which holds the owner's pid and is removed on
-    release; a lock file left by a killed run is simply taken over (the kernel released its lock)."""
+    release; a lock file left by a killed run is simply taken over (the kernel released its lock). Folders made
+    for a lock are removed on release where they are still empty (the run wrote nothing there)."""
 
     def __init__(self, outputs: list[tuple[str, Any]]):
         self._held: list[tuple[Path, int]] = []
+        self._made: list[Path] = []
         try:
             for label, path in outputs:
                 self._take(label, Path(path))
@@ -188,9 +211,13 @@ class OutputLock:
     def _take(self, label: str, path: Path) -> None:
         lock = self.lock_path(path)
         for _ in range(10):  # retried only when the owner removed the file between our open and our lock
+            made = _missing_dirs(lock.parent)
             try:
                 lock.parent.mkdir(parents=True, exist_ok=True)
+                self._made += made
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except FileNotFoundError:  # another run removed the empty folder as we made it: make it again
+                continue
             except OSError as e:
                 raise UserError(f"{label} {path}: cannot take its lock {lock} ({e.strerror or type(e).__name__}); "
                                 f"{_fix_for(label)}") from None
@@ -225,6 +252,8 @@ class OutputLock:
             except OSError:
                 pass
             os.close(fd)
+        made, self._made = self._made, []
+        _remove_empty(sorted(made, key=lambda p: len(p.parts), reverse=True))
 
     def __enter__(self):
         return self
