@@ -202,8 +202,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
 
         _import()  # one line when TorchRec is missing
         reference = None  # the drift reference is the emulated engine's (calibration shards, one rank at a time)
-    if batch_size % cluster.num_devices:
-        raise UserError(f"the cost models' batch {batch_size} is not divisible by {cluster.num_devices} devices")
+    check_batch_divides(batch_size, cluster.num_devices)
     t0 = time.time()
     P = len(candidates)
     stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, num_candidates=P, race=cfg.race)
@@ -255,6 +254,14 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
     drift = machine_drift(reference, ref_rounds, cfg.seed) if reference and ref_rounds else None
     out = summarize(candidates, time.time() - t0, cfg, log, drift)
     return {**out, "round_end_s": round_end_s}
+
+
+def check_batch_divides(batch: int, ndevices: int) -> None:
+    """Measuring splits the cost models' batch evenly over the ranks: refuse one they do not divide."""
+    if batch % ndevices:
+        raise UserError(f"--measure and --calibrate split the cost models' batch of {batch} over the ranks, and "
+                        f"{ndevices} do not divide it; use a --ndevices that divides {batch}, or cost models "
+                        f"collected at a batch it divides")
 
 
 def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int = 0) -> dict:

@@ -33,7 +33,7 @@ from ..hardware.launch import rank_gpus
 from ..models.loading import load_cost_models
 from .calibrate import (CalibrationConfig, calibrate, calibration_inputs, calibration_path, find_calibration,
                         save_calibration)
-from .measure import MeasureConfig, candidate_plans, measure_candidates
+from .measure import MeasureConfig, candidate_plans, check_batch_divides, measure_candidates
 from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
 
 MEASURE_LIMIT_GB = 4.0  # --measure / --calibrate allocate every table: refuse more than this in total
@@ -328,10 +328,7 @@ def check_measure_budget(tl: TableList, batch: int, ndevices: int = 1) -> None:
     """Before any work: --measure and --calibrate split the batch over the ranks, allocate every table and
     synthesise batch x pooling factor ids per table; refuse, with the numbers, a batch the ranks do not divide,
     more than MEASURE_LIMIT_GB of tables or MEASURE_MAX_LOOKUPS ids."""
-    if batch % ndevices:
-        raise UserError(f"--measure and --calibrate split the cost models' batch of {batch} over the ranks, and "
-                        f"{ndevices} do not divide it; use a --ndevices that divides {batch}, or cost models "
-                        f"collected at a batch it divides")
+    check_batch_divides(batch, ndevices)
     if tl.task.total_size_gb() > MEASURE_LIMIT_GB:
         raise UserError(f"--measure allocates every table on this machine: {tl.task.total_size_gb():.2f} GB is more "
                         f"than {MEASURE_LIMIT_GB:g} GB; measure a scaled-down copy of the table list")
