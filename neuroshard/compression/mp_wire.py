@@ -294,16 +294,20 @@ def _scale_codes(m: torch.Tensor, base: torch.Tensor, round_up: bool) -> tuple[t
 # eight 0/1 bytes read as one little-endian int64, times this, hold bit i of byte i in the product's top byte
 # (the partial products never carry into it): the packed byte, least significant bit first
 _GATHER = 0x0102040810204080
+OUTER_LEVEL = 3.0  # 2 bits forward: |decoded| is scale * 1 or scale * OUTER_LEVEL (a uniform 4-level grid)
 _BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float()  # byte -> its 8 bits as 0 / 1
 _SIGNS = _BITS * 2 - 1                                                       # byte -> its 8 bits as +-1
-OUTER_LEVEL = 3.0  # 2 bits forward: |decoded| is scale * 1 or scale * OUTER_LEVEL (a uniform 4-level grid)
+_LEVELS = 1 + (OUTER_LEVEL - 1) * _BITS                                     # byte -> its 8 bits as 1 or OUTER_LEVEL
 
 
 def _pack(bits: torch.Tensor) -> torch.Tensor:
     """[..., w] bool -> [..., ceil(w / 8)] uint8, least significant bit first, padded with zeros."""
     nb = (bits.shape[-1] + 7) // 8
-    out = torch.zeros(*bits.shape[:-1], nb * 8, dtype=torch.uint8, device=bits.device)
-    out[..., :bits.shape[-1]] = bits
+    if bits.shape[-1] == 8 * nb and bits.is_contiguous():  # whole bytes already: read the bools as 0 / 1 bytes
+        out = bits.view(torch.uint8)
+    else:
+        out = torch.zeros(*bits.shape[:-1], nb * 8, dtype=torch.uint8, device=bits.device)
+        out[..., :bits.shape[-1]] = bits
     return ((out.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
 
 
@@ -314,9 +318,10 @@ def _two_bit_scale(a: torch.Tensor) -> torch.Tensor:
     overflows near float32's largest; a row of subnormals keeps a positive scale."""
     top = a.amax(dim=-1, keepdim=True)
     u = a / torch.where(top > 0, top, 1.0)
-    outer = u.square() >= u.square().mean(dim=-1, keepdim=True)
-    w, n_outer = a.shape[-1], outer.sum(dim=-1)
-    level_sum = u.sum(dim=-1) + (OUTER_LEVEL - 1) * (u * outer).sum(dim=-1)  # sum(u l)
+    sq = u * u
+    outer = torch.ge(sq, sq.mean(dim=-1, keepdim=True), out=sq)  # 1.0 / 0.0, written over u^2 (no bool copies)
+    w, n_outer = a.shape[-1], outer.sum(dim=-1)                   # whole numbers, exact in float32
+    level_sum = u.sum(dim=-1) + (OUTER_LEVEL - 1) * outer.mul_(u).sum(dim=-1)  # sum(u l)
     s = top.squeeze(-1) * (level_sum / (w + (OUTER_LEVEL ** 2 - 1) * n_outer))
     return s.where(~((top.squeeze(-1) > 0) & (s == 0)), _TINY)
 
@@ -412,11 +417,10 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
         scale = _decoded_scales(run[..., wb * nb], bases[..., k:k + n])
         k += n
         value = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
-        if wb == 2:
-            outer = _BITS.to(b.device)[run[..., nb:2 * nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
-            value = value * (1 + (OUTER_LEVEL - 1) * outer)
-        out.append((value * scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
-    return torch.cat(out, dim=1)
+        if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact
+            value = value.mul_(_LEVELS.to(b.device)[run[..., nb:2 * nb].long()].reshape(blocks, r, n, nb * 8)[..., :w])
+        out.append(value.mul_(scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
 @dataclass

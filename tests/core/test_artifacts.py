@@ -153,8 +153,11 @@ def test_a_flipped_byte_in_saved_weights_is_refused_not_loaded_as_other_weights(
 def test_a_results_folder_is_checked_before_any_work(tmp_path):
     from neuroshard.core.artifacts import check_output_dir
 
-    check_output_dir(tmp_path / "a" / "b", "--out_dir")  # made, parents too
-    assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []  # no probe left
+    check_output_dir(tmp_path / "a" / "b", "--out_dir")  # writable: made for the check, then removed again
+    assert not (tmp_path / "a").exists()  # a run that stops now leaves no empty results folder
+    (tmp_path / "keep").mkdir()
+    check_output_dir(tmp_path / "keep", "--out_dir")
+    assert (tmp_path / "keep").is_dir() and list((tmp_path / "keep").iterdir()) == []  # kept; no probe left
     (tmp_path / "f").write_text("keep me")
     with pytest.raises(UserError, match="--out_dir .*cannot write results there"):
         check_output_dir(tmp_path / "f" / "sub", "--out_dir")  # a file where a folder must be

@@ -96,8 +96,10 @@ def check_output_file(path, flag: str) -> None:
 
 
 def check_output_dir(path, flag: str) -> None:
-    """Before any work: make the results folder, or say in one line why it cannot be, so that a long run never
-    fails at its end."""
+    """Before any work: the results folder can be made and written, or one line says why not, so that a long run
+    never fails at its end. Folders made for the check go again (the writers make them), so a run that stops early
+    leaves no empty results folder."""
+    made = _missing_dirs(Path(path))
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-", delete=True)
@@ -105,6 +107,8 @@ def check_output_dir(path, flag: str) -> None:
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot write results there ({e.strerror or type(e).__name__}); "
                         "choose a folder you can write") from None
+    finally:
+        _remove_empty(made)
 
 
 def _same_file(a: Path, b: Path) -> bool:
