@@ -240,7 +240,8 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
 SCALE_BYTES = 1       # one scale code per sample and column shard
 BASE_BYTES = 4        # one fp32 base per block and column shard
 CODES_PER_OCTAVE = 16
-ZERO_CODE = 255
+ZERO_CODE = 255  # a sample shard of zeros (its first sign bit set) or, with that bit clear, one holding NaN or inf:
+# decoded as zeros or as NaN, so a receiver sees a sender's divergence as a dense exchange would show it
 _TINY = float(torch.finfo(torch.float32).tiny) * 2 ** -23  # the smallest positive float32
 
 
@@ -348,7 +349,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     set where x >= 0, scale mean |x|; 2 bits: also the magnitude bit where |x| is nearer scale * OUTER_LEVEL
     than scale, the scale `_two_bit_scale`'s. With `generator` (random rounding, 1 bit only): bit set with probability
     (1 + x / M) / 2, M the decoded scale (>= max |x|, so the decoded values average to x). The draws are
-    [rows, w] blocks, one per shard in order."""
+    [rows, w] blocks, one per shard in order. A sample shard of zeros gets ZERO_CODE and its first sign bit set;
+    one holding NaN or inf gets ZERO_CODE and that bit clear."""
     if x.dim() != 2 or not x.is_floating_point() or sum(segments) != x.shape[1] or min(segments, default=0) < 0:
         raise ValueError(f"sign_encode takes [rows, sum(segments)] floats; got {tuple(x.shape)} {x.dtype} for "
                          f"segments summing to {sum(segments)}")
@@ -373,6 +375,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
         base = m.where(m.isfinite(), 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
         q, scale = _scale_codes(m, base, round_up=generator is not None)
+        bad = ~m.isfinite()  # a sample shard holding NaN or inf (see ZERO_CODE)
+        q = q.masked_fill_(bad, ZERO_CODE)
         planes = []
         if generator is None:
             planes.append(seg >= 0)
@@ -385,6 +389,9 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
             for j in range(n):
                 draws[j].uniform_(0, 1, generator=generator)
             planes.append(draws.transpose(0, 1).reshape(blocks, r, n, w) < p)
+        first = planes[0][..., 0]  # tells a zero sample shard (bit set) from a non-finite one (bit clear)
+        first |= q == ZERO_CODE
+        first &= ~bad
         body = torch.cat([_pack(b) for b in planes] + [q.unsqueeze(3)], dim=3)
         bodies.append(body.reshape(blocks, r, n * body.shape[3]))
         heads.append(base.reshape(blocks, n).contiguous().view(torch.uint8))
@@ -396,7 +403,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
 def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32,
                 bits: int = 1) -> torch.Tensor:
     """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
-    its scale times +1 or -1 (on a shard given 2 bits: times 1 or OUTER_LEVEL, as its magnitude bit says)."""
+    its scale times +1 or -1 (on a shard given 2 bits: times 1 or OUTER_LEVEL, as its magnitude bit says); a
+    sample shard sent as non-finite (ZERO_CODE, first sign bit clear) decodes as NaN throughout."""
     if b.dtype != torch.uint8 or blocks < 1 or rows % blocks or bits not in (1, 2) or \
             b.numel() != blocks * sign_block_bytes(segments, rows // blocks, bits):
         raise ValueError(f"sign_decode: {b.numel()} {b.dtype} bytes are not {blocks} block(s) of {rows} samples "
@@ -414,7 +422,9 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
         e = wb * nb + SCALE_BYTES
         run = body[:, :, pos:pos + n * e].reshape(blocks, r, n, e)
         pos += n * e
-        scale = _decoded_scales(run[..., wb * nb], bases[..., k:k + n])
+        codes = run[..., wb * nb]
+        scale = _decoded_scales(codes, bases[..., k:k + n])
+        scale.masked_fill_((codes == ZERO_CODE) & (run[..., 0] & 1 == 0), float("nan"))  # sent non-finite
         k += n
         value = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
         if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact

@@ -289,7 +289,8 @@ def test_two_bit_codec_error_and_bytes():
     bad = torch.randn(6, 256)
     bad[1, 3], bad[4, 130] = float("nan"), float("inf")
     dec = mp_wire.sign_decode(mp_wire.sign_encode(bad, W, bits=2), W, 6, bits=2)
-    assert dec.isfinite().all() and (dec[0] != 0).all()
+    assert dec[1, :128].isnan().all() and dec[4, 128:].isnan().all()  # the shards that held NaN / inf, whole
+    assert dec[1, 128:].isfinite().all() and dec[4, :128].isfinite().all() and (dec[[0, 2, 3, 5]] != 0).all()
     big = torch.full((2, 128), 4.3e37) * torch.tensor([-1.0, 1.0] * 64)  # near float32's largest: no overflow
     dec = mp_wire.sign_decode(mp_wire.sign_encode(big, [128], bits=2), [128], 2, bits=2)
     assert torch.allclose(dec, big, rtol=1e-6)
@@ -306,6 +307,32 @@ def test_two_bit_codec_error_and_bytes():
     # narrow shards get 1 bit under sign2: the same bytes as sign
     x = torch.randn(4, 24)
     assert torch.equal(mp_wire.sign_encode(x, [16, 8], bits=2), mp_wire.sign_encode(x, [16, 8]))
+
+
+def test_sign_codecs_show_a_non_finite_sample_as_nan_and_keep_zeros_zero():
+    """A sample shard holding NaN or inf arrives as NaN throughout (as a dense exchange would show the sender's
+    divergence; it used to arrive as zeros or as finite values), in every codec: 1 and 2 bits forward, random
+    rounding backward. Zero shards still arrive as exact zeros (random rounding's coin flips on them included),
+    the other samples of the block as before, and the bytes keep their count."""
+    from neuroshard.compression import mp_wire
+
+    W = [8, 128, 5]
+    x = torch.randn(64, 141)
+    x[3, 2], x[7, 20], x[9, 140], x[11, 0] = float("nan"), float("inf"), -float("inf"), float("nan")
+    x[20:40] = 0.0
+    x[5, :8] = -0.0
+    hit = torch.zeros(64, 141, dtype=torch.bool)
+    hit[3, :8] = hit[7, 8:136] = hit[9, 136:] = hit[11, :8] = True
+    clean = x.masked_fill(hit, 1.0)  # the same rows with finite shards where the bad ones were
+    for gen, bits in ((None, 1), (None, 2), (torch.Generator().manual_seed(0), 1)):
+        enc = mp_wire.sign_encode(x, W, gen, blocks=4, bits=bits)
+        assert enc.numel() == 4 * mp_wire.sign_block_bytes(W, 16, bits)
+        dec = mp_wire.sign_decode(enc, W, 64, blocks=4, bits=bits)
+        assert dec[hit].isnan().all() and dec[~hit].isfinite().all()
+        assert torch.equal(dec[20:40], torch.zeros(20, 141)) and torch.equal(dec[5, :8], torch.zeros(8))
+        if gen is None:  # samples in blocks without a bad one are coded exactly as without them
+            ref = mp_wire.sign_decode(mp_wire.sign_encode(clean, W, blocks=4, bits=bits), W, 64, blocks=4, bits=bits)
+            assert torch.equal(dec[16:], ref[16:])
 
 
 def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
@@ -343,12 +370,13 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
     assert (dz.abs()[:, 0] >= z.abs().amax(1)).all()
     with pytest.raises(ValueError, match="do not split into 3 blocks"):
         mp_wire.sign_encode(torch.zeros(4, 4), [4], blocks=3)
-    # a sample gone NaN or inf decodes as zeros or its block's largest scale, and leaves the others' scales alone
+    # a sample gone NaN or inf decodes as NaN in that shard, and leaves the others' scales alone
     bad = torch.randn(6, 16)
     bad[1, 3], bad[4, 0] = float("nan"), float("inf")
     for g in (None, torch.Generator().manual_seed(0)):
         dec = mp_wire.sign_decode(mp_wire.sign_encode(bad, [8, 8], g), [8, 8], 6)
-        assert dec.isfinite().all() and (dec[0] != 0).all()
+        assert dec[1, :8].isnan().all() and dec[4, :8].isnan().all() and (dec[[0, 2, 3, 5]] != 0).all()
+        assert dec[:, 8:].isfinite().all() and dec[[0, 2, 3, 5], :8].isfinite().all()
     assert mp_wire.sign_decode(mp_wire.sign_encode(torch.zeros(0, 16), [8, 8]), [8, 8], 0).shape == (0, 16)
     # near float32's largest and among subnormals, every finite sign and scale arrives
     big = torch.full((2, 8), 4.3e37) * torch.tensor([-1.0, 1.0] * 4)
