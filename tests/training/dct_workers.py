@@ -71,3 +71,60 @@ def multi_bucket(rank, world, emit, configs):
             dist.all_reduce(r)
         arrays = [[t.numpy() for t in ts] for ts in (delivered, true, residual)]  # plain arrays through the pipe
         emit((c, rank, *arrays, state.sent, state.refreshed_at, digests))
+
+
+def local_adam(rank, world, emit, configs):
+    """For each config (keep, train): a 1.8M-parameter MLP under DDP with 1 MB buckets (rebuilt after the first
+    iteration) and the DCT-DP hook with local Adam moments, 4 iterations. The oracle is torch.optim.Adam itself:
+    a shadow copy of the model, set to the model's current weights before each iteration, takes one Adam step on
+    this rank's gradient (its state persists), and (before - after) / lr is this rank's direction; their mean over
+    the ranks is what the hook must deliver. With `train`, SGD at lr applies what the hook delivered (so the
+    gradients change from one iteration to the next); without, the weights stay fixed. Emits the delivered and
+    the oracle's directions (summed over iterations), the residuals left (summed over ranks) and what each
+    bucket sent."""
+    import copy
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from neuroshard.training.dct import DCTState, dct_hook
+
+    lr = 1e-3
+    for c, (keep, train) in enumerate(configs):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 256),
+                            nn.ReLU(), nn.Linear(256, 1))
+        shadow = copy.deepcopy(net)
+        model = DDP(net, bucket_cap_mb=1)
+        state = DCTState(keep=keep, refresh=2, local_adam=(0.9, 0.999, 1e-8))
+        model.register_comm_hook(state, dct_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=lr)
+        oracle = torch.optim.Adam(shadow.parameters(), lr=lr)
+        delivered = [torch.zeros_like(p) for p in net.parameters()]
+        true = [torch.zeros_like(p) for p in net.parameters()]
+        g = torch.Generator().manual_seed(100 + rank)
+        for it in range(4):
+            x = torch.randn(32, 512, generator=g)
+            with torch.no_grad():
+                for s, p in zip(shadow.parameters(), net.parameters()):
+                    s.copy_(p)
+            model.zero_grad()
+            model(x).pow(2).mean().backward()
+            shadow.zero_grad()
+            shadow(x).pow(2).mean().backward()
+            before = [s.detach().clone() for s in shadow.parameters()]
+            oracle.step()
+            for d, t, p, b, s in zip(delivered, true, net.parameters(), before, shadow.parameters()):
+                d += p.grad
+                mean = (b - s.detach()) / lr
+                dist.all_reduce(mean)
+                t += mean / world
+            if train:
+                opt.step()
+        residual = [state.residual.get(id(p), torch.zeros(p.numel())).reshape(p.shape).clone()
+                    for p in net.parameters()]
+        for r in residual:
+            dist.all_reduce(r)
+        arrays = [[t.detach().numpy() for t in ts] for ts in (delivered, true, residual)]
+        emit((c, rank, *arrays, state.sent))

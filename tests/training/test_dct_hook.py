@@ -239,3 +239,42 @@ def test_the_one_pass_share_rounds_as_divide_then_add(world):
         want += res
         got = add_mean_share(res, buf, world, out=torch.empty(50_000))
         assert torch.equal(got, want)
+
+
+LOCAL_ADAM = [(1.0, True), (0.005, False)]  # (keep, train)
+
+
+@pytest.fixture(scope="module")
+def local_adam_runs():
+    got = {}
+
+    def on_message(m):
+        c, rank, *arrays, sent = m
+        got[c, rank] = (*[[torch.from_numpy(a) for a in ts] for ts in arrays], sent)
+
+    run_processes(dct_workers.local_adam, 2, (LOCAL_ADAM,), on_message, group_device="cpu")
+    return got
+
+
+def test_local_adam_moments_deliver_the_mean_of_the_ranks_adam_directions(local_adam_runs):
+    """--dp_adam_moments local at keep 1.0, training with SGD at Adam's learning rate: the hook delivers the mean
+    over ranks of the direction each rank's own torch.optim.Adam would step, at every iteration (through DDP's
+    bucket rebuild, which must carry the moments). The ranks' directions differ (their own gradients), so a hook
+    that averaged the gradients first, or lost the moments, would not match."""
+    delivered, true, residual, sent = local_adam_runs[0, 0]
+    assert sent == []
+    for d, t in zip(delivered, true):  # the oracle's direction goes through a weight update: rounding of 1e-5
+        torch.testing.assert_close(d, t, rtol=1e-4, atol=1e-4)
+    assert all(float(r.abs().sum()) == 0 for r in residual)
+    assert max(float(t.abs().max()) for t in true) > 0.5  # Adam's directions are of order one
+
+
+def test_local_adam_moments_compressed_lose_nothing_with_error_feedback(local_adam_runs):
+    """At keep 0.005 the directions go out compressed: what was delivered plus what the ranks still carry is
+    the oracle's mean direction, summed over the iterations (fp16 values on the wire aside), and few entries went
+    out."""
+    delivered, true, residual, sent = local_adam_runs[1, 0]
+    assert sent and all(k <= e * 2 for _, _, n, k, e in sent for e in [max(1, int(0.005 * n))])
+    for d, t, r in zip(delivered, true, residual):
+        torch.testing.assert_close(d + r, t, rtol=1e-3, atol=2e-3)
+    assert sum(float(d.count_nonzero()) for d in delivered) < 0.05 * sum(d.numel() for d in delivered)
