@@ -37,12 +37,19 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     try:
         code = main(argv)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:
         print(interrupted, file=sys.stderr)
         sys.exit(143 if isinstance(e, Terminated) else 130)
     sys.exit(code or 0)
+
+
+def one_line(text: str) -> str:
+    """An error message as one terminal line: control characters in it (newlines, carriage returns, escape
+    sequences, as a file or folder name may hold) are written as Python escapes, so that nothing a user's path
+    holds can start a line of its own or move the cursor."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -51,7 +58,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401
         if "expected one argument" in message:  # e.g. --sleep_range -5,2: argparse takes -5,2 for a flag
             message += "; write a value that starts with '-' as --flag=VALUE (e.g. --sleep_range=-5,2)"
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"error: {one_line(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 

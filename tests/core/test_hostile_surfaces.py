@@ -6,6 +6,7 @@ checked for collisions and writability before any work, and locked for the run."
 import errno
 import os
 import pickle
+import signal
 
 import numpy as np
 import pytest
@@ -226,3 +227,30 @@ def test_a_second_run_on_the_same_output_stops_with_one_line(tmp_path):
     with OutputLock([("--out", out)]):
         pass
     assert os.listdir(tmp_path) == []
+
+
+def test_a_path_holding_newlines_or_escapes_stays_one_error_line(tmp_path, capsys):
+    """A file name may hold a newline, a carriage return or a terminal escape: the error naming it is still one
+    line on stderr (they are written as escapes), and the script exits 2; argparse's errors too."""
+    from neuroshard.core.cli import ArgumentParser, run_main
+
+    evil = tmp_path / "a\nerror: forged line\r\x1b[2Kb.csv"
+
+    def main(argv):
+        raise UserError(f"{evil}: not a results file; choose another")
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(main)
+    finally:
+        signal.signal(signal.SIGTERM, before)  # run_main installs its own handler
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ")
+    assert "a\\nerror: forged line\\r\\x1b[2Kb.csv: not a results file" in err
+    parser = ArgumentParser(prog="x.py")
+    parser.add_argument("--mode", choices=("a", "b"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "c\nd"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "c\\nd" in err
