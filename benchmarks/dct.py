@@ -3,7 +3,6 @@
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
                          [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0] [--dense_opt sgd] [--lr L]
                          [--mp_scope sign2[,sign,table,rank]] [--dp_adam_freeze_after 0[,N]]
-                         [--dp_adam_moments global|local]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
 from the seed), so each DCT mode is compared with `none` of its own seed: the table gives the mean
@@ -17,8 +16,7 @@ seed and bytes per step).
 --mp_scope and --dp_adam_freeze_after take comma-separated lists: each `mp`/`both` run is made once
 per scope, each `dp`/`both` run once per freeze value (0: plain DCT-DP), all in the seed's group and
 paired with the seed's one `none`; the table labels them e.g. `mp (rank)`, `dp (freeze 50)` when a
-list has more than one value. Values other than the defaults add _scope<S>/_freeze<N> to the name, and
---dp_adam_moments local adds _moments-local.
+list has more than one value. Values other than the defaults add _scope<S>/_freeze<N> to the name.
 
 With --eval_every N every run holds out the last tenth of its training split for validation and scores
 validation and test every N steps; the table then also pairs the test AUC at each run's best validation
@@ -65,8 +63,6 @@ class DctBenchConfig:
     dp_adam_freeze_after: str = flag(str(TrainConfig.dp_adam_freeze_after), "with --dense_opt adam: dense DP steps "
                                      "before Adam's second moment is frozen and DCT-DP starts (0: off); "
                                      "comma-separated: each")
-    dp_adam_moments: str = flag(TrainConfig.dp_adam_moments, "with --dense_opt adam: global (Adam on the exchanged "
-                                "gradient) or local (each rank's moments; DCT-DP sends Adam's direction)")
     dense_opt: str = flag(TrainConfig.dense_opt, "the MLPs' optimizer: sgd or adam")
     lr: float | None = flag(None, "the MLPs' learning rate (default: sgd 1.0, adam 1e-3)")
     eval_every: int = flag(0, "score validation and test every N steps; also pair the test AUC at the best "
@@ -84,7 +80,7 @@ class DctBenchConfig:
                             batch_size=self.batch_size, dp_keep=self.dp_keep, mp_keep=self.mp_keep,
                             num_samples=self.num_samples, max_rows=self.max_rows, eval_every=self.eval_every,
                             dense_opt=self.dense_opt, lr=self.lr, mp_scope=scope,
-                            dp_adam_freeze_after=freeze, dp_adam_moments=self.dp_adam_moments).check()
+                            dp_adam_freeze_after=freeze).check()
         check_int("--seeds", self.seeds, 1)
         check_int("--first_seed", self.first_seed, 0)
         if any(m not in DCT_MODES for m in self.modes.split(",")):
@@ -119,16 +115,13 @@ def run(a: DctBenchConfig) -> None:
     tag += f"_lr{a.lr:g}" if a.lr is not None else ""
     tag += f"_scope{'-'.join(scopes)}" if scopes != [TrainConfig.mp_scope] else ""
     tag += f"_freeze{'-'.join(map(str, freezes))}" if freezes != [TrainConfig.dp_adam_freeze_after] else ""
-    tag += f"_moments-{a.dp_adam_moments}" if a.dp_adam_moments != TrainConfig.dp_adam_moments else ""
     csv = out / f"dct_{a.dataset}_{a.arch}{tag}.csv"
     modes = ["none"] + [m for m in a.modes.split(",") if m != "none"]
     if not a.report_only:
         settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
                     "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {}),
                     "dense_opt": a.dense_opt,
-                    **({"lr": a.lr} if a.lr is not None else {}),
-                    **({"dp_adam_moments": a.dp_adam_moments}
-                       if a.dp_adam_moments != TrainConfig.dp_adam_moments else {})}
+                    **({"lr": a.lr} if a.lr is not None else {})}
         keys = ("seed", "dct", "mp_scope", "dp_adam_freeze_after")
         # settings and code checked first (a CSV of older code lacks the scope and freeze columns)
         done = runs_done(csv, a.fresh, settings, ("seed", "dct"))
@@ -147,7 +140,7 @@ def run(a: DctBenchConfig) -> None:
                                 batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
                                 dp_keep=a.dp_keep, mp_keep=a.mp_keep, mp_scope=scope, dp_adam_freeze_after=freeze,
                                 max_rows=a.max_rows, log_every=max(1, a.steps // 50), eval_every=a.eval_every,
-                                dense_opt=a.dense_opt, lr=a.lr, dp_adam_moments=a.dp_adam_moments)
+                                dense_opt=a.dense_opt, lr=a.lr)
                     for dct, scope, freeze in todo]
             if data is None or a.dataset == "synthetic":  # synthetic data depends on the seed
                 data = load_data(a.dataset, seed, a.num_samples, a.max_rows)

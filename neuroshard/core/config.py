@@ -574,7 +574,6 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # its learning rate, so the entry moves far less than it would with every step's gradient.
 # `sgd` is the default; runs made before --dense_opt existed used Adam.
 DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
-DP_ADAM_MOMENTS = ("global", "local")  # --dp_adam_moments: Adam on the exchanged gradient, or per rank on its own
 TRAIN_NDEVICES, TRAIN_MP_KEEP = 4, 0.05  # defaults of --ndevices (outside torchrun) and --mp_keep
 
 
@@ -612,10 +611,6 @@ class TrainConfig:
                                         "second moment frozen (floored) while DCT-DP compresses; 0 (default): off")
     dp_adam_floor: float = flag(0.1, "floor of the frozen second moment, as a share of its mean per parameter "
                                      "(default 0.1)")
-    dp_adam_moments: str = flag("global", "with --dense_opt adam and DCT-DP: global (default): Adam on the exchanged "
-                                          "gradient; local: each rank keeps Adam's moments of its own gradient, DCT-DP "
-                                          "sends Adam's update direction (error feedback on it) and the ranks apply "
-                                          "its mean at --lr", choices=DP_ADAM_MOMENTS)
     error_feedback: bool = flag(True, parse="on_off")
     dp_sync: bool = flag(False, "off (default): the DP hooks' collectives are asynchronous and overlap the rest of "
                                 "backward (as DDP's own hook); on: blocking collectives, identical gradients (a "
@@ -662,13 +657,6 @@ class TrainConfig:
         if self.dp_adam_freeze_after and self.dense_opt != "adam":
             raise UserError(f"--dp_adam_freeze_after {self.dp_adam_freeze_after} needs --dense_opt adam, "
                             f"got {self.dense_opt!r}")
-        if self.dp_adam_moments not in DP_ADAM_MOMENTS:
-            raise UserError(f"--dp_adam_moments must be one of {', '.join(DP_ADAM_MOMENTS)}, "
-                            f"got {self.dp_adam_moments!r}")
-        if self.dp_adam_moments == "local" and (self.dense_opt != "adam" or self.dp_adam_freeze_after):
-            raise UserError("--dp_adam_moments local needs --dense_opt adam and --dp_adam_freeze_after 0 (it "
-                            "replaces the frozen second moment), got --dense_opt "
-                            f"{self.dense_opt} --dp_adam_freeze_after {self.dp_adam_freeze_after}")
         if self.arch not in ARCHS:
             raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         for name, value in (("--bottom_mlp", self.bottom_mlp), ("--top_mlp", self.top_mlp)):

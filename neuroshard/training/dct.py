@@ -42,16 +42,6 @@ order, which a rebuild also makes) gets its own buffers, and its residual is ass
 residuals its parameters carried in their old buckets, so a rebuild neither mixes nor loses them.
 Iterations are counted by the hook itself (on each iteration's last bucket).
 
-Under Adam (`DCTState(local_adam=(beta1, beta2, eps))`, `--dp_adam_moments local`): a lump that error
-feedback releases after many steps is, with Adam on the exchanged gradient, divided by a second moment
-the lump itself inflates, so the entry moves far less than its small steps would have. With local
-moments each rank keeps Adam's first and second moment of its own gradient per parameter (carried across
-a rebuild like the residual), step 1 compresses Adam's update direction m_hat / (sqrt(v_hat) + eps)
-instead of the gradient, and the ranks apply the mean of what arrived with plain SGD at Adam's learning
-rate: a delivered lump is then the sum of the directions it stands for, moved as they would have been.
-This is not Adam on the averaged gradient (each rank's moments see its own B/N samples); `none` runs
-keep plain Adam.
-
 Choices the source leaves open, each a flag: the statistic (top-k magnitude), the refresh interval
 (`--dp_refresh`), the drift bound (`--dp_drift`), error feedback (`--error_feedback on|off`),
 asynchronous or blocking collectives (`--dp_sync`); the encoding (delta-16 indices, fp16 values) is
@@ -176,8 +166,6 @@ class DCTState(HookState):
         `--dp_adam_freeze_after` uses it: Adam's second moment is estimated from dense gradients).
     payload_group: the process group the asynchronous hook launches payloads on (made on first use,
         from every rank, when None); the counts go on the default group.
-    local_adam: None (the gradient is sent), or (beta1, beta2, eps): each rank's Adam moments of its own
-        gradient, and Adam's update direction sent instead (module docstring); the optimizer is then SGD.
     The rest is state: iterations completed, thresholds per bucket (keyed by its parameters),
     residuals per parameter, and logs of refreshes (iteration, bucket index, reason) and of what
     each bucket sent (iteration, bucket index, n, k, entries sent).
@@ -189,11 +177,9 @@ class DCTState(HookState):
     drift: float = 1.5
     dense_until: int = 0
     payload_group: object = None
-    local_adam: tuple | None = None
     iteration: int = 0                                # DDP iterations completed
     tau: dict = field(default_factory=dict)           # frozenset of parameter ids -> threshold
     residual: dict = field(default_factory=dict)      # parameter id -> carried residual (its shape, flat)
-    moments: dict = field(default_factory=dict)       # parameter id -> (m, v) of its local Adam (local_adam)
     refreshed_at: list = field(default_factory=list)  # (iteration, bucket index, reason)
     sent: list = field(default_factory=list)          # (iteration, bucket index, n, k, entries sent)
 
@@ -211,47 +197,6 @@ class _Buffers:
     def __init__(self, n: int):
         self.g = torch.empty(n)
         self.res: torch.Tensor | None = None  # the carried residual (None: nothing carried)
-        self.m = self.v = None                # local Adam's moments (DCTState.local_adam)
-
-
-def bucket_buffers(state: DCTState, params: list, sizes: list[int]) -> _Buffers:
-    """The buffers of a bucket holding `params` in this order; a new layout (DDP's first buckets, or its rebuild,
-    which may also reorder the parameters of a bucket it keeps) gets new ones, whose residual and local Adam
-    moments are what its parameters carried in their old buckets (zeros where nothing was), whose buffers go."""
-    order = tuple(id(p) for p in params)
-    w = state._buffers.get(order)
-    if w is not None:
-        return w
-    mine = set(order)
-    for old in [k for k in state._buffers if mine.intersection(k)]:
-        del state._buffers[old]
-    w = state._buffers[order] = _Buffers(sum(sizes))
-
-    def carried(store: dict, i: int):
-        got = [store.get(id(p)) for p in params]
-        if not any(g is not None for g in got):
-            return None
-        return torch.cat([g[i] if g is not None else torch.zeros(s) for g, s in zip(got, sizes)])
-
-    if state.error_feedback:
-        w.res = carried({k: (r,) for k, r in state.residual.items()}, 0)
-    if state.local_adam is not None:
-        w.m, w.v = (carried(state.moments, i) for i in (0, 1))
-        w.m = w.m if w.m is not None else torch.zeros(sum(sizes))
-        w.v = w.v if w.v is not None else torch.zeros(sum(sizes))
-        for p, m, v in zip(params, torch.split(w.m, sizes), torch.split(w.v, sizes)):
-            state.moments[id(p)] = (m, v)  # views: the updates in place keep them current
-    return w
-
-
-def adam_direction(w: _Buffers, buf: torch.Tensor, step: int, betas_eps: tuple) -> None:
-    """buf (this rank's gradient) -> Adam's update direction m_hat / (sqrt(v_hat) + eps) at `step` (from 1), the
-    moments updated in place, as torch.optim.Adam computes them (its update is lr times this)."""
-    beta1, beta2, eps = betas_eps
-    w.m.mul_(beta1).add_(buf, alpha=1 - beta1)
-    w.v.mul_(beta2).addcmul_(buf, buf, value=1 - beta2)
-    denom = (w.v.sqrt() / math.sqrt(1 - beta2 ** step)).add_(eps)
-    torch.div(w.m, denom, out=buf).div_(1 - beta1 ** step)
 
 
 def add_mean_share(res: torch.Tensor, buf: torch.Tensor, world: int, out: torch.Tensor) -> torch.Tensor:
@@ -351,9 +296,12 @@ class _Bucket:
         self.params = params = bucket.parameters()
         self.sizes = [p.numel() for p in params]
         self.n, self.b, self.it = buf.numel(), bucket.index(), state.iteration
-        key = frozenset(id(p) for p in params)  # the threshold follows its entries, whatever their order
-        self.w = w = bucket_buffers(state, params, self.sizes)  # buffers follow the layout: parameters in order
-        g = w.g
+        order = tuple(id(p) for p in params)  # buffers follow the bucket's layout: its parameters in order
+        key = frozenset(order)                # the threshold follows its entries, whatever their order
+        w = state._buffers.get(order)
+        if w is None:
+            w = self._new_buffers(order)
+        self.w, g = w, w.g
         if state.error_feedback and w.res is not None:
             add_mean_share(w.res, buf, world, out=g)
         else:
@@ -381,6 +329,20 @@ class _Bucket:
         state.sent.append((self.it, self.b, self.n, k, idx.numel()))
         self.count = torch.tensor([self.deltas.numel()], dtype=torch.int32)
         state.timed("encode", t0, True)
+
+    def _new_buffers(self, order: tuple) -> _Buffers:
+        """Buffers for a bucket with a new layout (DDP's first buckets, or its rebuild, which may also
+        reorder the parameters of a bucket it keeps): the residual is what its parameters carried in
+        their old buckets, whose buffers go."""
+        state = self.state
+        mine = set(order)
+        for old in [k for k in state._buffers if mine.intersection(k)]:
+            del state._buffers[old]
+        w = state._buffers[order] = _Buffers(self.n)
+        carried = [state.residual.get(id(p)) for p in self.params]
+        if state.error_feedback and any(r is not None for r in carried):
+            w.res = torch.cat([r if r is not None else torch.zeros(s) for r, s in zip(carried, self.sizes)])
+        return w
 
     # --------------------------------------------------------------- after the counts: one of three ends
     def route(self, m: int) -> str:
@@ -429,10 +391,6 @@ def dct_hook(state: DCTState, bucket) -> torch.futures.Future[torch.Tensor]:
     last = bucket.is_last()
     if last:
         state.mark_compute_done()
-    if state.local_adam is not None:  # what goes out is this rank's Adam direction, not its gradient
-        params = bucket.parameters()
-        adam_direction(bucket_buffers(state, params, [p.numel() for p in params]), bucket.buffer(),
-                       state.iteration + 1, state.local_adam)
     if state.keep >= 1 or state.iteration < state.dense_until:  # the dense all_reduce, bit for bit
         buf = bucket.buffer()
         buf.div_(dist.get_world_size())

@@ -80,11 +80,9 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     torch.manual_seed(cfg.seed)
     model = DDP(dense_arch(cfg, data.dense.shape[1], T))
     freeze_at = cfg.dp_adam_freeze_after if cfg.uses_dp else 0  # only DCT-DP runs freeze Adam
-    local_adam = cfg.uses_dp and cfg.dp_adam_moments == "local"  # and only they keep Adam's moments per rank
     if cfg.uses_dp:
         state = DCTState(keep=cfg.dp_keep, refresh=cfg.dp_refresh, error_feedback=cfg.error_feedback, stats=stats,
-                         drift=cfg.dp_drift, sync=cfg.dp_sync, dense_until=freeze_at,
-                         local_adam=ADAM_BETAS_EPS if local_adam else None)
+                         drift=cfg.dp_drift, sync=cfg.dp_sync, dense_until=freeze_at)
         model.register_comm_hook(state, dct_hook)
     else:
         state = HookState(stats=stats, sync=cfg.dp_sync)
@@ -92,10 +90,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     emb = ShardedEmbeddings(rank_shards[rank], data.num_rows, D, cfg.seed)
     widths = [sum(w for _, _, w in s) for s in rank_shards]
     my_tables = sorted({t for t, _, _ in rank_shards[rank]})
-    if local_adam:  # the hook delivers the ranks' mean Adam direction: the step is lr times it
-        opt_dense = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    else:
-        opt_dense = getattr(torch.optim, DENSE_OPTIMIZERS[cfg.dense_opt][0])(model.parameters(), lr=cfg.lr)
+    opt_dense = getattr(torch.optim, DENSE_OPTIMIZERS[cfg.dense_opt][0])(model.parameters(), lr=cfg.lr)
     dense_step = opt_dense.step  # after --dp_adam_freeze_after steps: FrozenAdam's
     opt_emb = torch.optim.SGD(emb.parameters(), lr=cfg.emb_lr) if len(list(emb.parameters())) else None
     mp_keep = cfg.mp_keep if cfg.uses_mp else None
@@ -182,7 +177,6 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
               getattr(state, "refreshed_at", []), [x.tolist() for x in losses_all], evals))
 
 
-ADAM_BETAS_EPS = (0.9, 0.999, 1e-8)  # torch.optim.Adam's defaults, which --dense_opt adam uses
 VALID_SHARE = 10  # with --eval_every, 1/VALID_SHARE of the training split (at least one batch) validates
 
 
@@ -363,7 +357,6 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
         "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
         "mp_scope": cfg.mp_scope, "dp_adam_freeze_after": cfg.dp_adam_freeze_after, "dp_adam_floor": cfg.dp_adam_floor,
-        "dp_adam_moments": cfg.dp_adam_moments,
         "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),
         "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),

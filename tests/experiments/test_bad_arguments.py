@@ -26,7 +26,7 @@ CASES = {
         ("--alg", "nope"), ("--alg", "plan:"), ("--threshold_range", "1,inf"), ("--mp_keep", "-1")],
     "tools/train_dlrm.py": [("--steps", "0"), ("--batch_size", "130"), ("--dp_keep", "0"), ("--mp_keep", "2"),
                             ("--dp_refresh", "0"), ("--ndevices", "1"), ("--emb_dim", "6"), ("--mp_scope", "all"),
-                            ("--dp_adam_freeze_after", "-1"), ("--dp_adam_floor", "0"), ("--dp_adam_moments", "on")],
+                            ("--dp_adam_freeze_after", "-1"), ("--dp_adam_floor", "0")],
     "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--max_mem", "1e308"), ("--beam_width", "0"), ("--alg", "all"),
                               ("--gpu_devices", "0,0"), ("--mp_keep", "0"), ("--min_gain", "1"), ("--min_gain", "-0.1"),
                               ("--calibrate_dmp", "20"), ("--calibrate_dmp", "x")],

@@ -25,8 +25,6 @@ def _run(script, *args, cwd=None):
     ("dct.py", ["--dp_adam_freeze_after", "50,x"], "--dp_adam_freeze_after must be distinct values"),
     ("dct.py", ["--dp_adam_freeze_after", "50"], "--dp_adam_freeze_after 50 needs --dense_opt adam"),
     ("dct.py", ["--dense_opt", "adam", "--dp_adam_freeze_after", "-5"], "--dp_adam_freeze_after must be"),
-    ("dct.py", ["--dp_adam_moments", "local"], "--dp_adam_moments local needs --dense_opt adam"),
-    ("dct.py", ["--dense_opt", "adam", "--dp_adam_moments", "mine"], "--dp_adam_moments"),
     ("dct_network.py", ["--bandwidths", "1,inf"], "--bandwidths must be Gbit/s from 0"),
     ("dct_network.py", ["--bandwidths", "1,x"], "--bandwidths must be numbers"),
     ("dct_network.py", ["--dense_opt", "lamb"], "--dense_opt must be one of sgd, adam"),
