@@ -373,9 +373,10 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         else:
             m = seg.abs().amax(dim=3)
         # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
-        base = m.where(m.isfinite(), 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
+        finite = m.isfinite()
+        base = m.where(finite, 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
         q, scale = _scale_codes(m, base, round_up=generator is not None)
-        bad = ~m.isfinite()  # a sample shard holding NaN or inf (see ZERO_CODE)
+        bad = ~finite  # a sample shard holding NaN or inf (see ZERO_CODE)
         q = q.masked_fill_(bad, ZERO_CODE)
         planes = []
         if generator is None:

@@ -99,16 +99,11 @@ def check_output_dir(path, flag: str) -> None:
     """Before any work: the results folder can be made and written, or one line says why not, so that a long run
     never fails at its end. Folders made for the check go again (the writers make them), so a run that stops early
     leaves no empty results folder."""
-    made = _missing_dirs(Path(path))
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-", delete=True)
-        probe.close()
+        _probe_folder(Path(path), ".write-check-")
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot write results there ({e.strerror or type(e).__name__}); "
                         "choose a folder you can write") from None
-    finally:
-        _remove_empty(made)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -134,6 +129,17 @@ def _missing_dirs(folder: Path) -> list[Path]:
     return missing
 
 
+def _probe_folder(folder: Path, prefix: str) -> None:
+    """Make `folder` (parents too) and write and delete a probe file in it; raises OSError where that fails. The
+    folders made for the probe go again (the writers make them), so a run that stops early leaves none empty."""
+    made = _missing_dirs(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=folder, prefix=prefix, delete=True).close()
+    finally:
+        _remove_empty(made)
+
+
 def _remove_empty(folders: list[Path]) -> None:
     """Remove those of `folders` (deepest first) that are still empty: what a run made and did not fill."""
     for folder in folders:
@@ -157,14 +163,10 @@ def check_writable_file(path: str | os.PathLike, label: str, fix: str | None = N
         above = above.parent
     if not above.is_dir():
         raise UserError(f"{label} {path}: {above} is a file, not a folder; {fix}")
-    made = _missing_dirs(path.parent)  # made for the check only: a run that stops early leaves no empty folder
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.write-check-", delete=True).close()
+        _probe_folder(path.parent, f".{path.name}.write-check-")
     except OSError as e:
         raise UserError(f"{label} {path}: cannot write there ({e.strerror or type(e).__name__}); {fix}") from None
-    finally:
-        _remove_empty(made)
     return path
 
 
