@@ -197,7 +197,7 @@ def forward_exchange(pooled: torch.Tensor, layout: WireLayout):
     seconds = _timed(lambda: dist.all_to_all_single(recv, send.reshape(-1), [bn * x * e for x in layout.ks],
                                                     [bn * k * e] * world))
     dense, recv_idx = decode(recv, layout, pooled.dtype)
-    return dense, (idx, recv_idx), send.numel(), seconds
+    return dense, (idx, recv_idx), send.numel() - bn * k * e, seconds  # its own block never leaves the rank
 
 
 def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
@@ -209,7 +209,8 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
     k, bn = layout.ks[rank], layout.bn
     out = torch.empty(world * bn * k, dtype=grad.dtype, device=grad.device)
     seconds = _timed(lambda: dist.all_to_all_single(out, send, [bn * k] * world, [bn * x for x in layout.ks]))
-    return scatter_grads(out, idx, layout.widths[rank]), send.numel() * send.element_size(), seconds
+    sent = (send.numel() - bn * k) * send.element_size()  # its own piece never leaves the rank
+    return scatter_grads(out, idx, layout.widths[rank]), sent, seconds
 
 
 # ----------------------------------------------------------------------------- scope `sign`: 1 bit an entry
@@ -221,6 +222,8 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
 # +M or -M with M >= the shard's max |g| and P(+M) = (1 + g / M) / 2, so the decoded gradient is unbiased
 # (E = g); the sender takes it as its pooled embeddings' gradient (straight through). Measured paired over
 # 5 seeds, the random rounding backward kept more AUC than a deterministic sign (docs/findings.md).
+# A rank's own piece (its own samples' pooled embeddings, and their gradients) never leaves it: it is not coded
+# and stays exact both ways, and the bytes counted are those that leave the rank (so on N ranks (N-1)/N of them).
 # The scales: what one rank sends one peer is a block of samples; per block and shard one fp32 base (the
 # block's largest scale), and per sample and shard a code q in 0..254 for base x 2^(-q/16) (steps of 4.4%,
 # down to 2^-15.9 of the base; 255 is zero). The forward rounds q to the nearest code, the backward towards a
@@ -468,30 +471,55 @@ class SignLayout:
 
 def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):
     """Scope `sign`'s forward all-to-all: [B, W_r] -> (flat dense received pieces [B/N, W_q] from each rank q,
-    None, bytes sent, seconds in the collective)."""
+    None, bytes sent, seconds in the collective). A rank's own piece never leaves it: it stays exact."""
     rank, bits = dist.get_rank(), layout.fw_bits
     world, bn, mine = len(layout.widths), layout.bn, layout.fw_block_bytes[rank]
-    send = sign_encode(pooled, layout.segments[rank], blocks=world, bits=bits)  # one block per peer: its samples
-    recv = torch.empty(sum(layout.fw_block_bytes), dtype=torch.uint8, device=pooled.device)
-    seconds = _timed(lambda: dist.all_to_all_single(recv, send, list(layout.fw_block_bytes), [mine] * world))
+    rows = pooled.reshape(world, bn, -1)
+    send = _peer_blocks(rows, rank, lambda x: sign_encode(x, layout.segments[rank], blocks=world - 1, bits=bits))
+    recv = torch.empty(sum(layout.fw_block_bytes) - mine, dtype=torch.uint8, device=pooled.device)
+    seconds = _timed(lambda: dist.all_to_all_single(recv, send, _without(layout.fw_block_bytes, rank),
+                                                    _without([mine] * world, rank)))
     dense, pos = [], 0
-    for seg, e in zip(layout.segments, layout.fw_block_bytes):
+    for q, (seg, e) in enumerate(zip(layout.segments, layout.fw_block_bytes)):
+        if q == rank:
+            dense.append(rows[rank].reshape(-1))
+            continue
         dense.append(sign_decode(recv[pos:pos + e], seg, bn, dtype=pooled.dtype, bits=bits).reshape(-1))
         pos += e
     return torch.cat(dense), None, send.numel(), seconds
 
 
+def _without(sizes: list[int], rank: int) -> list[int]:
+    """Split sizes of an all-to-all in which a rank's own piece stays home (0)."""
+    return [0 if q == rank else int(s) for q, s in enumerate(sizes)]
+
+
+def _peer_blocks(rows: torch.Tensor, rank: int, encode) -> torch.Tensor:
+    """`encode` of the blocks [world, bn, w] bound for the other ranks, in rank order (none: no bytes)."""
+    if rows.shape[0] == 1:
+        return torch.empty(0, dtype=torch.uint8, device=rows.device)
+    return encode(torch.cat([rows[:rank], rows[rank + 1:]]).reshape(-1, rows.shape[2]))
+
+
 def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
     """Scope `sign`'s backward all-to-all: flat gradients of the received pieces -> (gradient [B, W_r] of this
-    rank's pooled embeddings, bytes sent, seconds in the collective)."""
+    rank's pooled embeddings, bytes sent, seconds in the collective). The gradient of a rank's own piece stays
+    exact; the peers' pieces are drawn in rank order."""
     rank = dist.get_rank()
     world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
-    pieces, pos = [], 0
-    for w, seg in zip(layout.widths, layout.segments):
-        pieces.append(sign_encode(grad[pos:pos + bn * w].reshape(bn, w), seg, layout.generator))
+    pieces, own, pos = [], None, 0
+    for q, (w, seg) in enumerate(zip(layout.widths, layout.segments)):
+        piece = grad[pos:pos + bn * w].reshape(bn, w)
+        if q == rank:
+            own = piece
+        else:
+            pieces.append(sign_encode(piece, seg, layout.generator))
         pos += bn * w
-    send = torch.cat(pieces).contiguous()
-    out = torch.empty(world * mine, dtype=torch.uint8, device=grad.device)
-    seconds = _timed(lambda: dist.all_to_all_single(out, send, [mine] * world, list(layout.block_bytes)))
-    g = sign_decode(out, layout.segments[rank], world * bn, blocks=world, dtype=grad.dtype)
+    send = torch.cat(pieces).contiguous() if pieces else torch.empty(0, dtype=torch.uint8, device=grad.device)
+    out = torch.empty((world - 1) * mine, dtype=torch.uint8, device=grad.device)
+    seconds = _timed(lambda: dist.all_to_all_single(out, send, _without([mine] * world, rank),
+                                                    _without(layout.block_bytes, rank)))
+    peers = sign_decode(out, layout.segments[rank], (world - 1) * bn, blocks=world - 1, dtype=grad.dtype) \
+        if world > 1 else grad.new_zeros(0, layout.widths[rank])
+    g = torch.cat([peers[:rank * bn], own.to(grad.dtype), peers[rank * bn:]])
     return g, send.numel(), seconds

@@ -265,16 +265,16 @@ def encode(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.T
     fill = torch.clamp((gaps - 1) // MAX_DELTA, min=0)
     m = idx.numel() + int(fill.sum())
     real = torch.cumsum(fill + 1, 0) - 1  # where each real entry lands among the m
-    deltas = torch.full((m,), MAX_DELTA, dtype=torch.int32)
+    deltas = torch.full((m,), MAX_DELTA, dtype=torch.int32, device=idx.device)
     deltas[real] = (gaps - MAX_DELTA * fill).to(torch.int32)
-    out = torch.zeros(m, dtype=torch.float16)
+    out = torch.zeros(m, dtype=torch.float16, device=vals.device)
     out[real] = vals.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
     return deltas.to(torch.uint16), out, real
 
 
 def payload_bytes(deltas: torch.Tensor, vals: torch.Tensor, m: int) -> torch.Tensor:
     """One uint8 payload of m entries (padding: delta 0, value 0): deltas, then values."""
-    out = torch.zeros(4 * m, dtype=torch.uint8)
+    out = torch.zeros(4 * m, dtype=torch.uint8, device=vals.device)
     out[: 2 * deltas.numel()] = deltas.view(torch.uint8)
     out[2 * m: 2 * m + 2 * vals.numel()] = vals.view(torch.uint8)
     return out

@@ -107,7 +107,8 @@ class ShardedEmbeddings(nn.Module):
 
 
 class _AllToAll(torch.autograd.Function):
-    """Dense forward all-to-all of pooled embeddings; its gradients go back in backward."""
+    """Dense forward all-to-all of pooled embeddings; its gradients go back in backward. Bytes counted: what
+    leaves the rank (its own piece stays home), as for the compressed exchanges."""
 
     @staticmethod
     def forward(ctx, pooled, widths, stats):
@@ -117,7 +118,7 @@ class _AllToAll(torch.autograd.Function):
         recv = torch.empty(sum(widths) * bn, dtype=pooled.dtype)
         t0 = time.perf_counter()
         dist.all_to_all_single(recv, send.reshape(-1), [bn * w for w in widths], [bn * widths[rank]] * world)
-        stats.add("mp", nbytes(send), time.perf_counter() - t0)
+        stats.add("mp", nbytes(send[:rank]) + nbytes(send[rank + 1:]), time.perf_counter() - t0)  # what leaves
         ctx.widths, ctx.stats, ctx.bn = widths, stats, bn
         return recv
 
@@ -129,7 +130,8 @@ class _AllToAll(torch.autograd.Function):
         grad = grad.contiguous()
         t0 = time.perf_counter()
         dist.all_to_all_single(out, grad, [bn * widths[rank]] * world, [bn * w for w in widths])
-        ctx.stats.add("mp", nbytes(grad), time.perf_counter() - t0)
+        own = sum(widths[:rank]) * bn, sum(widths[:rank + 1]) * bn  # this rank's own piece stays home
+        ctx.stats.add("mp", nbytes(grad) - nbytes(grad[own[0]:own[1]]), time.perf_counter() - t0)
         return out.reshape(world * bn, widths[rank]), None, None
 
 
