@@ -20,6 +20,9 @@ each peer's entries into a dense [B/N, W_q] block of zeros.
 Backward: each rank sends back the fp32 gradients of exactly the entries it received,
 `B/N * sum_q K_q * 4` bytes (`bw_send_bytes`); the sender scatters them to its kept entries
 (every other entry gets zero gradient).
+A rank's own block travels through these collectives coded like the others (the top-k scopes are kept as
+they were measured); the sign scopes keep it home and exact. In both, the bytes reported as sent are those
+that leave the rank, (N-1)/N of `fw_send_bytes` / `bw_send_bytes` when the ranks' widths are equal.
 
 gloo's all_to_all does not carry int16, hence the raw-byte packing.
 """
@@ -58,7 +61,7 @@ def entry_bytes(widths) -> int:
 
 
 def fw_send_bytes(widths, rank: int, batch_size: int, keep: float, segments=None) -> int:
-    """Bytes rank `rank` sends in the forward all-to-all (all peers, itself included):
+    """Bytes of rank `rank`'s forward all-to-all buffer (all peers, itself included):
     B * K_r * entry_bytes, K_r = the sum of its segments' keep counts (see `WireLayout`)."""
     layout = WireLayout(widths, keep, batch_size, segments)
     return batch_size * layout.ks[rank] * layout.entry
@@ -498,7 +501,8 @@ def _peer_blocks(rows: torch.Tensor, rank: int, encode) -> torch.Tensor:
     """`encode` of the blocks [world, bn, w] bound for the other ranks, in rank order (none: no bytes)."""
     if rows.shape[0] == 1:
         return torch.empty(0, dtype=torch.uint8, device=rows.device)
-    return encode(torch.cat([rows[:rank], rows[rank + 1:]]).reshape(-1, rows.shape[2]))
+    world, bn, width = rows.shape  # explicit sizes: a rank without tables has width 0
+    return encode(torch.cat([rows[:rank], rows[rank + 1:]]).reshape((world - 1) * bn, width))
 
 
 def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):

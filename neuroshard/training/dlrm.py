@@ -18,7 +18,7 @@
   magnitude) on shards of 88 columns or more, and is `sign` otherwise. `mp_keep >= 1` sends everything: the
   dense all-to-all.
 - `assemble`: the received pieces -> [B/N, T, D] in table order (column shards put back in place).
-Every collective records the bytes of the tensors it is given (`CommStats`).
+Every collective records the bytes that leave the rank (`CommStats`; DP: the tensors it is given).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from ..compression import mp_wire
 
 @dataclass
 class CommStats:
-    """Bytes passed to collectives and seconds spent in them, per kind ("mp", "dp")."""
+    """Bytes sent to other ranks and seconds spent in collectives, per kind ("mp", "dp")."""
 
     bytes: dict = field(default_factory=lambda: {"mp": 0, "dp": 0})
     seconds: dict = field(default_factory=lambda: {"mp": 0.0, "dp": 0.0})

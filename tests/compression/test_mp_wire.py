@@ -125,3 +125,15 @@ def test_one_sample_per_rank_decodes():
     assert send.shape == (1, 3)
     dense, (idx,) = mp_wire.decode(send.reshape(-1), layout)
     assert torch.equal(dense, x.reshape(-1)) and idx.tolist() == [[7]]
+
+
+def test_peer_blocks_leave_out_the_own_block_and_take_a_rank_without_tables():
+    """The sign scopes code only the blocks bound for other ranks, in rank order; a rank of width 0 (no tables)
+    and a world of one send no bytes."""
+    rows = torch.arange(3 * 2 * 4, dtype=torch.float32).reshape(3, 2, 4)
+    got = mp_wire._peer_blocks(rows, 1, lambda x: x)
+    assert torch.equal(got, torch.cat([rows[0], rows[2]]))
+    empty = mp_wire._peer_blocks(torch.zeros(3, 2, 0), 2, lambda x: mp_wire.sign_encode(x, [], blocks=2, bits=2))
+    assert empty.dtype == torch.uint8 and empty.numel() == 0
+    assert mp_wire._peer_blocks(rows[:1], 0, lambda x: x).numel() == 0
+    assert mp_wire._without([5, 6, 7], 1) == [5, 0, 7]
