@@ -192,9 +192,9 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
     md = [f"# DCT on {r0.dataset}, arch {r0.arch}: {r0.ndevices} gloo ranks, {r0.steps} steps, batch {r0.batch_size}, "
           f"{df.seed.nunique()} seeds" + (f", MLPs trained with {r0.dense_opt} (lr {r0.lr:g})" if "dense_opt" in df else ""), "",
           "Paired: for each seed every mode starts from the same weights and sees the same batches; Δ = mode − none "
-          "of the same seed, mean and 95% Student-t interval over the seeds. Bytes are those handed to the "
-          "collectives per step, summed over ranks; times are medians per step (ms, averaged over ranks, first 10% "
-          "of steps skipped), median over seeds (loopback, unshaped: see benchmarks/dct_network.py for a "
+          "of the same seed, mean and 95% Student-t interval over the seeds. Bytes are those that leave each rank "
+          "per step (MP: not a rank's own piece), summed over ranks; times are medians per step (ms, averaged over "
+          "ranks, first 10% of steps skipped), median over seeds (loopback, unshaped: see benchmarks/dct_network.py for a "
           "bandwidth-limited network).", *([
               "", f"Early stopping (--eval_every {int(r0.eval_every)}): the last tenth of the training split is held out "
               "for validation; every run scores validation and test every "
