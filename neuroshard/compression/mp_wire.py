@@ -184,6 +184,12 @@ def scatter_grads(received: torch.Tensor, idx: torch.Tensor, width: int) -> torc
     return torch.zeros(B, width, dtype=received.dtype, device=received.device).scatter(1, idx, received.reshape(B, k))
 
 
+def bytes_leaving(send_splits: list[int], rank: int, itemsize: int = 1) -> int:
+    """Bytes an all-to-all sends to other ranks, given its send split sizes (elements per destination rank):
+    a rank's own piece never leaves it."""
+    return (sum(send_splits) - send_splits[rank]) * itemsize
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -197,10 +203,11 @@ def forward_exchange(pooled: torch.Tensor, layout: WireLayout):
     send, idx = encode(pooled, layout, rank)
     k, e, bn = layout.ks[rank], layout.entry, layout.bn
     recv = torch.empty(bn * sum(layout.ks) * e, dtype=torch.uint8, device=pooled.device)
+    send_splits = [bn * k * e] * world
     seconds = _timed(lambda: dist.all_to_all_single(recv, send.reshape(-1), [bn * x * e for x in layout.ks],
-                                                    [bn * k * e] * world))
+                                                    send_splits))
     dense, recv_idx = decode(recv, layout, pooled.dtype)
-    return dense, (idx, recv_idx), send.numel() - bn * k * e, seconds  # its own block never leaves the rank
+    return dense, (idx, recv_idx), bytes_leaving(send_splits, rank), seconds
 
 
 def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
@@ -211,9 +218,9 @@ def backward_exchange(grad: torch.Tensor, state, layout: WireLayout):
     send = gather_grads(grad, layout, recv_idx)
     k, bn = layout.ks[rank], layout.bn
     out = torch.empty(world * bn * k, dtype=grad.dtype, device=grad.device)
-    seconds = _timed(lambda: dist.all_to_all_single(out, send, [bn * k] * world, [bn * x for x in layout.ks]))
-    sent = (send.numel() - bn * k) * send.element_size()  # its own piece never leaves the rank
-    return scatter_grads(out, idx, layout.widths[rank]), sent, seconds
+    send_splits = [bn * x for x in layout.ks]
+    seconds = _timed(lambda: dist.all_to_all_single(out, send, [bn * k] * world, send_splits))
+    return scatter_grads(out, idx, layout.widths[rank]), bytes_leaving(send_splits, rank, send.element_size()), seconds
 
 
 # ----------------------------------------------------------------------------- scope `sign`: 1 bit an entry
@@ -525,5 +532,5 @@ def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
                                                     _without(layout.block_bytes, rank)))
     peers = sign_decode(out, layout.segments[rank], (world - 1) * bn, blocks=world - 1, dtype=grad.dtype) \
         if world > 1 else grad.new_zeros(0, layout.widths[rank])
-    g = torch.cat([peers[:rank * bn], own.to(grad.dtype), peers[rank * bn:]])
+    g = torch.cat([peers[:rank * bn], own, peers[rank * bn:]])
     return g, send.numel(), seconds

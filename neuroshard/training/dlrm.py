@@ -117,8 +117,9 @@ class _AllToAll(torch.autograd.Function):
         send = pooled.reshape(world, bn, -1).contiguous()  # rows of rank j's samples
         recv = torch.empty(sum(widths) * bn, dtype=pooled.dtype)
         t0 = time.perf_counter()
-        dist.all_to_all_single(recv, send.reshape(-1), [bn * w for w in widths], [bn * widths[rank]] * world)
-        stats.add("mp", nbytes(send[:rank]) + nbytes(send[rank + 1:]), time.perf_counter() - t0)  # what leaves
+        send_splits = [bn * widths[rank]] * world
+        dist.all_to_all_single(recv, send.reshape(-1), [bn * w for w in widths], send_splits)
+        stats.add("mp", mp_wire.bytes_leaving(send_splits, rank, send.element_size()), time.perf_counter() - t0)
         ctx.widths, ctx.stats, ctx.bn = widths, stats, bn
         return recv
 
@@ -129,9 +130,9 @@ class _AllToAll(torch.autograd.Function):
         out = torch.empty(world * bn * widths[rank], dtype=grad.dtype)
         grad = grad.contiguous()
         t0 = time.perf_counter()
-        dist.all_to_all_single(out, grad, [bn * widths[rank]] * world, [bn * w for w in widths])
-        own = sum(widths[:rank]) * bn, sum(widths[:rank + 1]) * bn  # this rank's own piece stays home
-        ctx.stats.add("mp", nbytes(grad) - nbytes(grad[own[0]:own[1]]), time.perf_counter() - t0)
+        send_splits = [bn * w for w in widths]
+        dist.all_to_all_single(out, grad, [bn * widths[rank]] * world, send_splits)
+        ctx.stats.add("mp", mp_wire.bytes_leaving(send_splits, rank, grad.element_size()), time.perf_counter() - t0)
         return out.reshape(world * bn, widths[rank]), None, None
 
 
