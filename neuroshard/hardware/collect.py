@@ -31,6 +31,7 @@ COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", 
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
 COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
                    "num_iter", "mp_keep", "input_dist", "input_max_pooling")
+INPUT_UNUSED = ("max_dim", "sleep_range")  # settings of the pooled all-to-all's samples that input samples never use
 
 
 def _index(record) -> int | None:
@@ -158,15 +159,21 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "mp_keep": cfg.mp_keep,
             "provenance": provenance()}
+    must_match = COMM_MUST_MATCH
     if cfg.input_dist:  # refused before any file is touched where TorchRec is missing (no key otherwise: older
         InputDist.check_torchrec()  # all-to-all files stay resumable)
         meta.update(input_dist=True, input_max_pooling=INPUT_MAX_POOLING)
+        # its samples draw features from the seed and T_range only: the embedding dims and the stragglers'
+        # delays are neither recorded nor checked on resuming
+        for key in INPUT_UNUSED:
+            del meta[key]
+        must_match = tuple(k for k in COMM_MUST_MATCH if k not in INPUT_UNUSED)
     path = comm_data_path(cfg.out_dir, N, cfg.mp_keep, cfg.input_dist)
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
     what = "TorchRec's input distribution" if cfg.input_dist else f"{mp_text(cfg.mp_keep)} all-to-all"
     print(f"{N} ranks on {dev}, batch {batch_size}, {what} -> {path}")
     if writer:
-        log = open_cost_log(path, COMM_DATA_KIND, meta, COMM_MUST_MATCH, cfg.salvage)
+        log = open_cost_log(path, COMM_DATA_KIND, meta, must_match, cfg.salvage)
         todo = missing_indices(log.records, cfg.data_size)
     else:  # other torchrun ranks learn the indices from rank 0 below
         log, todo = None, None

@@ -259,6 +259,15 @@ def test_input_distribution_collection_and_model(tmp_path):
         assert s["input_words"] == [float(input_words(r).sum()) for r in s["pooling"]]
         assert s["input_ms"].shape == (2,) and np.all(s["input_ms"] > 0)
     assert not (tmp_path / "comm_cost_data_2.pkl").exists()  # the pooled all-to-all's file is another one
+    assert "max_dim" not in meta and "sleep_range" not in meta  # input samples never use them
+    # resuming ignores the settings input samples do not use, and refuses one they do
+    proc = run_script("collect_comm_cost_data.py", *args, "--data_size", "13", "--max_dim", "64",
+                      "--sleep_range", "0,5")
+    assert proc.returncode == 0, proc.stderr
+    _, more = load_cost_data(tmp_path / "comm_cost_data_2_input.pkl", COMM_DATA_KIND)
+    assert len(more) == 13 and [s["pooling"] for s in more[:12]] == [s["pooling"] for s in samples]
+    other_T = [a if a != "2,8" else "2,9" for a in args]
+    assert_clean_error(run_script("collect_comm_cost_data.py", *other_T, "--data_size", "14"), "T_range")
     out = tmp_path / "in.pt"
     train = ("--data_dir", tmp_path, "--ndevices", "2", "--input_dist", "--input_out_path", out, "--epochs", "5")
     proc = run_script("train_comm_cost_model.py", *train)
