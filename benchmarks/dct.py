@@ -1,7 +1,7 @@
 """DCT quality and bytes benchmark (by hand, not in CI): none / dp / mp / both, paired by seed.
 
 python benchmarks/dct.py [--dataset movielens] [--arch tiny] [--ndevices 4] [--steps 1000] [--seeds 5]
-                         [--dp_keep 0.005] [--dp_scope bucket] [--mp_keep 0.05] [--eval_every 0] [--dense_opt sgd] [--lr L]
+                         [--dp_keep 0.005] [--mp_keep 0.05] [--eval_every 0] [--dense_opt sgd] [--lr L]
                          [--mp_scope sign2[,sign,table,rank]] [--dp_adam_freeze_after 0[,N]]
 
 For each seed every mode starts from the same initial weights and sees the same batches (both come
@@ -10,7 +10,7 @@ paired ΔAUC and Δlog loss with 95% Student-t intervals over the seeds, bytes p
 reduction, and step times. One group of ranks per seed runs
 its modes (start-up paid once). Seeds already in the CSV are kept (an interrupted benchmark resumes);
 --fresh starts over. Writes results/dct_<dataset>_<arch>.csv (one row per run; keep fractions other
-than the defaults add _dp<K>/_mp<K> to the name, --dp_scope layer adds _dplayer), .md (the table) and .png (loss curves of the first
+than the defaults add _dp<K>/_mp<K> to the name), .md (the table) and .png (loss curves of the first
 seed and bytes per step).
 
 --mp_scope and --dp_adam_freeze_after take comma-separated lists: each `mp`/`both` run is made once
@@ -56,7 +56,6 @@ class DctBenchConfig:
     first_seed: int = flag(0, "seeds run are first_seed .. first_seed + seeds - 1")
     modes: str = flag(",".join(DCT_MODES), "comma-separated; none is always run")
     dp_keep: float = flag(TrainConfig.dp_keep, "DCT-DP's share of gradient entries sent")
-    dp_scope: str = flag(TrainConfig.dp_scope, "what one DCT-DP threshold covers: bucket or layer")
     mp_keep: float = flag(TrainConfig.mp_keep, "DCT-MP's share of pooled entries sent")
     mp_scope: str = flag(TrainConfig.mp_scope, "what DCT-MP sends: sign2 (2 bits forward on wide shards), sign, a "
                                                "top-k per table shard (table) or per rank (rank); comma-separated: "
@@ -78,8 +77,8 @@ class DctBenchConfig:
         for scope in _list(self.mp_scope, "--mp_scope"):
             for freeze in _list(self.dp_adam_freeze_after, "--dp_adam_freeze_after", int):
                 TrainConfig(dataset=self.dataset, arch=self.arch, ndevices=self.ndevices, steps=self.steps,
-                            batch_size=self.batch_size, dp_keep=self.dp_keep, dp_scope=self.dp_scope,
-                            mp_keep=self.mp_keep, num_samples=self.num_samples, max_rows=self.max_rows, eval_every=self.eval_every,
+                            batch_size=self.batch_size, dp_keep=self.dp_keep, mp_keep=self.mp_keep,
+                            num_samples=self.num_samples, max_rows=self.max_rows, eval_every=self.eval_every,
                             dense_opt=self.dense_opt, lr=self.lr, mp_scope=scope,
                             dp_adam_freeze_after=freeze).check()
         check_int("--seeds", self.seeds, 1)
@@ -111,7 +110,6 @@ def run(a: DctBenchConfig) -> None:
     tag = "".join(f"_{name}{value:g}" for name, value, default in (("dp", a.dp_keep, TrainConfig.dp_keep),
                                                                   ("mp", a.mp_keep, TrainConfig.mp_keep))
                   if value != default)  # other keep fractions get their own CSV
-    tag += f"_dp{a.dp_scope}" if a.dp_scope != TrainConfig.dp_scope else ""
     tag += f"_eval{a.eval_every}" if a.eval_every else ""
     tag += f"_{a.dense_opt}" if a.dense_opt != TrainConfig.dense_opt else ""
     tag += f"_lr{a.lr:g}" if a.lr is not None else ""
@@ -122,7 +120,7 @@ def run(a: DctBenchConfig) -> None:
     if not a.report_only:
         settings = {"dataset": a.dataset, "arch": a.arch, "ndevices": a.ndevices, "steps": a.steps,
                     "batch_size": a.batch_size, **({"eval_every": a.eval_every} if a.eval_every else {}),
-                    "dense_opt": a.dense_opt, **({"dp_scope": a.dp_scope} if a.dp_scope != TrainConfig.dp_scope else {}),
+                    "dense_opt": a.dense_opt,
                     **({"lr": a.lr} if a.lr is not None else {})}
         keys = ("seed", "dct", "mp_scope", "dp_adam_freeze_after")
         # settings and code checked first (a CSV of older code lacks the scope and freeze columns)
@@ -140,7 +138,7 @@ def run(a: DctBenchConfig) -> None:
                 continue
             cfgs = [TrainConfig(dataset=a.dataset, arch=a.arch, ndevices=a.ndevices, steps=a.steps,
                                 batch_size=a.batch_size, dct=dct, seed=seed, num_samples=a.num_samples,
-                                dp_keep=a.dp_keep, dp_scope=a.dp_scope, mp_keep=a.mp_keep, mp_scope=scope, dp_adam_freeze_after=freeze,
+                                dp_keep=a.dp_keep, mp_keep=a.mp_keep, mp_scope=scope, dp_adam_freeze_after=freeze,
                                 max_rows=a.max_rows, log_every=max(1, a.steps // 50), eval_every=a.eval_every,
                                 dense_opt=a.dense_opt, lr=a.lr)
                     for dct, scope, freeze in todo]

@@ -558,7 +558,6 @@ class ShardTablesConfig:
 # ----------------------------------------------------------------------------- DLRM training with DCT
 
 DCT_MODES = ("none", "dp", "mp", "both")
-DP_SCOPES = ("bucket", "layer")  # --dp_scope: one DCT-DP threshold per DDP bucket, or one per parameter
 MP_SCOPES = ("rank", "table", "sign", "sign2")  # --mp_scope: one top-k over a rank's columns, one per table shard,
 # or signs (sign2: two bits an entry forward)
 # hidden layers of the bottom MLP (its output is the embedding dim) and of the top MLP (its output is
@@ -598,9 +597,6 @@ class TrainConfig:
     batch_size: int = flag(512, "global batch")
     dct: str = flag("none", choices=DCT_MODES)
     dp_keep: float = flag(0.005, "share of DP gradient entries sent")
-    dp_scope: str = flag("bucket", "what one DP threshold covers: bucket (default: the layers of a DDP bucket "
-                                   "share one) or layer (one per parameter, each keeping --dp_keep of its entries)",
-                         choices=DP_SCOPES)
     dp_refresh: int = flag(100, "iterations between threshold updates")
     dp_drift: float = flag(1.5, "re-estimate the DP threshold early once it would send more than this times the "
                                 "target")
@@ -651,8 +647,6 @@ class TrainConfig:
         if self.batch_size % self.ndevices:
             raise UserError(f"--batch_size {self.batch_size} is not divisible by {self.ndevices} ranks")
         check_float("--dp_keep", self.dp_keep, 0.0, 1.0, lo_open=True)
-        if self.dp_scope not in DP_SCOPES:
-            raise UserError(f"--dp_scope must be one of {', '.join(DP_SCOPES)}, got {self.dp_scope!r}")
         check_int("--dp_refresh", self.dp_refresh, 1, 10_000_000)
         check_float("--dp_drift", self.dp_drift, 1.0, 1000.0)
         check_float("--mp_keep", self.mp_keep, 0.0, 1.0, lo_open=True)

@@ -9,9 +9,7 @@ Per bucket and DDP iteration:
    Drift bound: when the stale tau would send more than `drift * k` entries, tau is re-estimated on
    the spot (the k-th largest |g| among the entries over the stale tau, which holds the k largest);
    if ties still leave more than floor(drift * k), only the k largest go out. So no rank ever sends
-   more than max(k, floor(drift * k)) entries of a bucket. With `scope="layer"` all of this is done per
-   parameter of the bucket, each with its own tau and k (so a layer of small gradients is not starved
-   by its bucket's large ones);
+   more than max(k, floor(drift * k)) entries of a bucket;
 3. the entries with |g| >= tau (zeros never) go out encoded: sorted indices as 16-bit deltas (a gap
    over 65,535 is bridged by filler entries of delta 65,535 and value 0) and fp16 values, 4 bytes an
    entry. Every rank all_gathers the entry counts (one int32), then its payload padded to the largest
@@ -44,8 +42,8 @@ order, which a rebuild also makes) gets its own buffers, and its residual is ass
 residuals its parameters carried in their old buckets, so a rebuild neither mixes nor loses them.
 Iterations are counted by the hook itself (on each iteration's last bucket).
 
-Choices the source leaves open, each a flag: the statistic (top-k magnitude), its scope (a bucket or
-a parameter, `--dp_scope`), the refresh interval (`--dp_refresh`), the drift bound (`--dp_drift`), error feedback (`--error_feedback on|off`),
+Choices the source leaves open, each a flag: the statistic (top-k magnitude), the refresh interval
+(`--dp_refresh`), the drift bound (`--dp_drift`), error feedback (`--error_feedback on|off`),
 asynchronous or blocking collectives (`--dp_sync`); the encoding (delta-16 indices, fp16 values) is
 this project's. Bytes are counted from the tensors handed to the collectives; the dense baseline
 (`dense_hook`) does what DDP's default hook does (an asynchronous all_reduce) and counts its
@@ -67,7 +65,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..core.config import DP_SCOPES
 from .dlrm import CommStats, nbytes
 
 MAX_DELTA = 65535  # largest index gap one uint16 delta carries
@@ -160,10 +157,6 @@ class DCTState(HookState):
 
     keep: target share of a bucket's entries sent (k = max(1, floor(keep * n))); >= 1 sends every
         entry with the dense all_reduce, bit for bit as `dense_hook`.
-    scope: "bucket" (the default): one threshold per bucket, so the layers of a bucket compete for its k
-        entries and a layer whose gradients are small sends nothing until its residual grows; "layer": one
-        threshold per parameter (tensor), each keeping max(1, floor(keep * its size)) of its own entries,
-        with its own refreshes and drift bound, so every layer sends its share every iteration.
     refresh: iterations between scheduled threshold re-estimates (the k-th largest |g|).
     error_feedback: carry what was not delivered to the next iteration, per parameter.
     drift: re-estimate tau early once the stale tau would send more than drift * k entries of a
@@ -179,7 +172,6 @@ class DCTState(HookState):
     """
 
     keep: float = 0.005
-    scope: str = "bucket"
     refresh: int = 100
     error_feedback: bool = True
     drift: float = 1.5
@@ -193,8 +185,6 @@ class DCTState(HookState):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.scope not in DP_SCOPES:
-            raise ValueError(f"scope must be one of {', '.join(DP_SCOPES)}, got {self.scope!r}")
         self._buffers: dict = {}  # the bucket's parameter ids, in its order -> _Buffers
         self._calls = 0           # hook calls that go through the payload sequence
         self._next_launch = 0     # the call whose payload is launched next
@@ -317,30 +307,7 @@ class _Bucket:
         else:
             torch.div(buf, world, out=g)
         t0 = state.timed("prepare", t0, True)
-        if state.scope == "bucket":
-            self.k, idx = self._select(g, key)
-        else:  # a threshold per parameter, each keeping `keep` of its own entries
-            ks, parts, start = [], [], 0
-            for p, size in zip(params, self.sizes):
-                if size:
-                    k_p, idx_p = self._select(g[start:start + size], frozenset((id(p),)))
-                    ks.append(k_p)
-                    parts.append(idx_p + start)
-                start += size
-            self.k = sum(ks)
-            idx = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=g.device)
-        self.idx = idx
-        t0 = time.perf_counter()
-        self.deltas, self.vals, self.real = encode(idx, g[idx])
-        state.sent.append((self.it, self.b, self.n, self.k, idx.numel()))
-        self.count = torch.tensor([self.deltas.numel()], dtype=torch.int32)
-        state.timed("encode", t0, True)
-
-    def _select(self, g: torch.Tensor, key: frozenset) -> tuple[int, torch.Tensor]:
-        """(k, the sorted positions sent) of `g` (a bucket, or one parameter's slice of it) under the threshold
-        kept for `key`, refreshed on schedule, for a new key, or on drift; charged to "threshold" and "select"."""
-        state, t0 = self.state, time.perf_counter()
-        k = keep_count(g.numel(), state.keep)
+        self.k = k = keep_count(self.n, state.keep)
         cap = drift_cap(k, state.drift)
         if self.it % state.refresh == 0 or key not in state.tau:
             state.tau[key] = kth_largest(g, k)
@@ -356,8 +323,12 @@ class _Bucket:
             if keep_idx.numel() > cap:  # ties at tau: only the k largest
                 keep_idx = torch.sort(top.indices).values
             idx = idx[keep_idx]
-        state.timed("select", t0, True)
-        return k, idx
+        self.idx = idx
+        t0 = state.timed("select", t0, True)
+        self.deltas, self.vals, self.real = encode(idx, g[idx])
+        state.sent.append((self.it, self.b, self.n, k, idx.numel()))
+        self.count = torch.tensor([self.deltas.numel()], dtype=torch.int32)
+        state.timed("encode", t0, True)
 
     def _new_buffers(self, order: tuple) -> _Buffers:
         """Buffers for a bucket with a new layout (DDP's first buckets, or its rebuild, which may also

@@ -81,7 +81,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     model = DDP(dense_arch(cfg, data.dense.shape[1], T))
     freeze_at = cfg.dp_adam_freeze_after if cfg.uses_dp else 0  # only DCT-DP runs freeze Adam
     if cfg.uses_dp:
-        state = DCTState(keep=cfg.dp_keep, scope=cfg.dp_scope, refresh=cfg.dp_refresh, error_feedback=cfg.error_feedback, stats=stats,
+        state = DCTState(keep=cfg.dp_keep, refresh=cfg.dp_refresh, error_feedback=cfg.error_feedback, stats=stats,
                          drift=cfg.dp_drift, sync=cfg.dp_sync, dense_until=freeze_at)
         model.register_comm_hook(state, dct_hook)
     else:
@@ -355,7 +355,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "dataset": cfg.dataset, "dct": cfg.dct, "arch": cfg.arch, "bottom_mlp": cfg.bottom_mlp,
         "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
         "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
-        "dp_scope": cfg.dp_scope, "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
+        "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
         "mp_scope": cfg.mp_scope, "dp_adam_freeze_after": cfg.dp_adam_freeze_after, "dp_adam_floor": cfg.dp_adam_floor,
         "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),

@@ -23,9 +23,8 @@ def topk_gradients(rank, world, emit, keeps):
 
 
 def multi_bucket(rank, world, emit, configs):
-    """For each config (error_feedback, static_graph, as_view, keep, growth, drift, refresh[, sync[, cap_mb[, scope]]]):
-    a 1.8M-parameter MLP under DDP with cap_mb (default 1) MB buckets and the DCT-DP hook (asynchronous unless sync;
-    thresholds per bucket unless scope is "layer"), 4
+    """For each config (error_feedback, static_graph, as_view, keep, growth, drift, refresh[, sync[, cap_mb]]):
+    a 1.8M-parameter MLP under DDP with cap_mb (default 1) MB buckets and the DCT-DP hook (asynchronous unless sync), 4
     iterations without an optimizer step (so the weights stay fixed), the loss scaled by growth **
     iteration. Emits the gradients DDP delivered and the true average of the ranks' local gradients
     (both summed over the iterations), the residuals left (summed over ranks), what each bucket sent,
@@ -43,14 +42,12 @@ def multi_bucket(rank, world, emit, configs):
     for c, (error_feedback, static_graph, as_view, keep, growth, drift, refresh, *rest) in enumerate(configs):
         sync = rest[0] if rest else False
         cap_mb = rest[1] if len(rest) > 1 else 1
-        scope = rest[2] if len(rest) > 2 else "bucket"
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 256),
                             nn.ReLU(), nn.Linear(256, 1))
         plain = copy.deepcopy(net)
         model = DDP(net, bucket_cap_mb=cap_mb, static_graph=static_graph, gradient_as_bucket_view=as_view)
-        state = DCTState(keep=keep, refresh=refresh, error_feedback=error_feedback, drift=drift, sync=sync,
-                         scope=scope)
+        state = DCTState(keep=keep, refresh=refresh, error_feedback=error_feedback, drift=drift, sync=sync)
         model.register_comm_hook(state, dct_hook)
         delivered = [torch.zeros_like(p) for p in net.parameters()]
         true = [torch.zeros_like(p) for p in net.parameters()]

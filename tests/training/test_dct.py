@@ -9,7 +9,6 @@ import torch
 
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import run_processes
-from neuroshard.training.dct import DCTState
 from neuroshard.training.dlrm import DenseArch
 from neuroshard.training.train import TrainConfig, dense_arch, train_dlrm, train_runs
 
@@ -510,12 +509,6 @@ def test_bad_settings_are_refused():
         with pytest.raises(UserError, match="--dp_adam_floor"):
             TrainConfig(dp_adam_floor=bad).check()
     assert (TrainConfig().mp_scope, TrainConfig().dp_adam_freeze_after) == ("sign2", 0)
-    for bad in ("layers", "", None, 1):
-        with pytest.raises(UserError, match="--dp_scope must be one of bucket, layer, got"):
-            TrainConfig(dp_scope=bad).check()
-    with pytest.raises(ValueError, match="scope must be one of bucket, layer, got 'tensor'"):
-        DCTState(scope="tensor")
-    assert TrainConfig().dp_scope == DCTState().scope == "bucket"
     c = TrainConfig(arch="mlperf", bottom_mlp="100-50").resolved()
     assert (c.bottom_mlp, c.top_mlp, c.emb_dim) == ("100-50", "1024-1024-512-256", 128)
     assert [m.out_features for m in dense_arch(c, 4, 8).bottom if hasattr(m, "out_features")] == [100, 50, 128]
