@@ -156,18 +156,17 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     dev = resolve_device(cfg.device, gpu_ids)
     gpu_ids = rank_gpus(dev, N, gpu_ids)  # refused before any file is touched when GPUs are too few
     sample_args = {"seed": seed, "T_range": tuple(T_range), "max_dim": max_dim, "sleep_range": tuple(sleep_range)}
+    # input samples draw features from the seed and T_range only: the embedding dims and the stragglers' delays
+    # are neither recorded nor checked on resuming
+    unused = INPUT_UNUSED if cfg.input_dist else ()
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
-            "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, "mp_keep": cfg.mp_keep,
+            "warmup_iter": warmup_iter, "num_iter": num_iter,
+            **{k: v for k, v in sample_args.items() if k not in unused}, "mp_keep": cfg.mp_keep,
             "provenance": provenance()}
-    must_match = COMM_MUST_MATCH
+    must_match = tuple(k for k in COMM_MUST_MATCH if k not in unused)
     if cfg.input_dist:  # refused before any file is touched where TorchRec is missing (no key otherwise: older
         InputDist.check_torchrec()  # all-to-all files stay resumable)
         meta.update(input_dist=True, input_max_pooling=INPUT_MAX_POOLING)
-        # its samples draw features from the seed and T_range only: the embedding dims and the stragglers'
-        # delays are neither recorded nor checked on resuming
-        for key in INPUT_UNUSED:
-            del meta[key]
-        must_match = tuple(k for k in COMM_MUST_MATCH if k not in INPUT_UNUSED)
     path = comm_data_path(cfg.out_dir, N, cfg.mp_keep, cfg.input_dist)
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
     what = "TorchRec's input distribution" if cfg.input_dist else f"{mp_text(cfg.mp_keep)} all-to-all"
