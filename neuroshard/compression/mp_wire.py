@@ -305,24 +305,34 @@ def _scale_codes(m: torch.Tensor, base: torch.Tensor, round_up: bool) -> tuple[t
     return q, s
 
 
-# eight 0/1 bytes read as one little-endian int64, times this, hold bit i of byte i in the product's top byte
-# (the partial products never carry into it): the packed byte, least significant bit first
-_GATHER = 0x0102040810204080
 OUTER_LEVEL = 3.0  # 2 bits forward: |decoded| is scale * 1 or scale * OUTER_LEVEL (a uniform 4-level grid)
 _BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float()  # byte -> its 8 bits as 0 / 1
 _SIGNS = _BITS * 2 - 1                                                       # byte -> its 8 bits as +-1
 _LEVELS = 1 + (OUTER_LEVEL - 1) * _BITS                                     # byte -> its 8 bits as 1 or OUTER_LEVEL
+_BIT_VALUES = 2.0 ** torch.arange(8)                                        # bit i of a byte is worth 2^i
+
+
+def _flag(a: torch.Tensor, b, compare) -> torch.Tensor:
+    """`compare(a, b)` as float 0 / 1 ([..., w], a's shape): on CPU a comparison writes floats several times
+    faster than bools."""
+    return compare(a, b, out=torch.empty_like(a))
 
 
 def _pack(bits: torch.Tensor) -> torch.Tensor:
-    """[..., w] bool -> [..., ceil(w / 8)] uint8, least significant bit first, padded with zeros."""
-    nb = (bits.shape[-1] + 7) // 8
-    if bits.shape[-1] == 8 * nb and bits.is_contiguous():  # whole bytes already: read the bools as 0 / 1 bytes
-        out = bits.view(torch.uint8)
-    else:
-        out = torch.zeros(*bits.shape[:-1], nb * 8, dtype=torch.uint8, device=bits.device)
-        out[..., :bits.shape[-1]] = bits
-    return ((out.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
+    """[..., w] float 0 / 1 -> [..., ceil(w / 8)] uint8, least significant bit first, padded with zeros: each
+    group of 8 times the bits' values, summed (whole numbers up to 255, exact in float32)."""
+    w, nb = bits.shape[-1], (bits.shape[-1] + 7) // 8
+    if w != 8 * nb:
+        bits = torch.cat([bits, bits.new_zeros(*bits.shape[:-1], 8 * nb - w)], dim=-1)
+    packed = torch.mv(bits.reshape(-1, 8), _BIT_VALUES.to(bits.device)) if bits.numel() else bits.new_zeros(0)
+    return packed.to(torch.uint8).reshape(*bits.shape[:-1], nb)
+
+
+def _unpack(table: torch.Tensor, b: torch.Tensor, w: int) -> torch.Tensor:
+    """Packed bytes [..., nb] -> [..., w]: each byte's 8 bits as `table` gives them (`_SIGNS`, `_LEVELS`);
+    index_select, several times faster on CPU than indexing with a tensor."""
+    out = table.to(b.device).index_select(0, b.reshape(-1).long())
+    return out.reshape(*b.shape[:-1], b.shape[-1] * 8)[..., :w]
 
 
 def _two_bit_scale(a: torch.Tensor) -> torch.Tensor:
@@ -391,21 +401,20 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         q, scale = _scale_codes(m, base, round_up=generator is not None)
         bad = ~finite  # a sample shard holding NaN or inf (see ZERO_CODE)
         q = q.masked_fill_(bad, ZERO_CODE)
-        planes = []
+        planes = []  # float 0 / 1 (`_flag`)
         if generator is None:
-            planes.append(seg >= 0)
+            planes.append(_flag(seg, 0, torch.ge))
             if wide:  # the nearer of the two decoded levels
-                planes.append(mag >= scale.unsqueeze(3) * (1 + OUTER_LEVEL) / 2)
+                planes.append(_flag(mag, scale.unsqueeze(3) * (1 + OUTER_LEVEL) / 2, torch.ge))
         else:
             sc = scale.unsqueeze(3)
             p = (seg / torch.where(sc > 0, sc, 1.0)).add_(1).div_(2).masked_fill_(~(sc > 0), 0.5)
             draws = torch.empty(n, rows, w, device=x.device)
             for j in range(n):
                 draws[j].uniform_(0, 1, generator=generator)
-            planes.append(draws.transpose(0, 1).reshape(blocks, r, n, w) < p)
+            planes.append(_flag(draws.transpose(0, 1).reshape(blocks, r, n, w), p, torch.lt))
         first = planes[0][..., 0]  # tells a zero sample shard (bit set) from a non-finite one (bit clear)
-        first |= q == ZERO_CODE
-        first &= ~bad
+        first.masked_fill_(q == ZERO_CODE, 1.0).masked_fill_(bad, 0.0)
         body = torch.cat([_pack(b) for b in planes] + [q.unsqueeze(3)], dim=3)
         bodies.append(body.reshape(blocks, r, n * body.shape[3]))
         heads.append(base.reshape(blocks, n).contiguous().view(torch.uint8))
@@ -440,9 +449,9 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
         scale = _decoded_scales(codes, bases[..., k:k + n])
         scale.masked_fill_((codes == ZERO_CODE) & (run[..., 0] & 1 == 0), float("nan"))  # sent non-finite
         k += n
-        value = _SIGNS.to(b.device)[run[..., :nb].long()].reshape(blocks, r, n, nb * 8)[..., :w]
+        value = _unpack(_SIGNS, run[..., :nb], w)
         if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact
-            value = value.mul_(_LEVELS.to(b.device)[run[..., nb:2 * nb].long()].reshape(blocks, r, n, nb * 8)[..., :w])
+            value = value.mul_(_unpack(_LEVELS, run[..., nb:2 * nb], w))
         out.append(value.mul_(scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 

@@ -402,6 +402,31 @@ def test_sign_codec_round_trip_bytes_and_unbiased_rounding():
             mp_wire.sign_encode(x_, seg)
 
 
+def test_sign_codec_packs_bits_least_significant_first():
+    """The wire's bit order, pinned against a loop: entry i of a shard is bit i % 8 of byte i // 8 (sign plane,
+    then on a 2-bit shard the magnitude plane, then the scale code); any faster packing must send these bytes."""
+    from neuroshard.compression import mp_wire
+
+    g = torch.Generator().manual_seed(3)
+    sign = torch.rand(1, 106, generator=g) < 0.5
+    outer = torch.rand(1, 106, generator=g) < 0.3
+    x = torch.where(sign, 1.0, -1.0) * torch.where(outer, 3.0, 1.0)  # levels +-1 and +-3: the 2-bit scale is 1
+
+    def packed(bits):
+        bits = bits.tolist() + [False] * (-len(bits) % 8)
+        return [sum(int(b) << i for i, b in enumerate(bits[j:j + 8])) for j in range(0, len(bits), 8)]
+
+    for bits in (1, 2):
+        enc = mp_wire.sign_encode(x, [10, 96], bits=bits).tolist()
+        assert enc[8:10] == packed(sign[0, :10])  # after the two shards' fp32 bases
+        assert enc[11:23] == packed(sign[0, 10:])
+        if bits == 2:
+            assert enc[23:35] == packed(outer[0, 10:]) and enc[35] == 0  # scale code 0: the base itself
+        want = x[:, 10:] if bits == 2 else torch.where(sign[:, 10:], 1.0, -1.0) * x[0, 10:].abs().mean()
+        dec = mp_wire.sign_decode(torch.tensor(enc, dtype=torch.uint8), [10, 96], 1, bits=bits)
+        assert torch.allclose(dec[:, 10:], want, rtol=1e-6, atol=0)
+
+
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
     """The codec handles consecutive segments of one width as one run (mp_wire._equal_width_runs): the codes,
     the random draws and the decoded values are those of coding each segment by itself, in order, and blocks
