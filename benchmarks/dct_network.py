@@ -11,9 +11,9 @@ Every rank shares the one shaped loopback, so R is the aggregate bandwidth of th
 one shared link), not per rank. Runs are interleaved (every rep visits every bandwidth and mode, the
 order rotated each rep), so machine load drifts hit every mode alike; one group of ranks per rep
 runs them all, so process start-up is paid once. Per run: median step time and
-its split into compute / DP codec / MP comm / DP comm: DP codec is the DCT-DP compression work on the
-training thread (thresholding, tau refreshes, encoding; decoding too with --dp_sync on); MP comm is the
-time inside the all-to-alls (DCT-MP's packing included); DP comm is the time the step waited for DP
+its split into compute / DP codec / MP codec / MP comm / DP comm: DP codec is the DCT-DP compression work on
+the training thread (thresholding, tau refreshes, encoding; decoding too with --dp_sync on); MP codec is
+DCT-MP's coding around its all-to-alls (encoding, decoding); MP comm is the time inside the all-to-alls; DP comm is the time the step waited for DP
 communication after autograd's last gradient (with asynchronous hooks, the default, what did not
 overlap backward; with --dp_sync on, the time inside the blocking collectives); compute is the rest. Speedup of a mode = step time of `none` / step time of the mode in the
 same rep and bandwidth; the table gives their geometric mean and 95% Student-t interval over reps.
@@ -118,18 +118,19 @@ def main(argv=None) -> None:
         for (gbit, dct), r in zip(todo, results):
             append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})
             print(f"rep {rep} {gbit:g} Gbit/s {dct:<5} step {r['step_ms']:8.1f} ms = compute "
-                  f"{r['compute_ms']:.1f} + DP codec {r['dp_codec_ms']:.1f} + MP {r['mp_comm_ms']:.1f} + "
+                  f"{r['compute_ms']:.1f} + DP codec {r['dp_codec_ms']:.1f} + MP codec {r['mp_codec_ms']:.1f} + "
+                  f"MP {r['mp_comm_ms']:.1f} + "
                   f"DP {r['dp_comm_ms']:.1f}", flush=True)
     netns.shape(0)
     report(pd.read_csv(csv), csv, Path(a.plot))
 
 
-def codec(g: pd.DataFrame) -> str:
-    """Median DP compression work (ms) of a run group; '-' for rows from before it was recorded (their
-    compute column still includes it)."""
-    if "dp_codec_ms" not in g or g.dp_codec_ms.isna().all():
+def codec(g: pd.DataFrame, column: str) -> str:
+    """Median compression work (ms, `column`: dp_codec_ms or mp_codec_ms) of a run group; '-' for rows from
+    before it was recorded (their compute column still includes it)."""
+    if column not in g or g[column].isna().all():
         return "-"
-    return f"{g.dp_codec_ms.median():.1f}"
+    return f"{g[column].median():.1f}"
 
 
 def crossover(df: pd.DataFrame) -> float:
@@ -155,7 +156,7 @@ def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
         speed[gbit, dct] = sp
         rows.append({"link": f"{gbit:g} Gbit/s" if gbit > 0 else "unshaped", "dct": dct, "reps": len(reps),
                      "step (ms)": f"{g.step_ms.median():.0f}", "compute": f"{g.compute_ms.median():.0f}",
-                     "DP codec": codec(g),
+                     "DP codec": codec(g, "dp_codec_ms"), "MP codec": codec(g, "mp_codec_ms"),
                      "MP comm": f"{g.mp_comm_ms.median():.0f}", "DP comm": f"{g.dp_comm_ms.median():.0f}",
                      "MP MB/step": f"{g.mp_bytes_per_step.mean() / 1e6:.2f}",
                      "DP MB/step": f"{g.dp_bytes_per_step.mean() / 1e6:.3f}",
@@ -170,6 +171,7 @@ def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
           "Each rate is the aggregate bandwidth of the namespace's one loopback (tc tbf), shared by all ranks. "
           "Times are medians per step in ms (averaged over ranks); speedup = none / mode in the same rep, geometric "
           "mean and 95% Student-t interval over reps. DP codec: DCT-DP's compression work on the training thread; "
+          "MP codec: DCT-MP's coding around its all-to-alls; "
           "DP comm: the wait for DP communication after backward's last gradient (asynchronous hooks unless "
           "--dp_sync on); compute: the rest.", "", *format_table(list(rows[0]), [list(r.values()) for r in rows]), "",
           f"Where DCT stops paying (fit step = a + s/R of none and both over the shaped rates): "

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
               f"{r['test_auc_at_best']:.4f}  log loss {r['test_logloss_at_best']:.4f}")
     dp_what = "time in the blocking collectives" if r["dp_sync"] else "the wait after backward's last gradient"
     print(f"per step: {r['step_ms']:.2f} ms = compute {r['compute_ms']:.2f} + DP codec {r['dp_codec_ms']:.2f} + "
-          f"MP comm {r['mp_comm_ms']:.2f} + DP comm {r['dp_comm_ms']:.2f} (medians; DP comm: {dp_what})")
+          f"MP codec {r['mp_codec_ms']:.2f} + MP comm {r['mp_comm_ms']:.2f} + DP comm {r['dp_comm_ms']:.2f} (medians; DP comm: {dp_what})")
     print(f"bytes per step: MP {r['mp_bytes_per_step']:,.0f}  DP {r['dp_bytes_per_step']:,.0f}")
     if run.results_csv:
         print(f"appended to {run.results_csv}")

@@ -34,10 +34,13 @@ from ..compression import mp_wire
 
 @dataclass
 class CommStats:
-    """Bytes sent to other ranks and seconds spent in collectives, per kind ("mp", "dp")."""
+    """Bytes sent to other ranks and seconds spent in collectives, per kind ("mp", "dp"); and `mp_codec_s`,
+    the seconds DCT-MP's coding took around its collectives (encoding, decoding, gathering the gradients to
+    return; DCT-DP's coding is `dct.HookState.codec_s`)."""
 
     bytes: dict = field(default_factory=lambda: {"mp": 0, "dp": 0})
     seconds: dict = field(default_factory=lambda: {"mp": 0.0, "dp": 0.0})
+    mp_codec_s: float = 0.0
 
     def add(self, kind: str, nbytes: int, seconds: float) -> None:
         self.bytes[kind] += int(nbytes)
@@ -46,6 +49,7 @@ class CommStats:
     def reset(self) -> None:
         self.bytes = {"mp": 0, "dp": 0}
         self.seconds = {"mp": 0.0, "dp": 0.0}
+        self.mp_codec_s = 0.0
 
 
 def nbytes(*tensors: torch.Tensor) -> int:
@@ -145,15 +149,19 @@ class _CompressedAllToAll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, pooled, layout, stats):
+        t0 = time.perf_counter()
         dense, ctx.state, sent, seconds = layout.forward_exchange(pooled)
         stats.add("mp", sent, seconds)
+        stats.mp_codec_s += time.perf_counter() - t0 - seconds  # all but the collective
         ctx.layout, ctx.stats = layout, stats
         return dense
 
     @staticmethod
     def backward(ctx, grad):
+        t0 = time.perf_counter()
         g_pooled, sent, seconds = ctx.layout.backward_exchange(grad.contiguous(), ctx.state)
         ctx.stats.add("mp", sent, seconds)
+        ctx.stats.mp_codec_s += time.perf_counter() - t0 - seconds
         return g_pooled, None, None
 
 

@@ -158,7 +158,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         if freeze_at and step + 1 == freeze_at:  # dense warm-up over: freeze Adam's second moment
             dense_step = FrozenAdam(opt_dense, cfg.dp_adam_floor).step
         per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
-                         stats.bytes["mp"], stats.bytes["dp"], state.codec_s))
+                         stats.bytes["mp"], stats.bytes["dp"], state.codec_s, stats.mp_codec_s))
         losses.append(float(loss.detach()))
         if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
             emit(("loss", step + 1, float(np.mean(losses[-cfg.log_every:]))))
@@ -344,7 +344,7 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     digest of the neuroshard sources that trained it (benchmarks resume only rows of the same code)."""
     from ..core.artifacts import source_digest
 
-    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 6]
+    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 7]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
     med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
@@ -361,7 +361,8 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "test_auc": auc(preds, labels) if labels else float("nan"),
         "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),
         "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
-        "dp_codec_ms": 1e3 * med(5), "compute_ms": 1e3 * (med(0) - med(1) - med(2) - med(5)),
+        "dp_codec_ms": 1e3 * med(5), "mp_codec_ms": 1e3 * med(6),
+        "compute_ms": 1e3 * (med(0) - med(1) - med(2) - med(5) - med(6)),
         "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
         "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,

@@ -72,7 +72,7 @@ def test_async_and_sync_dp_hooks_train_bit_identically(movielens):
     """--dp_sync on (blocking collectives) and off (the default: asynchronous, overlapping backward) give
     the same training, bit for bit, at the mlperf shape (2.1M dense parameters in several DDP buckets,
     rebuilt after the first step), for DCT-DP and for the dense hook; the asynchronous runs record the
-    DP wait and DCT-DP's compression work apart."""
+    DP wait and DCT-DP's and DCT-MP's compression work apart."""
     kw = {**SMALL, "arch": "mlperf", "steps": 4, "log_every": 2}
     cfgs = [TrainConfig(**kw, dct=dct, dp_sync=sync) for dct in ("both", "none") for sync in (True, False)]
     both_sync, both_async, none_sync, none_async = train_runs(cfgs, movielens)
@@ -81,6 +81,9 @@ def test_async_and_sync_dp_hooks_train_bit_identically(movielens):
         assert a["dp_bytes_per_step"] == b["dp_bytes_per_step"]
     assert both_async["_refreshed_at"] == both_sync["_refreshed_at"]
     assert both_async["dp_codec_ms"] > 0 and none_async["dp_codec_ms"] == 0
+    assert both_async["mp_codec_ms"] > 0 and none_async["mp_codec_ms"] == 0  # DCT-MP's coding, apart from compute
+    for r in (both_async, none_async):
+        assert r["compute_ms"] > 0
     assert min(r["dp_comm_ms"] for r in (both_sync, both_async, none_sync, none_async)) >= 0
 
 
