@@ -372,7 +372,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     set where x >= 0, scale mean |x|; 2 bits: also the magnitude bit where |x| is nearer scale * OUTER_LEVEL
     than scale, the scale `_two_bit_scale`'s. With `generator` (random rounding, 1 bit only): bit set with probability
     (1 + x / M) / 2, M the decoded scale (>= max |x|, so the decoded values average to x). The draws are
-    [rows, w] blocks, one per shard in order. A sample shard of zeros gets ZERO_CODE and its first sign bit set;
+    [rows / blocks, w] blocks, per block one per shard in order, so `blocks` blocks coded together send the bytes
+    of each coded alone, in order. A sample shard of zeros gets ZERO_CODE and its first sign bit set;
     one holding NaN or inf gets ZERO_CODE and that bit clear."""
     if x.dim() != 2 or not x.is_floating_point() or sum(segments) != x.shape[1] or min(segments, default=0) < 0:
         raise ValueError(f"sign_encode takes [rows, sum(segments)] floats; got {tuple(x.shape)} {x.dtype} for "
@@ -384,7 +385,14 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         raise ValueError(f"{rows} rows do not split into {blocks} blocks")
     r = rows // blocks
     x = x.detach()
-    for start, w, n in _equal_width_runs(segments):
+    runs = _equal_width_runs(segments)
+    if generator is not None:  # per run [blocks, n, r, w], drawn block by block, shard by shard
+        draws = [torch.empty(blocks, n, r, w, device=x.device) for _, w, n in runs]
+        for b in range(blocks):
+            for d in draws:
+                for j in range(d.shape[1]):
+                    d[b, j].uniform_(0, 1, generator=generator)
+    for i, (start, w, n) in enumerate(runs):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
         wide = shard_bits(w, bits) == 2
         if wide:
@@ -409,10 +417,7 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         else:
             sc = scale.unsqueeze(3)
             p = (seg / torch.where(sc > 0, sc, 1.0)).add_(1).div_(2).masked_fill_(~(sc > 0), 0.5)
-            draws = torch.empty(n, rows, w, device=x.device)
-            for j in range(n):
-                draws[j].uniform_(0, 1, generator=generator)
-            planes.append(_flag(draws.transpose(0, 1).reshape(blocks, r, n, w), p, torch.lt))
+            planes.append(_flag(draws[i].transpose(1, 2), p, torch.lt))
         first = planes[0][..., 0]  # tells a zero sample shard (bit set) from a non-finite one (bit clear)
         first.masked_fill_(q == ZERO_CODE, 1.0).masked_fill_(bad, 0.0)
         body = torch.cat([_pack(b) for b in planes] + [q.unsqueeze(3)], dim=3)
@@ -498,14 +503,27 @@ def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):
     recv = torch.empty(sum(layout.fw_block_bytes) - mine, dtype=torch.uint8, device=pooled.device)
     seconds = _timed(lambda: dist.all_to_all_single(recv, send, _without(layout.fw_block_bytes, rank),
                                                     _without([mine] * world, rank)))
-    dense, pos = [], 0
-    for q, (seg, e) in enumerate(zip(layout.segments, layout.fw_block_bytes)):
-        if q == rank:
-            dense.append(rows[rank].reshape(-1))
-            continue
-        dense.append(sign_decode(recv[pos:pos + e], seg, bn, dtype=pooled.dtype, bits=bits).reshape(-1))
+    dense, pos = {rank: rows[rank].reshape(-1)}, 0
+    for group in _peer_groups(layout.segments, rank):  # peers of one layout decode together, as blocks
+        seg, e = layout.segments[group[0]], layout.fw_block_bytes[group[0]] * len(group)
+        dec = sign_decode(recv[pos:pos + e], seg, bn * len(group), blocks=len(group), dtype=pooled.dtype, bits=bits)
+        dense.update((q, dec[i * bn:(i + 1) * bn].reshape(-1)) for i, q in enumerate(group))
         pos += e
-    return torch.cat(dense), None, send.numel(), seconds
+    return torch.cat([dense[q] for q in range(world)]), None, send.numel(), seconds
+
+
+def _peer_groups(segments: list[list[int]], rank: int) -> list[list[int]]:
+    """The other ranks in rank order, in runs of consecutive ones whose column shards are alike: the codec codes
+    such a run as one call of several blocks, whose bytes are those of coding each alone, in order."""
+    groups: list[list[int]] = []
+    for q, seg in enumerate(segments):
+        if q == rank:
+            continue
+        if groups and segments[groups[-1][0]] == seg:
+            groups[-1].append(q)
+        else:
+            groups.append([q])
+    return groups
 
 
 def _without(sizes: list[int], rank: int) -> list[int]:
@@ -527,14 +545,12 @@ def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
     exact; the peers' pieces are drawn in rank order."""
     rank = dist.get_rank()
     world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
-    pieces, own, pos = [], None, 0
-    for q, (w, seg) in enumerate(zip(layout.widths, layout.segments)):
-        piece = grad[pos:pos + bn * w].reshape(bn, w)
-        if q == rank:
-            own = piece
-        else:
-            pieces.append(sign_encode(piece, seg, layout.generator))
-        pos += bn * w
+    starts = _starts([bn * w for w in layout.widths])
+    piece = [grad[a:a + bn * w].reshape(bn, w) for a, w in zip(starts, layout.widths)]
+    own, pieces = piece[rank], []
+    for group in _peer_groups(layout.segments, rank):
+        x = torch.cat([piece[q] for q in group]) if len(group) > 1 else piece[group[0]]
+        pieces.append(sign_encode(x, layout.segments[group[0]], layout.generator, blocks=len(group)))
     send = torch.cat(pieces).contiguous() if pieces else torch.empty(0, dtype=torch.uint8, device=grad.device)
     out = torch.empty((world - 1) * mine, dtype=torch.uint8, device=grad.device)
     seconds = _timed(lambda: dist.all_to_all_single(out, send, _without([mine] * world, rank),
