@@ -433,7 +433,7 @@ def test_sign_codec_packs_bits_least_significant_first():
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
     """The codec handles consecutive segments of one width as one run (mp_wire._equal_width_runs): the codes,
     the random draws and the decoded values are those of coding each segment by itself, in order, and blocks
-    coded together are those coded one by one."""
+    coded together are those coded one by one, random draws included."""
     from neuroshard.compression import mp_wire
 
     segments = [8, 8, 5, 5, 5, 0, 12, 1, 12, 12]
@@ -449,10 +449,10 @@ def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
         assert torch.equal(mp_wire.sign_decode(whole, segments, 6), torch.cat(alone, dim=1))
         if seeded:
             assert torch.equal(torch.rand(4, generator=gens[0]), torch.rand(4, generator=gens[1]))
-        else:
-            three = mp_wire.sign_encode(x, segments, blocks=3)
-            one_by_one = torch.cat([mp_wire.sign_encode(x[2 * i:2 * i + 2], segments) for i in range(3)])
-            assert torch.equal(three, one_by_one)
+        three = mp_wire.sign_encode(x, segments, gens[0], blocks=3)  # random draws too run block by block
+        one_by_one = torch.cat([mp_wire.sign_encode(x[2 * i:2 * i + 2], segments, gens[1]) for i in range(3)])
+        assert torch.equal(three, one_by_one)
+        if not seeded:
             assert torch.equal(mp_wire.sign_decode(three, segments, 6, blocks=3),
                                torch.cat([mp_wire.sign_decode(one_by_one[i * len(three) // 3:(i + 1) * len(three) // 3],
                                                               segments, 2) for i in range(3)]))
