@@ -20,7 +20,7 @@ what makes it fast). Per set: the Spearman correlation over the distinct plans o
 paper) and of the emulated engine's measured cost (`--emulated_rounds`: the engine that emulates independent
 devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks share 2 cores, DMP's
 compute contends and the two engines part; and the DMP cost's own split-half Spearman (the first half of the
-rounds against the second), the most any cost can reach over plans that lie within a few per cent. With `--calibrate_dmp P` (default 16), P random plans of the set
+rounds against the second): how reproducible the measured order of plans within a few per cent is. With `--calibrate_dmp P` (default 16), P random plans of the set
 (`planning.step_fit.sample_user_plans`) are measured in the same interleaved rounds, the step cost is fitted to
 them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
 the fitted step cost is judged on the user's plans, none of which the fit saw; the step cost's Spearman over
@@ -240,8 +240,8 @@ def run(a: TorchRecStepConfig) -> None:
         rho_emulated = float(spearmanr([emulated[k] for k in ks], [meas[k] for k in ks])[0]) if emulated else np.nan
         # the random plans spread wider than the user's: how the step cost ranks plans whose costs differ
         rho_random = float(spearmanr(fit_sim, fit_ms)[0]) if len(fit_plans) > 2 else np.nan
-        # the DMP measurement against itself (first half of the rounds against the second): a ceiling for any
-        # cost's Spearman over the user's plans, which lie within a few per cent of each other
+        # the DMP measurement against itself (first half of the rounds against the second): how reproducible the
+        # measured order of the user's plans is, which lie within a few per cent of each other
         rho_split = float(spearmanr([geo_first[k] for k in ks], [float(geo_mean(rounds[k][half:])) for k in ks])[0])
         for k in ks:
             st = paired_interval(rounds[k], tr)
@@ -310,7 +310,7 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"the {s['distinct_plans']} plans against the DMP-measured cost: simulated step cost "
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}; the DMP cost of the first half of the rounds against the second's "
-                  f"{s.get('spearman_split_half', float('nan')):.2f} (a ceiling for the others).",
+                  f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is).",
                   *([] if not s.get("fit_plans") else [
                       "", f"Step cost fitted to {s['fit_plans']} random plans measured in the same rounds: DMP step = "
                       f"{s['fit_scale']:.3f} x sim step + {s['fit_overhead_ms']:.2f} ms; on the user's plans (none "
