@@ -49,11 +49,14 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
 
 
 JSON_COLUMNS = ("loss_curve", "eval_curve")  # cells the reports parse
+NUMERIC_SUFFIXES = ("_ms", "_per_step", "_auc", "_logloss", "_at_best")  # measured cells the reports compute with
 
 
 def read_results(csv, columns: tuple[str, ...]):
     """A benchmark's results CSV (a DataFrame), checked first: unreadable bytes, a file of another kind
-    (no column of `columns`) or a damaged JSON cell get one line instead of a traceback."""
+    (no column of `columns`), a damaged JSON cell, or a measured cell (a column ending in NUMERIC_SUFFIXES) that
+    is not a number or is infinite get one line instead of a traceback. An empty measured cell (a column a row
+    predates) is kept."""
     import json
 
     import pandas as pd
@@ -72,4 +75,11 @@ def read_results(csv, columns: tuple[str, ...]):
             except (TypeError, ValueError):
                 raise UserError(f"--out_dir: {csv} row {i + 1}: {col} is not valid JSON; the file is damaged: move "
                                 "it away or pass --fresh") from None
+    for col in (c for c in df.columns if str(c).endswith(NUMERIC_SUFFIXES)):
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = (values.isna() & df[col].notna()) | np.isinf(values)
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            raise UserError(f"--out_dir: {csv} row {i + 1}: {col} is not a finite number "
+                            f"({str(df[col].iloc[i])[:40]!r}); the file is damaged: move it away or pass --fresh")
     return df

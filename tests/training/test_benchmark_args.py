@@ -78,6 +78,12 @@ def test_report_only_on_a_damaged_csv_gets_one_line(script, name, tmp_path):
     r = _run(script, "--report_only", "--out_dir", str(tmp_path))
     assert r.returncode == 2 and "row 1: loss_curve is not valid JSON" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no table or plot written
+    for cell in ("fast\nstep", "inf", "-Infinity"):  # a measured cell that is no finite number
+        csv.write_text(cols + f'movielens,tiny,4,1000,512,0,0,1,none,0.6,0.6,"{cell}","{{}}"\n')
+        r = _run(script, "--report_only", "--out_dir", str(tmp_path))
+        assert r.returncode == 2 and "row 1: step_ms is not a finite number" in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
 def test_runs_of_other_code_are_not_resumed(tmp_path):
