@@ -38,7 +38,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa:
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
-from neuroshard.training.report import mean_ci, read_results, runs_done  # noqa: E402
+from neuroshard.training.report import mean_ci, read_results, runs_done, step_part_cells  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
@@ -186,8 +186,7 @@ def report(df: pd.DataFrame, out: Path, stem: str) -> None:
             "MP reduction": f"{base.mp_bytes_per_step.mean() / g.mp_bytes_per_step.mean():.1f}x",
             "DP bytes/step": f"{g.dp_bytes_per_step.mean():,.0f}",
             "DP reduction": f"{base.dp_bytes_per_step.mean() / g.dp_bytes_per_step.mean():.1f}x",
-            "step (ms)": f"{g.step_ms.median():.1f}", "compute": f"{g.compute_ms.median():.1f}",
-            "MP comm": f"{g.mp_comm_ms.median():.1f}", "DP comm": f"{g.dp_comm_ms.median():.1f}"})
+            **step_part_cells(g)})
     r0 = df.iloc[0]
     md = [f"# DCT on {r0.dataset}, arch {r0.arch}: {r0.ndevices} gloo ranks, {r0.steps} steps, batch {r0.batch_size}, "
           f"{df.seed.nunique()} seeds" + (f", MLPs trained with {r0.dense_opt} (lr {r0.lr:g})" if "dense_opt" in df else ""), "",

@@ -40,7 +40,7 @@ from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import ratio_ci, read_results, runs_done  # noqa: E402
+from neuroshard.training.report import ratio_ci, read_results, runs_done, step_part_cells, step_parts  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 SCRIPT = "benchmarks/dct_network.py"
@@ -117,20 +117,9 @@ def main(argv=None) -> None:
         results = train_runs(cfgs, data, partial(shape_run, [g for g, _ in todo]))
         for (gbit, dct), r in zip(todo, results):
             append_result(csv, {"rep": rep, "gbit": gbit, **{k: v for k, v in r.items() if not k.startswith("_")}})
-            print(f"rep {rep} {gbit:g} Gbit/s {dct:<5} step {r['step_ms']:8.1f} ms = compute "
-                  f"{r['compute_ms']:.1f} + DP codec {r['dp_codec_ms']:.1f} + MP codec {r['mp_codec_ms']:.1f} + "
-                  f"MP {r['mp_comm_ms']:.1f} + "
-                  f"DP {r['dp_comm_ms']:.1f}", flush=True)
+            print(f"rep {rep} {gbit:g} Gbit/s {dct:<5} {step_parts(r)}", flush=True)
     netns.shape(0)
     report(pd.read_csv(csv), csv, Path(a.plot))
-
-
-def codec(g: pd.DataFrame, column: str) -> str:
-    """Median compression work (ms, `column`: dp_codec_ms or mp_codec_ms) of a run group; '-' for rows from
-    before it was recorded (their compute column still includes it)."""
-    if column not in g or g[column].isna().all():
-        return "-"
-    return f"{g[column].median():.1f}"
 
 
 def crossover(df: pd.DataFrame) -> float:
@@ -155,9 +144,7 @@ def report(df: pd.DataFrame, csv: Path, plot_path: Path) -> None:
         sp = ratio_ci(base[reps] / mine[reps])
         speed[gbit, dct] = sp
         rows.append({"link": f"{gbit:g} Gbit/s" if gbit > 0 else "unshaped", "dct": dct, "reps": len(reps),
-                     "step (ms)": f"{g.step_ms.median():.0f}", "compute": f"{g.compute_ms.median():.0f}",
-                     "DP codec": codec(g, "dp_codec_ms"), "MP codec": codec(g, "mp_codec_ms"),
-                     "MP comm": f"{g.mp_comm_ms.median():.0f}", "DP comm": f"{g.dp_comm_ms.median():.0f}",
+                     **step_part_cells(g),
                      "MP MB/step": f"{g.mp_bytes_per_step.mean() / 1e6:.2f}",
                      "DP MB/step": f"{g.dp_bytes_per_step.mean() / 1e6:.3f}",
                      "speedup vs none [95% CI]": f"{sp[0]:.2f}x [{sp[1]:.2f}, {sp[2]:.2f}]"})

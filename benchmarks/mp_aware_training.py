@@ -32,7 +32,7 @@ from neuroshard.core.config import CostModelFiles, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import ratio_ci, runs_done  # noqa: E402
+from neuroshard.training.report import ratio_ci, runs_done, step_part_cells, step_parts  # noqa: E402
 from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
@@ -129,8 +129,7 @@ def run(a: MpAwareTrainingConfig) -> None:
         for name, r in zip(order, results):
             append_result(csv, {"rep": rep, "plan": name, "gbit": a.gbit,
                                 **{k: v for k, v in r.items() if not k.startswith("_")}})
-            print(f"rep {rep} {name:<10} step {r['step_ms']:8.1f} ms = compute {r['compute_ms']:.1f} + "
-                  f"MP {r['mp_comm_ms']:.1f} + DP {r['dp_comm_ms']:.1f}", flush=True)
+            print(f"rep {rep} {name:<10} {step_parts(r)}", flush=True)
     netns.shape(0)
     md = [title, "", *desc, "", *report(pd.read_csv(csv)), ""]
     atomic_write_text(md_path, "\n".join(md))
@@ -163,9 +162,7 @@ def report(df: pd.DataFrame) -> list[str]:
         mine = g.set_index("rep").step_ms
         reps = [r for r in mine.index if r in base.index]
         sp = ratio_ci(mine[reps] / base[reps])
-        rows.append({"plan": name, "reps": len(reps), "step (ms)": f"{g.step_ms.median():.0f}",
-                     "compute": f"{g.compute_ms.median():.0f}", "MP comm": f"{g.mp_comm_ms.median():.0f}",
-                     "DP comm": f"{g.dp_comm_ms.median():.0f}",
+        rows.append({"plan": name, "reps": len(reps), **step_part_cells(g, 0),
                      "MP MB/step": f"{g.mp_bytes_per_step.mean() / 1e6:.3f}",
                      "step time vs dense-comm plan [95% CI]": f"{sp[0]:.3f} [{sp[1]:.3f}, {sp[2]:.3f}]"})
     return ["Times are medians per step in ms (averaged over ranks); ratio = mp-aware / dense-comm step time in the "

@@ -14,6 +14,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import TrainDLRMConfig
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import in_torchrun, torchrun_env
+from neuroshard.training.report import step_parts
 from neuroshard.training.train import train_dlrm
 
 
@@ -33,8 +34,7 @@ def main(argv=None) -> int:
         print(f"best validation AUC {r['best_valid_auc']:.4f} at step {r['best_step']}: test AUC "
               f"{r['test_auc_at_best']:.4f}  log loss {r['test_logloss_at_best']:.4f}")
     dp_what = "time in the blocking collectives" if r["dp_sync"] else "the wait after backward's last gradient"
-    print(f"per step: {r['step_ms']:.2f} ms = compute {r['compute_ms']:.2f} + DP codec {r['dp_codec_ms']:.2f} + "
-          f"MP codec {r['mp_codec_ms']:.2f} + MP comm {r['mp_comm_ms']:.2f} + DP comm {r['dp_comm_ms']:.2f} (medians; DP comm: {dp_what})")
+    print(f"per {step_parts(r, 2)} (medians; DP comm: {dp_what})")
     print(f"bytes per step: MP {r['mp_bytes_per_step']:,.0f}  DP {r['dp_bytes_per_step']:,.0f}")
     if run.results_csv:
         print(f"appended to {run.results_csv}")

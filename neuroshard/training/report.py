@@ -3,7 +3,9 @@
 `mean_ci`: mean of paired differences with a two-sided 95% Student-t interval (n - 1 degrees of
 freedom); `ratio_ci`: the same on log ratios, reported as a geometric mean ratio and its interval;
 `runs_done`: the runs a results CSV already holds, resumed only by a run with the same settings;
-`read_results`: a results CSV, checked. Their tables go through `core.tables.format_table`.
+`read_results`: a results CSV, checked; `step_parts` and `median_cell`: one run's step split into its
+parts and a column's median for a table, the same in every DCT benchmark. Their tables go through
+`core.tables.format_table`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,29 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
 def ratio_ci(ratios, level: float = 0.95) -> tuple[float, float, float]:
     """(geometric mean, lo, hi) of positive ratios, the interval taken on their logs."""
     return tuple(paired_interval(ratios, np.ones(len(ratios)), level=level))[:3]
+
+
+STEP_PARTS = (("compute", "compute_ms"), ("DP codec", "dp_codec_ms"), ("MP codec", "mp_codec_ms"),
+              ("MP comm", "mp_comm_ms"), ("DP comm", "dp_comm_ms"))  # a step's parts, which add up to step_ms
+
+
+def step_parts(r, digits: int = 1) -> str:
+    """'step S ms = compute C + DP codec D + MP codec M + MP comm A + DP comm B' of one run's result `r`."""
+    return f"step {r['step_ms']:.{digits}f} ms = " + " + ".join(f"{name} {r[col]:.{digits}f}" for name, col in STEP_PARTS)
+
+
+def median_cell(g, column: str, digits: int = 1) -> str:
+    """The median of `column` over a group of runs, for a table; '-' where the rows predate the column (the
+    codec columns: such rows' compute still includes the coding)."""
+    if column not in g or g[column].isna().all():
+        return "-"
+    return f"{g[column].median():.{digits}f}"
+
+
+def step_part_cells(g, digits: int = 1) -> dict:
+    """Table cells of a group of runs' median step and its parts."""
+    return {"step (ms)": median_cell(g, "step_ms", digits),
+            **{name: median_cell(g, col, digits) for name, col in STEP_PARTS}}
 
 
 def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tuple]:

@@ -4,12 +4,14 @@ training learns a planted problem."""
 import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import run_processes
 from neuroshard.training.dlrm import DenseArch
+from neuroshard.training.report import STEP_PARTS, step_part_cells, step_parts
 from neuroshard.training.train import TrainConfig, dense_arch, train_dlrm, train_runs
 
 import dct_workers
@@ -84,6 +86,13 @@ def test_async_and_sync_dp_hooks_train_bit_identically(movielens):
     assert both_async["mp_codec_ms"] > 0 and none_async["mp_codec_ms"] == 0  # DCT-MP's coding, apart from compute
     for r in (both_async, none_async):
         assert r["compute_ms"] > 0
+        parts = step_parts(r, 3)  # the line every DCT benchmark prints: its parts add up to the step
+        step, rest = parts.removeprefix("step ").split(" ms = ")
+        assert [name.rsplit(" ", 1)[0] for name in rest.split(" + ")] == [n for n, _ in STEP_PARTS]
+        assert abs(sum(float(x.rsplit(" ", 1)[1]) for x in rest.split(" + ")) - float(step)) < 0.01
+    cells = step_part_cells(pd.DataFrame([both_async, both_async]))
+    assert cells["MP codec"] == f"{both_async['mp_codec_ms']:.1f}" and cells["step (ms)"] == f"{both_async['step_ms']:.1f}"
+    assert step_part_cells(pd.DataFrame([{"step_ms": 3.0, "compute_ms": 2.0}]))["DP codec"] == "-"  # an older row
     assert min(r["dp_comm_ms"] for r in (both_sync, both_async, none_sync, none_async)) >= 0
 
 
