@@ -310,6 +310,18 @@ _BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).float()  # byt
 _SIGNS = _BITS * 2 - 1                                                       # byte -> its 8 bits as +-1
 _LEVELS = 1 + (OUTER_LEVEL - 1) * _BITS                                     # byte -> its 8 bits as 1 or OUTER_LEVEL
 _BIT_VALUES = 2.0 ** torch.arange(8)                                        # bit i of a byte is worth 2^i
+_ON_DEVICE: dict = {}  # (id of one of the tables above, device) -> its copy there, made once
+
+
+def _on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One of this module's constant tables on `device`: copied there once, not on every call (a copy to a GPU
+    each step would also wait for it)."""
+    if table.device == device:
+        return table
+    key = (id(table), device)
+    if key not in _ON_DEVICE:
+        _ON_DEVICE[key] = table.to(device)
+    return _ON_DEVICE[key]
 
 
 def _flag(a: torch.Tensor, b, compare) -> torch.Tensor:
@@ -324,14 +336,14 @@ def _pack(bits: torch.Tensor) -> torch.Tensor:
     w, nb = bits.shape[-1], (bits.shape[-1] + 7) // 8
     if w != 8 * nb:
         bits = torch.cat([bits, bits.new_zeros(*bits.shape[:-1], 8 * nb - w)], dim=-1)
-    packed = torch.mv(bits.reshape(-1, 8), _BIT_VALUES.to(bits.device)) if bits.numel() else bits.new_zeros(0)
+    packed = torch.mv(bits.reshape(-1, 8), _on(_BIT_VALUES, bits.device)) if bits.numel() else bits.new_zeros(0)
     return packed.to(torch.uint8).reshape(*bits.shape[:-1], nb)
 
 
 def _unpack(table: torch.Tensor, b: torch.Tensor, w: int) -> torch.Tensor:
     """Packed bytes [..., nb] -> [..., w]: each byte's 8 bits as `table` gives them (`_SIGNS`, `_LEVELS`);
     index_select, several times faster on CPU than indexing with a tensor."""
-    out = table.to(b.device).index_select(0, b.reshape(-1).long())
+    out = _on(table, b.device).index_select(0, b.reshape(-1).long())
     return out.reshape(*b.shape[:-1], b.shape[-1] * 8)[..., :w]
 
 

@@ -439,6 +439,19 @@ def test_sign_codec_packs_bits_least_significant_first():
         assert torch.allclose(dec[:, 10:], want, rtol=1e-6, atol=0)
 
 
+def test_sign_codec_tables_go_to_a_device_once():
+    """The codec's constant tables are copied to another device once and then reused (on a GPU, not a copy and
+    a wait every step); on their own device they are used as they are. The meta device stands in for a GPU."""
+    from neuroshard.compression import mp_wire
+
+    cpu = torch.device("cpu")
+    assert mp_wire._on(mp_wire._SIGNS, cpu) is mp_wire._SIGNS
+    meta = torch.device("meta")
+    first = mp_wire._on(mp_wire._SIGNS, meta)
+    assert first.device == meta and first.shape == mp_wire._SIGNS.shape
+    assert mp_wire._on(mp_wire._SIGNS, meta) is first and mp_wire._on(mp_wire._LEVELS, meta) is not first
+
+
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
     """The codec handles consecutive segments of one width as one run (mp_wire._equal_width_runs): the codes,
     the random draws and the decoded values are those of coding each segment by itself, in order, and blocks
