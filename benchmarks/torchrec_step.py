@@ -20,7 +20,10 @@ what makes it fast). Per set: the Spearman correlation over the distinct plans o
 paper) and of the emulated engine's measured cost (`--emulated_rounds`: the engine that emulates independent
 devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks share 2 cores, DMP's
 compute contends and the two engines part; and the DMP cost's own split-half Spearman (the first half of the
-rounds against the second): how reproducible the measured order of plans within a few per cent is. With `--calibrate_dmp P` (default 16), P random plans of the set
+rounds against the second): how reproducible the measured order of plans within a few per cent is; and, since a
+rank correlation also counts plans the measurement cannot order, the pairs of plans the rounds tell apart
+(`experiments.stats.resolved_pairs`: a paired 95% interval excluding 1) and how many of them each simulated cost
+orders as measured. With `--calibrate_dmp P` (default 16), P random plans of the set
 (`planning.step_fit.sample_user_plans`) are measured in the same interleaved rounds, the step cost is fitted to
 them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
 the fitted step cost is judged on the user's plans, none of which the fit saw; the step cost's Spearman over
@@ -52,6 +55,7 @@ from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConf
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.experiments.stats import resolved_pairs  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.training.report import read_results, runs_done  # noqa: E402
 from real_tables import SETS as SCALES, scaled_table_list  # noqa: E402  (the sets and their row scales)
@@ -243,6 +247,10 @@ def run(a: TorchRecStepConfig) -> None:
         # the DMP measurement against itself (first half of the rounds against the second): how reproducible the
         # measured order of the user's plans is, which lie within a few per cent of each other
         rho_split = float(spearmanr([geo_first[k] for k in ks], [float(geo_mean(rounds[k][half:])) for k in ks])[0])
+        # a rank correlation counts plans the measurement cannot order: the pairs it does order, and how many of
+        # them each cost orders the same way
+        told, step_agrees = resolved_pairs(rounds, sim_step)
+        paper_agrees = resolved_pairs(rounds, sim_paper)[1]
         for k in ks:
             st = paired_interval(rounds[k], tr)
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
@@ -254,7 +262,8 @@ def run(a: TorchRecStepConfig) -> None:
         sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
                      "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "spearman_split_half": rho_split,
-                     "spearman_step_random": rho_random, "distinct_plans": len(ks),
+                     "spearman_step_random": rho_random, "distinct_plans": len(ks), "resolved_pairs": told,
+                     "step_agrees_resolved": step_agrees, "paper_agrees_resolved": paper_agrees,
                      "fit_plans": len(fit_plans), **fit_cols,
                      "seconds": time.perf_counter() - t0, **made})
         print(sets[-1])
@@ -311,6 +320,11 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}; the DMP cost of the first half of the rounds against the second's "
                   f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is).",
+                  *([] if "resolved_pairs" not in s else [
+                      "", f"Pairs of plans the DMP rounds tell apart (paired 95% interval of their ratio excluding 1): "
+                      f"{int(s['resolved_pairs'])} of {int(s['distinct_plans']) * (int(s['distinct_plans']) - 1) // 2}; the "
+                      f"simulated step cost orders {int(s['step_agrees_resolved'])} of them as measured, the paper cost "
+                      f"{int(s['paper_agrees_resolved'])}."]),
                   *([] if not s.get("fit_plans") else [
                       "", f"Step cost fitted to {s['fit_plans']} random plans measured in the same rounds: DMP step = "
                       f"{s['fit_scale']:.3f} x sim step + {s['fit_overhead_ms']:.2f} ms; on the user's plans (none "
