@@ -320,7 +320,7 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}; the DMP cost of the first half of the rounds against the second's "
                   f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is).",
-                  *([] if "resolved_pairs" not in s else [
+                  *([] if not np.isfinite(float(s.get("resolved_pairs", np.nan))) else [
                       "", f"Pairs of plans the DMP rounds tell apart (paired 95% interval of their ratio excluding 1): "
                       f"{int(s['resolved_pairs'])} of {int(s['distinct_plans']) * (int(s['distinct_plans']) - 1) // 2}; the "
                       f"simulated step cost orders {int(s['step_agrees_resolved'])} of them as measured, the paper cost "

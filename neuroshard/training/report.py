@@ -74,7 +74,7 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
 
 
 JSON_COLUMNS = ("loss_curve", "eval_curve")  # cells the reports parse
-NUMERIC_SUFFIXES = ("_ms", "_per_step", "_auc", "_logloss", "_at_best")  # measured cells the reports compute with
+NUMERIC_SUFFIXES = ("_ms", "_per_step", "_auc", "_logloss", "_at_best", "_pairs", "_resolved")  # cells reports compute with
 
 
 def read_results(csv, columns: tuple[str, ...]):

@@ -27,7 +27,8 @@ def _finished(tmp_path, name="criteo_kaggle"):
              "vs_torchrec_hi": ms / 1.9, **made} for p, ms in (("torchrec", 2.0), ("shard_tables", 1.7))]
     sets = [{"set": name, "measured_best": "shard_tables", "best_vs_torchrec": 0.85, "best_vs_torchrec_lo": 0.8,
              "best_vs_torchrec_hi": 0.9, "held_out_rounds": 10, "spearman_step": 1.0, "spearman_paper": 1.0,
-             "spearman_emulated": 1.0, "distinct_plans": 2, "seconds": 60.0, **made}]
+             "spearman_emulated": 1.0, "distinct_plans": 2, "resolved_pairs": 1, "step_agrees_resolved": 1,
+             "paper_agrees_resolved": 0, "seconds": 60.0, **made}]
     torchrec_step.write(rows, sets, a)
 
 
@@ -39,6 +40,20 @@ def test_a_rerun_skips_the_finished_sets_and_reports_them(tmp_path, capsys, monk
     assert "criteo_kaggle: measured already" in out
     md = (tmp_path / "torchrec_step.md").read_text()
     assert "## criteo_kaggle" in md and "shard_tables, 0.850 [0.800, 0.900] of TorchRec's" in md
+    assert "excluding 1): 1 of 1; the simulated step cost orders 1 of them as measured, the paper cost 0." in md
+
+
+def test_a_damaged_pair_count_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    _finished(tmp_path)
+    sets = tmp_path / "torchrec_step_sets.csv"
+    text = sets.read_text()
+    head, row = text.splitlines()[:2]
+    i = head.split(",").index("resolved_pairs")
+    cells = row.split(",")
+    cells[i] = "many"
+    sets.write_text(head + "\n" + ",".join(cells) + "\n")
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code == 2 and "resolved_pairs is not a finite number" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv, fragment", [
