@@ -55,8 +55,8 @@ from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConf
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
-from neuroshard.experiments.stats import resolved_pairs  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.experiments.stats import resolved_pairs  # noqa: E402
 from neuroshard.training.report import read_results, runs_done  # noqa: E402
 from real_tables import SETS as SCALES, scaled_table_list  # noqa: E402  (the sets and their row scales)
 
@@ -249,8 +249,7 @@ def run(a: TorchRecStepConfig) -> None:
         rho_split = float(spearmanr([geo_first[k] for k in ks], [float(geo_mean(rounds[k][half:])) for k in ks])[0])
         # a rank correlation counts plans the measurement cannot order: the pairs it does order, and how many of
         # them each cost orders the same way
-        told, step_agrees = resolved_pairs(rounds, sim_step)
-        paper_agrees = resolved_pairs(rounds, sim_paper)[1]
+        told, step_agrees, paper_agrees = resolved_pairs(rounds, sim_step, sim_paper)
         for k in ks:
             st = paired_interval(rounds[k], tr)
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
@@ -273,6 +272,7 @@ def run(a: TorchRecStepConfig) -> None:
 
 
 SETS_CSV, PLANS_CSV = "torchrec_step_sets.csv", "torchrec_step.csv"
+PAIR_COUNTS = ("distinct_plans", "resolved_pairs", "step_agrees_resolved", "paper_agrees_resolved")  # the counts the pairs sentence needs
 
 
 def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict]]:
@@ -320,7 +320,7 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}; the DMP cost of the first half of the rounds against the second's "
                   f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is).",
-                  *([] if not np.isfinite(float(s.get("resolved_pairs", np.nan))) else [
+                  *([] if not all(np.isfinite(float(s.get(k, np.nan))) for k in PAIR_COUNTS) else [
                       "", f"Pairs of plans the DMP rounds tell apart (paired 95% interval of their ratio excluding 1): "
                       f"{int(s['resolved_pairs'])} of {int(s['distinct_plans']) * (int(s['distinct_plans']) - 1) // 2}; the "
                       f"simulated step cost orders {int(s['step_agrees_resolved'])} of them as measured, the paper cost "

@@ -52,3 +52,5 @@ def test_resolved_pairs_count_only_the_pairs_the_rounds_tell_apart():
     assert resolved_pairs(rounds, {"A": 1.0, "B": 0.5, "C": 1.1}) == (2, 0)
     assert resolved_pairs(rounds, {"A": 1.0, "B": 1.0, "C": 1.0}) == (2, 0)
     assert resolved_pairs({"A": rounds["A"]}, {"A": 1.0}) == (0, 0)
+    # several predictions at once: the pairs told apart once, then each prediction's count
+    assert resolved_pairs(rounds, {"A": 1.0, "B": 2.0, "C": 1.1}, {"A": 1.0, "B": 0.5, "C": 1.1}) == (2, 2, 0)

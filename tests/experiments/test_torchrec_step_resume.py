@@ -56,6 +56,21 @@ def test_a_damaged_pair_count_is_refused_in_one_line(tmp_path, capsys, monkeypat
     assert code == 2 and "resolved_pairs is not a finite number" in err and "Traceback" not in err
 
 
+def test_an_emptied_pair_count_drops_the_pairs_sentence(tmp_path, capsys, monkeypatch):
+    """An empty count (a cell a row predates, kept by the reader) leaves the sentence out, not a traceback."""
+    _finished(tmp_path)
+    sets = tmp_path / "torchrec_step_sets.csv"
+    head, row = sets.read_text().splitlines()[:2]
+    cells = row.split(",")
+    cells[head.split(",").index("step_agrees_resolved")] = ""
+    sets.write_text(head + "\n" + ",".join(cells) + "\n")
+    (tmp_path / "torchrec_step.md").unlink()
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code in (0, None) and "Traceback" not in err, err
+    md = (tmp_path / "torchrec_step.md").read_text()
+    assert "## criteo_kaggle" in md and "Pairs of plans the DMP rounds tell apart" not in md
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--rounds", "8"], "holds runs made with other settings (rounds); pass --fresh"),
     (["--ndevices", "2", "--max_mem", "0.08"], "other settings (ndevices, max_mem)"),
