@@ -123,6 +123,16 @@ class WireLayout:
         # per rank: each kept entry's segment start column, [K_q] (local index + offset = rank column)
         self.offsets = [torch.tensor([o for o, k in zip(_starts(seg), ks) for _ in range(k)], dtype=torch.int64)
                         for seg, ks in zip(self.segments, self.seg_ks)]
+        self._offsets_on: dict = {}  # (rank, device) -> that rank's offsets there, copied once
+
+    def offsets_on(self, rank: int, device: torch.device) -> torch.Tensor:
+        """Rank `rank`'s offsets on `device`: copied there once per layout, not on every all-to-all."""
+        if self.offsets[rank].device == device:
+            return self.offsets[rank]
+        key = (rank, device)
+        if key not in self._offsets_on:
+            self._offsets_on[key] = self.offsets[rank].to(device)
+        return self._offsets_on[key]
 
     def forward_exchange(self, pooled: torch.Tensor):
         return forward_exchange(pooled, self)
@@ -149,7 +159,7 @@ def encode(pooled: torch.Tensor, layout: WireLayout, rank: int) -> tuple[torch.T
         local = torch.cat(local, dim=1)
     else:
         local = torch.zeros(pooled.shape[0], 0, dtype=torch.int64, device=pooled.device)
-    idx = local + layout.offsets[rank].to(pooled.device)
+    idx = local + layout.offsets_on(rank, pooled.device)
     vals = pooled.detach().gather(1, idx).clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
     return torch.cat([_as_bytes(vals), _as_bytes(local.to(layout.itype))], dim=1), idx
 
@@ -162,7 +172,7 @@ def decode(recv: torch.Tensor, layout: WireLayout, dtype=torch.float32) -> tuple
     for q, (w, kq) in enumerate(zip(layout.widths, layout.ks)):
         block = recv[pos: pos + bn * kq * e].reshape(bn, kq * e)
         v = _from_bytes(block[:, : VALUE_BYTES * kq], torch.float16).to(dtype)
-        i = _from_bytes(block[:, VALUE_BYTES * kq:], layout.itype).long() + layout.offsets[q].to(recv.device)
+        i = _from_bytes(block[:, VALUE_BYTES * kq:], layout.itype).long() + layout.offsets_on(q, recv.device)
         dense.append(torch.zeros(bn, w, dtype=dtype, device=recv.device).scatter(1, i, v).reshape(-1))
         recv_idx.append(i)
         pos += bn * kq * e

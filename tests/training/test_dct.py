@@ -452,6 +452,22 @@ def test_sign_codec_tables_go_to_a_device_once():
     assert mp_wire._on(mp_wire._SIGNS, meta) is first and mp_wire._on(mp_wire._LEVELS, meta) is not first
 
 
+def test_topk_layout_offsets_go_to_a_device_once():
+    """The top-k wire's per-rank column offsets are copied to another device once per layout and reused by every
+    encode and decode; on their own device they are used as they are. The meta device stands in for a GPU."""
+    from neuroshard.compression import mp_wire
+
+    layout = mp_wire.WireLayout([24, 16], 0.25, 8, segments=[[16, 8], [16]])
+    assert layout.offsets_on(0, torch.device("cpu")) is layout.offsets[0]
+    meta = torch.device("meta")
+    first = layout.offsets_on(0, meta)
+    assert first.device == meta and first.shape == layout.offsets[0].shape
+    assert layout.offsets_on(0, meta) is first and layout.offsets_on(1, meta) is not first
+    assert layout.offsets[0].tolist() == [0] * 4 + [16] * 2  # per shard k = ceil(0.25 w), at its start column
+    other = mp_wire.WireLayout([24, 16], 0.25, 8, segments=[[16, 8], [16]])
+    assert other.offsets_on(0, meta) is not first  # per layout, not shared through ids
+
+
 def test_sign_codec_codes_a_run_of_equal_widths_as_each_segment_alone():
     """The codec handles consecutive segments of one width as one run (mp_wire._equal_width_runs): the codes,
     the random draws and the decoded values are those of coding each segment by itself, in order, and blocks
