@@ -46,6 +46,7 @@ def graphed(fn):
 
 def run(bn):
     dev, r, B = "cuda", 0, bn * WORLD
+    torch.cuda.init()
     gen = torch.cuda.default_generators[0]  # random rounding's draws; the default generator is graph-safe
     pooled = torch.randn(B, widths[r], device=dev)
     pieces = [W.sign_encode(torch.randn(B, widths[q], device=dev), segs[q], blocks=WORLD, bits=2)
@@ -61,11 +62,16 @@ def run(bn):
             W.sign_encode(grads[q], segs[q], gen)
         W.sign_decode(bw_recv, segs[r], B, blocks=WORLD)
 
+    if PROFILE:
+        from torch.profiler import ProfilerActivity, profile
+        mp_step()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                mp_step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+        return
     st = {"mp sign2 codec, eager": timed(mp_step)}
-    try:
-        st["mp sign2 codec, one graph"] = timed(graphed(mp_step))
-    except Exception as e:  # noqa: BLE001 - a probe: say what failed and go on
-        print(f"bn={bn} capture failed: {type(e).__name__}: {str(e)[:200]}")
     layout = W.WireLayout(widths, 1 / 36, B)
     enc, _ = W.encode(pooled, layout, r)
     recv = torch.cat([enc.reshape(WORLD, bn, -1)[0].reshape(-1)] * WORLD)  # shapes as from 4 ranks
@@ -94,15 +100,19 @@ def run(bn):
         model(dense, emb).sum().backward()
 
     st["MLPs fw+bw, eager"] = timed(mlp)
-    try:
-        st["MLPs fw+bw, one graph"] = timed(graphed(mlp))
-    except Exception as e:  # noqa: BLE001
-        print(f"bn={bn} MLP capture failed: {type(e).__name__}: {str(e)[:200]}")
+    for name, fn in (("MLPs fw+bw, one graph", mlp), ("mp sign2 codec, one graph", mp_step)):  # last: a failed
+        try:                                                                          # capture can spoil the rest
+            st[name] = timed(graphed(fn))
+        except Exception as e:  # noqa: BLE001 - a probe: say what failed and go on
+            print(f"bn={bn} {name}: capture failed: {type(e).__name__}: {str(e)[:200]}")
     for name, ms in st.items():
         print(f"bn={bn:5d} {name:34s} {ms:8.3f} ms", flush=True)
 
 
+PROFILE = False
 if __name__ == "__main__":
-    for bn in (128, 1024, 4096):
+    import sys
+    PROFILE = "--profile" in sys.argv
+    for bn in ((4096,) if PROFILE else (128, 1024, 4096)):
         run(bn)
     print(torch.__version__, torch.cuda.get_device_name())

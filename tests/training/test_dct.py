@@ -452,6 +452,20 @@ def test_sign_codec_tables_go_to_a_device_once():
     assert mp_wire._on(mp_wire._SIGNS, meta) is first and mp_wire._on(mp_wire._LEVELS, meta) is not first
 
 
+def test_sign_codec_unpacks_by_shifting_as_by_table():
+    """The unpacking a GPU takes (shift and mask) gives the CPU's table lookup's floats for every byte and for a
+    width that ends inside a byte, for both tables."""
+    from neuroshard.compression import mp_wire
+
+    b = torch.arange(256, dtype=torch.uint8).reshape(4, 32, 2)
+    for table in (mp_wire._SIGNS, mp_wire._LEVELS):
+        for w in (16, 13):
+            want = mp_wire._unpack(table, b, w)
+            got = mp_wire._unpack_shifted(table, b, w)
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    assert mp_wire._unpack(mp_wire._SIGNS, b[:1, :1], 8).tolist() == [[[-1.0] * 8]]
+
+
 def test_topk_layout_offsets_go_to_a_device_once():
     """The top-k wire's per-rank column offsets are copied to another device once per layout and reused by every
     encode and decode; on their own device they are used as they are. The meta device stands in for a GPU."""
