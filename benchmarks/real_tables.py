@@ -1,10 +1,10 @@
 """Real table sets through the user path: pre-train -> calibrate -> search -> verify (DESIGN.md §8). Run by hand:
 
-    python benchmarks/real_tables.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2]
+    python benchmarks/real_tables.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2,taobao_ad_x1_din]
         [--calibrate 120] [--calibrate_comm 18] [--measure_budget_s 90] [--no_race] [--models_dir models] [--ndevices 4]
         [--max_mem 0.04]
 
-For each cited table set in benchmarks/real_tables/ (26 Criteo features each; see the files' `source`),
+For each cited table set in benchmarks/real_tables/ (26 Criteo features, or Taobao's 19; see the files' `source`),
 scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kept as they are):
 1. every algorithm plans it; each plan is simulated with the pre-trained models;
 2. the models are calibrated on K measured shards of the set's tables (`--calibrate`);
@@ -55,7 +55,8 @@ from neuroshard.hardware.timing import speed_probe_ms  # noqa: E402
 from neuroshard.models.loading import load_cost_models  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 
-SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001}
+SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
+        "taobao_ad_x1_din": 0.5}
 HEURISTICS = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
 
 

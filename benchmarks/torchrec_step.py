@@ -1,6 +1,6 @@
 """Plans judged where a TorchRec user runs them: DistributedModelParallel training steps. Run by hand:
 
-    python benchmarks/torchrec_step.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2]
+    python benchmarks/torchrec_step.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2,taobao_ad_x1_din]
         [--rounds 20] [--warmup_iter 2] [--num_iter 5] [--ndevices 4] [--max_mem 0.04]
 
 For each cited table set of benchmarks/real_tables/ (scaled as benchmarks/real_tables.py scales it), the plans a
