@@ -32,6 +32,7 @@ import torch
 # TrainConfig and its constants live with the other step configs; imported from here too
 from ..core.config import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_sizes  # noqa: F401
 from ..core.errors import UserError
+from .report import STEP_PARTS
 
 
 def dense_arch(cfg: TrainConfig, dense_dim: int, num_tables: int):
@@ -157,7 +158,7 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
         dense_step()
         if freeze_at and step + 1 == freeze_at:  # dense warm-up over: freeze Adam's second moment
             dense_step = FrozenAdam(opt_dense, cfg.dp_adam_floor).step
-        per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],
+        per_step.append((time.perf_counter() - t0, stats.seconds["mp"], stats.seconds["dp"],  # STEP_RECORD's order
                          stats.bytes["mp"], stats.bytes["dp"], state.codec_s, stats.mp_codec_s))
         losses.append(float(loss.detach()))
         if rank == 0 and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
@@ -213,6 +214,9 @@ def log_loss(scores, labels) -> float:
 
 
 RESULT_COLUMNS = ("dataset", "dct", "test_auc", "step_ms", "dp_bytes_per_step")  # also in older files
+# what a rank records per step, in order (seconds, or bytes sent): the step, the collectives' wait, the bytes,
+# the coding; the summary's compute is the step less every other part of STEP_PARTS
+STEP_RECORD = ("step_ms", "mp_comm_ms", "dp_comm_ms", "mp_bytes", "dp_bytes", "dp_codec_ms", "mp_codec_ms")
 
 
 def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=None, progress: bool = True,
@@ -344,10 +348,12 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     digest of the neuroshard sources that trained it (benchmarks resume only rows of the same code)."""
     from ..core.artifacts import source_digest
 
-    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, 7]
+    preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, STEP_RECORD]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
-    med = lambda col: float(statistics.median(per[skip:, col]))  # noqa: E731
+    timed = {c: 1e3 * float(statistics.median(per[skip:, STEP_RECORD.index(c)]))
+             for c in ("step_ms", *(c for _, c in STEP_PARTS if c != "compute_ms"))}
+    timed["compute_ms"] = timed["step_ms"] - sum(timed[c] for _, c in STEP_PARTS if c != "compute_ms")  # the rest
     dense_params = sum(p.numel() for p in dense_arch(cfg, data.dense.shape[1], len(data.num_rows)).parameters())
     mean_loss = np.mean(np.array(rank_losses), axis=0)
     ends = sorted({*range(cfg.log_every, cfg.steps + 1, cfg.log_every), cfg.steps})
@@ -360,11 +366,9 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
         "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),
         "test_logloss": log_loss(preds, labels) if labels else float("nan"), "num_test": len(labels),
-        "step_ms": 1e3 * med(0), "mp_comm_ms": 1e3 * med(1), "dp_comm_ms": 1e3 * med(2),
-        "dp_codec_ms": 1e3 * med(5), "mp_codec_ms": 1e3 * med(6),
-        "compute_ms": 1e3 * (med(0) - med(1) - med(2) - med(5) - med(6)),
-        "mp_bytes_per_step": float(steps[:, :, 3].sum(axis=0).mean()),
-        "dp_bytes_per_step": float(steps[:, :, 4].sum(axis=0).mean()),
+        **timed,
+        "mp_bytes_per_step": float(steps[:, :, STEP_RECORD.index("mp_bytes")].sum(axis=0).mean()),
+        "dp_bytes_per_step": float(steps[:, :, STEP_RECORD.index("dp_bytes")].sum(axis=0).mean()),
         "dense_params": dense_params, "wall_s": wall,
         "loss_curve": json.dumps({e: float(mean_loss[max(0, e - cfg.log_every):e].mean()) for e in ends}),
         "tau_refreshes": len(refreshed_at), "code": source_digest(),

@@ -96,6 +96,27 @@ def test_async_and_sync_dp_hooks_train_bit_identically(movielens):
     assert min(r["dp_comm_ms"] for r in (both_sync, both_async, none_sync, none_async)) >= 0
 
 
+def test_summary_names_each_recorded_column_and_compute_is_the_rest():
+    """`summarize` reads each part of a step from its own recorded column (STEP_RECORD), as medians over ranks'
+    means after the warm-up steps, and compute is the step less the other parts of STEP_PARTS."""
+    from types import SimpleNamespace
+
+    from neuroshard.training.train import STEP_RECORD, summarize
+
+    values = {"step_ms": 0.100, "mp_comm_ms": 0.020, "dp_comm_ms": 0.010, "mp_bytes": 700.0, "dp_bytes": 300.0,
+              "dp_codec_ms": 0.004, "mp_codec_ms": 0.002}
+    steps = torch.tensor([values[c] for c in STEP_RECORD], dtype=torch.float64).repeat(2, 12, 1).numpy()
+    steps[:, 0, 0] = 9.0  # the first step warms up: left out of the medians
+    cfg = TrainConfig(ndevices=2, steps=12)
+    data = SimpleNamespace(dense=torch.zeros(1, 13), num_rows=[10] * 4)
+    r = summarize(cfg, data, ([0.2, 0.8], [0, 1], steps, [], [[0.5] * 12] * 2, []), wall=1.0)
+    assert r["step_ms"] == pytest.approx(100) and r["mp_comm_ms"] == pytest.approx(20)
+    assert r["dp_comm_ms"] == pytest.approx(10) and r["dp_codec_ms"] == pytest.approx(4)
+    assert r["mp_codec_ms"] == pytest.approx(2) and r["compute_ms"] == pytest.approx(64)
+    assert r["mp_bytes_per_step"] == pytest.approx(1400) and r["dp_bytes_per_step"] == pytest.approx(600)
+    assert step_parts(r, 0) == "step 100 ms = compute 64 + DP codec 4 + MP codec 2 + MP comm 20 + DP comm 10"
+
+
 def test_early_stopping_scores_do_not_disturb_training_and_pick_the_best_validation_step(baseline, group):
     """--eval_every: scoring mid-training leaves training bit-identical (4 vs 6 steps apart, same held-out
     tenth), the last scoring equals the final test AUC, and the reported test AUC is the one at the step
