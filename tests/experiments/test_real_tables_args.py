@@ -48,3 +48,23 @@ def test_an_out_dir_it_cannot_write_or_another_run_holds_gets_one_line(capsys, m
         code, line = _run(capsys, monkeypatch, "--out_dir", out)
     assert code == 2 and f"is being written by another run (pid {os.getpid()})" in line
     assert not out.exists()  # the refused run wrote nothing there; the holder's lock made the folder and removed it
+
+
+def test_every_cited_set_is_benchmarked_and_fits_the_default_ranks(tmp_path):
+    """Each table list in benchmarks/real_tables/ is a set the benchmarks run (and each set has a file); it names
+    its source, and scaled as the benchmarks scale it, it loads as a table list and fits 4 ranks of the default
+    --max_mem with room for a plan (at most 3/4 of their memory, no table over one rank's)."""
+    import json
+
+    from neuroshard.data.table_list import load_table_list
+
+    files = sorted(p.stem for p in (real_tables.ROOT / "benchmarks/real_tables").glob("*.json"))
+    assert files == sorted(real_tables.SETS)
+    max_mem = real_tables.RealTablesConfig().max_mem
+    for name, scale in real_tables.SETS.items():
+        raw = json.loads((real_tables.ROOT / "benchmarks/real_tables" / f"{name}.json").read_text())
+        assert raw["name"] == name and len(raw["source"]) > 80, name
+        tables = load_table_list(real_tables.scaled_table_list(name, scale, tmp_path / f"{name}.json"), max_mem)
+        size_gb = tables.task.sizes_gb()
+        assert len(size_gb) == len(raw["tables"]) and size_gb.min() > 0, name
+        assert size_gb.max() <= max_mem and size_gb.sum() <= 0.75 * 4 * max_mem, (name, size_gb.sum())
