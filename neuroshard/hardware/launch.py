@@ -215,6 +215,9 @@ def pin_to_core(rank: int) -> None:
 
 def _entry(rank, world, parent_pid, port, group_device, gpu_ids, fn, args, q):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    # started while the parent held SIGINT/SIGTERM back (run_processes), which the signal mask passes on:
+    # let them through again, so that the parent's terminate() stops us (a pending one now)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     die_with_parent(parent_pid)
     if group_device in (None, "cpu") and not gpu_ids:
         pin_to_core(rank)
@@ -326,8 +329,9 @@ def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[A
             errors[rank] = payload
 
     try:
-        for p in procs:
-            p.start()
+        with deferred_interrupts():  # a Ctrl-C or SIGTERM waits until every process has its start data whole (one
+            for p in procs:          # cut off mid-start printed a traceback from its spawn bootstrap)
+                p.start()
         while len(finished) < world:
             with deferred_interrupts():  # a Ctrl-C waits until this message is read whole and handled
                 try:

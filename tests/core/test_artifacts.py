@@ -201,3 +201,37 @@ def test_an_atomic_write_never_replaces_a_fifo_or_device(tmp_path):
     link.symlink_to(fifo)
     atomic_write_text(link, "x")
     assert link.read_text() == "x" and not link.is_symlink() and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_deferred_interrupts_hold_a_signal_that_another_thread_takes():
+    """A SIGTERM sent to the process while a critical step runs waits for its end, also when the kernel hands it
+    to a thread that does not block it (its Python handler would run in the main thread at once); it is then
+    delivered once, and the handler in place before is back."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from neuroshard.core.artifacts import deferred_interrupts
+
+    got = []
+
+    def mine(signum, frame):
+        got.append(signum)
+
+    before = signal.signal(signal.SIGTERM, mine)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # started before the block: SIGTERM is not blocked there
+    other.start()
+    try:
+        with deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)
+            assert got == []
+        assert got == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        stop.set()
+        other.join()
+        signal.signal(signal.SIGTERM, before)

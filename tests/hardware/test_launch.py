@@ -65,3 +65,41 @@ def test_killed_parent_leaves_no_worker_alive():
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids), "workers outlived their parent"
+
+
+STOPPED_WHILE_STARTING = """
+import multiprocessing.util as util, os, signal, sys
+sys.path.insert(0, {here!r})
+import launch_workers as w
+from neuroshard.core.cli import run_main
+from neuroshard.hardware.launch import run_processes
+
+spawn, spawned = util.spawnv_passfds, []
+def spawn_then_sigterm(path, args, fds):  # SIGTERM lands after the second worker is forked, before it has its
+    pid = spawn(path, args, fds)           # start data (the resource tracker is spawned this way too: not counted)
+    if any("spawn_main" in str(x) for x in args):
+        spawned.append(pid)
+        print(pid, flush=True)
+        if len(spawned) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return pid
+util.spawnv_passfds = spawn_then_sigterm
+run_main(lambda argv: run_processes(w.report_pid_and_sleep, 3, (), lambda pid: None, what="worker"), [])
+"""
+
+
+def test_sigterm_while_workers_start_stops_them_without_a_traceback():
+    """A SIGTERM (or Ctrl-C) that arrives while the workers are being started waits until each has its start
+    data whole: no worker's bootstrap prints a traceback, the run exits 143, and no worker outlives it (they
+    start with the signals held back and let them through again)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", STOPPED_WHILE_STARTING.format(here=str(Path(w.__file__).parent))],
+                          capture_output=True, text=True, env=env, timeout=120)
+    pids = [int(line) for line in proc.stdout.split()]
+    assert proc.returncode == 143, proc.stderr
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+    assert len(pids) == 3  # every worker was started before the signal was let through
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "workers outlived their parent"

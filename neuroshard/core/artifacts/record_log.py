@@ -27,22 +27,30 @@ from .provenance import FORMAT_VERSION
 
 
 class deferred_interrupts:
-    """Hold SIGINT/SIGTERM back while a critical write runs (main thread only); delivered on exit."""
+    """Hold SIGINT/SIGTERM back while a critical step runs (main thread only); delivered on exit. The main thread
+    blocks them, and their handlers only note them meanwhile: a signal sent to the process may be taken by
+    another thread (torch's, a queue's), whose Python handler would still run in the main thread at once."""
 
     def __enter__(self):
         import signal
         import threading
 
-        self._mask = None
+        self._mask, self._handlers, self._pending = None, {}, []
         if threading.current_thread() is threading.main_thread():
             self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._handlers[sig] = signal.signal(sig, lambda signum, frame: self._pending.append(signum))
         return self
 
     def __exit__(self, *exc):
         import signal
 
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
         if self._mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+        for sig in dict.fromkeys(self._pending):  # each signal once, as the kernel would have kept it pending
+            signal.raise_signal(sig)  # to this thread: its restored handler runs now
 
 
 FRAME_MAGIC = b"\xabNSR"           # never the first byte of a pickle (0x80), so old logs are told apart
