@@ -123,16 +123,11 @@ class WireLayout:
         # per rank: each kept entry's segment start column, [K_q] (local index + offset = rank column)
         self.offsets = [torch.tensor([o for o, k in zip(_starts(seg), ks) for _ in range(k)], dtype=torch.int64)
                         for seg, ks in zip(self.segments, self.seg_ks)]
-        self._offsets_on: dict = {}  # (rank, device) -> that rank's offsets there, copied once
+        self._offsets_on: dict = {}  # (rank, device) -> that rank's offsets there (`_on`)
 
     def offsets_on(self, rank: int, device: torch.device) -> torch.Tensor:
         """Rank `rank`'s offsets on `device`: copied there once per layout, not on every all-to-all."""
-        if self.offsets[rank].device == device:
-            return self.offsets[rank]
-        key = (rank, device)
-        if key not in self._offsets_on:
-            self._offsets_on[key] = self.offsets[rank].to(device)
-        return self._offsets_on[key]
+        return _on(self.offsets[rank], device, self._offsets_on, rank)
 
     def forward_exchange(self, pooled: torch.Tensor):
         return forward_exchange(pooled, self)
@@ -322,15 +317,16 @@ _SHIFTS = torch.arange(8, dtype=torch.uint8)                                # bi
 _ON_DEVICE: dict = {}  # (id of one of the tables above, device) -> its copy there, made once
 
 
-def _on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """One of this module's constant tables on `device`: copied there once, not on every call (a copy to a GPU
-    each step would also wait for it)."""
+def _on(table: torch.Tensor, device: torch.device, cache: dict = _ON_DEVICE, key=None) -> torch.Tensor:
+    """`table` on `device`: copied there once into `cache` under (`key`, device), not on every call (a copy to a
+    GPU each step would also wait for it). By default one of this module's constant tables, keyed by its id (they
+    live as long as the module); a layout passes its own cache and key."""
     if table.device == device:
         return table
-    key = (id(table), device)
-    if key not in _ON_DEVICE:
-        _ON_DEVICE[key] = table.to(device)
-    return _ON_DEVICE[key]
+    key = (id(table) if key is None else key, device)
+    if key not in cache:
+        cache[key] = table.to(device)
+    return cache[key]
 
 
 def _flag(a: torch.Tensor, b, compare) -> torch.Tensor:

@@ -351,9 +351,9 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, STEP_RECORD]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
-    timed = {c: 1e3 * float(statistics.median(per[skip:, STEP_RECORD.index(c)]))
-             for c in ("step_ms", *(c for _, c in STEP_PARTS if c != "compute_ms"))}
-    timed["compute_ms"] = timed["step_ms"] - sum(timed[c] for _, c in STEP_PARTS if c != "compute_ms")  # the rest
+    recorded = [c for _, c in STEP_PARTS if c != "compute_ms"]  # compute is what the other parts leave
+    timed = {c: 1e3 * float(statistics.median(per[skip:, STEP_RECORD.index(c)])) for c in ("step_ms", *recorded)}
+    timed["compute_ms"] = timed["step_ms"] - sum(timed[c] for c in recorded)
     dense_params = sum(p.numel() for p in dense_arch(cfg, data.dense.shape[1], len(data.num_rows)).parameters())
     mean_loss = np.mean(np.array(rank_losses), axis=0)
     ends = sorted({*range(cfg.log_every, cfg.steps + 1, cfg.log_every), cfg.steps})
