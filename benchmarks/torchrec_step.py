@@ -1,14 +1,18 @@
 """Plans judged where a TorchRec user runs them: DistributedModelParallel training steps. Run by hand:
 
     python benchmarks/torchrec_step.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2,taobao_ad_x1_din]
-        [--rounds 20] [--warmup_iter 2] [--num_iter 5] [--ndevices 4] [--max_mem 0.04]
+        [--rounds 20] [--warmup_iter 2] [--num_iter 5] [--ndevices 4] [--max_mem 0.04] [--calibrate K]
 
 For each cited table set of benchmarks/real_tables/ (scaled as benchmarks/real_tables.py scales it), the plans a
-user gets, with the pre-trained models of models/ (uncalibrated):
+user gets, with the pre-trained models of models/ (uncalibrated; and calibrated with `--calibrate K`):
 - `shard_tables`: `tools/shard_tables.py --alg neuroshard` (the step cost, then the plan its models rate fastest
   among NeuroShard's, TorchRec's and the heuristics'), through `planning.plan_tables.shard_tables`;
 - `planner`: `NeuroShardPlanner.plan` on the set's EmbeddingBagCollection, as a TorchRec user calls it;
 - `search_step` and `search_paper`: NeuroShard's search alone under the step cost and under the paper's cost;
+- with `--calibrate K`, the same three with the models calibrated on K measured shards of the set's tables
+  (`shard_tables --calibrate K`, the emulated engine on these ranks): `shard_tables_cal`, `planner_cal`
+  (`NeuroShardPlanner(simulator=...)` with that calibration) and `search_step_cal`, and the calibrated step
+  cost's Spearman beside the pre-trained one's;
 - TorchRec's own planner (`torchrec`) and the four greedy heuristics;
 all measured as TorchRec training steps (`hardware/dmp_step.py`: forward + backward with the fused update of
 the sharded EmbeddingBagCollection, global batch B over the ranks, the same ids) in `--rounds` interleaved
@@ -51,7 +55,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from neuroshard.core.artifacts import (OutputLock, check_output_dir, check_output_file, source_digest,  # noqa: E402
                                        write_results)
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
-from neuroshard.core.config import CostModelFiles, SearchParams, ShardTablesConfig, flag  # noqa: E402
+from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, CostModelFiles, SearchParams, ShardTablesConfig,  # noqa: E402
+                                    check_calibrate, flag)
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
@@ -75,6 +80,8 @@ class TorchRecStepConfig:
     rebuild_every: int = flag(1, "build each plan's DistributedModelParallel again every this many rounds (0: once)")
     emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
                                    "beside the DMP steps; 0: skip")
+    calibrate: int = flag(0, "K: also the plans made with the models calibrated on K measured shards of each set "
+                             "(shard_tables --calibrate K, NeuroShardPlanner with that calibration); 0: skip")
     calibrate_dmp: int = flag(16, "random plans measured beside the user's plans, to fit the step cost to DMP steps "
                                   "and judge the fit on the user's plans; 0: skip")
     out_dir: str = flag("results")
@@ -83,7 +90,7 @@ class TorchRecStepConfig:
     def settings(self) -> dict:
         """What every row records and a resumed run must match (besides the code)."""
         return {k: getattr(self, k) for k in ("ndevices", "max_mem", "rounds", "warmup_iter", "num_iter",
-                                              "rebuild_every", "emulated_rounds", "calibrate_dmp")}
+                                              "rebuild_every", "emulated_rounds", "calibrate", "calibrate_dmp")}
 
     def check(self) -> "TorchRecStepConfig":
         unknown = [s for s in self.sets if s not in SCALES]
@@ -94,6 +101,8 @@ class TorchRecStepConfig:
         check_int("--num_iter", self.num_iter, 1, 1000)
         check_int("--emulated_rounds", self.emulated_rounds, 0, 10_000)
         check_int("--rebuild_every", self.rebuild_every, 0, 10_000)
+        if self.calibrate:
+            check_calibrate(self.calibrate, DEFAULT_CALIBRATE_COMM)
         if self.calibrate_dmp:
             check_int("--calibrate_dmp", self.calibrate_dmp, 2, 1000)
         Cluster(self.ndevices, self.max_mem).need_peers()
@@ -109,7 +118,8 @@ def main(argv=None) -> None:
 
 
 def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
-    """The table list and {plan name: Placement} a user gets for set `name` (module docstring)."""
+    """The table list, {plan name: Placement} a user gets for set `name` (module docstring), the pre-trained
+    simulator, the batch, and with `--calibrate` the calibrated simulator (step cost; else None)."""
     from neuroshard.data.table_list import load_table_list
     from neuroshard.models.loading import load_cost_models
     from neuroshard.planning.plan_tables import shard_tables
@@ -132,12 +142,21 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     for c in candidate_plans(tl.task, cluster, sim, search, batch, 0):
         for n in c.names:
             plans[n] = c.plan
-    return tl, plans, sim, batch
+    if a.calibrate:  # the user's path with --calibrate K: measured shards of these tables on these ranks
+        print(f"{name}: calibrating the models on {a.calibrate} measured shards")
+        with contextlib.redirect_stdout(io.StringIO()):
+            made = shard_tables(ShardTablesConfig(tables=str(path), ndevices=a.ndevices, max_mem=a.max_mem,
+                                                  calibrate=a.calibrate, out=str(tmp / f"{name}.cal.plan.json")))
+        calibrated = made["simulator"].with_cost("step")
+        plans.update(shard_tables_cal=made["plan"], planner_cal=planner_plan(tl, a, calibrated),
+                     search_step_cal=neuroshard_search(calibrated, tl.task, cluster, search))
+    return tl, plans, sim, batch, calibrated if a.calibrate else None
 
 
-def planner_plan(tl, a: TorchRecStepConfig):
+def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
     """`NeuroShardPlanner.plan` of the set's EmbeddingBagCollection (one feature per table, the tables' pooling
-    factors as constraints, each rank's DDR = --max_mem), as the Placement it chose."""
+    factors as constraints, each rank's DDR = --max_mem), as the Placement it chose; with `simulator`, planned
+    with those (calibrated) models instead of the files in models/."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -152,7 +171,7 @@ def planner_plan(tl, a: TorchRecStepConfig):
                                  device=torch.device("meta"))
     constraints = {n: ParameterConstraints(pooling_factors=[float(p)]) for n, p in zip(tl.names, tl.task.pooling_factors)}
     p = NeuroShardPlanner(Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.max_mem * 2**30)),
-                          constraints=constraints, debug=False)
+                          constraints=constraints, debug=False, simulator=simulator)
     p.plan(ebc, [EmbeddingBagCollectionSharder()])
     return p.last_result.plan
 
@@ -207,7 +226,7 @@ def run(a: TorchRecStepConfig) -> None:
         measured = True
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            tl, plans, sim, batch = user_plans(name, a, tmp)
+            tl, plans, sim, batch, calibrated = user_plans(name, a, tmp)
             print(f"\n=== {name}: {len(tl.names)} tables, {len(set(map(plan_key, plans.values())))} distinct plans "
                   f"(and {a.calibrate_dmp} random plans for the step fit), {a.rounds} rounds on {a.ndevices} ranks")
             for i, p in enumerate(sample_user_plans(tl.task, Cluster(a.ndevices, a.max_mem), a.calibrate_dmp, 0)):
@@ -226,6 +245,8 @@ def run(a: TorchRecStepConfig) -> None:
         step_sim, paper_sim = sim.with_cost("step"), sim.with_cost("paper")
         sim_step = {k: step_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
         sim_paper = {k: paper_sim.plan_cost(tl.task, plans[ns[0]]).cost_ms for k, ns in distinct.items()}
+        sim_cal = {k: calibrated.plan_cost(tl.task, plans[ns[0]]).cost_ms if calibrated else np.nan
+                   for k, ns in distinct.items()}
         meas = {k: float(geo_mean(v)) for k, v in rounds.items()}
         ks = list(rounds)
         fitted = {k: np.nan for k in ks}
@@ -241,6 +262,7 @@ def run(a: TorchRecStepConfig) -> None:
                         "fit_ratio_max": float(ratio.max())}
         rho_step = float(spearmanr([sim_step[k] for k in ks], [meas[k] for k in ks])[0])
         rho_paper = float(spearmanr([sim_paper[k] for k in ks], [meas[k] for k in ks])[0])
+        rho_cal = float(spearmanr([sim_cal[k] for k in ks], [meas[k] for k in ks])[0]) if calibrated else np.nan
         rho_emulated = float(spearmanr([emulated[k] for k in ks], [meas[k] for k in ks])[0]) if emulated else np.nan
         # the random plans spread wider than the user's: how the step cost ranks plans whose costs differ
         rho_random = float(spearmanr(fit_sim, fit_ms)[0]) if len(fit_plans) > 2 else np.nan
@@ -254,13 +276,14 @@ def run(a: TorchRecStepConfig) -> None:
             st = paired_interval(rounds[k], tr)
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
                          "dmp_ms": meas[k], "emulated_ms": emulated.get(k, np.nan), "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
+                         "sim_cal_step_ms": sim_cal[k],
                          "sim_meas_step": sim_step[k] / meas[k], "sim_fit_ms": fitted[k],
                          "sim_meas_fit": fitted[k] / meas[k], "vs_torchrec": st.estimate,
                          "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, **made})
         held = paired_interval(rounds[best_key][half:], tr[half:])
         sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
-                     "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "spearman_split_half": rho_split,
+                     "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "spearman_step_cal": rho_cal, "spearman_split_half": rho_split,
                      "spearman_step_random": rho_random, "distinct_plans": len(ks), "resolved_pairs": told,
                      "step_agrees_resolved": step_agrees, "paper_agrees_resolved": paper_agrees,
                      "fit_plans": len(fit_plans), **fit_cols,
@@ -319,7 +342,9 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"the {s['distinct_plans']} plans against the DMP-measured cost: simulated step cost "
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}; the DMP cost of the first half of the rounds against the second's "
-                  f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is).",
+                  f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is)"
+                  + ("." if not np.isfinite(float(s.get("spearman_step_cal", np.nan))) else
+                     f"; the step cost of the calibrated models (--calibrate) {float(s['spearman_step_cal']):.2f}."),
                   *([] if not all(np.isfinite(float(s.get(k, np.nan))) for k in PAIR_COUNTS) else [
                       "", f"Pairs of plans the DMP rounds tell apart (paired 95% interval of their ratio excluding 1): "
                       f"{int(s['resolved_pairs'])} of {int(s['distinct_plans']) * (int(s['distinct_plans']) - 1) // 2}; the "

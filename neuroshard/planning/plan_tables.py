@@ -255,7 +255,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
                                        seed=seed, search=search.__dict__, mp_keep=cfg.mp_keep)}
     if calibration is not None:
         record["calibration"] = calibration
-    report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec}
+    report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec, "simulator": sim}  # sim: what planned it
     if cfg.measure:
         mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
                              top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,

@@ -74,6 +74,7 @@ def test_an_emptied_pair_count_drops_the_pairs_sentence(tmp_path, capsys, monkey
 @pytest.mark.parametrize("argv, fragment", [
     (["--rounds", "8"], "holds runs made with other settings (rounds); pass --fresh"),
     (["--ndevices", "2", "--max_mem", "0.08"], "other settings (ndevices, max_mem)"),
+    (["--calibrate", "120"], "other settings (calibrate)"),
 ])
 def test_other_settings_are_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, fragment):
     _finished(tmp_path)
@@ -94,3 +95,10 @@ def test_a_folder_where_a_results_file_goes_is_refused_before_any_work(tmp_path,
     (tmp_path / name).mkdir()
     code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
     assert code == 2 and f"{name} is a folder; name a file to write" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["5", "-3", "many"])
+def test_a_bad_calibrate_is_refused_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, value):
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path, "--calibrate", value)
+    assert code == 2 and "--calibrate" in err and "Traceback" not in err
+    assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1
