@@ -18,7 +18,8 @@ all measured as TorchRec training steps (`hardware/dmp_step.py`: forward + backw
 the sharded EmbeddingBagCollection, global batch B over the ranks, the same ids) in `--rounds` interleaved
 rounds of every distinct plan (shuffled per round; each plan's DistributedModelParallel built again every
 `--rebuild_every` rounds, since two builds of one plan differ by a few per cent), on `--ndevices` gloo ranks. Per plan: its
-ratio to TorchRec's plan (paired over rounds, geometric mean, Student-t 95% interval), and the "measured best"
+ratio to TorchRec's plan (paired over rounds, geometric mean, Student-t 95% interval) and the ratio of the plan
+`shard_tables` hands out to it (so against each heuristic's plan), and the "measured best"
 (the plan fastest over the first half of the rounds, judged on the second half only, so that picking it is not
 what makes it fast). Per set: the Spearman correlation over the distinct plans of each simulated cost (step,
 paper) and of the emulated engine's measured cost (`--emulated_rounds`: the engine that emulates independent
@@ -272,14 +273,16 @@ def run(a: TorchRecStepConfig) -> None:
         # a rank correlation counts plans the measurement cannot order: the pairs it does order, and how many of
         # them each cost orders the same way
         told, step_agrees, paper_agrees = resolved_pairs(rounds, sim_step, sim_paper)
+        handed = rounds[plan_key(plans["shard_tables"])]  # the plan shard_tables hands out
         for k in ks:
-            st = paired_interval(rounds[k], tr)
+            st, sh = paired_interval(rounds[k], tr), paired_interval(handed, rounds[k])
             rows.append({"set": name, "plan": "/".join(distinct[k]), "column_split": bool(plans[distinct[k][0]].splits),
                          "dmp_ms": meas[k], "emulated_ms": emulated.get(k, np.nan), "sim_step_ms": sim_step[k], "sim_paper_ms": sim_paper[k],
                          "sim_cal_step_ms": sim_cal[k],
                          "sim_meas_step": sim_step[k] / meas[k], "sim_fit_ms": fitted[k],
                          "sim_meas_fit": fitted[k] / meas[k], "vs_torchrec": st.estimate,
-                         "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, **made})
+                         "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, "handed_vs": sh.estimate,
+                         "handed_vs_lo": sh.lo, "handed_vs_hi": sh.hi, **made})
         held = paired_interval(rounds[best_key][half:], tr[half:])
         sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
@@ -327,15 +330,18 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
 
     lines = [f"# Plans measured as TorchRec training steps ({a.ndevices} gloo ranks, {a.rounds} interleaved rounds, "
              f"{a.warmup_iter} warm-up + {a.num_iter} timed steps per plan per round)", "",
-             "Ratio of each plan's DMP step time to TorchRec's own plan's (paired over rounds, 95% interval).", ""]
+             "Ratio of each plan's DMP step time to TorchRec's own plan's, and of the plan `shard_tables` hands out to "
+             "each plan's (paired over rounds, 95% interval).", ""]
     for s in sets:
         mine = [r for r in rows if r["set"] == s["set"]]
         lines += [f"## {s['set']}", "",
                   *format_table(["plan", "column split", "DMP ms", "emulated engine ms", "sim step ms", "sim paper ms",
-                                 "fitted step ms", "vs TorchRec in DMP [95% CI]"],
+                                 "fitted step ms", "vs TorchRec in DMP [95% CI]",
+                                 "plan handed out vs this plan [95% CI]"],
                                 [[r["plan"], "yes" if r["column_split"] else "no", f"{r['dmp_ms']:.2f}",
                                   f"{r['emulated_ms']:.2f}", f"{r['sim_step_ms']:.3f}", f"{r['sim_paper_ms']:.3f}",
-                                  f"{r.get('sim_fit_ms', float('nan')):.2f}", ci(r, "vs_torchrec")]
+                                  f"{r.get('sim_fit_ms', float('nan')):.2f}", ci(r, "vs_torchrec"),
+                                  ci(r, "handed_vs") if "handed_vs" in r and np.isfinite(float(r["handed_vs"])) else "-"]
                                  for r in sorted(mine, key=lambda r: r["dmp_ms"])], style="markdown"), "",
                   f"Measured best (chosen on the first {a.rounds - s['held_out_rounds']} rounds): {s['measured_best']}, "
                   f"{ci(s, 'best_vs_torchrec')} of TorchRec's on the {s['held_out_rounds']} held-out rounds. Spearman over "
