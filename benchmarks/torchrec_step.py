@@ -143,6 +143,7 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     for c in candidate_plans(tl.task, cluster, sim, search, batch, 0):
         for n in c.names:
             plans[n] = c.plan
+    calibrated = None
     if a.calibrate:  # the user's path with --calibrate K: measured shards of these tables on these ranks
         print(f"{name}: calibrating the models on {a.calibrate} measured shards")
         with contextlib.redirect_stdout(io.StringIO()):
@@ -151,7 +152,7 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
         calibrated = made["simulator"].with_cost("step")
         plans.update(shard_tables_cal=made["plan"], planner_cal=planner_plan(tl, a, calibrated),
                      search_step_cal=neuroshard_search(calibrated, tl.task, cluster, search))
-    return tl, plans, sim, batch, calibrated if a.calibrate else None
+    return tl, plans, sim, batch, calibrated
 
 
 def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
@@ -325,6 +326,9 @@ def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict]]:
 
 
 def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
+    def finite(r, key) -> bool:  # the cell holds a number (rows a column postdates, or a skipped figure, hold NaN)
+        return np.isfinite(float(r.get(key, np.nan)))
+
     def ci(r, key):
         return f"{r[key]:.3f} [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]"
 
@@ -341,7 +345,7 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                                 [[r["plan"], "yes" if r["column_split"] else "no", f"{r['dmp_ms']:.2f}",
                                   f"{r['emulated_ms']:.2f}", f"{r['sim_step_ms']:.3f}", f"{r['sim_paper_ms']:.3f}",
                                   f"{r.get('sim_fit_ms', float('nan')):.2f}", ci(r, "vs_torchrec"),
-                                  ci(r, "handed_vs") if "handed_vs" in r and np.isfinite(float(r["handed_vs"])) else "-"]
+                                  ci(r, "handed_vs") if finite(r, "handed_vs") else "-"]
                                  for r in sorted(mine, key=lambda r: r["dmp_ms"])], style="markdown"), "",
                   f"Measured best (chosen on the first {a.rounds - s['held_out_rounds']} rounds): {s['measured_best']}, "
                   f"{ci(s, 'best_vs_torchrec')} of TorchRec's on the {s['held_out_rounds']} held-out rounds. Spearman over "
@@ -349,9 +353,9 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                   f"{s['spearman_step']:.2f}, simulated paper cost {s['spearman_paper']:.2f}, emulated engine "
                   f"{s['spearman_emulated']:.2f}; the DMP cost of the first half of the rounds against the second's "
                   f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is)"
-                  + ("." if not np.isfinite(float(s.get("spearman_step_cal", np.nan))) else
+                  + ("." if not finite(s, "spearman_step_cal") else
                      f"; the step cost of the calibrated models (--calibrate) {float(s['spearman_step_cal']):.2f}."),
-                  *([] if not all(np.isfinite(float(s.get(k, np.nan))) for k in PAIR_COUNTS) else [
+                  *([] if not all(finite(s, k) for k in PAIR_COUNTS) else [
                       "", f"Pairs of plans the DMP rounds tell apart (paired 95% interval of their ratio excluding 1): "
                       f"{int(s['resolved_pairs'])} of {int(s['distinct_plans']) * (int(s['distinct_plans']) - 1) // 2}; the "
                       f"simulated step cost orders {int(s['step_agrees_resolved'])} of them as measured, the paper cost "
