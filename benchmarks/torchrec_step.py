@@ -33,7 +33,9 @@ orders as measured. With `--calibrate_dmp P` (default 16), P random plans of the
 them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
 the fitted step cost is judged on the user's plans, none of which the fit saw; the step cost's Spearman over
 the random plans, whose costs spread wider, is reported beside it. Writes results/torchrec_step.{csv,md}
-(per plan) and results/torchrec_step_sets.csv (per set), each with its .meta.json, after every set. A rerun with
+(per plan), results/torchrec_step_rounds.csv (every plan's step time in every round, random plans included, so
+that any pair's interval can be worked out later) and results/torchrec_step_sets.csv (per set), each with its
+.meta.json, after every set. A rerun with
 the same settings and code skips the sets those files already hold (Ctrl-C loses at most the set being measured);
 `--fresh` measures every set again.
 """
@@ -217,7 +219,7 @@ def run(a: TorchRecStepConfig) -> None:
     from neuroshard.planning.step_fit import fit_step_fit, sample_user_plans
     from neuroshard.sharding.search import plan_key
 
-    rows, sets = finished_sets(a)
+    rows, sets, times = finished_sets(a)
     made = {**a.settings(), "code": source_digest()}  # recorded in every row, checked on resuming
     measured = False
     for name in a.sets:
@@ -236,6 +238,8 @@ def run(a: TorchRecStepConfig) -> None:
             rounds, distinct, emulated = measure(tl, plans, a, batch, tmp)
         # the fit's random plans (the user's plans among them, if one was drawn, count as the user's): judged apart
         fit_keys = [k for k, ns in distinct.items() if all(n.startswith(RANDOM) for n in ns)]
+        times += [{"set": name, "plan": "/".join(ns), "round": i, "dmp_ms": float(ms)}
+                  for k, ns in distinct.items() for i, ms in enumerate(rounds[k])]  # every plan's rounds, kept
         fit_plans = [plans[distinct[k][0]] for k in fit_keys]
         fit_ms = [float(geo_mean(rounds.pop(k))) for k in fit_keys]
         distinct = {k: [n for n in ns if not n.startswith(RANDOM)] for k, ns in distinct.items() if k in rounds}
@@ -293,26 +297,29 @@ def run(a: TorchRecStepConfig) -> None:
                      "fit_plans": len(fit_plans), **fit_cols,
                      "seconds": time.perf_counter() - t0, **made})
         print(sets[-1])
-        write(rows, sets, a)  # after every set: an interrupted run keeps the sets it finished
+        write(rows, sets, times, a)  # after every set: an interrupted run keeps the sets it finished
     if sets and not measured:  # every set finished before: report them
-        write(rows, sets, a)
+        write(rows, sets, times, a)
 
 
-SETS_CSV, PLANS_CSV = "torchrec_step_sets.csv", "torchrec_step.csv"
+SETS_CSV, PLANS_CSV, ROUNDS_CSV = "torchrec_step_sets.csv", "torchrec_step.csv", "torchrec_step_rounds.csv"
 PAIR_COUNTS = ("distinct_plans", "resolved_pairs", "step_agrees_resolved", "paper_agrees_resolved")  # the counts the pairs sentence needs
 
 
-def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict]]:
-    """(plan rows, set rows) of the sets the results files already hold, made with these settings and this
-    code (refused in one line otherwise); none with --fresh. The sets CSV is written last, so a set counts
-    as finished only once both files hold it."""
+def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict], list[dict]]:
+    """(plan rows, set rows, per-round rows) of the sets the results files already hold, made with these
+    settings and this code (refused in one line otherwise); none with --fresh. The sets CSV is written last,
+    so a set counts as finished only once the plans file holds it too (a rounds file older runs did not
+    write is not required)."""
     out = Path(a.out_dir)
     check_output_file(out / PLANS_CSV, "--out_dir:")
+    check_output_file(out / ROUNDS_CSV, "--out_dir:")
     done = runs_done(out / SETS_CSV, a.fresh, a.settings(), ("set",))
     if a.fresh:
         (out / PLANS_CSV).unlink(missing_ok=True)
+        (out / ROUNDS_CSV).unlink(missing_ok=True)
     if not done:
-        return [], []
+        return [], [], []
     names = {name for (name,) in done}
     sets = [r for r in read_results(out / SETS_CSV, ("set", "measured_best")).to_dict("records") if r["set"] in names]
     plans = out / PLANS_CSV
@@ -322,10 +329,12 @@ def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict]]:
     if missing:
         raise UserError(f"{plans} lacks the plans of set {sorted(missing)[0]!r} that {out / SETS_CSV} holds; "
                         "pass --fresh to measure every set again")
-    return rows, sets
+    times = out / ROUNDS_CSV
+    times = read_results(times, ("set", "plan", "round", "dmp_ms")).to_dict("records") if times.is_file() else []
+    return rows, sets, [r for r in times if r["set"] in names]
 
 
-def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
+def write(rows: list[dict], sets: list[dict], times: list[dict], a: TorchRecStepConfig) -> None:
     def finite(r, key) -> bool:  # the cell holds a number (rows a column postdates, or a skipped figure, hold NaN)
         return np.isfinite(float(r.get(key, np.nan)))
 
@@ -368,6 +377,8 @@ def write(rows: list[dict], sets: list[dict], a: TorchRecStepConfig) -> None:
                       f"{s.get('spearman_step_random', float('nan')):.2f}."]), ""]
     out = Path(a.out_dir)
     write_results(out / PLANS_CSV, rows, markdown="\n".join(lines), config=a.__dict__)
+    if times:  # per plan and round, so that any pair's interval can be worked out later
+        write_results(out / ROUNDS_CSV, times, config=a.__dict__)
     write_results(out / SETS_CSV, sets, config=a.__dict__)  # last: it marks the sets finished
     print("\n".join(lines))
 

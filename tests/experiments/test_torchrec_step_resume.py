@@ -29,7 +29,32 @@ def _finished(tmp_path, name="criteo_kaggle"):
              "best_vs_torchrec_hi": 0.9, "held_out_rounds": 10, "spearman_step": 1.0, "spearman_paper": 1.0,
              "spearman_emulated": 1.0, "distinct_plans": 2, "resolved_pairs": 1, "step_agrees_resolved": 1,
              "paper_agrees_resolved": 0, "seconds": 60.0, **made}]
-    torchrec_step.write(rows, sets, a)
+    times = [{"set": name, "plan": p, "round": i, "dmp_ms": ms + 0.01 * i}
+             for p, ms in (("torchrec", 2.0), ("shard_tables", 1.7), ("random0", 2.4)) for i in range(4)]
+    torchrec_step.write(rows, sets, times, a)
+
+
+def test_a_rerun_keeps_every_rounds_step_time(tmp_path, capsys, monkeypatch):
+    """The per-round times of a finished set survive a rerun that rewrites the results files."""
+    import pandas as pd
+
+    _finished(tmp_path)
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code in (0, None), err
+    df = pd.read_csv(tmp_path / "torchrec_step_rounds.csv")
+    assert len(df) == 12 and set(df.plan) == {"torchrec", "shard_tables", "random0"}
+    assert df[df.plan == "shard_tables"].sort_values("round").dmp_ms.round(2).tolist() == [1.7, 1.71, 1.72, 1.73]
+
+
+def test_results_without_a_rounds_file_still_resume(tmp_path, capsys, monkeypatch):
+    """Runs written before the rounds file existed resume; their report is rebuilt without it."""
+    _finished(tmp_path)
+    (tmp_path / "torchrec_step_rounds.csv").unlink()
+    (tmp_path / "torchrec_step.md").unlink()
+    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    assert code in (0, None), err
+    assert "## criteo_kaggle" in (tmp_path / "torchrec_step.md").read_text()
+    assert not (tmp_path / "torchrec_step_rounds.csv").exists()
 
 
 def test_a_rerun_skips_the_finished_sets_and_reports_them(tmp_path, capsys, monkeypatch):
@@ -90,7 +115,7 @@ def test_a_plans_file_without_a_finished_set_is_refused(tmp_path, capsys, monkey
     assert code == 2 and "lacks the plans of set 'criteo_kaggle'" in err and "--fresh" in err
 
 
-@pytest.mark.parametrize("name", ["torchrec_step_sets.csv", "torchrec_step.csv"])
+@pytest.mark.parametrize("name", ["torchrec_step_sets.csv", "torchrec_step.csv", "torchrec_step_rounds.csv"])
 def test_a_folder_where_a_results_file_goes_is_refused_before_any_work(tmp_path, capsys, monkeypatch, name):
     (tmp_path / name).mkdir()
     code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
