@@ -2,17 +2,21 @@
 --input_dist TorchRec's input distribution (its KJTAllToAll of ids and lengths, §3.4b) for many feature layouts.
 
 Spawns --ndevices ranks itself on one machine (gloo on CPU, NCCL on CUDA); under torchrun it runs
-as one rank of the launched group instead (rank 0 writes the file).
+as one rank of the launched group instead (rank 0 writes the file), and --ndevices defaults to its world size.
 """
 from __future__ import annotations
 
 from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import CommCollectConfig
 from neuroshard.hardware.collect import collect_comm
+from neuroshard.hardware.launch import in_torchrun, torchrun_env
 
 
 def main(argv=None) -> int:
-    collect_comm(config_from_args(CommCollectConfig, step_parser(CommCollectConfig, __doc__).parse_args(argv)))
+    a = step_parser(CommCollectConfig, __doc__).parse_args(argv)
+    if a.ndevices is None and in_torchrun():  # its world size (checked with the rest of its environment)
+        a.ndevices = torchrun_env()[1]
+    collect_comm(config_from_args(CommCollectConfig, a))
     return 0
 
 

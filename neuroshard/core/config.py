@@ -291,7 +291,8 @@ class CommCollectConfig:
     """Step 3b (collect_comm_cost_data.py): all-to-all costs for dim layouts and delays (DESIGN.md §3.2)."""
     data_size: int = flag(1000, "samples the output file should hold")
     gpu_devices: tuple[int, ...] | None = gpu_devices_flag()
-    ndevices: int = flag(4, "number of ranks (CPU processes)")
+    ndevices: int = flag(4, "number of ranks (CPU processes); default 4, or under torchrun its world size (another "
+                            "value is refused)", none_if_absent=True)
     T_range: tuple[int, int] = flag((10, 60), parse="int_range")
     sleep_range: tuple[float, float] = flag((1.0, 20.0), "straggler spread range, ms", parse="float_range")
     max_dim: int = flag(128)

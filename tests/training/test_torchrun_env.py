@@ -152,3 +152,26 @@ def test_bad_new_flags_are_one_line(argv, fragment):
     r = run_python(SCRIPT, *argv, timeout=120)
     assert_clean_error(r, fragment)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_comm_collector_takes_the_world_size_and_refuses_another(tmp_path, monkeypatch):
+    """collect_comm_cost_data.py under torchrun: --ndevices left out is the world size, another is one line
+    (before any rank waits on a rendezvous or a file is written)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("collect_comm_tool", ROOT / "collect_comm_cost_data.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    seen = {}
+    monkeypatch.setattr(tool, "collect_comm", lambda cfg: seen.setdefault("cfg", cfg))
+    for k, v in dict(RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
+        monkeypatch.setenv(k, v)
+    assert tool.main(["--out_dir", str(tmp_path)]) == 0
+    assert seen["cfg"].ndevices == 3
+    env, tmp = _env(tmp_path, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    r = subprocess.run([sys.executable, str(ROOT / "collect_comm_cost_data.py"), "--ndevices", "3", "--data_size", "2",
+                        "--out_dir", str(tmp_path / "c")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: --ndevices 3 but torchrun started 2 ranks; pass --ndevices 2 or "
+                                             "leave it out"]
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
