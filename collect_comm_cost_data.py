@@ -9,13 +9,12 @@ from __future__ import annotations
 from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import CommCollectConfig
 from neuroshard.hardware.collect import collect_comm
-from neuroshard.hardware.launch import in_torchrun, torchrun_env
+from neuroshard.hardware.launch import default_ndevices
 
 
 def main(argv=None) -> int:
     a = step_parser(CommCollectConfig, __doc__).parse_args(argv)
-    if a.ndevices is None and in_torchrun():  # its world size (checked with the rest of its environment)
-        a.ndevices = torchrun_env()[1]
+    default_ndevices(a)
     collect_comm(config_from_args(CommCollectConfig, a))
     return 0
 

@@ -329,8 +329,8 @@ def finished_sets(a: TorchRecStepConfig) -> tuple[list[dict], list[dict], list[d
     if missing:
         raise UserError(f"{plans} lacks the plans of set {sorted(missing)[0]!r} that {out / SETS_CSV} holds; "
                         "pass --fresh to measure every set again")
-    times = out / ROUNDS_CSV
-    times = read_results(times, ("set", "plan", "round", "dmp_ms")).to_dict("records") if times.is_file() else []
+    rounds_csv = out / ROUNDS_CSV
+    times = read_results(rounds_csv, ("set", "plan", "round", "dmp_ms")).to_dict("records") if rounds_csv.is_file() else []
     return rows, sets, [r for r in times if r["set"] in names]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import TrainDLRMConfig
 from neuroshard.core.errors import UserError
-from neuroshard.hardware.launch import in_torchrun, torchrun_env
+from neuroshard.hardware.launch import default_ndevices
 from neuroshard.training.report import step_parts
 from neuroshard.training.train import train_dlrm
 
@@ -23,8 +23,7 @@ def main(argv=None) -> int:
     if a.mp_keep is not None and a.dct not in ("mp", "both"):
         raise UserError(f"--mp_keep sets DCT-MP, which --dct {a.dct} does not run; pass --dct mp (or both), or drop "
                         "--mp_keep")
-    if a.ndevices is None and in_torchrun():  # its world size (checked with the rest of its environment)
-        a.ndevices = torchrun_env()[1]
+    default_ndevices(a)
     run = config_from_args(TrainDLRMConfig, a)
     r = train_dlrm(run.train, run.results_csv, run.models)
     if r is None:  # a torchrun rank other than 0: rank 0 reports

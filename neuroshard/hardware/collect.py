@@ -25,7 +25,7 @@ from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
 from .comm_bench import COMM_DATA_KIND, INPUT_MAX_POOLING, CommRankSettings, InputDist, comm_rank
 from .compute_bench import COMPUTE_DATA_KIND, ComputeWorkerSettings, compute_worker, family_collection
-from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes, torchrun_env
+from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes, torchrun_env, torchrun_ranks
 
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
@@ -148,11 +148,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     gpu_ids = list(cfg.gpu_devices) if cfg.gpu_devices else None
     N = len(gpu_ids) if gpu_ids else cfg.ndevices
     if in_torchrun():
-        world = torchrun_env()[1]
-        if not gpu_ids and cfg.ndevices != world:
-            raise UserError(f"--ndevices {cfg.ndevices} but torchrun started {world} ranks; pass --ndevices {world} "
-                            "or leave it out")
-        N = world
+        N = torchrun_env()[1] if gpu_ids else torchrun_ranks(cfg.ndevices)[1]
     cfg.check(N)
     check_max_dim(cfg.max_dim)
     warmup_iter, num_iter, seed, batch_size = cfg.warmup_iter, cfg.num_iter, cfg.seed, cfg.batch_size

@@ -83,6 +83,22 @@ def torchrun_env() -> tuple[int, int, int]:
     return rank, world, local
 
 
+def torchrun_ranks(ndevices: int) -> tuple[int, int, int]:
+    """`torchrun_env()`, and a --ndevices other than torchrun's world size refused in one line."""
+    rank, world, local = torchrun_env()
+    if world != ndevices:
+        raise UserError(f"--ndevices {ndevices} but torchrun started {world} ranks; pass --ndevices {world} or "
+                        "leave it out")
+    return rank, world, local
+
+
+def default_ndevices(args) -> None:
+    """A script's parsed --ndevices, left out (None) under torchrun: torchrun's world size (its environment
+    checked as `torchrun_env` checks it)."""
+    if args.ndevices is None and in_torchrun():
+        args.ndevices = torchrun_env()[1]
+
+
 def quiet_torchrec_logs() -> None:
     """TorchRec's KJT asks torch.fx whether it is tracing, and torch then warns once per rank that it was asked: a
     line per rank that says nothing to a user of a TorchRec step or collective."""

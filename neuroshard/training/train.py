@@ -229,17 +229,13 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     from tqdm import tqdm
 
     from ..core.artifacts import check_output_file, check_results_csv
-    from ..hardware.launch import in_torchrun, join_torchrun_group, torchrun_env
+    from ..hardware.launch import in_torchrun, join_torchrun_group, torchrun_ranks
     from .data import load_data
 
     torchrun = in_torchrun()
     rank0 = True
     if torchrun:
-        rank, world, _ = torchrun_env()  # before anything else: a bad environment is one line
-        if world != cfg.ndevices:
-            raise UserError(f"--ndevices {cfg.ndevices} but torchrun started {world} ranks; "
-                            f"pass --ndevices {world} or leave it out")
-        rank0 = rank == 0
+        rank0 = torchrun_ranks(cfg.ndevices)[0] == 0  # before anything else: a bad environment is one line
     cfg = cfg.check().resolved()
     if torchrun:
         progress = progress and rank0
