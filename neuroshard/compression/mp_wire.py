@@ -330,9 +330,9 @@ def _on(table: torch.Tensor, device: torch.device, cache: dict = _ON_DEVICE, key
 
 
 def _flag(a: torch.Tensor, b, compare) -> torch.Tensor:
-    """`compare(a, b)` as float 0 / 1 ([..., w], a's shape): on CPU a comparison writes floats several times
-    faster than bools."""
-    return compare(a, b, out=torch.empty_like(a))
+    """`compare(a, b)` as float 0 / 1 ([..., w], a's shape, contiguous whatever a's strides, so that `_pack` reads
+    it without a copy): on CPU a comparison writes floats several times faster than bools."""
+    return compare(a, b, out=torch.empty(a.shape, dtype=a.dtype, device=a.device))
 
 
 def _pack(bits: torch.Tensor) -> torch.Tensor:
@@ -415,12 +415,11 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     r = rows // blocks
     x = x.detach()
     runs = _equal_width_runs(segments)
-    if generator is not None:  # per run [blocks, n, r, w], drawn block by block, shard by shard
-        draws = [torch.empty(blocks, n, r, w, device=x.device) for _, w, n in runs]
-        for b in range(blocks):
+    if generator is not None:  # per run [blocks, n, r, w], drawn block by block: a block's shards lie in order in
+        draws = [torch.empty(blocks, n, r, w, device=x.device) for _, w, n in runs]  # d[b], so one call draws them
+        for b in range(blocks):  # as one per shard would. Drawn on [0, 2): exactly twice the draws on [0, 1)
             for d in draws:
-                for j in range(d.shape[1]):
-                    d[b, j].uniform_(0, 1, generator=generator)
+                d[b].uniform_(0, 2, generator=generator)
     for i, (start, w, n) in enumerate(runs):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
         wide = shard_bits(w, bits) == 2
@@ -430,8 +429,8 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         elif generator is None:  # summed in float64: no overflow near float32's largest, no underflow to 0 of a
             m64 = seg.abs().mean(dim=3, dtype=torch.float64)  # shard holding only subnormals
             m = m64.float().where(~((m64 > 0) & (m64.float() == 0)), _TINY)
-        else:
-            m = seg.abs().amax(dim=3)
+        else:  # max |x| from two read-only passes (NaN propagates through both, as through |x|)
+            m = torch.maximum(seg.amax(dim=3), seg.amin(dim=3).neg_())
         # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
         finite = m.isfinite()
         base = m.where(finite, 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
@@ -444,9 +443,12 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
             if wide:  # the nearer of the two decoded levels
                 planes.append(_flag(mag, scale.unsqueeze(3) * (1 + OUTER_LEVEL) / 2, torch.ge))
         else:
-            sc = scale.unsqueeze(3)
-            p = (seg / torch.where(sc > 0, sc, 1.0)).add_(1).div_(2).masked_fill_(~(sc > 0), 0.5)
-            planes.append(_flag(draws[i].transpose(1, 2), p, torch.lt))
+            sc = scale.unsqueeze(3)  # twice P(bit set), 1 + x / M, against draws on [0, 2): no halving pass
+            p2 = (seg / torch.where(sc > 0, sc, 1.0)).add_(1)
+            unscaled = ~(sc > 0)  # P = 1/2 where the scale is zero; a check of a small tensor saves a pass on CPU
+            if x.device.type != "cpu" or bool(unscaled.any()):  # (asking would make a GPU wait)
+                p2.masked_fill_(unscaled, 1.0)
+            planes.append(_flag(draws[i].transpose(1, 2), p2, torch.lt))
         first = planes[0][..., 0]  # tells a zero sample shard (bit set) from a non-finite one (bit clear)
         first.masked_fill_(q == ZERO_CODE, 1.0).masked_fill_(bad, 0.0)
         body = torch.cat([_pack(b) for b in planes] + [q.unsqueeze(3)], dim=3)

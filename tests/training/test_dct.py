@@ -460,6 +460,34 @@ def test_sign_codec_packs_bits_least_significant_first():
         assert torch.allclose(dec[:, 10:], want, rtol=1e-6, atol=0)
 
 
+def test_random_rounding_sets_each_bit_by_its_own_draw():
+    """Random rounding's wire, pinned against a loop: the generator's draws on [0, 1) are taken block by block,
+    then shard by shard, [rows of the block, shard width] each, in order; an entry's sign bit is set where its
+    draw is under (1 + x / M) / 2, M its sample shard's decoded scale. Any faster drawing or comparing must send
+    these bits."""
+    from neuroshard.compression import mp_wire
+
+    segments, blocks, rows = [4, 4, 3, 9], 2, 3  # a run of two 4-wide shards, then two shards of their own
+    x = torch.randn(blocks * rows, sum(segments), generator=torch.Generator().manual_seed(8))
+    x[4, 8:11] = 0  # a shard of zeros: scale 0, P = 1/2 on every entry, first bit set
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(x, segments, torch.Generator().manual_seed(4), blocks=blocks),
+                              segments, blocks * rows, blocks=blocks)
+    ref, checked = torch.Generator().manual_seed(4), 0
+    for b in range(blocks):
+        for a, w in zip([0, 4, 8, 11], segments):
+            u = torch.empty(rows, w).uniform_(0, 1, generator=ref)
+            xs, got = x[b * rows:(b + 1) * rows, a:a + w], dec[b * rows:(b + 1) * rows, a:a + w]
+            m = got.abs()[:, :1]
+            p = torch.where(m > 0, (xs / torch.where(m > 0, m, 1.0) + 1) / 2, 0.5)
+            want = u < p
+            if (m == 0).any():  # a zero shard decodes as zeros whatever its bits; its first bit is set
+                assert b == 1 and a == 8 and torch.equal(got[1], torch.zeros(w))
+                want, got = want[[0, 2]], got[[0, 2]]
+            assert torch.equal(got > 0, want), (b, a)
+            checked += want.numel()
+    assert checked == blocks * rows * sum(segments) - 3
+
+
 def test_sign_codec_tables_go_to_a_device_once():
     """The codec's constant tables are copied to another device once and then reused (on a GPU, not a copy and
     a wait every step); on their own device they are used as they are. The meta device stands in for a GPU."""
