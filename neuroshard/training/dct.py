@@ -49,9 +49,12 @@ this project's. Bytes are counted from the tensors handed to the collectives; th
 (`dense_hook`) does what DDP's default hook does (an asynchronous all_reduce) and counts its
 all_reduce the same way.
 
-Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
+On CPU, between refreshes, steps 1 and 2's share and threshold scan run as one fused pass in C
+(`training/share_select.py`: the same floats and positions, compiled at first use; the PyTorch path
+where no C compiler is found). Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
 step (thresholding, tau refreshes, encoding; with `sync=True` also the residual update and
-decoding); `work` adds up every stage's seconds on whichever thread ran it, for profiling;
+decoding); `work` adds up every stage's seconds on whichever thread ran it, for profiling (the fused
+pass counts as "select");
 `compute_done_at` is when autograd finished computing gradients in the last iteration (an autograd
 callback queued by the iteration's last bucket, run before DDP waits for the futures), so the
 trainer can tell the time the step waited for DP communication afterwards.
@@ -66,6 +69,7 @@ import torch
 import torch.distributed as dist
 
 from .dlrm import CommStats, nbytes
+from .share_select import share_select
 
 MAX_DELTA = 65535  # largest index gap one uint16 delta carries
 FP16_MAX = 65504.0
@@ -302,18 +306,23 @@ class _Bucket:
         if w is None:
             w = self._new_buffers(order)
         self.w, g = w, w.g
-        if state.error_feedback and w.res is not None:
-            add_mean_share(w.res, buf, world, out=g)
-        else:
-            torch.div(buf, world, out=g)
-        t0 = state.timed("prepare", t0, True)
+        res = w.res if state.error_feedback else None
         self.k = k = keep_count(self.n, state.keep)
         cap = drift_cap(k, state.drift)
-        if self.it % state.refresh == 0 or key not in state.tau:
-            state.tau[key] = kth_largest(g, k)
-            state.refreshed_at.append((self.it, self.b, "scheduled" if self.it % state.refresh == 0 else "new bucket"))
-            t0 = state.timed("threshold", t0, True)
-        idx = over_threshold(g, max(state.tau[key], MIN_POSITIVE))  # zeros never go out
+        idx = None
+        if self.it % state.refresh and key in state.tau:  # the stale tau: share and scan fused in one pass where it
+            idx = share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)  # can run
+        if idx is None:
+            if res is not None:
+                add_mean_share(res, buf, world, out=g)
+            else:
+                torch.div(buf, world, out=g)
+            t0 = state.timed("prepare", t0, True)
+            if self.it % state.refresh == 0 or key not in state.tau:
+                state.tau[key] = kth_largest(g, k)
+                state.refreshed_at.append((self.it, self.b, "scheduled" if self.it % state.refresh == 0 else "new bucket"))
+                t0 = state.timed("threshold", t0, True)
+            idx = over_threshold(g, max(state.tau[key], MIN_POSITIVE))  # zeros never go out
         if idx.numel() > cap:  # the stale tau drifted: re-estimate now, exactly and cheaply, since the
             cand = g[idx].abs()  # k largest entries are all among these candidates
             top = cand.topk(k, sorted=False)

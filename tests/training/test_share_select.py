@@ -1,0 +1,117 @@
+"""DCT-DP's fused share and threshold scan (training/share_select.py) gives PyTorch's floats and positions bit for bit,
+keeps every position when more qualify than it has room for, and steps aside (None) where it cannot run."""
+import pytest
+import torch
+
+from neuroshard.training import dct, share_select as ss
+
+
+def _torch_path(buf, res, world, tau):
+    g = torch.empty_like(buf)
+    if res is None:
+        torch.div(buf, world, out=g)
+    else:
+        dct.add_mean_share(res, buf, world, g)
+    return g, dct.over_threshold(g, tau)
+
+
+def _cases():
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 3, 4, 7, 1000, 300_001):
+        buf = torch.randn(n, generator=gen) * torch.logspace(-44, 38, n) if n > 1 else torch.randn(1, generator=gen)
+        res = torch.randn(n, generator=gen) * 1e-3
+        if n > 20:  # NaN, inf, a signed zero, the smallest subnormal, near float32's largest
+            buf[5], buf[6], buf[7], res[7], buf[8], buf[9] = float("nan"), float("inf"), -0.0, 0.0, 1e-45, -3.4e38
+        yield n, buf, res
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_fused_pass_gives_pytorchs_floats_and_positions(world):
+    if ss._function() is None:
+        pytest.skip("no C compiler or not x86-64 here: the PyTorch path is the only one")
+    checked = 0
+    for n, buf, res in _cases():
+        for r in (None, res):
+            ref_g, _ = _torch_path(buf, r, world, 1.0)
+            finite = ref_g[ref_g.isfinite()].abs()
+            for tau in (float(finite.median()) if finite.numel() else 1.0, dct.MIN_POSITIVE, 1e30):
+                want_g, want_idx = _torch_path(buf, r, world, tau)
+                g = torch.full((n,), 7.0)
+                idx = ss.share_select(buf, r, world, tau, g, n)
+                assert torch.equal(g.view(torch.int32), want_g.view(torch.int32)), (n, world, tau)
+                assert idx.dtype == torch.int64 and torch.equal(idx, want_idx), (n, world, tau)
+                checked += 1
+    assert checked == 6 * 2 * 3
+
+
+def test_more_positions_than_room_are_all_returned():
+    if ss._function() is None:
+        pytest.skip("no C compiler or not x86-64 here")
+    buf = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    g = torch.empty_like(buf)
+    idx = ss.share_select(buf, None, 2, 0.1, g, 5)
+    assert idx.numel() > 8000 and torch.equal(idx, dct.over_threshold(buf / 2, 0.1))
+
+
+def test_it_steps_aside_where_it_cannot_run(monkeypatch):
+    buf = torch.randn(64)
+    g = torch.zeros(64)
+    for args in ((buf.double(), None, g.double()), (buf[::2], None, g[:32]), (buf, torch.randn(63), g),
+                 (buf, None, torch.zeros(64, dtype=torch.float64)), (buf.to("meta"), None, g.to("meta")),
+                 (torch.zeros(0), None, torch.zeros(0))):
+        assert ss.share_select(args[0], args[1], 2, 0.5, args[2], 8) is None
+    assert torch.equal(g, torch.zeros(64))  # nothing written
+    # no compiler: logged, None, and the hook's PyTorch path takes over (the same results)
+    assert ss._compile(cc="/nonexistent/cc") is None
+    monkeypatch.setattr(ss, "_state", {"fn": None})
+    assert ss.share_select(buf, None, 2, 0.5, g, 8) is None
+
+
+class _Bucket:
+    """What DDP hands a hook, for one bucket: its flat gradient and its parameters."""
+
+    def __init__(self, grad, params):
+        self.grad, self.params = grad, params
+
+    def buffer(self):
+        return self.grad
+
+    def parameters(self):
+        return self.params
+
+    def index(self):
+        return 0
+
+    def is_last(self):
+        return True
+
+
+def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(monkeypatch):
+    """DCT-DP's local work for a bucket (dct._Bucket), with and without the fused pass: between refreshes the fused
+    pass runs (no separate share stage is timed) and gives the same g, positions, encoding and residual."""
+    if ss._function() is None:
+        pytest.skip("no C compiler or not x86-64 here")
+    params = [torch.nn.Parameter(torch.zeros(300_000)), torch.nn.Parameter(torch.zeros(40_003))]
+    gen = torch.Generator().manual_seed(2)
+    grads = [torch.randn(340_003, generator=gen) * (1 + i) for i in range(4)]
+
+    def run(fused: bool):
+        if not fused:
+            monkeypatch.setattr(ss, "_state", {"fn": None})
+        state = dct.DCTState(keep=0.01, refresh=3, error_feedback=True, sync=True)
+        out = []
+        for it, grad in enumerate(grads):
+            state.iteration = it
+            before = state.work["prepare"]
+            work = dct._Bucket(state, _Bucket(grad.clone(), params), world=3)
+            work.keep_residual(True)
+            out.append((it, state.work["prepare"] > before, work.idx, work.deltas, work.vals, work.w.res.clone()))
+        monkeypatch.undo()
+        return out
+
+    fused, plain = run(True), run(False)
+    for (it, timed_share, *got), (_, plain_share, *want) in zip(fused, plain):
+        assert timed_share == (it % 3 == 0) and plain_share  # iterations 0 and 3 refresh tau: the PyTorch path
+        for a, b in zip(got, want):
+            assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
+                               b.view(torch.uint8) if b.is_floating_point() else b), it
