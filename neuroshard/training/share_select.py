@@ -18,6 +18,7 @@ import ctypes
 import logging
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -70,15 +71,15 @@ def _compile(cc: str | None = None):
     if platform.machine().lower() not in ("x86_64", "amd64"):
         log.debug("DCT-DP share_select: not x86-64 (%s); the PyTorch path is used", platform.machine())
         return None
-    cc = cc or os.environ.get("CC") or "cc"
+    cc = cc or os.environ.get("CC") or "cc"  # may be a command line ("ccache gcc"): split, never run by a shell
     try:
         with tempfile.TemporaryDirectory(prefix="neuroshard-dct-") as tmp:
             src, lib = Path(tmp) / "share_select.c", Path(tmp) / "share_select.so"
             src.write_text(SOURCE)
-            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-o", str(lib), str(src)],
+            subprocess.run([*shlex.split(cc), "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-o", str(lib), str(src)],
                            check=True, capture_output=True, timeout=120)
             fn = ctypes.CDLL(str(lib)).share_select  # mapped now: the folder can go
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, ValueError, AttributeError, subprocess.SubprocessError) as e:  # a CC shlex cannot split; no symbol
         log.debug("DCT-DP share_select: could not compile with %s (%s); the PyTorch path is used", cc, e)
         return None
     fn.restype = ctypes.c_int64

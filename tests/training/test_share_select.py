@@ -62,7 +62,10 @@ def test_it_steps_aside_where_it_cannot_run(monkeypatch):
         assert ss.share_select(args[0], args[1], 2, 0.5, args[2], 8) is None
     assert torch.equal(g, torch.zeros(64))  # nothing written
     # no compiler: logged, None, and the hook's PyTorch path takes over (the same results)
-    assert ss._compile(cc="/nonexistent/cc") is None
+    for cc in ("/nonexistent/cc", "cc -DNOT_C_AT_ALL=1 -x c++ -std=c89", 'cc "unclosed'):
+        assert ss._compile(cc=cc) is None
+    if ss._function() is not None:
+        assert ss._compile(cc="cc -O1") is not None  # CC may be a command line
     monkeypatch.setattr(ss, "_state", {"fn": None})
     assert ss.share_select(buf, None, 2, 0.5, g, 8) is None
 
