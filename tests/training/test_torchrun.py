@@ -54,6 +54,11 @@ def test_torchrun_single_and_two_nodes_match_the_spawned_run(tmp_path, monkeypat
     outs = [p.communicate(timeout=300) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [e for _, e in outs]
     expected = _row(tmp_path / "spawned.csv")
+    import json
+
+    from neuroshard.hardware.backends import _cpu_name
+    meta = json.loads((tmp_path / "spawned.csv.meta.json").read_text())
+    assert meta["device_name"] == _cpu_name() and meta["backend"] == "gloo"  # the machine that trained it
     assert _row(tmp_path / "one.csv") == expected
     assert _row(tmp_path / "two.csv") == expected
 
