@@ -39,12 +39,13 @@ class Hardware:
     def describe(self) -> dict[str, str]:
         from .timing import flush_bytes
 
-        name = torch.cuda.get_device_name() if self.device == "cuda" else _cpu_name()
+        name = torch.cuda.get_device_name() if self.device == "cuda" else cpu_name()
         return {"device": self.device, "backend": self.backend, "device_name": name,
                 "cache_flush_mb": flush_bytes(self.device) >> 20}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo; else what the platform says)."""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):

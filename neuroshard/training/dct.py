@@ -309,18 +309,20 @@ class _Bucket:
         res = w.res if state.error_feedback else None
         self.k = k = keep_count(self.n, state.keep)
         cap = drift_cap(k, state.drift)
+        scheduled = self.it % state.refresh == 0
+        refresh = scheduled or key not in state.tau
         idx = None
-        if self.it % state.refresh and key in state.tau:  # the stale tau: share and scan fused in one pass where it
-            idx = share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)  # can run
+        if not refresh:  # the stale tau: share and scan fused in one pass where that can run
+            idx = share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)
         if idx is None:
             if res is not None:
                 add_mean_share(res, buf, world, out=g)
             else:
                 torch.div(buf, world, out=g)
             t0 = state.timed("prepare", t0, True)
-            if self.it % state.refresh == 0 or key not in state.tau:
+            if refresh:
                 state.tau[key] = kth_largest(g, k)
-                state.refreshed_at.append((self.it, self.b, "scheduled" if self.it % state.refresh == 0 else "new bucket"))
+                state.refreshed_at.append((self.it, self.b, "scheduled" if scheduled else "new bucket"))
                 t0 = state.timed("threshold", t0, True)
             idx = over_threshold(g, max(state.tau[key], MIN_POSITIVE))  # zeros never go out
         if idx.numel() > cap:  # the stale tau drifted: re-estimate now, exactly and cheaply, since the

@@ -107,7 +107,7 @@ def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: f
     None where the fused pass cannot run here (nothing written then). `cap`: the positions it keeps room for;
     should more qualify, they are found in `out` by `over_threshold`."""
     n = buf.numel()
-    if n == 0 or buf.dtype != torch.float32 or not all(_fits(t, n) for t in (buf, res, out)):
+    if n == 0 or not all(_fits(t, n) for t in (buf, res, out)):
         return None
     fn = _function()
     if fn is None:

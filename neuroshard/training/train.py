@@ -384,12 +384,12 @@ def append_result(path, row: dict) -> None:
     import pandas as pd
 
     from ..core.artifacts import atomic_write_text, provenance
-    from ..hardware.backends import _cpu_name
+    from ..hardware.backends import cpu_name
 
     path = Path(path)
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()
     df = pd.concat([old, pd.DataFrame([row])], ignore_index=True)
     atomic_write_text(path, df.to_csv(index=False))
     atomic_write_text(path.with_name(path.name + ".meta.json"),
-                      json.dumps(provenance(device="cpu", backend="gloo", device_name=_cpu_name()),
+                      json.dumps(provenance(device="cpu", backend="gloo", device_name=cpu_name()),
                                  indent=2, default=str))
