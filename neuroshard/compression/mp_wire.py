@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import sign_native
+
 FP16_MAX = 65504.0
 VALUE_BYTES = 2   # fp16 values forward
 GRAD_BYTES = 4    # fp32 gradients backward
@@ -368,14 +370,20 @@ def _two_bit_scale(a: torch.Tensor) -> torch.Tensor:
     """|x| [..., w] -> per row the least-squares scale s of the levels s * {1, OUTER_LEVEL} once each entry is
     given the outer level where |x| >= the row's RMS (the Gaussian's best uniform 4-level grid puts that
     threshold at 0.996 RMS): s = sum(|x| l) / sum(l^2). Computed on |x| / the row's max |x|, so nothing
-    overflows near float32's largest; a row of subnormals keeps a positive scale."""
+    overflows near float32's largest; a row of subnormals keeps a positive scale. The sums are taken in float64,
+    so that the C codec (`sign_native`), which adds in its own order, gets the same floats: a float32 sum's
+    rounding depends on the order of its additions, a float64 sum of these floats practically never shows it
+    once rounded to float32 (docs/findings.md: the bytes against the float32 sums')."""
     top = a.amax(dim=-1, keepdim=True)
     u = a / torch.where(top > 0, top, 1.0)
     sq = u * u
-    outer = torch.ge(sq, sq.mean(dim=-1, keepdim=True), out=sq)  # 1.0 / 0.0, written over u^2 (no bool copies)
-    w, n_outer = a.shape[-1], outer.sum(dim=-1)                   # whole numbers, exact in float32
-    level_sum = u.sum(dim=-1) + (OUTER_LEVEL - 1) * outer.mul_(u).sum(dim=-1)  # sum(u l)
-    s = top.squeeze(-1) * (level_sum / (w + (OUTER_LEVEL ** 2 - 1) * n_outer))
+    w = a.shape[-1]
+    mean = (sq.sum(dim=-1, keepdim=True, dtype=torch.float64) / w).float()
+    outer = torch.ge(sq, mean, out=sq)  # 1.0 / 0.0, written over u^2 (no bool copies)
+    n_outer = outer.sum(dim=-1)         # whole numbers, exact in float32
+    level_sum = u.sum(dim=-1, dtype=torch.float64) + \
+        (OUTER_LEVEL - 1) * outer.mul_(u).sum(dim=-1, dtype=torch.float64)  # sum(u l)
+    s = top.squeeze(-1) * (level_sum / (w + (OUTER_LEVEL ** 2 - 1) * n_outer)).float()
     return s.where(~((top.squeeze(-1) > 0) & (s == 0)), _TINY)
 
 
@@ -420,10 +428,13 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         for b in range(blocks):  # as one per shard would. Drawn on [0, 2): exactly twice the draws on [0, 1)
             for d in draws:
                 d[b].uniform_(0, 2, generator=generator)
+    fast = sign_native.usable(x)  # the passes over every entry in C (the same bytes)
     for i, (start, w, n) in enumerate(runs):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)
         wide = shard_bits(w, bits) == 2
-        if wide:
+        if wide and fast:
+            m = sign_native.two_bit_scales(x, start, n, w, OUTER_LEVEL, _TINY).reshape(blocks, r, n)
+        elif wide:
             mag = seg.abs()
             m = _two_bit_scale(mag)
         elif generator is None:  # summed in float64: no overflow near float32's largest, no underflow to 0 of a
@@ -437,6 +448,12 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
         q, scale = _scale_codes(m, base, round_up=generator is not None)
         bad = ~finite  # a sample shard holding NaN or inf (see ZERO_CODE)
         q = q.masked_fill_(bad, ZERO_CODE)
+        if fast:
+            mode = 2 if generator is not None else 1 if wide else 0
+            bodies.append(sign_native.pack(x, start, blocks, n, w, mode, scale, q, bad,
+                                           draws[i] if generator is not None else None, OUTER_LEVEL, ZERO_CODE))
+            heads.append(base.reshape(blocks, n).contiguous().view(torch.uint8))
+            continue
         planes = []  # float 0 / 1 (`_flag`)
         if generator is None:
             planes.append(_flag(seg, 0, torch.ge))
@@ -475,20 +492,30 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
     b = b.reshape(blocks, -1)
     bases = _from_bytes(b[:, :BASE_BYTES * S], torch.float32).reshape(blocks, 1, S)
     body = b[:, BASE_BYTES * S:].reshape(blocks, r, -1)
+    fast = dtype == torch.float32 and b.device.type == "cpu" and sign_native.loaded()  # every entry decoded in C (the same floats)
+    dense = torch.empty(rows, sum(segments)) if fast else None
     out, pos, k = [], 0, 0
-    for _, w, n in runs:
+    for start, w, n in runs:
         nb, wb = (w + 7) // 8, shard_bits(w, bits)
         e = wb * nb + SCALE_BYTES
         run = body[:, :, pos:pos + n * e].reshape(blocks, r, n, e)
-        pos += n * e
         codes = run[..., wb * nb]
         scale = _decoded_scales(codes, bases[..., k:k + n])
         scale.masked_fill_((codes == ZERO_CODE) & (run[..., 0] & 1 == 0), float("nan"))  # sent non-finite
         k += n
+        if fast:
+            for i in range(blocks):
+                sign_native.unpack(body[i, :, pos:], n, w, wb, scale[i], _SIGNS, _LEVELS, dense[i * r:(i + 1) * r],
+                                   start)
+            pos += n * e
+            continue
+        pos += n * e
         value = _unpack(_SIGNS, run[..., :nb], w)
         if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact
             value = value.mul_(_unpack(_LEVELS, run[..., nb:2 * nb], w))
         out.append(value.mul_(scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
+    if fast:
+        return dense
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 

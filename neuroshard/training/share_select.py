@@ -7,26 +7,17 @@ comparison's mask), and gives the same floats and the same positions bit for bit
 rounded as PyTorch rounds them; NaN never qualifies; tested against the PyTorch path). On one thread at the `mlperf`
 shape (2.04M entries) it takes about 0.4 of their time.
 
-The C source below is compiled with the system's C compiler (`$CC`, else `cc`) the first time a process needs it,
-into a private temporary folder that is removed once the library is loaded: nothing compiled is kept on disk or
-read back from it later. Where there is no compiler, the machine is not x86-64, or the tensors are not contiguous
-float32 CPU tensors, `share_select` returns None and the caller takes the PyTorch path (the same results).
+The C source below is compiled by `core.native` the first time a process needs it (nothing compiled is kept on
+disk). Where that cannot be done here, or the tensors are not contiguous float32 CPU tensors, `share_select`
+returns None and the caller takes the PyTorch path (the same results).
 """
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import platform
-import shlex
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from ..core import native
 
 SOURCE = r"""
 #include <stdint.h>
@@ -62,37 +53,13 @@ int64_t share_select(const float *buf, const float *res, float world, float tau,
 }
 """
 
-_lock = threading.Lock()
-_state: dict = {}  # "fn": the loaded function, or None once loading failed in this process
-
-
-def _compile(cc: str | None = None):
-    """Compile SOURCE and load it; None (with the reason logged) where that cannot be done here."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        log.debug("DCT-DP share_select: not x86-64 (%s); the PyTorch path is used", platform.machine())
-        return None
-    cc = cc or os.environ.get("CC") or "cc"  # may be a command line ("ccache gcc"): split, never run by a shell
-    try:
-        with tempfile.TemporaryDirectory(prefix="neuroshard-dct-") as tmp:
-            src, lib = Path(tmp) / "share_select.c", Path(tmp) / "share_select.so"
-            src.write_text(SOURCE)
-            subprocess.run([*shlex.split(cc), "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-o", str(lib), str(src)],
-                           check=True, capture_output=True, timeout=120)
-            fn = ctypes.CDLL(str(lib)).share_select  # mapped now: the folder can go
-    except (OSError, ValueError, AttributeError, subprocess.SubprocessError) as e:  # a CC shlex cannot split; no symbol
-        log.debug("DCT-DP share_select: could not compile with %s (%s); the PyTorch path is used", cc, e)
-        return None
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-    return fn
+SIGNATURES = {"share_select": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
+                                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64])}
 
 
 def _function():
-    with _lock:
-        if "fn" not in _state:
-            _state["fn"] = _compile()
-        return _state["fn"]
+    kernels = native.load("share_select", SOURCE, SIGNATURES)
+    return None if kernels is None else kernels.share_select
 
 
 def _fits(t: torch.Tensor | None, n: int) -> bool:

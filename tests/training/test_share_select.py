@@ -3,6 +3,7 @@ keeps every position when more qualify than it has room for, and steps aside (No
 import pytest
 import torch
 
+from neuroshard.core import native
 from neuroshard.training import dct, share_select as ss
 
 
@@ -28,6 +29,7 @@ def _cases():
 @pytest.mark.parametrize("world", [1, 3, 4])
 def test_fused_pass_gives_pytorchs_floats_and_positions(world):
     if ss._function() is None:
+        assert not native.compiler_found(), "the fused pass did not compile with this machine's compiler"
         pytest.skip("no C compiler or not x86-64 here: the PyTorch path is the only one")
     checked = 0
     for n, buf, res in _cases():
@@ -63,10 +65,10 @@ def test_it_steps_aside_where_it_cannot_run(monkeypatch):
     assert torch.equal(g, torch.zeros(64))  # nothing written
     # no compiler: logged, None, and the hook's PyTorch path takes over (the same results)
     for cc in ("/nonexistent/cc", "cc -DNOT_C_AT_ALL=1 -x c++ -std=c89", 'cc "unclosed'):
-        assert ss._compile(cc=cc) is None
-    if ss._function() is not None:
-        assert ss._compile(cc="cc -O1") is not None  # CC may be a command line
-    monkeypatch.setattr(ss, "_state", {"fn": None})
+        assert native.compile_c("share_select", ss.SOURCE, ss.SIGNATURES, cc=cc) is None
+    if ss._function() is not None:  # CC may be a command line
+        assert native.compile_c("share_select", ss.SOURCE, ss.SIGNATURES, cc="cc -O1") is not None
+    monkeypatch.setitem(native._loaded, "share_select", None)
     assert ss.share_select(buf, None, 2, 0.5, g, 8) is None
 
 
@@ -100,7 +102,7 @@ def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(m
 
     def run(fused: bool):
         if not fused:
-            monkeypatch.setattr(ss, "_state", {"fn": None})
+            monkeypatch.setitem(native._loaded, "share_select", None)
         state = dct.DCTState(keep=0.01, refresh=3, error_feedback=True, sync=True)
         out = []
         for it, grad in enumerate(grads):

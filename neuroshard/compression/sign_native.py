@@ -1,0 +1,256 @@
+"""DCT-MP's sign codec (`mp_wire.sign_encode` / `sign_decode`) in C for float32 CPU tensors: the passes over every
+entry of a run of equal-width shards done in one pass each, the small per-sample work (scale codes, bases) left
+to PyTorch.
+
+- `two_bit_scales`: scope `sign2`'s forward scale of each sample shard (`mp_wire._two_bit_scale`: the row's max
+  |x|, its mean square, the outer level's count and the level sums, the sums in float64 as that function takes
+  them), one read of the shard.
+- `pack`: a run's body, the bit planes of every sample shard packed least significant bit first and its scale
+  code after them (`mp_wire.sign_encode`'s layout): the sign bit (x >= 0), the magnitude bit (|x| >= 2 x scale),
+  or the random rounding's bit (draw < x / scale + 1, against PyTorch's draws on [0, 2)), and the first sign
+  bit of a sample shard sent as zeros (set) or as non-finite (clear).
+- `unpack`: a run's body to floats, each entry +-1 (times 1 or OUTER_LEVEL on a 2-bit shard) times its decoded
+  scale, written into the decoded rows' columns.
+
+Each does PyTorch's arithmetic in PyTorch's order on the same floats (one division, one addition, one product,
+each rounded once; comparisons as PyTorch makes them, NaN never set), so the bytes and floats are those of the
+PyTorch path bit for bit (tested against it). `core.native` compiles the source the first time a process needs
+it; where it cannot, each function returns None and `mp_wire` takes its PyTorch path.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..core import native
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <emmintrin.h>
+
+static __m128 abs4(__m128 v) { return _mm_and_ps(v, _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff))); }
+static double hsum2(__m128d a) { return _mm_cvtsd_f64(_mm_add_sd(a, _mm_unpackhi_pd(a, a))); }
+static void add4(__m128d *acc, __m128 v) {  /* four floats into two float64 accumulators */
+    acc[0] = _mm_add_pd(acc[0], _mm_cvtps_pd(v));
+    acc[1] = _mm_add_pd(acc[1], _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+}
+
+/* The forward scale of each of n shards of w columns of `rows` rows (row stride `stride` floats): out [rows, n].
+   NaN for a shard holding NaN or inf (the PyTorch path's scale is then NaN too). */
+void two_bit_scales(const float *x, int64_t stride, int64_t rows, int64_t n, int64_t w, float outer_level,
+                    float tiny, float *out) {
+    float *u = malloc(sizeof(float) * (w + 4));
+    if (!u) { for (int64_t k = 0; k < rows * n; k++) out[k] = __builtin_nanf(""); return; }
+    const __m128 fmax = _mm_set1_ps(3.4028234663852886e38f);
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            const float *p = x + i * stride + j * w;
+            __m128 top4 = _mm_setzero_ps(), ok4 = _mm_castsi128_ps(_mm_set1_epi32(-1));
+            int64_t c = 0;
+            for (; c + 4 <= w; c += 4) {
+                __m128 a = abs4(_mm_loadu_ps(p + c));
+                ok4 = _mm_and_ps(ok4, _mm_cmple_ps(a, fmax));   /* false for NaN and inf */
+                top4 = _mm_max_ps(top4, a);
+            }
+            float t[4], top;
+            _mm_storeu_ps(t, top4);
+            top = t[0] > t[1] ? t[0] : t[1];
+            top = top > t[2] ? top : t[2];
+            top = top > t[3] ? top : t[3];
+            int finite = _mm_movemask_ps(ok4) == 15;
+            for (; c < w; c++) {
+                float a = __builtin_fabsf(p[c]);
+                finite &= a <= 3.4028234663852886e38f;
+                top = a > top ? a : top;
+            }
+            if (!finite) { out[i * n + j] = __builtin_nanf(""); continue; }
+            const float d = top > 0.0f ? top : 1.0f;
+            const __m128 d4 = _mm_set1_ps(d);
+            __m128d s2[2] = {_mm_setzero_pd(), _mm_setzero_pd()};
+            for (c = 0; c + 4 <= w; c += 4) {
+                __m128 v = _mm_div_ps(abs4(_mm_loadu_ps(p + c)), d4);
+                _mm_storeu_ps(u + c, v);
+                add4(s2, _mm_mul_ps(v, v));
+            }
+            double sum2 = hsum2(s2[0]) + hsum2(s2[1]);
+            for (; c < w; c++) { u[c] = __builtin_fabsf(p[c]) / d; sum2 += (double)(u[c] * u[c]); }
+            const float mean = (float)(sum2 / (double)w);
+            const __m128 mean4 = _mm_set1_ps(mean);
+            __m128d su[2] = {_mm_setzero_pd(), _mm_setzero_pd()}, so[2] = {_mm_setzero_pd(), _mm_setzero_pd()};
+            int64_t n_outer = 0;
+            for (c = 0; c + 4 <= w; c += 4) {
+                __m128 v = _mm_loadu_ps(u + c), outer = _mm_cmpge_ps(_mm_mul_ps(v, v), mean4);
+                add4(su, v);
+                add4(so, _mm_and_ps(outer, v));
+                n_outer += __builtin_popcount(_mm_movemask_ps(outer));
+            }
+            double sum_u = hsum2(su[0]) + hsum2(su[1]), sum_o = hsum2(so[0]) + hsum2(so[1]);
+            for (; c < w; c++) {
+                int outer = u[c] * u[c] >= mean;
+                sum_u += (double)u[c];
+                sum_o += outer ? (double)u[c] : 0.0;
+                n_outer += outer;
+            }
+            double level = sum_u + (double)(outer_level - 1.0f) * sum_o;
+            float den = (float)w + (outer_level * outer_level - 1.0f) * (float)n_outer;
+            float s = top * (float)(level / (double)den);
+            out[i * n + j] = (top > 0.0f && s == 0.0f) ? tiny : s;
+        }
+    }
+    free(u);
+}
+
+/* Bits of p[c] for c < m (m <= 8) as one byte, least significant first. */
+static uint8_t bits8(const float *p, const float *dr, int64_t m, int mode, float lim, float s, float div,
+                     uint8_t *mag) {
+    uint8_t sign = 0, mg = 0;
+    if (m == 8) {
+        __m128 v0 = _mm_loadu_ps(p), v1 = _mm_loadu_ps(p + 4);
+        if (mode == 2) {
+            __m128 one = _mm_set1_ps(1.0f), d4 = _mm_set1_ps(div);
+            __m128 p0 = s > 0.0f ? _mm_add_ps(_mm_div_ps(v0, d4), one) : one;
+            __m128 p1 = s > 0.0f ? _mm_add_ps(_mm_div_ps(v1, d4), one) : one;
+            sign = (uint8_t)(_mm_movemask_ps(_mm_cmplt_ps(_mm_loadu_ps(dr), p0)) |
+                             _mm_movemask_ps(_mm_cmplt_ps(_mm_loadu_ps(dr + 4), p1)) << 4);
+        } else {
+            __m128 z = _mm_setzero_ps();
+            sign = (uint8_t)(_mm_movemask_ps(_mm_cmpge_ps(v0, z)) | _mm_movemask_ps(_mm_cmpge_ps(v1, z)) << 4);
+            if (mode == 1) {
+                __m128 l4 = _mm_set1_ps(lim);
+                mg = (uint8_t)(_mm_movemask_ps(_mm_cmpge_ps(abs4(v0), l4)) |
+                               _mm_movemask_ps(_mm_cmpge_ps(abs4(v1), l4)) << 4);
+            }
+        }
+    } else {
+        for (int64_t c = 0; c < m; c++) {
+            int set;
+            if (mode == 2) set = dr[c] < (s > 0.0f ? p[c] / div + 1.0f : 1.0f);
+            else set = p[c] >= 0.0f;
+            sign |= (uint8_t)(set << c);
+            if (mode == 1) mg |= (uint8_t)((__builtin_fabsf(p[c]) >= lim) << c);
+        }
+    }
+    *mag = mg;
+    return sign;
+}
+
+/* A run's body [blocks * r, n, planes * nb + 1]: per sample shard its packed planes, then its scale code.
+   mode 0: one plane, x >= 0; mode 1: that and |x| >= (scale * (1 + outer_level)) / 2;
+   mode 2: one plane, draw < x / scale + 1 (scale > 0) or draw < 1, the draws [blocks, n, r, w]. */
+void pack(const float *x, int64_t stride, int64_t blocks, int64_t r, int64_t n, int64_t w, int mode,
+          const float *scale, const uint8_t *q, const uint8_t *bad, const float *draws, float outer_level,
+          uint8_t zero_code, uint8_t *body) {
+    const int64_t nb = (w + 7) / 8, planes = mode == 1 ? 2 : 1, e = planes * nb + 1;
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t i = 0; i < r; i++) {
+            const int64_t row = b * r + i;
+            for (int64_t j = 0; j < n; j++) {
+                const float *p = x + row * stride + j * w;
+                const int64_t k = row * n + j;
+                uint8_t *o = body + k * e;
+                const float s = scale[k], lim = (s * (1.0f + outer_level)) / 2.0f, div = s > 0.0f ? s : 1.0f;
+                const float *dr = mode == 2 ? draws + ((b * n + j) * r + i) * w : 0;
+                for (int64_t byte = 0; byte < nb; byte++) {
+                    const int64_t c = byte * 8, m = w - c < 8 ? w - c : 8;
+                    uint8_t mag;
+                    o[byte] = bits8(p + c, dr ? dr + c : 0, m, mode, lim, s, div, &mag);
+                    if (mode == 1) o[nb + byte] = mag;
+                }
+                if (bad[k]) o[0] &= (uint8_t)0xfe;
+                else if (q[k] == zero_code) o[0] |= 1;
+                o[e - 1] = q[k];
+            }
+        }
+    }
+}
+
+/* A run's body (row stride `bstride` bytes; per sample shard `planes` planes and a code) -> out's columns
+   (row stride `ostride` floats): the sign table's +-1 of each bit, times the level table's 1 or outer level
+   where there is a magnitude plane, times the shard's scale. Tables: [256, 8] floats, a byte's 8 bits. */
+void unpack(const uint8_t *body, int64_t bstride, int64_t rows, int64_t n, int64_t w, int planes,
+            const float *scale, const float *signs, const float *levels, float *out, int64_t ostride) {
+    const int64_t nb = (w + 7) / 8, e = planes * nb + 1;
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *o = body + i * bstride + j * e;
+            float *dst = out + i * ostride + j * w;
+            const float s = scale[i * n + j];
+            const __m128 s4 = _mm_set1_ps(s);
+            for (int64_t byte = 0; byte < nb; byte++) {
+                const float *sg = signs + 8 * o[byte], *lv = planes == 2 ? levels + 8 * o[nb + byte] : 0;
+                const int64_t c = byte * 8;
+                if (w - c >= 8) {
+                    __m128 v0 = _mm_loadu_ps(sg), v1 = _mm_loadu_ps(sg + 4);
+                    if (lv) { v0 = _mm_mul_ps(v0, _mm_loadu_ps(lv)); v1 = _mm_mul_ps(v1, _mm_loadu_ps(lv + 4)); }
+                    _mm_storeu_ps(dst + c, _mm_mul_ps(v0, s4));
+                    _mm_storeu_ps(dst + c + 4, _mm_mul_ps(v1, s4));
+                } else {
+                    for (int64_t t = 0; c + t < w; t++) dst[c + t] = (lv ? sg[t] * lv[t] : sg[t]) * s;
+                }
+            }
+        }
+    }
+}
+"""
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+SIGNATURES = {
+    "two_bit_scales": (None, [_P, _I, _I, _I, _I, _F, _F, _P]),
+    "pack": (None, [_P, _I, _I, _I, _I, _I, ctypes.c_int, _P, _P, _P, _P, _F, ctypes.c_uint8, _P]),
+    "unpack": (None, [_P, _I, _I, _I, _I, ctypes.c_int, _P, _P, _P, _P, _I]),
+}
+
+
+def _kernels():
+    return native.load("sign_codec", SOURCE, SIGNATURES)
+
+
+def loaded() -> bool:
+    """Whether the kernels load here (compiled on the first call)."""
+    return _kernels() is not None
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the C encoder takes `x`: [rows, columns] float32 on CPU with contiguous rows, and the kernels load."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and (x.shape[1] <= 1 or x.stride(1) == 1) and loaded())
+
+
+def two_bit_scales(x: torch.Tensor, start: int, n: int, w: int, outer_level: float, tiny: float) -> torch.Tensor:
+    """`mp_wire._two_bit_scale` of the n shards of w columns from column `start` of `x` [rows, *] ([rows, n])."""
+    rows = x.shape[0]
+    out = torch.empty(rows, n)
+    if rows and n:
+        _kernels().two_bit_scales(x.data_ptr() + 4 * start, x.stride(0), rows, n, w, outer_level, tiny, out.data_ptr())
+    return out
+
+
+def pack(x: torch.Tensor, start: int, blocks: int, n: int, w: int, mode: int, scale: torch.Tensor, q: torch.Tensor,
+         bad: torch.Tensor, draws: torch.Tensor | None, outer_level: float, zero_code: int) -> torch.Tensor:
+    """A run's body [blocks, rows / blocks, n * e] uint8 (e = planes * ceil(w / 8) + 1): see `pack` in SOURCE.
+    scale, q, bad: [blocks, rows / blocks, n] (float32, uint8, bool); draws [blocks, n, rows / blocks, w] (mode 2)."""
+    rows = x.shape[0]
+    r, e = rows // blocks, (2 if mode == 1 else 1) * ((w + 7) // 8) + 1
+    body = torch.empty(blocks, r, n * e, dtype=torch.uint8)
+    scale, q, bad = scale.contiguous(), q.contiguous(), bad.contiguous().view(torch.uint8)
+    if mode == 2:
+        draws = draws.contiguous()
+    if rows and n:
+        _kernels().pack(x.data_ptr() + 4 * start, x.stride(0), blocks, r, n, w, mode, scale.data_ptr(), q.data_ptr(),
+                        bad.data_ptr(), draws.data_ptr() if mode == 2 else None, outer_level, zero_code,
+                        body.data_ptr())
+    return body
+
+
+def unpack(run: torch.Tensor, n: int, w: int, planes: int, scale: torch.Tensor, signs: torch.Tensor,
+           levels: torch.Tensor, out: torch.Tensor, start: int) -> None:
+    """Decode a run's bytes `run` [rows, >= n * e] (a row slice of the body; its rows may be strided) into `out`'s
+    columns start .. start + n * w (out: [rows, *] float32, contiguous rows); scale [rows, n] float32; signs and
+    levels: what each byte's 8 bits decode to ([256, 8] float32, `mp_wire._SIGNS` and `_LEVELS`)."""
+    rows = run.shape[0]
+    scale = scale.contiguous()
+    if rows and n:
+        _kernels().unpack(run.data_ptr(), run.stride(0), rows, n, w, planes, scale.data_ptr(), signs.data_ptr(),
+                          levels.data_ptr(), out.data_ptr() + 4 * start, out.stride(0))

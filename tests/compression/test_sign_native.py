@@ -1,0 +1,98 @@
+"""DCT-MP's sign codec in C (compression/sign_native.py) gives the PyTorch path's bytes and floats bit for bit: both
+directions, one and two bits, random rounding, on odd widths, empty and strided inputs, zeros of both signs,
+subnormals, float32's largest, NaN and inf; and it steps aside where it cannot run."""
+import pytest
+import torch
+
+from neuroshard.compression import mp_wire, sign_native
+from neuroshard.core import native
+
+NAME = "sign_codec"
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    k = sign_native._kernels()
+    if k is None and native.compiler_found():
+        pytest.fail("the C sign codec did not compile with this machine's compiler")
+    if k is None:
+        pytest.skip("no C compiler here: the PyTorch path is the only one (covered by test_dct's sign codec tests)")
+    return k
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    for rows, segments, blocks in ((384, [128] * 7, 3), (12, [3, 0, 16, 16, 5, 130], 3), (8, [88, 87, 200], 2),
+                                   (4, [1], 1), (6, [9, 9, 9], 3), (4, [0, 0], 2)):
+        w = sum(segments)
+        for kind in ("gauss", "subnormal", "heavy", "specials", "huge", "sparse", "whole", "strided"):
+            x = torch.randn(rows, w, generator=g)
+            if kind == "subnormal":
+                x = x * 1e-40
+            elif kind == "heavy":
+                x = x ** 5
+            elif kind == "specials" and w:
+                x[0], x[1] = 0.0, -0.0
+                x[2, 0], x[3, -1] = float("nan"), float("inf")
+            elif kind == "huge":
+                x = x * 3e38
+            elif kind == "sparse":
+                x = torch.where(torch.rand(rows, w, generator=g) < 0.5, torch.zeros(()), x)
+            elif kind == "whole":  # ties between |x| and the thresholds
+                x = x.round()
+            elif kind == "strided":
+                x = torch.randn(rows, w + 5, generator=g)[:, 2:w + 2]
+            yield rows, segments, blocks, x
+
+
+def _both(monkeypatch, kernels, f):
+    monkeypatch.setitem(native._loaded, NAME, None)
+    torch_path = f()
+    monkeypatch.setitem(native._loaded, NAME, kernels)
+    return torch_path, f()
+
+
+def _same_floats(a, b):
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))  # NaN's and zeros' signs too
+
+
+def test_c_codec_gives_the_pytorch_bytes_and_floats(monkeypatch, kernels):
+    n = 0
+    for rows, segments, blocks, x in _inputs():
+        for bits in (1, 2):
+            a, b = _both(monkeypatch, kernels, lambda: mp_wire.sign_encode(x, segments, blocks=blocks, bits=bits))
+            assert torch.equal(a, b), (segments, bits)
+            da, db = _both(monkeypatch, kernels, lambda: mp_wire.sign_decode(a, segments, rows, blocks=blocks,
+                                                                              bits=bits))
+            assert _same_floats(da, db), (segments, bits)
+        a, b = _both(monkeypatch, kernels,
+                     lambda: mp_wire.sign_encode(x, segments, torch.Generator().manual_seed(3), blocks=blocks))
+        assert torch.equal(a, b), segments
+        n += 1
+    assert n == 48
+
+
+def test_two_bit_scale_is_the_least_squares_scale_summed_in_float64():
+    """The forward scale, against a plain float64 computation of its definition (levels 1 and 3, the outer level
+    where |x| >= the row's RMS): within a float32 rounding, on the C path and the PyTorch one alike."""
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1)) * 10
+    a = x.abs().double()
+    outer = a * a >= (a * a).mean(1, keepdim=True)
+    level = torch.where(outer, 3.0, 1.0)
+    want = (a * level).sum(1) / (level * level).sum(1)
+    got = mp_wire._two_bit_scale(x.abs())
+    assert torch.allclose(got.double(), want, rtol=2e-7, atol=0)
+    if sign_native.loaded():
+        assert torch.equal(sign_native.two_bit_scales(x, 0, 1, 128, mp_wire.OUTER_LEVEL, mp_wire._TINY)[:, 0], got)
+
+
+def test_c_codec_steps_aside_where_it_cannot_run(monkeypatch):
+    x = torch.randn(6, 16)
+    assert not sign_native.usable(x.double()) and not sign_native.usable(x.to("meta")) \
+        and not sign_native.usable(x.t()) and not sign_native.usable(x[0])
+    for cc in ("/nonexistent/cc", "cc -x c++", 'cc "unclosed'):  # no compiler, mangled names, a CC shlex refuses
+        assert native.compile_c(NAME, sign_native.SOURCE, sign_native.SIGNATURES, cc=cc) is None
+    monkeypatch.setitem(native._loaded, NAME, None)  # the PyTorch path: the same round trip
+    assert not sign_native.loaded() and not sign_native.usable(x)
+    dec = mp_wire.sign_decode(mp_wire.sign_encode(x, [16], bits=1), [16], 6)
+    assert torch.equal(torch.sign(dec), torch.sign(x))
