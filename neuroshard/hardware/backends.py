@@ -17,6 +17,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from ..core.artifacts import cpu_name
 from ..core.errors import UserError
 
 LEARNING_RATE = 0.01
@@ -42,19 +43,6 @@ class Hardware:
         name = torch.cuda.get_device_name() if self.device == "cuda" else cpu_name()
         return {"device": self.device, "backend": self.backend, "device_name": name,
                 "cache_flush_mb": flush_bytes(self.device) >> 20}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo; else what the platform says)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "cpu"
 
 
 def resolve_device(device: str = "auto", gpu_ids: list[int] | None = None) -> str:

@@ -383,8 +383,7 @@ def append_result(path, row: dict) -> None:
     """Add one row to a results CSV (rewritten atomically) with a provenance sidecar."""
     import pandas as pd
 
-    from ..core.artifacts import atomic_write_text, provenance
-    from ..hardware.backends import cpu_name
+    from ..core.artifacts import atomic_write_text, cpu_name, provenance
 
     path = Path(path)
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()

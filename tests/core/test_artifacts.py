@@ -1,6 +1,7 @@
 """Artifacts: plain-data pickles that cannot run code, atomic writes, append-only locked logs."""
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,3 +236,15 @@ def test_deferred_interrupts_hold_a_signal_that_another_thread_takes():
         stop.set()
         other.join()
         signal.signal(signal.SIGTERM, before)
+
+
+def test_provenance_names_the_cpu_that_made_the_artifact():
+    from neuroshard.core.artifacts import cpu_name, provenance
+
+    made = provenance(step="x")
+    assert made["step"] == "x" and made["cpu"] == cpu_name() and made["cpu"]
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")]
+        assert not models or made["cpu"] == models[0]

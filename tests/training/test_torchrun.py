@@ -56,9 +56,9 @@ def test_torchrun_single_and_two_nodes_match_the_spawned_run(tmp_path, monkeypat
     expected = _row(tmp_path / "spawned.csv")
     import json
 
-    from neuroshard.hardware.backends import cpu_name
+    from neuroshard.core.artifacts import cpu_name
     meta = json.loads((tmp_path / "spawned.csv.meta.json").read_text())
-    assert meta["device_name"] == cpu_name() and meta["backend"] == "gloo"  # the machine that trained it
+    assert meta["device_name"] == meta["cpu"] == cpu_name() and meta["backend"] == "gloo"  # the machine that trained it
     assert _row(tmp_path / "one.csv") == expected
     assert _row(tmp_path / "two.csv") == expected
 

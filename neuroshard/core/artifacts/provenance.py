@@ -1,4 +1,4 @@
-"""Provenance: how an artifact was made (the arguments, versions, host, time, and a digest of the code)."""
+"""Provenance: how an artifact was made (the arguments, versions, host and its CPU, time, and a digest of the code)."""
 from __future__ import annotations
 
 import functools
@@ -26,6 +26,19 @@ def versions() -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo; else what the platform says): timings depend on it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+@functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """12 hex digits of SHA-256 over the neuroshard package's Python sources (relative paths and bytes,
     in path order): the same code gives the same digest, installed or in a checkout, git or not."""
@@ -39,11 +52,12 @@ def source_digest() -> str:
 
 
 def provenance(**made_with: Any) -> dict[str, Any]:
-    """Record of how an artifact was made: the given arguments plus versions, host and time."""
+    """Record of how an artifact was made: the given arguments plus versions, host, its CPU and time."""
     return {
         "format_version": FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),
+        "cpu": cpu_name(),
         "argv": list(sys.argv),
         "versions": versions(),
         **made_with,
