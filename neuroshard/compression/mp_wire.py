@@ -425,9 +425,10 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
     runs = _equal_width_runs(segments)
     if generator is not None:  # per run [blocks, n, r, w], drawn block by block: a block's shards lie in order in
         draws = [torch.empty(blocks, n, r, w, device=x.device) for _, w, n in runs]  # d[b], so one call draws them
-        for b in range(blocks):  # as one per shard would. Drawn on [0, 2): exactly twice the draws on [0, 1)
-            for d in draws:
-                d[b].uniform_(0, 2, generator=generator)
+        order = [d[b] for b in range(blocks) for d in draws]  # as one per shard would. Drawn on [0, 2): exactly
+        if not sign_native.uniform_0_2(order, generator):     # twice the draws on [0, 1); in C where it can be
+            for d in order:
+                d.uniform_(0, 2, generator=generator)
     fast = sign_native.usable(x)  # the passes over every entry in C (the same bytes)
     for i, (start, w, n) in enumerate(runs):
         seg = x[:, start:start + n * w].float().reshape(blocks, r, n, w)

@@ -28,6 +28,7 @@ from ..core import native
 SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <emmintrin.h>
 
 static __m128 abs4(__m128 v) { return _mm_and_ps(v, _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff))); }
@@ -100,6 +101,72 @@ void two_bit_scales(const float *x, int64_t stride, int64_t rows, int64_t n, int
         }
     }
     free(u);
+}
+
+/* PyTorch's CPU generator (mt19937; `Generator.get_state()`: the initial seed, words left, a seeded flag, the
+   next word's index, then the 624 state words each in 8 bytes) advanced by n draws of `uniform_(0, 2)` on
+   float32, written to out: each draw one tempered word w, (w mod 2^24) * 2^-23, as PyTorch computes it. */
+#define MT_N 624
+#define MT_M 397
+static __m128i mt_mix(__m128i a, __m128i b, __m128i c) {  /* c ^ twist(a, b), four words */
+    __m128i y = _mm_or_si128(_mm_and_si128(a, _mm_set1_epi32((int)0x80000000u)),
+                             _mm_and_si128(b, _mm_set1_epi32(0x7fffffff)));
+    __m128i odd = _mm_sub_epi32(_mm_setzero_si128(), _mm_and_si128(y, _mm_set1_epi32(1)));
+    return _mm_xor_si128(_mm_xor_si128(c, _mm_srli_epi32(y, 1)), _mm_and_si128(odd, _mm_set1_epi32((int)0x9908b0dfu)));
+}
+static uint32_t mt_mix1(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t y = (a & 0x80000000u) | (b & 0x7fffffffu);
+    return c ^ (y >> 1) ^ ((0u - (y & 1u)) & 0x9908b0dfu);
+}
+static void mt_twist(uint32_t *s) {  /* in place and in order, as mt19937's next_state: a later word reads an
+                                        earlier one's new value, 227 or more words back */
+    int i = 0;
+    for (; i + 4 <= MT_N - MT_M; i += 4)
+        _mm_storeu_si128((__m128i *)(s + i), mt_mix(_mm_loadu_si128((__m128i *)(s + i)),
+                         _mm_loadu_si128((__m128i *)(s + i + 1)), _mm_loadu_si128((__m128i *)(s + i + MT_M))));
+    for (; i < MT_N - MT_M; i++) s[i] = mt_mix1(s[i], s[i + 1], s[i + MT_M]);
+    for (; i + 4 <= MT_N - 1; i += 4)
+        _mm_storeu_si128((__m128i *)(s + i), mt_mix(_mm_loadu_si128((__m128i *)(s + i)),
+                         _mm_loadu_si128((__m128i *)(s + i + 1)), _mm_loadu_si128((__m128i *)(s + i + MT_M - MT_N))));
+    for (; i < MT_N - 1; i++) s[i] = mt_mix1(s[i], s[i + 1], s[i + MT_M - MT_N]);
+    s[MT_N - 1] = mt_mix1(s[MT_N - 1], s[0], s[MT_M - 1]);
+}
+static float mt_draw(uint32_t y) {
+    y ^= y >> 11; y ^= (y << 7) & 0x9d2c5680u; y ^= (y << 15) & 0xefc60000u; y ^= y >> 18;
+    return (float)(y & 0xffffffu) * (1.0f / 8388608.0f);
+}
+void uniform_0_2(uint8_t *state, float *out, int64_t n) {
+    uint32_t s[MT_N];
+    int32_t left;
+    uint64_t next64, word;
+    memcpy(&left, state + 8, 4);
+    memcpy(&next64, state + 16, 8);
+    for (int i = 0; i < MT_N; i++) { memcpy(&word, state + 24 + 8 * i, 8); s[i] = (uint32_t)word; }
+    int64_t next = (int64_t)next64, k = 0;
+    const __m128 unit = _mm_set1_ps(1.0f / 8388608.0f);
+    while (k < n) {
+        if (left == 1) {  /* this draw takes left to 0: a fresh block of words */
+            mt_twist(s);
+            left = MT_N + 1;
+            next = 0;
+        }
+        int64_t m = left - 1 < n - k ? left - 1 : n - k, t = 0;
+        for (; t + 4 <= m; t += 4) {
+            __m128i y = _mm_loadu_si128((const __m128i *)(s + next + t));
+            y = _mm_xor_si128(y, _mm_srli_epi32(y, 11));
+            y = _mm_xor_si128(y, _mm_and_si128(_mm_slli_epi32(y, 7), _mm_set1_epi32((int)0x9d2c5680u)));
+            y = _mm_xor_si128(y, _mm_and_si128(_mm_slli_epi32(y, 15), _mm_set1_epi32((int)0xefc60000u)));
+            y = _mm_xor_si128(y, _mm_srli_epi32(y, 18));
+            y = _mm_and_si128(y, _mm_set1_epi32(0xffffff));
+            _mm_storeu_ps(out + k + t, _mm_mul_ps(_mm_cvtepi32_ps(y), unit));
+        }
+        for (; t < m; t++) out[k + t] = mt_draw(s[next + t]);
+        next += m; left -= (int32_t)m; k += m;
+    }
+    memcpy(state + 8, &left, 4);
+    next64 = (uint64_t)next;
+    memcpy(state + 16, &next64, 8);
+    for (int i = 0; i < MT_N; i++) { word = s[i]; memcpy(state + 24 + 8 * i, &word, 8); }
 }
 
 /* Bits of p[c] for c < m (m <= 8) as one byte, least significant first. */
@@ -200,6 +267,7 @@ SIGNATURES = {
     "two_bit_scales": (None, [_P, _I, _I, _I, _I, _F, _F, _P]),
     "pack": (None, [_P, _I, _I, _I, _I, _I, ctypes.c_int, _P, _P, _P, _P, _F, ctypes.c_uint8, _P]),
     "unpack": (None, [_P, _I, _I, _I, _I, ctypes.c_int, _P, _P, _P, _P, _I]),
+    "uniform_0_2": (None, [_P, _P, _I]),
 }
 
 
@@ -254,3 +322,29 @@ def unpack(run: torch.Tensor, n: int, w: int, planes: int, scale: torch.Tensor, 
     if rows and n:
         _kernels().unpack(run.data_ptr(), run.stride(0), rows, n, w, planes, scale.data_ptr(), signs.data_ptr(),
                           levels.data_ptr(), out.data_ptr() + 4 * start, out.stride(0))
+
+
+MT_STATE_BYTES = 5056  # PyTorch's CPU generator state (`Generator.get_state()`): its layout is read in SOURCE
+
+
+def uniform_0_2(outs: list[torch.Tensor], generator: torch.Generator) -> bool:
+    """Fill each tensor of `outs` in turn as `out.uniform_(0, 2, generator=generator)` does, the same floats and the
+    generator left in the same state (tested), in one pass of tempering instead of PyTorch's element-by-element
+    loop; False (nothing drawn) where it cannot: not contiguous float32 CPU tensors, a generator that is not
+    PyTorch's CPU mt19937, a state whose counters it does not recognize, or no compiled kernels."""
+    if generator.device.type != "cpu" or not loaded() or not all(
+            t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in outs):
+        return False
+    state = generator.get_state()
+    if state.numel() != MT_STATE_BYTES:
+        return False
+    left, seeded, nxt = (int(state[8:12].view(torch.int32)), int(state[12:16].view(torch.int32)),
+                         int(state[16:24].view(torch.int64)))
+    if seeded != 1 or not 1 <= left <= 624 or not 0 <= nxt <= 625 - left:  # each draw then reads words 0..623
+        return False
+    for t in outs:
+        if t.numel():
+            _kernels().uniform_0_2(state.data_ptr(), t.data_ptr(), t.numel())
+    generator.set_state(state)
+    return True
+

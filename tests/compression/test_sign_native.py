@@ -96,3 +96,33 @@ def test_c_codec_steps_aside_where_it_cannot_run(monkeypatch):
     assert not sign_native.loaded() and not sign_native.usable(x)
     dec = mp_wire.sign_decode(mp_wire.sign_encode(x, [16], bits=1), [16], 6)
     assert torch.equal(torch.sign(dec), torch.sign(x))
+
+
+def test_c_draws_are_pytorchs_draws_and_leave_the_generator_as_pytorch_does(kernels):
+    for seed in (0, 1, 2 ** 40 + 7):
+        for sizes in ([1], [623], [624], [625], [5, 1247, 3], [0, 7], [3 * 7 * 128 * 128]):
+            mine, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            for g in (mine, theirs):
+                torch.empty(seed % 701).uniform_(0, 2, generator=g)  # start anywhere in a block of 624 words
+            want = [torch.empty(n).uniform_(0, 2, generator=theirs) for n in sizes]
+            got = [torch.full((n,), 7.0) for n in sizes]
+            assert sign_native.uniform_0_2(got, mine)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, sizes)
+            assert torch.equal(mine.get_state(), theirs.get_state())
+            assert torch.equal(torch.rand(9, generator=mine), torch.rand(9, generator=theirs))
+
+
+def test_c_draws_step_aside_for_what_they_do_not_recognize(kernels):
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
+    out = torch.full((8,), 7.0)
+    for outs in ([torch.empty(8, dtype=torch.float64)], [torch.empty(8, 2)[:, 0]], [torch.empty(8, device="meta")]):
+        assert not sign_native.uniform_0_2(outs, g)
+    broken = before.clone()
+    broken[16:24] = torch.tensor([600], dtype=torch.int64).view(torch.uint8)  # next word 600 with 1 left: fine
+    g.set_state(broken)
+    broken[8:12] = torch.tensor([624], dtype=torch.int32).view(torch.uint8)   # 624 left from word 600: beyond
+    g.set_state(broken)                                                       # the state's end, which torch allows
+    assert not sign_native.uniform_0_2([out], g) and torch.equal(out, torch.full((8,), 7.0))
+    g.set_state(before)
+    assert sign_native.uniform_0_2([out], g) and not torch.equal(out, torch.full((8,), 7.0))
