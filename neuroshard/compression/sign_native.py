@@ -331,7 +331,9 @@ def uniform_0_2(outs: list[torch.Tensor], generator: torch.Generator) -> bool:
     """Fill each tensor of `outs` in turn as `out.uniform_(0, 2, generator=generator)` does, the same floats and the
     generator left in the same state (tested), in one pass of tempering instead of PyTorch's element-by-element
     loop; False (nothing drawn) where it cannot: not contiguous float32 CPU tensors, a generator that is not
-    PyTorch's CPU mt19937, a state whose counters it does not recognize, or no compiled kernels."""
+    PyTorch's CPU mt19937, a state whose counters it does not recognize, or no compiled kernels. Reading, advancing
+    and writing back the state is not one step under the generator's lock, as `uniform_` is: the generator must not
+    be drawn from by another thread meanwhile (DCT-MP's is its layout's own, used by the rank's backward only)."""
     if generator.device.type != "cpu" or not loaded() or not all(
             t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in outs):
         return False
