@@ -71,8 +71,9 @@ def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: f
                  cap: int) -> torch.Tensor | None:
     """Write res + buf / world (buf / world without res) into `out` and return the ascending int64 positions of
     its entries with |value| >= tau, exactly as `add_mean_share` (or torch.div) and `over_threshold` give them;
-    None where the fused pass cannot run here (nothing written then). `cap`: the positions it keeps room for;
-    should more qualify, they are found in `out` by `over_threshold`."""
+    None where the fused pass cannot run here (nothing written then) or more than `cap` entries qualify (the
+    room it keeps for positions; `out` is written then, and the caller's PyTorch path writes it again: a rare,
+    large drift of tau, which that path handles)."""
     n = buf.numel()
     if n == 0 or not all(_fits(t, n) for t in (buf, res, out)):
         return None
@@ -82,7 +83,4 @@ def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: f
     idx = torch.empty(max(1, cap), dtype=torch.int64)
     count = fn(buf.data_ptr(), None if res is None else res.data_ptr(), float(world), float(tau), out.data_ptr(),
                n, idx.data_ptr(), idx.numel())
-    if count > idx.numel():
-        from .dct import over_threshold
-        return over_threshold(out, tau)
-    return idx[:count]
+    return idx[:count] if count <= idx.numel() else None
