@@ -286,8 +286,24 @@ def usable(x: torch.Tensor) -> bool:
             and (x.shape[1] <= 1 or x.stride(1) == 1) and loaded())
 
 
+def _require(ok: bool, what: str) -> None:
+    """The kernels index raw memory: a call whose tensors do not match its sizes is refused, never run."""
+    if not ok:
+        raise ValueError(f"sign_native: {what}")
+
+
+def _is(t: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> bool:
+    return t is not None and t.device.type == "cpu" and t.dtype == dtype and tuple(t.shape) == tuple(shape)
+
+
+def _columns(x: torch.Tensor, start: int, n: int, w: int) -> None:
+    _require(usable(x) and start >= 0 and n >= 0 and w >= 1 and start + n * w <= x.shape[1],
+             f"columns {start} + {n} x {w} of a {tuple(x.shape)} {x.dtype} {x.device.type} tensor")
+
+
 def two_bit_scales(x: torch.Tensor, start: int, n: int, w: int, outer_level: float, tiny: float) -> torch.Tensor:
     """`mp_wire._two_bit_scale` of the n shards of w columns from column `start` of `x` [rows, *] ([rows, n])."""
+    _columns(x, start, n, w)
     rows = x.shape[0]
     out = torch.empty(rows, n)
     if rows and n:
@@ -299,8 +315,13 @@ def pack(x: torch.Tensor, start: int, blocks: int, n: int, w: int, mode: int, sc
          bad: torch.Tensor, draws: torch.Tensor | None, outer_level: float, zero_code: int) -> torch.Tensor:
     """A run's body [blocks, rows / blocks, n * e] uint8 (e = planes * ceil(w / 8) + 1): see `pack` in SOURCE.
     scale, q, bad: [blocks, rows / blocks, n] (float32, uint8, bool); draws [blocks, n, rows / blocks, w] (mode 2)."""
+    _columns(x, start, n, w)
     rows = x.shape[0]
+    _require(mode in (0, 1, 2) and blocks >= 1 and rows % blocks == 0, f"mode {mode}, {rows} rows in {blocks} blocks")
     r, e = rows // blocks, (2 if mode == 1 else 1) * ((w + 7) // 8) + 1
+    _require(_is(scale, (blocks, r, n), torch.float32) and _is(q, (blocks, r, n), torch.uint8)
+             and _is(bad, (blocks, r, n), torch.bool), "scale, codes and flags must be [blocks, rows / blocks, n]")
+    _require(mode != 2 or _is(draws, (blocks, n, r, w), torch.float32), "draws must be [blocks, n, rows / blocks, w]")
     body = torch.empty(blocks, r, n * e, dtype=torch.uint8)
     scale, q, bad = scale.contiguous(), q.contiguous(), bad.contiguous().view(torch.uint8)
     if mode == 2:
@@ -317,7 +338,15 @@ def unpack(run: torch.Tensor, n: int, w: int, planes: int, scale: torch.Tensor, 
     """Decode a run's bytes `run` [rows, >= n * e] (a row slice of the body; its rows may be strided) into `out`'s
     columns start .. start + n * w (out: [rows, *] float32, contiguous rows); scale [rows, n] float32; signs and
     levels: what each byte's 8 bits decode to ([256, 8] float32, `mp_wire._SIGNS` and `_LEVELS`)."""
-    rows = run.shape[0]
+    rows, e = run.shape[0], planes * ((w + 7) // 8) + 1
+    _require(run.device.type == "cpu" and run.dtype == torch.uint8 and run.dim() == 2 and planes in (1, 2)
+             and n >= 0 and w >= 1 and (run.shape[1] == 0 or run.stride(1) == 1) and run.shape[1] >= n * e,
+             f"a run of {n} x {planes}-plane shards of width {w} in {tuple(run.shape)} {run.dtype} bytes")
+    _require(_is(scale, (rows, n), torch.float32) and _is(signs, (256, 8), torch.float32)
+             and _is(levels, (256, 8), torch.float32) and signs.is_contiguous() and levels.is_contiguous(),
+             "scale must be [rows, n] and the tables [256, 8] float32")
+    _require(out.shape[0] == rows, f"{rows} rows of bytes against {out.shape[0]} to decode into")
+    _columns(out, start, n, w)
     scale = scale.contiguous()
     if rows and n:
         _kernels().unpack(run.data_ptr(), run.stride(0), rows, n, w, planes, scale.data_ptr(), signs.data_ptr(),

@@ -126,3 +126,25 @@ def test_c_draws_step_aside_for_what_they_do_not_recognize(kernels):
     assert not sign_native.uniform_0_2([out], g) and torch.equal(out, torch.full((8,), 7.0))
     g.set_state(before)
     assert sign_native.uniform_0_2([out], g) and not torch.equal(out, torch.full((8,), 7.0))
+
+
+def test_kernels_refuse_tensors_that_do_not_match_their_sizes(kernels):
+    """They index raw memory: a mismatched call is refused in one line, never run."""
+    x, f = torch.randn(6, 32), torch.float32
+    scale, q, bad = torch.ones(2, 3, 2), torch.zeros(2, 3, 2, dtype=torch.uint8), torch.zeros(2, 3, 2, dtype=torch.bool)
+    calls = [lambda: sign_native.two_bit_scales(x, 8, 2, 16, 3.0, 1e-45),           # columns past the end
+             lambda: sign_native.two_bit_scales(x.double(), 0, 2, 16, 3.0, 1e-45),
+             lambda: sign_native.pack(x, 0, 4, 2, 16, 0, scale, q, bad, None, 3.0, 255),   # 6 rows in 4 blocks
+             lambda: sign_native.pack(x, 0, 2, 2, 16, 0, scale[:, :2], q, bad, None, 3.0, 255),
+             lambda: sign_native.pack(x, 0, 2, 2, 16, 2, scale, q, bad, torch.rand(2, 2, 3, 8), 3.0, 255),
+             lambda: sign_native.pack(x, 0, 2, 2, 16, 3, scale, q, bad, None, 3.0, 255),
+             lambda: sign_native.unpack(torch.zeros(6, 5, dtype=torch.uint8), 2, 16, 1, torch.ones(6, 2),
+                                        mp_wire._SIGNS, mp_wire._LEVELS, torch.empty(6, 32), 0),  # 5 of 6 bytes
+             lambda: sign_native.unpack(torch.zeros(6, 6, dtype=torch.uint8), 2, 16, 1, torch.ones(6, 2),
+                                        mp_wire._SIGNS, mp_wire._LEVELS, torch.empty(6, 32), 8),  # past the end
+             lambda: sign_native.unpack(torch.zeros(6, 6, dtype=torch.uint8), 2, 16, 1, torch.ones(6, 2),
+                                        mp_wire._SIGNS[:128], mp_wire._LEVELS, torch.empty(6, 32), 0)]
+    for call in calls:
+        with pytest.raises(ValueError, match="^sign_native: "):
+            call()
+    assert sign_native.pack(x, 0, 2, 2, 16, 0, scale, q, bad, None, 3.0, 255).shape == (2, 3, 2 * 3)
