@@ -11,11 +11,13 @@ to PyTorch.
   bit of a sample shard sent as zeros (set) or as non-finite (clear).
 - `unpack`: a run's body to floats, each entry +-1 (times 1 or OUTER_LEVEL on a 2-bit shard) times its decoded
   scale, written into the decoded rows' columns.
+- `uniform_0_2`: the random rounding's draws, PyTorch's own CPU generator advanced as `uniform_(0, 2)` advances it.
 
 Each does PyTorch's arithmetic in PyTorch's order on the same floats (one division, one addition, one product,
-each rounded once; comparisons as PyTorch makes them, NaN never set), so the bytes and floats are those of the
-PyTorch path bit for bit (tested against it). `core.native` compiles the source the first time a process needs
-it; where it cannot, each function returns None and `mp_wire` takes its PyTorch path.
+each rounded once; comparisons as PyTorch makes them, NaN never set), so the bytes, floats and generator states
+are those of the PyTorch path bit for bit (tested against it). `core.native` compiles the source the first time a
+process needs it; `mp_wire` asks `usable` / `loaded` first and takes its PyTorch path where they say no. A call
+whose tensors do not match the sizes it is given is refused (ValueError), never run: the kernels index raw memory.
 """
 from __future__ import annotations
 
