@@ -499,18 +499,17 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
     for start, w, n in runs:
         nb, wb = (w + 7) // 8, shard_bits(w, bits)
         e = wb * nb + SCALE_BYTES
-        run = body[:, :, pos:pos + n * e].reshape(blocks, r, n, e)
+        at, pos = pos, pos + n * e
+        run = body[:, :, at:pos].reshape(blocks, r, n, e)
         codes = run[..., wb * nb]
         scale = _decoded_scales(codes, bases[..., k:k + n])
         scale.masked_fill_((codes == ZERO_CODE) & (run[..., 0] & 1 == 0), float("nan"))  # sent non-finite
         k += n
         if fast:
             for i in range(blocks):
-                sign_native.unpack(body[i, :, pos:], n, w, wb, scale[i], _SIGNS, _LEVELS, dense[i * r:(i + 1) * r],
+                sign_native.unpack(body[i, :, at:pos], n, w, wb, scale[i], _SIGNS, _LEVELS, dense[i * r:(i + 1) * r],
                                    start)
-            pos += n * e
             continue
-        pos += n * e
         value = _unpack(_SIGNS, run[..., :nb], w)
         if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact
             value = value.mul_(_unpack(_LEVELS, run[..., nb:2 * nb], w))

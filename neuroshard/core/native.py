@@ -28,11 +28,19 @@ _lock = threading.Lock()
 _loaded: dict = {}  # name -> its functions (a namespace), or None once loading failed in this process
 
 
+def _x86_64() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _compiler(cc: str | None) -> str:
+    """The compiler command line to use: `cc`, else $CC, else "cc"."""
+    return cc or os.environ.get("CC") or "cc"
+
+
 def compiler_found(cc: str | None = None) -> bool:
     """Whether this x86-64 machine has the compiler `compile_c` would use (so a kernel that fails to load is a bug)."""
-    cc = cc or os.environ.get("CC") or "cc"
     try:
-        return platform.machine().lower() in ("x86_64", "amd64") and shutil.which(shlex.split(cc)[0]) is not None
+        return _x86_64() and shutil.which(shlex.split(_compiler(cc))[0]) is not None
     except (ValueError, IndexError):
         return False
 
@@ -40,10 +48,10 @@ def compiler_found(cc: str | None = None) -> bool:
 def compile_c(name: str, source: str, signatures: dict, cc: str | None = None) -> SimpleNamespace | None:
     """Compile `source` and return its functions named in `signatures` ({symbol: (restype, [argtypes])}) as a
     namespace; None (the reason logged) where that cannot be done here."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _x86_64():
         log.debug("%s: not x86-64 (%s); the PyTorch path is used", name, platform.machine())
         return None
-    cc = cc or os.environ.get("CC") or "cc"
+    cc = _compiler(cc)
     try:
         with tempfile.TemporaryDirectory(prefix="neuroshard-native-") as tmp:
             src, lib = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
