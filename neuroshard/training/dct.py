@@ -49,9 +49,10 @@ this project's. Bytes are counted from the tensors handed to the collectives; th
 (`dense_hook`) does what DDP's default hook does (an asynchronous all_reduce) and counts its
 all_reduce the same way.
 
-On CPU, between refreshes, steps 1 and 2's share and threshold scan run as one fused pass in C
-(`training/share_select.py`: the same floats and positions, compiled at first use; the PyTorch path
-where no C compiler is found). Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
+On CPU, between refreshes, steps 1 and 2's share and threshold scan run as one fused pass in C, and
+step 3's encoding as another (`training/dp_native.py`: the same floats, positions and bytes, compiled at
+first use; the PyTorch path where no C compiler is found). With error feedback, g is written over the
+residual it adds (entry by entry), so the pass streams two bucket-sized buffers, not three. Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
 step (thresholding, tau refreshes, encoding; with `sync=True` also the residual update and
 decoding); `work` adds up every stage's seconds on whichever thread ran it, for profiling (the fused
 pass counts as "select");
@@ -69,7 +70,8 @@ import torch
 import torch.distributed as dist
 
 from .dlrm import CommStats, nbytes
-from .share_select import share_select
+from . import dp_native
+from .dp_native import share_select
 
 MAX_DELTA = 65535  # largest index gap one uint16 delta carries
 FP16_MAX = 65504.0
@@ -196,11 +198,23 @@ class DCTState(HookState):
 
 
 class _Buffers:
-    """A bucket's reusable work tensors (allocating 2M floats afresh costs more than using them)."""
+    """A bucket's reusable work tensors (allocating 2M floats afresh costs more than using them). With a carried
+    residual, g is written over it (res + bucket / world, entry by entry): the pass streams two buffers instead of
+    three, and what was not delivered is then already in place as the next residual. `g` is the buffer for an
+    iteration with no residual (the first, or one after a dense exchange), made when one needs it."""
 
     def __init__(self, n: int):
-        self.g = torch.empty(n)
+        self.n = n
+        self.g: torch.Tensor | None = None
         self.res: torch.Tensor | None = None  # the carried residual (None: nothing carried)
+
+    def target(self, res: torch.Tensor | None) -> torch.Tensor:
+        """Where this iteration's g goes: over the residual `res` it adds, else the bucket's own g buffer."""
+        if res is not None:
+            return res
+        if self.g is None:
+            self.g = torch.empty(self.n)
+        return self.g
 
 
 def add_mean_share(res: torch.Tensor, buf: torch.Tensor, world: int, out: torch.Tensor) -> torch.Tensor:
@@ -305,8 +319,8 @@ class _Bucket:
         w = state._buffers.get(order)
         if w is None:
             w = self._new_buffers(order)
-        self.w, g = w, w.g
         res = w.res if state.error_feedback else None
+        self.w, self.g = w, (g := w.target(res))
         self.k = k = keep_count(self.n, state.keep)
         cap = drift_cap(k, state.drift)
         scheduled = self.it % state.refresh == 0
@@ -316,7 +330,7 @@ class _Bucket:
             idx = share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)
         if idx is None:
             if res is not None:
-                add_mean_share(res, buf, world, out=g)
+                add_mean_share(res, buf, world, out=g)  # g is res: entry by entry, in place
             else:
                 torch.div(buf, world, out=g)
             t0 = state.timed("prepare", t0, True)
@@ -336,7 +350,8 @@ class _Bucket:
             idx = idx[keep_idx]
         self.idx = idx
         t0 = state.timed("select", t0, True)
-        self.deltas, self.vals, self.real = encode(idx, g[idx])
+        coded = dp_native.encode(idx, g)  # in C where it can run (the same bytes)
+        self.deltas, self.vals, self.real = coded if coded is not None else encode(idx, g[idx])
         state.sent.append((self.it, self.b, self.n, k, idx.numel()))
         self.count = torch.tensor([self.deltas.numel()], dtype=torch.int32)
         state.timed("encode", t0, True)
@@ -363,18 +378,19 @@ class _Bucket:
 
     def keep_residual(self, delivered: bool) -> None:
         """With error feedback, g minus what was delivered becomes the residual (g's buffer is
-        swapped in, not copied); after a dense exchange nothing is carried."""
+        kept, not copied); after a dense exchange nothing is carried."""
         state, w = self.state, self.w
         if not state.error_feedback:
             return
-        if not delivered:  # the dense all_reduce delivered all of g
+        if not delivered:  # the dense all_reduce delivered all of g (the exchange's buffer is g, not w.res)
             w.res = None
             for p in self.params:
                 state.residual.pop(id(p), None)
             return
         if self.idx.numel():
-            w.g[self.idx] -= self.vals[self.real].float()  # what arrives is the fp16 value: the rest stays
-        w.res, w.g = w.g, (w.res if w.res is not None else torch.empty_like(w.g))  # swapped, not copied
+            self.g[self.idx] -= self.vals[self.real].float()  # what arrives is the fp16 value: the rest stays
+        if w.res is not self.g:  # g was the g buffer (no residual carried): it becomes the residual
+            w.res, w.g = self.g, None
         for p, piece in zip(self.params, torch.split(w.res, self.sizes)):
             state.residual[id(p)] = piece
 
@@ -426,7 +442,7 @@ def _exchange_sync(work: _Bucket) -> torch.futures.Future:
     if route == "dense":
         state.add_bytes(nbytes(work.count), seconds)
         work.residual_timed(False)
-        return _all_reduce(state, work.w.g, None, lambda g: work.buf.copy_(g))
+        return _all_reduce(state, work.g, None, lambda g: work.buf.copy_(g))
     if route == "none":  # nothing was delivered, so all of g waits for a later iteration
         state.add_bytes(nbytes(work.count), seconds)
         work.residual_timed(True)
@@ -488,7 +504,7 @@ def _launcher(work: _Bucket, m: int, out: torch.futures.Future):
     route = work.route(m)
     if route == "dense":
         work.residual_timed(False)
-        g = work.w.g
+        g = work.g
 
         def launch():
             state.add_bytes(nbytes(g))

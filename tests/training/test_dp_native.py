@@ -1,10 +1,12 @@
-"""DCT-DP's fused share and threshold scan (training/share_select.py) gives PyTorch's floats and positions bit for bit,
-leaves more positions than it has room for to the PyTorch path, and steps aside (None) where it cannot run."""
+"""DCT-DP's C kernels (training/dp_native.py): the fused share and threshold scan gives PyTorch's floats and positions
+bit for bit,
+finds more positions than it has room for by a second pass, may write over the residual it adds, and steps aside
+(None) where it cannot run."""
 import pytest
 import torch
 
 from neuroshard.core import native
-from neuroshard.training import dct, share_select as ss
+from neuroshard.training import dct, dp_native as ss
 
 
 def _torch_path(buf, res, world, tau):
@@ -28,7 +30,7 @@ def _cases():
 
 @pytest.mark.parametrize("world", [1, 3, 4])
 def test_fused_pass_gives_pytorchs_floats_and_positions(world):
-    if ss._function() is None:
+    if not ss.loaded():
         assert not native.compiler_found(), "the fused pass did not compile with this machine's compiler"
         pytest.skip("no C compiler or not x86-64 here: the PyTorch path is the only one")
     checked = 0
@@ -46,14 +48,30 @@ def test_fused_pass_gives_pytorchs_floats_and_positions(world):
     assert checked == 6 * 2 * 3
 
 
-def test_more_positions_than_room_are_left_to_the_pytorch_path():
-    if ss._function() is None:
+def test_more_positions_than_room_are_found_by_a_second_pass():
+    if not ss.loaded():
         pytest.skip("no C compiler or not x86-64 here")
     buf = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
-    g = torch.empty_like(buf)
-    assert ss.share_select(buf, None, 2, 0.1, g, 5) is None  # over 8,000 qualify: no room for them
-    idx = ss.share_select(buf, None, 2, 0.1, g, 10_000)
-    assert idx.numel() > 8000 and torch.equal(idx, dct.over_threshold(buf / 2, 0.1))
+    buf[3] = float("nan")
+    want = dct.over_threshold(buf / 2, 0.1)
+    for cap in (5, 10_000):  # over 8,000 qualify: no room for them, then room
+        g = torch.empty_like(buf)
+        idx = ss.share_select(buf, None, 2, 0.1, g, cap)
+        assert idx.numel() > 8000 and torch.equal(idx, want), cap
+        assert torch.equal(g.view(torch.int32), (buf / 2).view(torch.int32))
+
+
+def test_the_share_may_be_written_over_the_residual():
+    if not ss.loaded():
+        pytest.skip("no C compiler or not x86-64 here")
+    for n, buf, res in _cases():
+        want_g, want_idx = _torch_path(buf, res, 3, 1e-3)
+        inplace = res.clone()
+        idx = ss.share_select(buf, inplace, 3, 1e-3, inplace, n)
+        assert torch.equal(inplace.view(torch.int32), want_g.view(torch.int32)) and torch.equal(idx, want_idx), n
+        plain = res.clone()  # the PyTorch path in place: the same floats
+        dct.add_mean_share(plain, buf, 3, out=plain)
+        assert torch.equal(plain.view(torch.int32), want_g.view(torch.int32)), n
 
 
 def test_it_steps_aside_where_it_cannot_run(monkeypatch):
@@ -66,10 +84,10 @@ def test_it_steps_aside_where_it_cannot_run(monkeypatch):
     assert torch.equal(g, torch.zeros(64))  # nothing written
     # no compiler: logged, None, and the hook's PyTorch path takes over (the same results)
     for cc in ("/nonexistent/cc", "cc -DNOT_C_AT_ALL=1 -x c++ -std=c89", 'cc "unclosed'):
-        assert native.compile_c("share_select", ss.SOURCE, ss.SIGNATURES, cc=cc) is None
-    if ss._function() is not None:  # CC may be a command line
-        assert native.compile_c("share_select", ss.SOURCE, ss.SIGNATURES, cc="cc -O1") is not None
-    monkeypatch.setitem(native._loaded, "share_select", None)
+        assert native.compile_c("dp_codec", ss.SOURCE, ss.SIGNATURES, cc=cc) is None
+    if ss.loaded():  # CC may be a command line
+        assert native.compile_c("dp_codec", ss.SOURCE, ss.SIGNATURES, cc="cc -O1") is not None
+    monkeypatch.setitem(native._loaded, "dp_codec", None)
     assert ss.share_select(buf, None, 2, 0.5, g, 8) is None
 
 
@@ -95,7 +113,7 @@ class _Bucket:
 def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(monkeypatch):
     """DCT-DP's local work for a bucket (dct._Bucket), with and without the fused pass: between refreshes the fused
     pass runs (no separate share stage is timed) and gives the same g, positions, encoding and residual."""
-    if ss._function() is None:
+    if not ss.loaded():
         pytest.skip("no C compiler or not x86-64 here")
     params = [torch.nn.Parameter(torch.zeros(300_000)), torch.nn.Parameter(torch.zeros(40_003))]
     gen = torch.Generator().manual_seed(2)
@@ -103,7 +121,7 @@ def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(m
 
     def run(fused: bool):
         if not fused:
-            monkeypatch.setitem(native._loaded, "share_select", None)
+            monkeypatch.setitem(native._loaded, "dp_codec", None)
         state = dct.DCTState(keep=0.01, refresh=3, error_feedback=True, sync=True)
         out = []
         for it, grad in enumerate(grads):
@@ -121,3 +139,43 @@ def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(m
         for a, b in zip(got, want):
             assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
                                b.view(torch.uint8) if b.is_floating_point() else b), it
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_encoder_gives_the_pytorch_encoders_bytes():
+    """Gaps (fillers across gaps over 65,535, a first position of 0), fp16 values (clamped, subnormal, ties to
+    even on every fp16 boundary, signed zeros) and where the real entries lie: dct.encode's, bit for bit."""
+    if not ss.loaded():
+        pytest.skip("no C compiler or not x86-64 here")
+    gen = torch.Generator().manual_seed(3)
+    n = 1_000_000
+    g = torch.randn(n, generator=gen) * torch.logspace(-12, 6, n)
+    g[7], g[8], g[65543], g[n - 1] = 1e9, -float("inf"), -0.0, 65519.0
+    cases = [torch.tensor([0, 7, 8, 65543, 65543 + 65535, 65543 + 2 * 65535 + 1, n - 1]),
+             torch.sort(torch.randperm(n, generator=gen)[:5000]).values, torch.tensor([n - 1]),
+             torch.zeros(0, dtype=torch.int64)]
+    half = torch.arange(0, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16).double()
+    mid = ((half[:-1] + half[1:]) / 2).float()  # exactly between two fp16 values: ties go to the even one
+    edge = torch.cat([mid, torch.nextafter(mid, torch.tensor(0.0)), torch.nextafter(mid, torch.tensor(1e9)),
+                      half.float()])
+    edge = torch.cat([edge, -edge])
+    for idx, x in [(i, g) for i in cases] + [(torch.arange(edge.numel()), edge)]:
+        got, want = ss.encode(idx, x), dct.encode(idx, x[idx])
+        assert all(_same(a, b) for a, b in zip(got, want)), idx[:8]
+    deltas, _, _ = ss.encode(cases[0], g)
+    assert deltas.numel() == 7 + 1 + 12  # gaps of 65,535 need no filler; 65,536 one; 803,385 twelve
+
+
+def test_encoder_refuses_what_it_cannot_encode():
+    """Positions that are not ascending positions of g, or tensors it does not take: None, nothing read."""
+    if not ss.loaded():
+        pytest.skip("no C compiler or not x86-64 here")
+    g = torch.randn(100)
+    for idx in (torch.tensor([3, 3]), torch.tensor([5, 4]), torch.tensor([-1]), torch.tensor([100]),
+                torch.tensor([2 ** 40]), torch.tensor([3, 9], dtype=torch.int32), torch.tensor([1, 2, 3, 4])[::2]):
+        assert ss.encode(idx, g) is None, idx
+    for x in (g.double(), g[::2].contiguous().reshape(5, 10), g.to("meta")):
+        assert ss.encode(torch.tensor([1, 2]), x) is None

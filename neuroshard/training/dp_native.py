@@ -1,0 +1,160 @@
+"""DCT-DP's passes over a bucket in C, for CPU buckets: the share and threshold scan fused into one pass, and the
+encoding of the entries that go out.
+
+- `share_select`: `training/dct.py` computes a bucket's g = residual + bucket / world_size (`add_mean_share`) and
+  then the positions of |g| >= tau (`over_threshold`): three or more passes over the whole bucket in PyTorch. This
+  does both in one pass (SSE2: four entries a step, divide, add, store, compare, and the rare positions picked from
+  the comparison's mask) and gives the same floats and the same positions bit for bit (the division, then the sum,
+  each rounded as PyTorch rounds them; NaN never qualifies; tested against the PyTorch path). On one thread at the
+  `mlperf` shape (2.04M entries) it takes about 0.4 of their time.
+- `encode`: `dct.encode`'s wire (16-bit index gaps with filler entries, fp16 values clamped to fp16's largest) of
+  the positions it found, with the values read from g: one pass over the positions instead of a dozen small
+  PyTorch operations. fp16 is rounded to nearest even, as PyTorch's conversion rounds (tested against it).
+
+The C source below is compiled by `core.native` the first time a process needs it (nothing compiled is kept on
+disk). Where that cannot be done here, or the tensors are not contiguous float32 CPU tensors, these functions
+return None and the caller takes the PyTorch path (the same results).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..core import native
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <emmintrin.h>
+/* g = res + buf / world (res NULL: g = buf / world) and the ascending positions of |g| >= tau, in one pass.
+   Returns how many qualify; writes at most cap of their positions. */
+int64_t share_select(const float *buf, const float *res, float world, float tau, float *g, int64_t n,
+                     int64_t *idx, int64_t cap) {
+    int64_t i = 0, c = 0;
+    const __m128 w = _mm_set1_ps(world), t = _mm_set1_ps(tau);
+    const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    for (; i + 4 <= n; i += 4) {
+        __m128 v = _mm_div_ps(_mm_loadu_ps(buf + i), w);
+        if (res) v = _mm_add_ps(_mm_loadu_ps(res + i), v);
+        _mm_storeu_ps(g + i, v);
+        int m = _mm_movemask_ps(_mm_cmpge_ps(_mm_and_ps(v, absmask), t));  /* NaN compares false */
+        while (m) {
+            if (c < cap) idx[c] = i + __builtin_ctz(m);
+            c++;
+            m &= m - 1;
+        }
+    }
+    for (; i < n; i++) {
+        float v = buf[i] / world;
+        if (res) v = res[i] + v;
+        g[i] = v;
+        if ((v < 0 ? -v : v) >= tau) {
+            if (c < cap) idx[c] = i;
+            c++;
+        }
+    }
+    return c;
+}
+
+/* float -> fp16 bits, rounded to nearest even, for |f| <= 65504 (the caller clamps; no NaN reaches here). */
+static uint16_t fp16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t a = x & 0x7fffffffu;
+    if (a >= 0x38800000u) {                      /* 2^-14 and up: a normal fp16 */
+        uint32_t r = a - 0x38000000u;              /* the exponent rebiased from 127 to 15 */
+        r += 0x0fffu + ((r >> 13) & 1u);           /* to nearest even on the 13 bits dropped */
+        return (uint16_t)(sign | (r >> 13));
+    }
+    /* subnormal fp16 or zero: |f| in units of 2^-24 (exact: a power-of-two scaling), rounded to nearest even by
+       adding and taking away 2^23; 1024 units is the smallest normal, whose bits it also is */
+    volatile float t = __builtin_fabsf(f) * 16777216.0f + 8388608.0f;
+    return (uint16_t)(sign | (uint16_t)(t - 8388608.0f));
+}
+
+/* The k ascending positions idx into g -> m entries (returned; at most cap written): uint16 gaps (a gap over 65,535
+   bridged by filler entries of gap 65,535 and value 0), fp16 bits of the values clamped to +-65504, and where each
+   position's entry lies among the m. Returns -1 where cap is too small, -2 where the positions are not ascending
+   positions of g's n entries (nothing is read outside g). */
+int64_t encode(const int64_t *idx, int64_t k, const float *g, int64_t n, uint16_t *deltas, uint16_t *vals,
+               int64_t *real, int64_t cap) {
+    int64_t m = 0, prev = 0;
+    for (int64_t i = 0; i < k; i++) {
+        if (idx[i] < prev + (i > 0) || idx[i] >= n) return -2;
+        int64_t gap = idx[i] - prev;
+        prev = idx[i];
+        while (gap > 65535) {
+            if (m >= cap) return -1;
+            deltas[m] = 65535; vals[m] = 0; m++;
+            gap -= 65535;
+        }
+        if (m >= cap) return -1;
+        float v = g[idx[i]];
+        v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+        deltas[m] = (uint16_t)gap; vals[m] = fp16_bits(v); real[i] = m; m++;
+    }
+    return m;
+}
+"""
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES = {"share_select": (_I, [_P, _P, ctypes.c_float, ctypes.c_float, _P, _I, _P, _I]),
+              "encode": (_I, [_P, _I, _P, _I, _P, _P, _P, _I])}
+
+
+def _kernels():
+    return native.load("dp_codec", SOURCE, SIGNATURES)
+
+
+def loaded() -> bool:
+    """Whether the kernels load here (compiled on the first call)."""
+    return _kernels() is not None
+
+
+def _fits(t: torch.Tensor | None, n: int) -> bool:
+    return t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                         and t.numel() == n)
+
+
+def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: float, out: torch.Tensor,
+                 cap: int) -> torch.Tensor | None:
+    """Write res + buf / world (buf / world without res) into `out` and return the ascending int64 positions of
+    its entries with |value| >= tau, exactly as `add_mean_share` (or torch.div) and `over_threshold` give them;
+    None where the fused pass cannot run here (nothing written then). `out` may be `res` itself (each entry is
+    read before it is written). Where more than `cap` entries qualify (the room it keeps for positions: a rare,
+    large drift of tau), `out` is written and the positions come from a second, plain pass over it."""
+    n = buf.numel()
+    if n == 0 or not all(_fits(t, n) for t in (buf, res, out)):
+        return None
+    if not loaded():
+        return None
+    idx = torch.empty(max(1, cap), dtype=torch.int64)
+    count = _kernels().share_select(buf.data_ptr(), None if res is None else res.data_ptr(), float(world), float(tau), out.data_ptr(),
+               n, idx.data_ptr(), idx.numel())
+    if count > idx.numel():
+        return (out.abs() >= tau).nonzero().squeeze(1)  # NaN never qualifies, as in the fused pass
+    return idx[:count]
+
+
+MAX_GAP = 65535  # the largest index gap one uint16 carries (`dct.MAX_DELTA`)
+
+
+def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """`dct.encode(idx, g[idx])` (uint16 gaps, fp16 values, where the real entries lie among them) bit for bit from
+    the ascending positions `idx` into the flat float32 `g`; None where the kernels cannot run here, the tensors are
+    not contiguous int64 / float32 CPU tensors, or `idx` is not ascending positions of g (nothing is read then)."""
+    k = idx.numel()
+    if not (loaded() and idx.device.type == "cpu" and idx.dtype == torch.int64 and idx.dim() == 1
+            and idx.is_contiguous() and g.dim() == 1 and _fits(g, g.numel())):
+        return None
+    cap = k + g.numel() // MAX_GAP + 1  # no more fillers than 65,535-wide gaps fit in g
+    deltas = torch.empty(cap, dtype=torch.uint16)
+    vals = torch.empty(cap, dtype=torch.float16)
+    real = torch.empty(k, dtype=torch.int64)
+    m = _kernels().encode(idx.data_ptr(), k, g.data_ptr(), g.numel(), deltas.data_ptr(), vals.data_ptr(),
+                          real.data_ptr(), cap)
+    if m < 0:
+        return None
+    return deltas[:m], vals[:m], real
