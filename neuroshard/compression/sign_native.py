@@ -96,19 +96,22 @@ void two_bit_scales(const float *x, int64_t stride, int64_t rows, int64_t n, int
             const float mean = (float)(sum2 / (double)w);
             const __m128 mean4 = _mm_set1_ps(mean);
             __m128d so[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
-            int64_t n_outer = 0;
+            __m128i count4 = _mm_setzero_si128();  /* outer entries per lane: a comparison's true is -1 */
             for (c = 0; c + 8 <= w; c += 8) {
                 __m128 v0 = _mm_loadu_ps(u + c), v1 = _mm_loadu_ps(u + c + 4);
                 __m128 o0 = _mm_cmpge_ps(_mm_mul_ps(v0, v0), mean4), o1 = _mm_cmpge_ps(_mm_mul_ps(v1, v1), mean4);
                 add4(so, _mm_and_ps(o0, v0));
                 add4(so + 2, _mm_and_ps(o1, v1));
-                n_outer += __builtin_popcount(_mm_movemask_ps(o0) | _mm_movemask_ps(o1) << 4);
+                count4 = _mm_sub_epi32(_mm_sub_epi32(count4, _mm_castps_si128(o0)), _mm_castps_si128(o1));
             }
             for (; c + 4 <= w; c += 4) {
                 __m128 v = _mm_loadu_ps(u + c), outer = _mm_cmpge_ps(_mm_mul_ps(v, v), mean4);
                 add4(so, _mm_and_ps(outer, v));
-                n_outer += __builtin_popcount(_mm_movemask_ps(outer));
+                count4 = _mm_sub_epi32(count4, _mm_castps_si128(outer));
             }
+            int32_t lanes[4];
+            _mm_storeu_si128((__m128i *)lanes, count4);
+            int64_t n_outer = (int64_t)lanes[0] + lanes[1] + lanes[2] + lanes[3];
             double sum_o = (hsum2(so[0]) + hsum2(so[1])) + (hsum2(so[2]) + hsum2(so[3]));
             for (; c < w; c++) {
                 int outer = u[c] * u[c] >= mean;
