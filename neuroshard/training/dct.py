@@ -50,8 +50,9 @@ this project's. Bytes are counted from the tensors handed to the collectives; th
 all_reduce the same way.
 
 On CPU, between refreshes, steps 1 and 2's share and threshold scan run as one fused pass in C, and
-step 3's encoding as another (`training/dp_native.py`: the same floats, positions and bytes, compiled at
-first use; the PyTorch path where no C compiler is found). With error feedback, g is written over the
+step 3's encoding and decoding as others (`training/dp_native.py`: the same floats, positions and bytes,
+compiled at first use; the PyTorch path where no C compiler is found). The C calls let go of Python's
+lock, so a decode on gloo's thread does not hold up the next bucket's hook on the training thread. With error feedback, g is written over the
 residual it adds (entry by entry), so the pass streams two bucket-sized buffers, not three. Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
 step (thresholding, tau refreshes, encoding; with `sync=True` also the residual update and
 decoding); `work` adds up every stage's seconds on whichever thread ran it, for profiling (the fused
@@ -402,9 +403,10 @@ class _Bucket:
 
     def decode(self, gathered: list[torch.Tensor], m: int) -> torch.Tensor:
         t0 = time.perf_counter()
-        self.buf.zero_()
-        for part in gathered:
-            decode_into(self.buf, part, m)
+        if not dp_native.decode(self.buf, gathered, m):  # in C where it can run (the same floats)
+            self.buf.zero_()
+            for part in gathered:
+                decode_into(self.buf, part, m)
         self.state.timed("decode", t0, self.state.sync)
         return self.buf
 

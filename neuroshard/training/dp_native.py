@@ -97,11 +97,52 @@ int64_t encode(const int64_t *idx, int64_t k, const float *g, int64_t n, uint16_
     }
     return m;
 }
+
+/* fp16 bits -> float, exactly (every fp16 value is a float). */
+static float fp16_value(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t bits;
+    if (e == 0) {  /* zero or subnormal: m units of 2^-24, exact in float */
+        float f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* out[0:n] = 0, then each of the parts payloads (m entries each: m uint16 gaps, then m fp16 values) added in:
+   entry j of a part at the running sum of its gaps, in order, as index_add_ adds them. Returns 0, or -1 (out
+   left zeroed) where a position would pass n: nothing is written outside out. */
+int64_t decode(float *out, int64_t n, const uint8_t *const *parts, int64_t nparts, int64_t m) {
+    memset(out, 0, sizeof(float) * (size_t)n);
+    for (int64_t r = 0; r < nparts; r++) {
+        const uint8_t *p = parts[r];
+        int64_t pos = 0;
+        for (int64_t j = 0; j < m; j++) {  /* every position checked before any is written */
+            uint16_t gap;
+            memcpy(&gap, p + 2 * j, 2);
+            pos += gap;
+            if (pos >= n) { memset(out, 0, sizeof(float) * (size_t)n); return -1; }
+        }
+        pos = 0;
+        for (int64_t j = 0; j < m; j++) {
+            uint16_t gap, h;
+            memcpy(&gap, p + 2 * j, 2);
+            memcpy(&h, p + 2 * m + 2 * j, 2);
+            pos += gap;
+            out[pos] += fp16_value(h);
+        }
+    }
+    return 0;
+}
 """
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {"share_select": (_I, [_P, _P, ctypes.c_float, ctypes.c_float, _P, _I, _P, _I]),
-              "encode": (_I, [_P, _I, _P, _I, _P, _P, _P, _I])}
+              "encode": (_I, [_P, _I, _P, _I, _P, _P, _P, _I]),
+              "decode": (_I, [_P, _I, _P, _I, _I])}
 
 
 def _kernels():
@@ -158,3 +199,19 @@ def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     if m < 0:
         return None
     return deltas[:m], vals[:m], real
+
+
+def decode(out: torch.Tensor, parts: list[torch.Tensor], m: int) -> bool:
+    """`out.zero_()` then `dct.decode_into(out, part, m)` for each part in order, the same floats, in one call that
+    lets go of Python's lock while it runs (a decode on gloo's thread then does not hold up the training thread's
+    hook); False (nothing written) where it cannot run here or the tensors are not what it takes. A payload whose
+    positions pass the end of `out` raises ValueError, as index_add_ raises IndexError (out is left zeroed)."""
+    n = out.numel()
+    if not (loaded() and out.dim() == 1 and _fits(out, n) and m >= 0 and all(
+            p.device.type == "cpu" and p.dtype == torch.uint8 and p.dim() == 1 and p.is_contiguous()
+            and p.numel() == 4 * m for p in parts)):
+        return False
+    ptrs = (ctypes.c_void_p * max(1, len(parts)))(*[p.data_ptr() for p in parts])
+    if _kernels().decode(out.data_ptr(), n, ptrs, len(parts), m) < 0:
+        raise ValueError(f"DCT-DP payload: an entry's position passes the bucket's {n} entries")
+    return True

@@ -179,3 +179,46 @@ def test_encoder_refuses_what_it_cannot_encode():
         assert ss.encode(idx, g) is None, idx
     for x in (g.double(), g[::2].contiguous().reshape(5, 10), g.to("meta")):
         assert ss.encode(torch.tensor([1, 2]), x) is None
+
+
+def test_decoder_gives_the_pytorch_decoders_floats():
+    """Four ranks' padded payloads (fillers, padding, overlapping positions), and every fp16 bit pattern (signed
+    zeros, subnormals, inf, NaN payloads): zeroing and index_add_'s floats, bit for bit."""
+    if not ss.loaded():
+        pytest.skip("no C compiler or not x86-64 here")
+    gen = torch.Generator().manual_seed(4)
+    n = 300_000
+    coded = []
+    for r in range(4):
+        g = torch.randn(n, generator=gen) * torch.logspace(-10, 5, n)
+        idx = torch.sort(torch.randperm(n, generator=gen)[:2000 + 300 * r]).values
+        idx[-1] = n - 1 if r == 2 else idx[-1]
+        coded.append(dct.encode(torch.cat([torch.tensor([0]), idx[1:]]) if r == 1 else idx, g[idx])[:2])
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    coded.append((torch.ones(65536, dtype=torch.int32).to(torch.uint16), every))  # positions 1 .. 65536
+    m = max(d.numel() for d, _ in coded)
+    parts = [dct.payload_bytes(d, v, m) for d, v in coded]
+    want, got = torch.full((n,), 5.0), torch.full((n,), 5.0)
+    want.zero_()
+    for p in parts:
+        dct.decode_into(want, p, m)
+    assert ss.decode(got, parts, m)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert ss.decode(got, [], m) and not got.any()  # no parts: zeros
+
+
+def test_decoder_refuses_positions_past_the_bucket():
+    if not ss.loaded():
+        pytest.skip("no C compiler or not x86-64 here")
+    out = torch.full((100,), 5.0)
+    bad = dct.payload_bytes(torch.tensor([60, 39, 1], dtype=torch.int32).to(torch.uint16),
+                            torch.ones(3, dtype=torch.float16), 3)  # positions 60, 99, 100
+    with pytest.raises(ValueError, match="passes the bucket's 100 entries"):
+        ss.decode(out, [dct.payload_bytes(torch.tensor([5], dtype=torch.int32).to(torch.uint16),
+                                          torch.ones(1, dtype=torch.float16), 3)[:12], bad], 3)
+    assert not out.any()  # left zeroed
+    with pytest.raises(IndexError):  # as the PyTorch path refuses it
+        dct.decode_into(torch.zeros(100), bad, 3)
+    for parts, m, o in (([bad], 2, out), ([bad.view(torch.int8)], 3, out), ([bad[::2]], 3, out),
+                        ([bad], 3, out.double()), ([bad], 3, out.reshape(10, 10)), ([bad], -1, out)):
+        assert ss.decode(o, parts, m) is False
