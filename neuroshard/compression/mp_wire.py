@@ -478,24 +478,34 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
 
 
 def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1, dtype=torch.float32,
-                bits: int = 1) -> torch.Tensor:
+                bits: int = 1, out: list[torch.Tensor] | None = None) -> torch.Tensor | None:
     """`sign_encode`'s bytes of `blocks` blocks holding `rows` samples in all -> [rows, sum(segments)]: each entry
     its scale times +1 or -1 (on a shard given 2 bits: times 1 or OUTER_LEVEL, as its magnitude bit says); a
-    sample shard sent as non-finite (ZERO_CODE, first sign bit clear) decodes as NaN throughout."""
+    sample shard sent as non-finite (ZERO_CODE, first sign bit clear) decodes as NaN throughout. With `out` (one
+    [rows / blocks, sum(segments)] tensor of `dtype` per block, e.g. views into a larger buffer), each block is
+    written into its tensor instead, with no [rows, ...] tensor made and no copy after, and None is returned."""
     if b.dtype != torch.uint8 or blocks < 1 or rows % blocks or bits not in (1, 2) or \
             b.numel() != blocks * sign_block_bytes(segments, rows // blocks, bits):
         raise ValueError(f"sign_decode: {b.numel()} {b.dtype} bytes are not {blocks} block(s) of {rows} samples "
                          f"of shards {list(segments)} at {bits} bit(s) an entry")
+    r, width = rows // blocks, sum(segments)
+    if out is not None and (len(out) != blocks or any(
+            o.shape != (r, width) or o.dtype != dtype or o.device != b.device for o in out)):
+        raise ValueError(f"sign_decode: out must be {blocks} tensor(s) of [{r}, {width}] {dtype} on {b.device}")
+    if out is None:
+        dense = torch.empty(rows, width, dtype=dtype, device=b.device)
+        sign_decode(b, segments, rows, blocks, dtype, bits, out=[dense[i * r:(i + 1) * r] for i in range(blocks)])
+        return dense
     runs = _equal_width_runs(segments)
-    if not runs or rows == 0:
-        return torch.zeros(rows, sum(segments), dtype=dtype, device=b.device)
-    r, S = rows // blocks, sum(n for _, _, n in runs)
+    if not runs or rows == 0:  # no columns (empty segments only) or no samples: nothing to write
+        return None
+    S = sum(n for _, _, n in runs)
     b = b.reshape(blocks, -1)
     bases = _from_bytes(b[:, :BASE_BYTES * S], torch.float32).reshape(blocks, 1, S)
     body = b[:, BASE_BYTES * S:].reshape(blocks, r, -1)
-    fast = dtype == torch.float32 and b.device.type == "cpu" and sign_native.loaded()  # every entry decoded in C (the same floats)
-    dense = torch.empty(rows, sum(segments)) if fast else None
-    out, pos, k = [], 0, 0
+    fast = dtype == torch.float32 and b.device.type == "cpu" and sign_native.loaded() and all(
+        width <= 1 or o.stride(1) == 1 for o in out)  # every entry decoded in C (the same floats)
+    pos, k = 0, 0  # every column lies in one run (empty segments have none)
     for start, w, n in runs:
         nb, wb = (w + 7) // 8, shard_bits(w, bits)
         e = wb * nb + SCALE_BYTES
@@ -507,16 +517,15 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
         k += n
         if fast:
             for i in range(blocks):
-                sign_native.unpack(body[i, :, at:pos], n, w, wb, scale[i], _SIGNS, _LEVELS, dense[i * r:(i + 1) * r],
-                                   start)
+                sign_native.unpack(body[i, :, at:pos], n, w, wb, scale[i], _SIGNS, _LEVELS, out[i], start)
             continue
         value = _unpack(_SIGNS, run[..., :nb], w)
         if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact
             value = value.mul_(_unpack(_LEVELS, run[..., nb:2 * nb], w))
-        out.append(value.mul_(scale.unsqueeze(3)).to(dtype).reshape(rows, n * w))
-    if fast:
-        return dense
-    return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+        value = value.mul_(scale.unsqueeze(3)).to(dtype).reshape(blocks, r, n * w)
+        for i in range(blocks):
+            out[i][:, start:start + n * w].copy_(value[i])
+    return None
 
 
 @dataclass
@@ -561,13 +570,22 @@ def sign_forward_exchange(pooled: torch.Tensor, layout: SignLayout):
     recv = torch.empty(sum(layout.fw_block_bytes) - mine, dtype=torch.uint8, device=pooled.device)
     seconds = _timed(lambda: dist.all_to_all_single(recv, send, _without(layout.fw_block_bytes, rank),
                                                     _without([mine] * world, rank)))
-    dense, pos = {rank: rows[rank].reshape(-1)}, 0
-    for group in _peer_groups(layout.segments, rank):  # peers of one layout decode together, as blocks
+    dense = torch.empty(bn * sum(layout.widths), dtype=pooled.dtype, device=pooled.device)
+    piece = _pieces(dense, bn, layout.widths)
+    piece[rank].copy_(rows[rank])
+    pos = 0
+    for group in _peer_groups(layout.segments, rank):  # peers of one layout decode together, as blocks, in place
         seg, e = layout.segments[group[0]], layout.fw_block_bytes[group[0]] * len(group)
-        dec = sign_decode(recv[pos:pos + e], seg, bn * len(group), blocks=len(group), dtype=pooled.dtype, bits=bits)
-        dense.update((q, dec[i * bn:(i + 1) * bn].reshape(-1)) for i, q in enumerate(group))
+        sign_decode(recv[pos:pos + e], seg, bn * len(group), blocks=len(group), dtype=pooled.dtype, bits=bits,
+                    out=[piece[q] for q in group])
         pos += e
-    return torch.cat([dense[q] for q in range(world)]), None, send.numel(), seconds
+    return dense, None, send.numel(), seconds
+
+
+def _pieces(flat: torch.Tensor, bn: int, widths: list[int]) -> list[torch.Tensor]:
+    """Views [bn, W_q] of each rank q's piece of a flat buffer holding them in rank order (no copies)."""
+    starts = _starts([bn * w for w in widths])
+    return [flat[a:a + bn * w].view(bn, w) for a, w in zip(starts, widths)]
 
 
 def _peer_groups(segments: list[list[int]], rank: int) -> list[list[int]]:
@@ -604,16 +622,22 @@ def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
     rank = dist.get_rank()
     world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
     starts = _starts([bn * w for w in layout.widths])
-    piece = [grad[a:a + bn * w].reshape(bn, w) for a, w in zip(starts, layout.widths)]
-    own, pieces = piece[rank], []
+    pieces = []
     for group in _peer_groups(layout.segments, rank):
-        x = torch.cat([piece[q] for q in group]) if len(group) > 1 else piece[group[0]]
+        w = layout.widths[group[0]]
+        if group[-1] - group[0] == len(group) - 1:  # consecutive ranks: their pieces lie side by side, a view
+            x = grad[starts[group[0]]:starts[group[0]] + len(group) * bn * w].view(len(group) * bn, w)
+        else:  # the group runs around this rank's own piece
+            x = torch.cat([grad[starts[q]:starts[q] + bn * w].view(bn, w) for q in group])
         pieces.append(sign_encode(x, layout.segments[group[0]], layout.generator, blocks=len(group)))
     send = torch.cat(pieces).contiguous() if pieces else torch.empty(0, dtype=torch.uint8, device=grad.device)
     out = torch.empty((world - 1) * mine, dtype=torch.uint8, device=grad.device)
     seconds = _timed(lambda: dist.all_to_all_single(out, send, _without([mine] * world, rank),
                                                     _without(layout.block_bytes, rank)))
-    peers = sign_decode(out, layout.segments[rank], (world - 1) * bn, blocks=world - 1, dtype=grad.dtype) \
-        if world > 1 else grad.new_zeros(0, layout.widths[rank])
-    g = torch.cat([peers[:rank * bn], own, peers[rank * bn:]])
+    g = torch.empty(world * bn, layout.widths[rank], dtype=grad.dtype, device=grad.device)
+    blocks = [g[q * bn:(q + 1) * bn] for q in range(world)]
+    blocks[rank].copy_(grad[starts[rank]:starts[rank] + bn * layout.widths[rank]].view(bn, -1))
+    if world > 1:  # the peers' pieces decode in place, around this rank's own
+        sign_decode(out, layout.segments[rank], (world - 1) * bn, blocks=world - 1, dtype=grad.dtype,
+                    out=blocks[:rank] + blocks[rank + 1:])
     return g, send.numel(), seconds

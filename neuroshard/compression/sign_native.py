@@ -51,12 +51,22 @@ void two_bit_scales(const float *x, int64_t stride, int64_t rows, int64_t n, int
         for (int64_t j = 0; j < n; j++) {
             const float *p = x + i * stride + j * w;
             __m128 top4 = _mm_setzero_ps(), ok4 = _mm_castsi128_ps(_mm_set1_epi32(-1));
+            __m128 top4b = _mm_setzero_ps(), ok4b = ok4;  /* two chains: no max waits on the one before it */
             int64_t c = 0;
+            for (; c + 8 <= w; c += 8) {
+                __m128 a = abs4(_mm_loadu_ps(p + c)), b = abs4(_mm_loadu_ps(p + c + 4));
+                ok4 = _mm_and_ps(ok4, _mm_cmple_ps(a, fmax));   /* false for NaN and inf */
+                ok4b = _mm_and_ps(ok4b, _mm_cmple_ps(b, fmax));
+                top4 = _mm_max_ps(top4, a);
+                top4b = _mm_max_ps(top4b, b);
+            }
             for (; c + 4 <= w; c += 4) {
                 __m128 a = abs4(_mm_loadu_ps(p + c));
-                ok4 = _mm_and_ps(ok4, _mm_cmple_ps(a, fmax));   /* false for NaN and inf */
+                ok4 = _mm_and_ps(ok4, _mm_cmple_ps(a, fmax));
                 top4 = _mm_max_ps(top4, a);
             }
+            top4 = _mm_max_ps(top4, top4b);  /* |x| >= 0 and finite where it counts: the order of maxima is free */
+            ok4 = _mm_and_ps(ok4, ok4b);
             float t[4], top;
             _mm_storeu_ps(t, top4);
             top = t[0] > t[1] ? t[0] : t[1];

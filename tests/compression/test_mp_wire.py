@@ -137,3 +137,78 @@ def test_peer_blocks_leave_out_the_own_block_and_take_a_rank_without_tables():
     assert empty.dtype == torch.uint8 and empty.numel() == 0
     assert mp_wire._peer_blocks(rows[:1], 0, lambda x: x).numel() == 0
     assert mp_wire._without([5, 6, 7], 1) == [5, 0, 7]
+
+
+class _HandPlayedAllToAll:
+    """`dist` for the sign exchanges of one process playing every rank: a first round records what each rank sends
+    in each exchange, a second hands each rank what its peers sent it (their sends do not depend on it)."""
+
+    def __init__(self):
+        self.rank, self.exchange, self.sent = 0, "fw", {}
+
+    def get_rank(self):
+        return self.rank
+
+    def all_to_all_single(self, out, inp, out_splits, in_splits):
+        self.sent[self.rank, self.exchange] = (inp.clone(), list(in_splits))
+        peers = [q for q in range(len(in_splits)) if q != self.rank]
+        if all((q, self.exchange) in self.sent for q in peers):
+            out.copy_(torch.cat([self.chunk(q, self.rank) for q in peers]))
+
+    def chunk(self, q: int, r: int) -> torch.Tensor:
+        """The bytes rank q sent rank r in the current exchange."""
+        data, splits = self.sent[q, self.exchange]
+        return data[sum(splits[:r]):sum(splits[:r + 1])]
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_sign_exchanges_decode_each_peer_in_place_on_four_ranks(monkeypatch, bits):
+    """Four ranks, ranks 0, 2 and 3 alike and rank 1 not (so rank 1's peers form one group around its own piece):
+    each rank's forward and backward exchange give every peer's piece as that peer's bytes decode alone, and its own
+    piece exactly, in rank order."""
+    segments = [[96, 8], [16], [96, 8], [96, 8]]
+    widths, bn = [sum(s) for s in segments], 6
+    starts = np.cumsum([0] + [bn * w for w in widths])
+    fake = _HandPlayedAllToAll()
+    monkeypatch.setattr(mp_wire, "dist", fake)
+    gen = torch.Generator().manual_seed(5)
+    pooled = [torch.randn(4 * bn, w, generator=gen) for w in widths]
+    grads = [torch.randn(bn * sum(widths), generator=gen) for _ in widths]
+    for exchange in ("fw", "bw"):
+        fake.exchange = exchange
+        for _ in range(2):  # record the sends, then exchange them
+            got = []
+            for r in range(4):
+                fake.rank = r
+                lay = mp_wire.SignLayout(widths, 4 * bn, segments, torch.Generator().manual_seed(r), fw_bits=bits)
+                got.append(lay.forward_exchange(pooled[r])[0] if exchange == "fw" else
+                           lay.backward_exchange(grads[r], None)[0])
+        for r in range(4):
+            for q in range(4):
+                if exchange == "fw":
+                    piece, own = got[r][starts[q]:starts[q + 1]].view(bn, widths[q]), pooled[r][r * bn:(r + 1) * bn]
+                    want = None if q == r else mp_wire.sign_decode(fake.chunk(q, r), segments[q], bn, bits=bits)
+                else:
+                    piece, own = got[r][q * bn:(q + 1) * bn], grads[r][starts[r]:starts[r + 1]].view(bn, widths[r])
+                    want = None if q == r else mp_wire.sign_decode(fake.chunk(q, r), segments[r], bn)
+                assert torch.equal(piece, own) if q == r else torch.equal(piece.view(torch.int32),
+                                                                           want.view(torch.int32)), (exchange, r, q)
+                assert q == r or piece.abs().sum() > 0
+
+
+def test_sign_decode_writes_each_block_into_the_tensor_given():
+    """`out`: each block decoded into its own tensor (views around a gap here), as the whole decode gives it; tensors
+    of the wrong shape, type or number are refused in one line."""
+    gen = torch.Generator().manual_seed(6)
+    segments, x = [96, 8, 8], torch.randn(9, 112, generator=gen)
+    for bits in (1, 2):
+        enc = mp_wire.sign_encode(x, segments, blocks=3, bits=bits)
+        whole = mp_wire.sign_decode(enc, segments, 9, blocks=3, bits=bits)
+        buf = torch.full((12, 112), 7.0)
+        blocks = [buf[0:3], buf[6:9], buf[9:12]]
+        assert mp_wire.sign_decode(enc, segments, 9, blocks=3, bits=bits, out=blocks) is None
+        assert torch.equal(torch.cat(blocks), whole) and (buf[3:6] == 7.0).all()
+        for bad in (blocks[:2], [buf[0:3], buf[3:6], buf[6:8]], [b.double() for b in blocks],
+                    [buf[0:3, :111]] * 3):
+            with pytest.raises(ValueError, match="out must be 3 tensor"):
+                mp_wire.sign_decode(enc, segments, 9, blocks=3, bits=bits, out=bad)
