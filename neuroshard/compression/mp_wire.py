@@ -290,24 +290,34 @@ def sign_block_bytes(segments: list[int], rows: int, bits: int = 1) -> int:
     return rows * sum(sign_bytes(w, shard_bits(w, bits)) for w in segments) + BASE_BYTES * sum(1 for w in segments if w)
 
 
+# Code q's scale is the block's base times CODE_SCALES[q] = 2^(-q / CODES_PER_OCTAVE): a fixed float32 table (made in
+# float64 and rounded once, so every machine and device holds the same floats), not an exp2 and a log2 computed by
+# whichever library runs them. CODE_MIDPOINTS[q] = 2^(-(q + 1/2) / CODES_PER_OCTAVE) lies between codes q and q + 1.
+CODE_SCALES = torch.tensor([2.0 ** (-q / CODES_PER_OCTAVE) for q in range(ZERO_CODE)], dtype=torch.float32)
+CODE_MIDPOINTS = torch.tensor([2.0 ** (-(q + 0.5) / CODES_PER_OCTAVE) for q in range(ZERO_CODE - 1)],
+                              dtype=torch.float32)
+
+
 def _decoded_scales(q: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """Scale codes [blocks, rows, n] (uint8) and bases [blocks, 1, n] -> the scales, as encoder and decoder
-    both compute them (the same operations, so the same floats)."""
-    s = base * torch.exp2(q.float() / -CODES_PER_OCTAVE)
+    """Scale codes [blocks, rows, n] (uint8) and bases [blocks, 1, n] -> the scales base * CODE_SCALES[q] (0 for
+    ZERO_CODE), as encoder and decoder both compute them (one product, the same floats)."""
+    table = _on(CODE_SCALES, q.device)
+    s = base * table[q.long().clamp_(max=ZERO_CODE - 1)]
     return s.masked_fill_(q == ZERO_CODE, 0.0)
 
 
 def _scale_codes(m: torch.Tensor, base: torch.Tensor, round_up: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample scales m [blocks, rows, n] >= 0 and their block's largest [blocks, 1, n] -> (codes, decoded
-    scales): to the nearest code, or with `round_up` to the code whose scale is the smallest one >= m."""
-    e = torch.log2(m / torch.where(base > 0, base, 1.0)).mul_(-CODES_PER_OCTAVE)  # inf where m is 0
-    q = (e.floor_() if round_up else e.round_()).clamp_(0, ZERO_CODE - 1)
-    q = q.masked_fill_(~(m > 0), ZERO_CODE).to(torch.uint8)
-    s = _decoded_scales(q, base)
-    if round_up:  # rounding in exp2 may leave a scale a hair under m: one code larger (code 0 is the base, and
-        q = torch.where(s < m, q - 1, q)  # never under). Unconditional: asking whether any is would wait for a GPU
-        s = _decoded_scales(q, base)
-    return q, s
+    """Per-sample scales m [blocks, rows, n] >= 0 and their block's largest finite one [blocks, 1, n] -> (codes,
+    decoded scales), by comparing m with the block's products base * table (exact float comparisons, no
+    logarithm): to the nearest code in octaves (m against the midpoints between codes), or with `round_up` to the
+    code whose scale is the smallest one >= m. A zero, NaN or inf m gets ZERO_CODE and scale 0."""
+    points = _on(CODE_SCALES if round_up else CODE_MIDPOINTS, m.device)
+    falling = (base.transpose(1, 2) * points).neg_()  # [blocks, n, points]: -base * point, ascending in the point
+    # round up: how many codes' scales are >= m, less one; nearest: how many midpoints lie above m
+    count = torch.searchsorted(falling, m.transpose(1, 2).neg().contiguous(), right=round_up).transpose(1, 2)
+    q = (count - 1 if round_up else count).clamp_(0, ZERO_CODE - 1).to(torch.uint8)
+    q = q.masked_fill_(~((m > 0) & m.isfinite()), ZERO_CODE)
+    return q, _decoded_scales(q, base)
 
 
 OUTER_LEVEL = 3.0  # 2 bits forward: |decoded| is scale * 1 or scale * OUTER_LEVEL (a uniform 4-level grid)
@@ -443,18 +453,20 @@ def sign_encode(x: torch.Tensor, segments: list[int], generator: torch.Generator
             m = m64.float().where(~((m64 > 0) & (m64.float() == 0)), _TINY)
         else:  # max |x| from two read-only passes (NaN propagates through both, as through |x|)
             m = torch.maximum(seg.amax(dim=3), seg.amin(dim=3).neg_())
-        # the block's largest finite scale: a sample gone NaN or inf does not take its block's scales with it
-        finite = m.isfinite()
-        base = m.where(finite, 0.0).amax(dim=1, keepdim=True) if r else m.new_zeros(blocks, 1, n)
-        q, scale = _scale_codes(m, base, round_up=generator is not None)
-        bad = ~finite  # a sample shard holding NaN or inf (see ZERO_CODE)
-        q = q.masked_fill_(bad, ZERO_CODE)
-        if fast:
+        if fast:  # the base, codes, scales and flags below, in one C pass (the same floats)
+            base, q, scale, bad = sign_native.scale_codes(m, generator is not None, CODE_SCALES, CODE_MIDPOINTS,
+                                                          ZERO_CODE)
             mode = 2 if generator is not None else 1 if wide else 0
             bodies.append(sign_native.pack(x, start, blocks, n, w, mode, scale, q, bad,
                                            draws[i] if generator is not None else None, OUTER_LEVEL, ZERO_CODE))
-            heads.append(base.reshape(blocks, n).contiguous().view(torch.uint8))
+            heads.append(base.view(torch.uint8))
             continue
+        # the block's largest finite scale (+0.0 where none is positive): a sample gone NaN or inf does not take
+        # its block's scales with it
+        finite = m.isfinite()
+        base = m.where(finite, 0.0).amax(dim=1, keepdim=True).add_(0.0) if r else m.new_zeros(blocks, 1, n)
+        q, scale = _scale_codes(m, base, round_up=generator is not None)
+        bad = ~finite  # a sample shard holding NaN or inf (see ZERO_CODE): code ZERO_CODE (from _scale_codes), scale 0
         planes = []  # float 0 / 1 (`_flag`)
         if generator is None:
             planes.append(_flag(seg, 0, torch.ge))
@@ -511,14 +523,16 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
         e = wb * nb + SCALE_BYTES
         at, pos = pos, pos + n * e
         run = body[:, :, at:pos].reshape(blocks, r, n, e)
+        if fast:  # the scales from the codes too (the same floats)
+            for i in range(blocks):
+                sign_native.unpack(body[i, :, at:pos], n, w, wb, bases[i, 0, k:k + n], CODE_SCALES, ZERO_CODE,
+                                   _SIGNS, _LEVELS, out[i], start)
+            k += n
+            continue
         codes = run[..., wb * nb]
         scale = _decoded_scales(codes, bases[..., k:k + n])
         scale.masked_fill_((codes == ZERO_CODE) & (run[..., 0] & 1 == 0), float("nan"))  # sent non-finite
         k += n
-        if fast:
-            for i in range(blocks):
-                sign_native.unpack(body[i, :, at:pos], n, w, wb, scale[i], _SIGNS, _LEVELS, out[i], start)
-            continue
         value = _unpack(_SIGNS, run[..., :nb], w)
         if wb == 2:  # +-1 times 1 or OUTER_LEVEL: exact
             value = value.mul_(_unpack(_LEVELS, run[..., nb:2 * nb], w))

@@ -1,16 +1,20 @@
 """DCT-MP's sign codec (`mp_wire.sign_encode` / `sign_decode`) in C for float32 CPU tensors: the passes over every
-entry of a run of equal-width shards done in one pass each, the small per-sample work (scale codes, bases) left
-to PyTorch.
+entry of a run of equal-width shards done in one pass each, and the per-sample scale codes in one more. Only the
+per-sample scale m itself (a mean or a max |x| for the 1-bit scopes) is left to PyTorch.
 
 - `two_bit_scales`: scope `sign2`'s forward scale of each sample shard (`mp_wire._two_bit_scale`: the row's max
   |x|, its mean square, the outer level's count and the level sums, the sums in float64 as that function takes
   them), one read of the shard.
+- `scale_codes`: from the per-sample scales m, each block's base (its largest finite m), each sample's scale code
+  (`mp_wire._scale_codes`: exact comparisons with the base times the fixed code table or its midpoints), decoded
+  scale and non-finite flag.
 - `pack`: a run's body, the bit planes of every sample shard packed least significant bit first and its scale
   code after them (`mp_wire.sign_encode`'s layout): the sign bit (x >= 0), the magnitude bit (|x| >= 2 x scale),
   or the random rounding's bit (draw < x / scale + 1, against PyTorch's draws on [0, 2)), and the first sign
   bit of a sample shard sent as zeros (set) or as non-finite (clear).
 - `unpack`: a run's body to floats, each entry +-1 (times 1 or OUTER_LEVEL on a 2-bit shard) times its decoded
-  scale, written into the decoded rows' columns.
+  scale (the base times the code table's entry; 0 or NaN for the zero code), written into the decoded rows'
+  columns.
 - `uniform_0_2`: the random rounding's draws, PyTorch's own CPU generator advanced as `uniform_(0, 2)` advances it.
 
 Each does PyTorch's arithmetic in PyTorch's order on the same floats (one division, one addition, one product,
@@ -267,17 +271,63 @@ void pack(const float *x, int64_t stride, int64_t blocks, int64_t r, int64_t n, 
     }
 }
 
+/* Per block and shard of m [blocks, r, n] (>= 0, or NaN / inf): the base, the largest finite m of the block's rows
+   (+0.0 where none is positive), into base [blocks, n]; per sample its code q, scale s = base * table[q] and flag bad
+   (m NaN or inf). round_up: q is the largest code with base * table[q] >= m (the smallest scale >= m); else the count
+   of midpoints with base * mids[q] > m (the nearest code in octaves). A zero, NaN or inf m gets zero_code and s 0.
+   k codes (table [k], mids [k - 1]); the products are compared exactly, as PyTorch's searchsorted compares them. */
+void scale_codes(const float *m, int64_t blocks, int64_t r, int64_t n, int round_up, const float *table,
+                 const float *mids, int64_t k, uint8_t zero_code, float *base, uint8_t *q, float *s, uint8_t *bad) {
+    float *p = malloc(sizeof(float) * (size_t)(k > 0 ? k : 1));
+    if (!p) { memset(q, zero_code, (size_t)(blocks * r * n)); memset(s, 0, sizeof(float) * (size_t)(blocks * r * n));
+              memset(bad, 1, (size_t)(blocks * r * n)); memset(base, 0, sizeof(float) * (size_t)(blocks * n)); return; }
+    const float *points = round_up ? table : mids;
+    const int64_t np = round_up ? k : k - 1;
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t j = 0; j < n; j++) {
+            float top = 0.0f;
+            for (int64_t i = 0; i < r; i++) {
+                const float v = m[(b * r + i) * n + j];
+                if (v - v == 0.0f && v > top) top = v;  /* finite and larger */
+            }
+            base[b * n + j] = top;
+            for (int64_t t = 0; t < np; t++) p[t] = top * points[t];
+            for (int64_t i = 0; i < r; i++) {
+                const int64_t at = (b * r + i) * n + j;
+                const float v = m[at];
+                const int finite = v - v == 0.0f;
+                bad[at] = (uint8_t)!finite;
+                if (!finite || !(v > 0.0f)) { q[at] = zero_code; s[at] = 0.0f; continue; }
+                int64_t lo = 0, hi = np;  /* the products fall with t: count those >= v (round up) or > v */
+                while (lo < hi) {
+                    const int64_t mid = (lo + hi) / 2;
+                    if (round_up ? p[mid] >= v : p[mid] > v) lo = mid + 1; else hi = mid;
+                }
+                int64_t code = round_up ? lo - 1 : lo;
+                code = code < 0 ? 0 : code > k - 1 ? k - 1 : code;
+                q[at] = (uint8_t)code;
+                s[at] = top * table[code];
+            }
+        }
+    }
+    free(p);
+}
+
 /* A run's body (row stride `bstride` bytes; per sample shard `planes` planes and a code) -> out's columns
    (row stride `ostride` floats): the sign table's +-1 of each bit, times the level table's 1 or outer level
-   where there is a magnitude plane, times the shard's scale. Tables: [256, 8] floats, a byte's 8 bits. */
+   where there is a magnitude plane, times the shard's scale: base[j] * table[code], 0 for zero_code with the
+   first sign bit set and NaN with it clear (sent as zeros / as non-finite). Tables: [256, 8] floats, a byte's
+   8 bits. */
 void unpack(const uint8_t *body, int64_t bstride, int64_t rows, int64_t n, int64_t w, int planes,
-            const float *scale, const float *signs, const float *levels, float *out, int64_t ostride) {
+            const float *base, const float *table, uint8_t zero_code, const float *signs, const float *levels,
+            float *out, int64_t ostride) {
     const int64_t nb = (w + 7) / 8, e = planes * nb + 1;
     for (int64_t i = 0; i < rows; i++) {
         for (int64_t j = 0; j < n; j++) {
             const uint8_t *o = body + i * bstride + j * e;
             float *dst = out + i * ostride + j * w;
-            const float s = scale[i * n + j];
+            const uint8_t code = o[e - 1];
+            const float s = code != zero_code ? base[j] * table[code] : (o[0] & 1) ? 0.0f : __builtin_nanf("");
             const __m128 s4 = _mm_set1_ps(s);
             for (int64_t byte = 0; byte < nb; byte++) {
                 const float *sg = signs + 8 * o[byte], *lv = planes == 2 ? levels + 8 * o[nb + byte] : 0;
@@ -300,7 +350,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "two_bit_scales": (None, [_P, _I, _I, _I, _I, _F, _F, _P]),
     "pack": (None, [_P, _I, _I, _I, _I, _I, ctypes.c_int, _P, _P, _P, _P, _F, ctypes.c_uint8, _P]),
-    "unpack": (None, [_P, _I, _I, _I, _I, ctypes.c_int, _P, _P, _P, _P, _I]),
+    "unpack": (None, [_P, _I, _I, _I, _I, ctypes.c_int, _P, _P, ctypes.c_uint8, _P, _P, _P, _I]),
+    "scale_codes": (None, [_P, _I, _I, _I, ctypes.c_int, _P, _P, _I, ctypes.c_uint8, _P, _P, _P, _P]),
     "uniform_0_2": (None, [_P, _P, _I]),
 }
 
@@ -367,24 +418,46 @@ def pack(x: torch.Tensor, start: int, blocks: int, n: int, w: int, mode: int, sc
     return body
 
 
-def unpack(run: torch.Tensor, n: int, w: int, planes: int, scale: torch.Tensor, signs: torch.Tensor,
-           levels: torch.Tensor, out: torch.Tensor, start: int) -> None:
+def scale_codes(m: torch.Tensor, round_up: bool, table: torch.Tensor, mids: torch.Tensor, zero_code: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`mp_wire`'s bases, codes, scales and non-finite flags of per-sample scales m [blocks, r, n]: (base [blocks, n],
+    q [blocks, r, n] uint8, s [blocks, r, n], bad [blocks, r, n] bool), as `mp_wire._scale_codes` and the base before
+    it give them (see `scale_codes` in SOURCE)."""
+    k = table.numel()
+    _require(m.device.type == "cpu" and m.dtype == torch.float32 and m.dim() == 3 and _is(table, (k,), torch.float32)
+             and _is(mids, (k - 1,), torch.float32) and 1 <= k <= 255 and 0 <= zero_code <= 255 and k <= zero_code,
+             "m must be [blocks, rows, n] float32 and the tables [k] and [k - 1] float32")
+    blocks, r, n = m.shape
+    m, table, mids = m.contiguous(), table.contiguous(), mids.contiguous()
+    base, s = torch.empty(blocks, n), torch.empty(blocks, r, n)
+    q, bad = torch.empty(blocks, r, n, dtype=torch.uint8), torch.empty(blocks, r, n, dtype=torch.bool)
+    if m.numel() or base.numel():
+        _kernels().scale_codes(m.data_ptr(), blocks, r, n, int(round_up), table.data_ptr(), mids.data_ptr(), k,
+                               zero_code, base.data_ptr(), q.data_ptr(), s.data_ptr(), bad.data_ptr())
+    return base, q, s, bad
+
+
+def unpack(run: torch.Tensor, n: int, w: int, planes: int, base: torch.Tensor, table: torch.Tensor, zero_code: int,
+           signs: torch.Tensor, levels: torch.Tensor, out: torch.Tensor, start: int) -> None:
     """Decode a run's bytes `run` [rows, >= n * e] (a row slice of the body; its rows may be strided) into `out`'s
-    columns start .. start + n * w (out: [rows, *] float32, contiguous rows); scale [rows, n] float32; signs and
-    levels: what each byte's 8 bits decode to ([256, 8] float32, `mp_wire._SIGNS` and `_LEVELS`)."""
+    columns start .. start + n * w (out: [rows, *] float32, contiguous rows); base [n] float32, the run's shards'
+    bases; table: the code scales (`mp_wire.CODE_SCALES`, float32, zero_code entries); signs and levels: what each
+    byte's 8 bits decode to ([256, 8] float32, `mp_wire._SIGNS` and `_LEVELS`)."""
     rows, e = run.shape[0], planes * ((w + 7) // 8) + 1
     _require(run.device.type == "cpu" and run.dtype == torch.uint8 and run.dim() == 2 and planes in (1, 2)
              and n >= 0 and w >= 1 and (run.shape[1] == 0 or run.stride(1) == 1) and run.shape[1] >= n * e,
              f"a run of {n} x {planes}-plane shards of width {w} in {tuple(run.shape)} {run.dtype} bytes")
-    _require(_is(scale, (rows, n), torch.float32) and _is(signs, (256, 8), torch.float32)
-             and _is(levels, (256, 8), torch.float32) and signs.is_contiguous() and levels.is_contiguous(),
-             "scale must be [rows, n] and the tables [256, 8] float32")
+    _require(base.device.type == "cpu" and base.dtype == torch.float32 and tuple(base.shape) == (n,)
+             and 0 <= zero_code <= 255 and _is(table, (zero_code,), torch.float32) and table.is_contiguous()
+             and _is(signs, (256, 8), torch.float32) and _is(levels, (256, 8), torch.float32)
+             and signs.is_contiguous() and levels.is_contiguous(),
+             "base must be [n] float32, the code table [zero_code] and the bit tables [256, 8] float32")
     _require(out.shape[0] == rows, f"{rows} rows of bytes against {out.shape[0]} to decode into")
     _columns(out, start, n, w)
-    scale = scale.contiguous()
+    base = base.contiguous()
     if rows and n:
-        _kernels().unpack(run.data_ptr(), run.stride(0), rows, n, w, planes, scale.data_ptr(), signs.data_ptr(),
-                          levels.data_ptr(), out.data_ptr() + 4 * start, out.stride(0))
+        _kernels().unpack(run.data_ptr(), run.stride(0), rows, n, w, planes, base.data_ptr(), table.data_ptr(),
+                          zero_code, signs.data_ptr(), levels.data_ptr(), out.data_ptr() + 4 * start, out.stride(0))
 
 
 MT_STATE_BYTES = 5056  # PyTorch's CPU generator state (`Generator.get_state()`): its layout is read in SOURCE

@@ -212,3 +212,27 @@ def test_sign_decode_writes_each_block_into_the_tensor_given():
                     [buf[0:3, :111]] * 3):
             with pytest.raises(ValueError, match="out must be 3 tensor"):
                 mp_wire.sign_decode(enc, segments, 9, blocks=3, bits=bits, out=bad)
+
+
+def test_scale_codes_meet_their_definition():
+    """Rounded up: the code whose scale is the smallest one >= m (the next code's is under m); to the nearest: m lies
+    between the midpoints around its code's scale. Zeros, NaN and inf get ZERO_CODE and scale 0. The table is
+    2^(-q/16) rounded once to float32."""
+    gen = torch.Generator().manual_seed(8)
+    m = torch.rand(2, 500, 3, generator=gen) ** 6 * torch.tensor([1.0, 1e-30, 3e38])
+    m[0, :4, 0] = torch.tensor([0.0, float("nan"), float("inf"), -0.0])
+    finite = m.isfinite()
+    base = m.where(finite, 0.0).amax(dim=1, keepdim=True)
+    assert torch.equal(mp_wire.CODE_SCALES, (2.0 ** (-torch.arange(255, dtype=torch.float64) / 16)).float())
+    up, s_up = mp_wire._scale_codes(m, base, round_up=True)
+    nearest, s_near = mp_wire._scale_codes(m, base, round_up=False)
+    special = ~((m > 0) & finite)
+    assert (up[special] == mp_wire.ZERO_CODE).all() and (s_up[special] == 0).all() and (nearest[special] == 255).all()
+    ok = ~special
+    q, b, x = up[ok].long(), base.expand_as(m)[ok], m[ok]
+    assert (s_up[ok] >= x).all() and torch.equal(s_up[ok], b * mp_wire.CODE_SCALES[q])
+    assert ((q == 254) | (b * mp_wire.CODE_SCALES[(q + 1).clamp(max=254)] < x)).all()
+    q = nearest[ok].long()
+    assert ((q == 0) | (b * mp_wire.CODE_MIDPOINTS[(q - 1).clamp(min=0)] > x)).all()   # the midpoint above m
+    assert ((q == 254) | (b * mp_wire.CODE_MIDPOINTS[q.clamp(max=253)] <= x)).all()   # and the one under it
+    assert len(set(up[ok].tolist())) > 50 and (up[ok] == 254).any()  # many codes, and the last

@@ -130,6 +130,10 @@ def test_c_draws_step_aside_for_what_they_do_not_recognize(kernels):
 
 def test_kernels_refuse_tensors_that_do_not_match_their_sizes(kernels):
     """They index raw memory: a mismatched call is refused in one line, never run."""
+    def unpack(run, base, start=0, signs=mp_wire._SIGNS, table=mp_wire.CODE_SCALES):
+        return sign_native.unpack(run, 2, 16, 1, base, table, mp_wire.ZERO_CODE, signs, mp_wire._LEVELS,
+                                  torch.empty(6, 32), start)
+
     x, f = torch.randn(6, 32), torch.float32
     scale, q, bad = torch.ones(2, 3, 2), torch.zeros(2, 3, 2, dtype=torch.uint8), torch.zeros(2, 3, 2, dtype=torch.bool)
     calls = [lambda: sign_native.two_bit_scales(x, 8, 2, 16, 3.0, 1e-45),           # columns past the end
@@ -138,13 +142,52 @@ def test_kernels_refuse_tensors_that_do_not_match_their_sizes(kernels):
              lambda: sign_native.pack(x, 0, 2, 2, 16, 0, scale[:, :2], q, bad, None, 3.0, 255),
              lambda: sign_native.pack(x, 0, 2, 2, 16, 2, scale, q, bad, torch.rand(2, 2, 3, 8), 3.0, 255),
              lambda: sign_native.pack(x, 0, 2, 2, 16, 3, scale, q, bad, None, 3.0, 255),
-             lambda: sign_native.unpack(torch.zeros(6, 5, dtype=torch.uint8), 2, 16, 1, torch.ones(6, 2),
-                                        mp_wire._SIGNS, mp_wire._LEVELS, torch.empty(6, 32), 0),  # 5 of 6 bytes
-             lambda: sign_native.unpack(torch.zeros(6, 6, dtype=torch.uint8), 2, 16, 1, torch.ones(6, 2),
-                                        mp_wire._SIGNS, mp_wire._LEVELS, torch.empty(6, 32), 8),  # past the end
-             lambda: sign_native.unpack(torch.zeros(6, 6, dtype=torch.uint8), 2, 16, 1, torch.ones(6, 2),
-                                        mp_wire._SIGNS[:128], mp_wire._LEVELS, torch.empty(6, 32), 0)]
+             lambda: unpack(torch.zeros(6, 5, dtype=torch.uint8), torch.ones(2)),      # 5 of 6 bytes
+             lambda: unpack(torch.zeros(6, 6, dtype=torch.uint8), torch.ones(2), start=8),  # past the end
+             lambda: unpack(torch.zeros(6, 6, dtype=torch.uint8), torch.ones(2), signs=mp_wire._SIGNS[:128]),
+             lambda: unpack(torch.zeros(6, 6, dtype=torch.uint8), torch.ones(3)),      # a base too many
+             lambda: unpack(torch.zeros(6, 6, dtype=torch.uint8), torch.ones(2), table=mp_wire.CODE_SCALES[:200]),
+             lambda: sign_native.scale_codes(torch.ones(2, 3), True, mp_wire.CODE_SCALES, mp_wire.CODE_MIDPOINTS, 255),
+             lambda: sign_native.scale_codes(torch.ones(2, 3, 2).double(), True, mp_wire.CODE_SCALES,
+                                             mp_wire.CODE_MIDPOINTS, 255),
+             lambda: sign_native.scale_codes(torch.ones(2, 3, 2), True, mp_wire.CODE_SCALES, mp_wire.CODE_SCALES,
+                                             255),                                     # midpoints one too many
+             lambda: sign_native.scale_codes(torch.ones(2, 3, 2), True, mp_wire.CODE_SCALES, mp_wire.CODE_MIDPOINTS,
+                                             200)]                                     # codes past the zero code
     for call in calls:
         with pytest.raises(ValueError, match="^sign_native: "):
             call()
     assert sign_native.pack(x, 0, 2, 2, 16, 0, scale, q, bad, None, 3.0, 255).shape == (2, 3, 2 * 3)
+
+
+def _scale_code_cases():
+    g = torch.Generator().manual_seed(7)
+    base = torch.tensor([1.0, 3e38, 1e-38, 7e-45, 0.37])
+    on = base[:, None] * mp_wire.CODE_SCALES          # exactly a code's scale
+    mid = base[:, None] * mp_wire.CODE_MIDPOINTS      # exactly between two codes
+    near = torch.cat([on, mid, torch.nextafter(on, torch.zeros(())), torch.nextafter(mid, torch.full((), float("inf")))], 1)
+    m = near[:, torch.randperm(near.shape[1], generator=g)[:96]].T.reshape(96, 5)  # rows: samples; columns: shards
+    m[0] = base                                       # each block's base itself
+    m[1, 0], m[2, 1], m[3, 2], m[4, 3] = 0.0, -0.0, float("nan"), float("inf")
+    m[5] = torch.tensor([1e-45, 1e-40, 5e-39, 0.0, 1e-30])  # under the last code's scale
+    yield m.reshape(4, 24, 5)                         # 4 blocks of 24 samples
+    yield torch.zeros(2, 3, 4)                        # nothing positive: base +0.0
+    yield torch.full((1, 2, 3), float("nan"))         # nothing finite
+    yield torch.rand(3, 0, 2, generator=g)            # no samples
+
+
+def test_c_scale_codes_give_the_pytorch_bases_codes_and_scales(kernels):
+    """Bases, codes (rounded up, and to the nearest), scales and flags: m exactly on a code's scale or on a midpoint
+    between codes and one float either side, the base itself, zeros of both signs, NaN, inf, under the last code,
+    subnormal bases, blocks of nothing positive, nothing finite, no samples."""
+    for m in _scale_code_cases():
+        r = m.shape[1]
+        finite = m.isfinite()
+        want_base = m.where(finite, 0.0).amax(dim=1, keepdim=True).add_(0.0) if r else m.new_zeros(m.shape[0], 1,
+                                                                                                   m.shape[2])
+        for round_up in (False, True):
+            base, q, s, bad = sign_native.scale_codes(m, round_up, mp_wire.CODE_SCALES, mp_wire.CODE_MIDPOINTS,
+                                                      mp_wire.ZERO_CODE)
+            want_q, want_s = mp_wire._scale_codes(m, want_base, round_up)
+            assert _same_floats(base, want_base.reshape(base.shape)) and torch.equal(bad, ~finite)
+            assert torch.equal(q, want_q) and _same_floats(s, want_s), (m.shape, round_up)
