@@ -90,7 +90,8 @@ void two_bit_scales(const float *x, int64_t stride, int64_t rows, int64_t n, int
             __m128d s2[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
             __m128d su[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
             for (c = 0; c + 8 <= w; c += 8) {
-                __m128 v0 = _mm_div_ps(abs4(_mm_loadu_ps(p + c)), d4), v1 = _mm_div_ps(abs4(_mm_loadu_ps(p + c + 4)), d4);
+                __m128 v0 = _mm_div_ps(abs4(_mm_loadu_ps(p + c)), d4);
+                __m128 v1 = _mm_div_ps(abs4(_mm_loadu_ps(p + c + 4)), d4);
                 _mm_storeu_ps(u + c, v0);
                 _mm_storeu_ps(u + c + 4, v1);
                 add4(s2, _mm_mul_ps(v0, v0));
@@ -106,7 +107,11 @@ void two_bit_scales(const float *x, int64_t stride, int64_t rows, int64_t n, int
             }
             double sum2 = (hsum2(s2[0]) + hsum2(s2[1])) + (hsum2(s2[2]) + hsum2(s2[3]));
             double sum_u = (hsum2(su[0]) + hsum2(su[1])) + (hsum2(su[2]) + hsum2(su[3]));
-            for (; c < w; c++) { u[c] = __builtin_fabsf(p[c]) / d; sum2 += (double)(u[c] * u[c]); sum_u += (double)u[c]; }
+            for (; c < w; c++) {
+                u[c] = __builtin_fabsf(p[c]) / d;
+                sum2 += (double)(u[c] * u[c]);
+                sum_u += (double)u[c];
+            }
             const float mean = (float)(sum2 / (double)w);
             const __m128 mean4 = _mm_set1_ps(mean);
             __m128d so[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};

@@ -51,9 +51,11 @@ all_reduce the same way.
 
 On CPU, between refreshes, steps 1 and 2's share and threshold scan run as one fused pass in C, and
 step 3's encoding and decoding as others (`training/dp_native.py`: the same floats, positions and bytes,
-compiled at first use; the PyTorch path where no C compiler is found). The C calls let go of Python's
-lock, so a decode on gloo's thread does not hold up the next bucket's hook on the training thread. With error feedback, g is written over the
-residual it adds (entry by entry), so the pass streams two bucket-sized buffers, not three. Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
+compiled at first use, letting go of Python's lock while they run; the PyTorch path where no C compiler
+is found). With error feedback, g is written over the residual it adds (entry by entry), so the pass
+streams two bucket-sized buffers, not three.
+
+Time accounting (`HookState`): `codec_s` is the compression work done on the training thread this
 step (thresholding, tau refreshes, encoding; with `sync=True` also the residual update and
 decoding); `work` adds up every stage's seconds on whichever thread ran it, for profiling (the fused
 pass counts as "select");
@@ -72,7 +74,6 @@ import torch.distributed as dist
 
 from .dlrm import CommStats, nbytes
 from . import dp_native
-from .dp_native import share_select
 
 MAX_DELTA = 65535  # largest index gap one uint16 delta carries
 FP16_MAX = 65504.0
@@ -328,7 +329,7 @@ class _Bucket:
         refresh = scheduled or key not in state.tau
         idx = None
         if not refresh:  # the stale tau: share and scan fused in one pass where that can run
-            idx = share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)
+            idx = dp_native.share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)
         if idx is None:
             if res is not None:
                 add_mean_share(res, buf, world, out=g)  # g is res: entry by entry, in place

@@ -172,8 +172,8 @@ def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: f
     if not loaded():
         return None
     idx = torch.empty(max(1, cap), dtype=torch.int64)
-    count = _kernels().share_select(buf.data_ptr(), None if res is None else res.data_ptr(), float(world), float(tau), out.data_ptr(),
-               n, idx.data_ptr(), idx.numel())
+    count = _kernels().share_select(buf.data_ptr(), None if res is None else res.data_ptr(), float(world), float(tau),
+                                    out.data_ptr(), n, idx.data_ptr(), idx.numel())
     if count > idx.numel():
         return (out.abs() >= tau).nonzero().squeeze(1)  # NaN never qualifies, as in the fused pass
     return idx[:count]
@@ -203,8 +203,7 @@ def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def decode(out: torch.Tensor, parts: list[torch.Tensor], m: int) -> bool:
     """`out.zero_()` then `dct.decode_into(out, part, m)` for each part in order, the same floats, in one call that
-    lets go of Python's lock while it runs (a decode on gloo's thread then does not hold up the training thread's
-    hook); False (nothing written) where it cannot run here or the tensors are not what it takes. A payload whose
+    lets go of Python's lock while it runs; False (nothing written) where it cannot run here or the tensors are not what it takes. A payload whose
     positions pass the end of `out` raises ValueError, as index_add_ raises IndexError (out is left zeroed)."""
     n = out.numel()
     if not (loaded() and out.dim() == 1 and _fits(out, n) and m >= 0 and all(

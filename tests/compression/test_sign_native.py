@@ -165,7 +165,8 @@ def _scale_code_cases():
     base = torch.tensor([1.0, 3e38, 1e-38, 7e-45, 0.37])
     on = base[:, None] * mp_wire.CODE_SCALES          # exactly a code's scale
     mid = base[:, None] * mp_wire.CODE_MIDPOINTS      # exactly between two codes
-    near = torch.cat([on, mid, torch.nextafter(on, torch.zeros(())), torch.nextafter(mid, torch.full((), float("inf")))], 1)
+    near = torch.cat([on, mid, torch.nextafter(on, torch.zeros(())),
+                      torch.nextafter(mid, torch.full((), float("inf")))], 1)
     m = near[:, torch.randperm(near.shape[1], generator=g)[:96]].T.reshape(96, 5)  # rows: samples; columns: shards
     m[0] = base                                       # each block's base itself
     m[1, 0], m[2, 1], m[3, 2], m[4, 3] = 0.0, -0.0, float("nan"), float("inf")
