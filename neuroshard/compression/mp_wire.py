@@ -522,13 +522,13 @@ def sign_decode(b: torch.Tensor, segments: list[int], rows: int, blocks: int = 1
         nb, wb = (w + 7) // 8, shard_bits(w, bits)
         e = wb * nb + SCALE_BYTES
         at, pos = pos, pos + n * e
-        run = body[:, :, at:pos].reshape(blocks, r, n, e)
         if fast:  # the scales from the codes too (the same floats)
             for i in range(blocks):
                 sign_native.unpack(body[i, :, at:pos], n, w, wb, bases[i, 0, k:k + n], CODE_SCALES, ZERO_CODE,
                                    _SIGNS, _LEVELS, out[i], start)
             k += n
             continue
+        run = body[:, :, at:pos].reshape(blocks, r, n, e)
         codes = run[..., wb * nb]
         scale = _decoded_scales(codes, bases[..., k:k + n])
         scale.masked_fill_((codes == ZERO_CODE) & (run[..., 0] & 1 == 0), float("nan"))  # sent non-finite
@@ -636,13 +636,14 @@ def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
     rank = dist.get_rank()
     world, bn, mine = len(layout.widths), layout.bn, layout.block_bytes[rank]
     starts = _starts([bn * w for w in layout.widths])
+    piece = _pieces(grad, bn, layout.widths)
     pieces = []
     for group in _peer_groups(layout.segments, rank):
         w = layout.widths[group[0]]
         if group[-1] - group[0] == len(group) - 1:  # consecutive ranks: their pieces lie side by side, a view
             x = grad[starts[group[0]]:starts[group[0]] + len(group) * bn * w].view(len(group) * bn, w)
         else:  # the group runs around this rank's own piece
-            x = torch.cat([grad[starts[q]:starts[q] + bn * w].view(bn, w) for q in group])
+            x = torch.cat([piece[q] for q in group])
         pieces.append(sign_encode(x, layout.segments[group[0]], layout.generator, blocks=len(group)))
     send = torch.cat(pieces).contiguous() if pieces else torch.empty(0, dtype=torch.uint8, device=grad.device)
     out = torch.empty((world - 1) * mine, dtype=torch.uint8, device=grad.device)
@@ -650,7 +651,7 @@ def sign_backward_exchange(grad: torch.Tensor, state, layout: SignLayout):
                                                     _without(layout.block_bytes, rank)))
     g = torch.empty(world * bn, layout.widths[rank], dtype=grad.dtype, device=grad.device)
     blocks = [g[q * bn:(q + 1) * bn] for q in range(world)]
-    blocks[rank].copy_(grad[starts[rank]:starts[rank] + bn * layout.widths[rank]].view(bn, -1))
+    blocks[rank].copy_(piece[rank])
     if world > 1:  # the peers' pieces decode in place, around this rank's own
         sign_decode(out, layout.segments[rank], (world - 1) * bn, blocks=world - 1, dtype=grad.dtype,
                     out=blocks[:rank] + blocks[rank + 1:])

@@ -75,7 +75,7 @@ import torch.distributed as dist
 from .dlrm import CommStats, nbytes
 from . import dp_native
 
-MAX_DELTA = 65535  # largest index gap one uint16 delta carries
+MAX_DELTA = dp_native.MAX_GAP  # largest index gap one uint16 delta carries (65,535; the C encoder's too)
 FP16_MAX = 65504.0
 MIN_POSITIVE = float(torch.finfo(torch.float32).tiny) * 2 ** -23  # smallest positive float32
 STAGES = ("prepare", "threshold", "select", "encode", "residual", "decode")  # compression work, in order

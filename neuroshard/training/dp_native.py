@@ -179,7 +179,7 @@ def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: f
     return idx[:count]
 
 
-MAX_GAP = 65535  # the largest index gap one uint16 carries (`dct.MAX_DELTA`)
+MAX_GAP = 65535  # the largest index gap one uint16 carries (`dct.MAX_DELTA`, and `encode` in SOURCE)
 
 
 def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
