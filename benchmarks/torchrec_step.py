@@ -64,6 +64,7 @@ from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.hardware.dmp_step import REBUILD_EVERY  # noqa: E402
 from neuroshard.experiments.stats import resolved_pairs  # noqa: E402
 from neuroshard.training.report import read_results, runs_done  # noqa: E402
 from real_tables import SETS as SCALES, scaled_table_list  # noqa: E402  (the sets and their row scales)
@@ -80,7 +81,7 @@ class TorchRecStepConfig:
     rounds: int = flag(20, "interleaved rounds of every plan")
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
-    rebuild_every: int = flag(1, "build each plan's DistributedModelParallel again every this many rounds (0: once)")
+    rebuild_every: int = flag(REBUILD_EVERY, "build each plan's DistributedModelParallel again every this many rounds (0: once)")
     emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
                                    "beside the DMP steps; 0: skip")
     calibrate: int = flag(0, "K: also the plans made with the models calibrated on K measured shards of each set "
@@ -189,7 +190,6 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
     from neuroshard.hardware.engine import EngineSettings, measure_fixed, plan_device_tables
     from neuroshard.planning.calibrate import user_tables_dataset
     from neuroshard.sharding.search import plan_key
-    from neuroshard.sharding.torchrec_export import plan_spec
 
     distinct: dict = {}
     for n, p in plans.items():
@@ -198,7 +198,7 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
     first = {k: plans[distinct[k][0]] for k in keys}
     ds = user_tables_dataset(tl, batch, 0, tmp, None)
     task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
-    items = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, first[k]), task.table_ids) for k in keys]
+    items = [TorchRecItem.of_plan(tl, task, first[k]) for k in keys]
     hw = resolve_hardware("cpu", "auto")
     settings = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter, step=DMPStep,
                               rebuild_every=a.rebuild_every)

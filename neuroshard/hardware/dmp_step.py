@@ -29,6 +29,7 @@ import numpy as np
 from .engine import EngineSettings, Step
 
 LEARNING_RATE = 0.01
+REBUILD_EVERY = 1  # `--measure`, `--calibrate_dmp` and the benchmark build each plan again every round (see above)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,14 @@ class TorchRecItem:
     @classmethod
     def of(cls, spec: dict, table_ids) -> "TorchRecItem":
         return cls(json.dumps(spec, sort_keys=True), tuple(int(t) for t in table_ids))
+
+    @classmethod
+    def of_plan(cls, tl, task, plan) -> "TorchRecItem":
+        """The item of a `Placement` of the user's tables `tl` (a `TableList`) as exported for TorchRec, reading
+        the ids of `task`'s tables (a `ShardingTask` of the tables' dataset)."""
+        from ..sharding.torchrec_export import plan_spec
+
+        return cls.of(plan_spec(tl.names, tl.rows, tl.task.dims, plan), task.table_ids)
 
 
 class DMPStep(Step):

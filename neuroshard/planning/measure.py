@@ -58,6 +58,7 @@ from ..core.errors import UserError, check_int
 from ..core.types import Cluster
 from ..core.stats import geo_mean, paired_interval
 from ..core.tables import format_table
+from ..hardware.dmp_step import REBUILD_EVERY
 from ..hardware.engine import Measured, round_cost
 from ..sharding.candidates import Candidate, candidate_plans, simulated_parts  # noqa: F401 (the API)
 
@@ -219,10 +220,8 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
         if dmp:
             from ..hardware.dmp_step import TorchRecItem
-            from ..sharding.torchrec_export import plan_spec
 
-            plans = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, c.plan), task.table_ids)
-                     for c in candidates]
+            plans = [TorchRecItem.of_plan(tl, task, c.plan) for c in candidates]
         else:
             plans = [plan_device_tables(task, c.plan) for c in candidates]
         ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
@@ -247,9 +246,10 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
                    f"{', '.join('/'.join(c.names) for c in dropped)})" if dropped else ""))
 
         step = None
-        if dmp:
+        if dmp:  # each plan built again every round (REBUILD_EVERY), so a build's offset is not taken for the plan's
             from ..hardware.dmp_step import DMPStep as step
-        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep, step=step)
+        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep, step=step,
+                                rebuild_every=REBUILD_EVERY if dmp else 0)
         run(Job(engine, [plans], stop, ref_plans), cluster.num_devices, on_round)
     drift = machine_drift(reference, ref_rounds, cfg.seed) if reference and ref_rounds else None
     out = summarize(candidates, time.time() - t0, cfg, log, drift)
@@ -358,7 +358,8 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     return {"best": candidates[best].names, "best_index": best, "separated": sep["separated"], "rounds": R,
             "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"],
             "ci_level": sep["level"], "verdict": verdict,
-            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "engine": cfg.engine, "candidates": rows, "drift": drift,
+            "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "engine": cfg.engine,
+            "rebuild_every": REBUILD_EVERY if cfg.engine == "torchrec" else None, "candidates": rows, "drift": drift,
             "step": step}
 
 

@@ -81,18 +81,17 @@ def measure_plans_dmp(tl, plans: list[Placement], ds, hw, batch_size: int, num_d
     """Step 2 of the module docstring: each plan's TorchRec training step (ms; the geometric mean over `rounds`
     interleaved rounds)."""
     from ..data.tasks import ShardingTask
-    from ..hardware.dmp_step import DMPStep, TorchRecItem
+    from ..hardware.dmp_step import REBUILD_EVERY, DMPStep, TorchRecItem
     from ..hardware.engine import EngineSettings, measure_fixed
     from ..sharding.torchrec_baseline import _import
-    from ..sharding.torchrec_export import plan_spec
 
     _import()  # one line when TorchRec is missing
     log(f"calibrating the step cost: measuring {len(plans)} random plans of these tables as TorchRec training steps "
         f"(DistributedModelParallel) on {num_devices} ranks, {rounds} interleaved rounds of {warmup} warm-up + "
         f"{iters} timed steps")
     task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
-    items = [TorchRecItem.of(plan_spec(tl.names, tl.rows, tl.task.dims, p), task.table_ids) for p in plans]
-    settings = EngineSettings(str(ds.path), hw, batch_size, warmup, iters, step=DMPStep)
+    items = [TorchRecItem.of_plan(tl, task, p) for p in plans]
+    settings = EngineSettings(str(ds.path), hw, batch_size, warmup, iters, step=DMPStep, rebuild_every=REBUILD_EVERY)
     y = np.array([m.cost_ms for m in measure_fixed(settings, items, num_devices, rounds)])
     why = implausible_ms(y, positive=True)
     if why:

@@ -377,3 +377,34 @@ def test_speed_probe_times_real_work_and_restores_the_thread_count():
         torch.set_num_threads(before)
     # ten 512^3 matmuls are 2.7 GFLOP: at least 1 ms on any machine, and finite
     assert 1.0 < ms < 60_000.0
+
+
+def test_the_torchrec_step_builds_each_plan_again_every_rebuild_every_measurements(monkeypatch):
+    """A build carries an offset through its rounds, so `--measure`'s TorchRec engine (REBUILD_EVERY = 1) builds
+    every plan again each round; with 0 each plan is built once. The builds are counted, not timed."""
+    from types import SimpleNamespace
+
+    from neuroshard.hardware import comm_bench
+    from neuroshard.hardware.dmp_step import REBUILD_EVERY, DMPStep
+    from neuroshard.hardware.engine import EngineSettings, Step
+
+    class Counting(DMPStep):
+        def __init__(self, settings):
+            Step.__init__(self, settings, 0, 1)
+            self.built, self.measured, self.builds = {}, {}, []
+
+        def _build(self, item):
+            self.builds.append(item)
+            return object(), None
+
+        def _step(self, dmp, kjt):
+            pass
+
+    monkeypatch.setattr(comm_bench, "gather_floats", lambda values, device: [values])
+    for every, want in ((REBUILD_EVERY, 6), (0, 2), (2, 4)):
+        step = Counting(EngineSettings(None, SimpleNamespace(device="cpu"), 4, 0, 1, rebuild_every=every))
+        for _ in range(3):
+            for item in ("a", "b"):
+                assert step.measure(item)[0][1:] == [0.0, 0.0]
+        assert len(step.builds) == want and set(step.builds) == {"a", "b"}
+    assert REBUILD_EVERY == 1
