@@ -28,6 +28,8 @@ class ShardingTask:
     dims: np.ndarray          # [T] int
     data_features: np.ndarray  # [T, 19]
     num_rows: np.ndarray | None = None  # real row counts, where they differ from the feature max(100, rows)
+    column_wise: np.ndarray | None = None  # [T] bool: TorchRec shards the table column-wise even when whole
+                                           # (`NeuroShardPlanner`'s column_wise-only tables); None: none
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -46,6 +48,16 @@ class ShardingTask:
     @property
     def pooling_factors(self) -> np.ndarray:
         return self.data_features[:, 1]
+
+    def column_wise_shards(self, tables, dims) -> np.ndarray:
+        """The one rule of which shards TorchRec runs in its column-wise sharding group: per shard (its table index
+        and dim), 1 where the table is split (the shard narrower than its table) or must be column-wise even
+        whole (`column_wise`), else 0 (table-wise)."""
+        tables = np.asarray(tables, np.int64)
+        out = np.asarray(dims) < self.dims[tables]
+        if self.column_wise is not None:
+            out = out | np.asarray(self.column_wise, bool)[tables]
+        return out.astype(np.int64)
 
     def sizes_gb(self) -> np.ndarray:
         return table_size_gb(self.rows, self.dims)

@@ -55,7 +55,7 @@ class ShardTable:
         self.single_cost = round_ms(sim.compute.head(self.emb))
         self.size = table_size_gb(task.rows[tables], dims)
         self.dim = dims.astype(np.float64)
-        self.column_wise = (dims < np.asarray(task.dims)[tables]).astype(np.int64)  # a split table's shard
+        self.column_wise = task.column_wise_shards(tables, dims)  # the shard's sharding group
         self.input_words = input_words(task.pooling_factors[tables])
 
 

@@ -244,12 +244,13 @@ class Simulator:
 
 
 def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np.ndarray]:
-    """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [2, N]: a table in more
-    than one shard is column-wise, as `torchrec_export` exports it."""
+    """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [2, N]: a split table's shards
+    are column-wise, as `torchrec_export` exports them, and so is a whole table that must be
+    (`ShardingTask.column_wise_shards`)."""
     tables = np.array([s.table for s in plan.shards], dtype=np.int64)
-    group = (np.bincount(tables, minlength=task.num_tables)[tables] > 1).astype(np.int64)
-    dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None],
-                             np.array([s.dim for s in plan.shards], np.float64)[None],
+    shard_dims = np.array([s.dim for s in plan.shards], np.int64)
+    group = task.column_wise_shards(tables, shard_dims)
+    dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None], shard_dims[None].astype(np.float64),
                              input_words(task.pooling_factors)[tables][None], plan.num_devices)
     return dims[0], words[0]
 

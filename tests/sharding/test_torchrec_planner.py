@@ -165,6 +165,26 @@ def test_sharding_types_are_honoured(models):
     assert any("thresholds widened to 1-1.83" in note for note in tw_only.last_result.notes)
 
 
+def test_a_whole_column_wise_only_table_is_priced_in_the_group_torchrec_runs_it_in(models):
+    """TorchRec runs a column_wise-only table in its column-wise sharding group even when it stays whole, so the
+    step cost charges that group's collectives (one rule, `ShardingTask.column_wise_shards`, for the search, the
+    simulator and the sharding types handed out)."""
+    from dataclasses import replace
+
+    from neuroshard.sharding.simulator import plan_group_sums
+
+    p = planner(models, kinds={"wide": ["table_wise"], "tiny": ["column_wise"]}, debug=False)
+    tr_plan = p.plan(w.ebc(WIDE), sharders())
+    r = p.last_result
+    tiny = [t.name for t in r.tables].index("tiny")
+    assert [s.dim for s in r.plan.shards if s.table == tiny] == [8]  # whole
+    assert tr_plan.plan[""]["tiny"].sharding_type == "column_wise" and r.sharding_types[tiny] == "column_wise"
+    dims, _ = plan_group_sums(r.task, r.plan)
+    assert dims[1].sum() == 8 and dims[0].sum() == 256 + 16  # tiny alone in the column-wise group
+    priced_as_table_wise = p.simulator.plan_cost(replace(r.task, column_wise=None), r.plan).cost_ms
+    assert r.cost.cost_ms == p.simulator.plan_cost(r.task, r.plan).cost_ms > priced_as_table_wise
+
+
 def test_no_room_is_one_line(models):
     with pytest.raises(UserError, match="table 'user' of EmbeddingBagCollection 'top' .102,400 bytes. does not fit one "
                                         "rank's 78,000 bytes of HBM table-wise"):

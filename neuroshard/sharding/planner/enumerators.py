@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
+
+import numpy as np
 
 from ...core.errors import UserError
 from ...core.types import Cluster
@@ -49,6 +52,7 @@ class EmbeddingBagEnumerator(Enumerator):
             logger.warning("NeuroShardPlanner: constraints name table(s) no planned EmbeddingBagCollection has, "
                            "unused: %s; use the names of the EmbeddingBagConfigs", _names(unknown))
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
+        task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
         for t, table in enumerate(tables):  # the narrowest shard a table can have must fit one rank
             dim = int(task.dims[t])
             while table.splittable and can_split(dim):

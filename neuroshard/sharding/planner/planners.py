@@ -229,8 +229,9 @@ class NeuroShardPlanner:
         if compared:
             plan = compared[0]
         spec = plan_spec([t.qualified_name for t in tables], [r["rows"] for r in found.rows], task.dims, plan)
-        kinds = [COLUMN_WISE if table.column_wise_only or len(entry["shards"]) > 1 else TABLE_WISE
-                 for table, entry in zip(tables, spec["tables"])]
+        cw = task.column_wise_shards([s.table for s in plan.shards], [s.dim for s in plan.shards])
+        kinds = [COLUMN_WISE if cw[[s.table == t for s in plan.shards]].any() else TABLE_WISE
+                 for t in range(len(tables))]  # the step cost's groups (ShardingTask.column_wise_shards)
         specs: dict[str, dict] = {}
         for table, entry, kind in zip(tables, spec["tables"], kinds):
             specs.setdefault(table.module_path, {**spec, "tables": []})["tables"].append(
