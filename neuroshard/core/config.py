@@ -537,6 +537,9 @@ class ShardTablesConfig:
         if self.measure:
             check_measure(self.measure_budget_s, self.measure_top, self.warmup_iter, self.num_iter)
             check_measure_engine(self.measure_engine, self.mp_keep)
+        elif self.measure_engine != "emulated":  # it would be ignored without a word
+            raise UserError(f"--measure_engine {self.measure_engine} chooses how --measure measures; add --measure "
+                            "or drop --measure_engine")
         if self.calibrate_dmp is not None:
             if self.calibrate is None:
                 raise UserError("--calibrate_dmp fits the step cost of calibrated models: pass --calibrate too, "
@@ -551,6 +554,9 @@ class ShardTablesConfig:
             check_calibrate(self.calibrate, self.calibrate_comm, self.calibrate_dmp or 0)
         check_int("--seed", self.seed, 0)
         check_min_gain(self.min_gain)
+        if self.min_gain != MIN_GAIN and self.alg != "neuroshard":  # it would be ignored without a word
+            raise UserError(f"--min_gain applies to --alg neuroshard (the plan it hands out against TorchRec's); "
+                            f"with --alg {self.alg} drop it")
         self.hardware.check()
         self.search.check()
         return self

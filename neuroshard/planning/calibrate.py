@@ -411,7 +411,7 @@ def save_calibration(path, sim: Simulator, report: dict) -> Path:
     return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
 
 
-def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = None
+def find_calibration(path, inputs: dict | None, task=None, cluster: Cluster | None = None
                      ) -> tuple[tuple[Simulator, dict] | None, list[str]]:
     """(the calibrated simulator and report saved at `path`, []) when it was made for `inputs`
     (`calibration_inputs`); (None, what differs) when it was made for other inputs; (None, []) when there is
@@ -432,7 +432,7 @@ def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = No
     if not unchanged:
         raise UserError(f"{path} is damaged or was changed after it was saved (what it holds no longer matches "
                         "its digest, or it has none); delete it to calibrate again")
-    differ = differences(report.get("made_for"), inputs)
+    differ = [] if inputs is None else differences(report.get("made_for"), inputs)  # None: read_calibration
     if differ:
         return None, differ
     if task is not None and cluster is not None:
@@ -470,6 +470,16 @@ def find_calibration(path, inputs: dict, task=None, cluster: Cluster | None = No
 def load_calibration(path, inputs: dict, task=None, cluster: Cluster | None = None) -> tuple[Simulator, dict] | None:
     """The calibrated simulator saved at `path` if it was made for `inputs`; None if absent or for other inputs."""
     return find_calibration(path, inputs, task, cluster)[0]
+
+
+def read_calibration(path) -> tuple[Simulator, dict]:
+    """(the calibrated simulator, its report) saved at `path` by `shard_tables --calibrate`, whatever tables it was
+    made for (the caller vouches for them; `report["made_for"]` says what they were), for
+    `NeuroShardPlanner(simulator=...)`. A missing, foreign or edited file is one UserError."""
+    if not os.path.lexists(path):
+        raise UserError(f"{path}: no such calibration; make one with tools/shard_tables.py --calibrate (it saves "
+                        "<plan>.calibration.pt beside the plan)")
+    return find_calibration(path, None)[0]
 
 
 def check_measured(measured, task, cluster: Cluster, where: str) -> dict:

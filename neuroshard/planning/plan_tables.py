@@ -223,6 +223,9 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     if sim is not None:
         sim = sim.with_cost(cfg.cost)
+        print(f"cost models: {', '.join(str(p) for p in paths)}"
+              f"{' (calibrated on these tables: ' + str(calibration_path(out)) + ')' if calibration is not None else ''}"
+              f"; plans scored by the simulated {cfg.cost} cost")
         note = sim.input_model_note()
         if note:
             print(note)

@@ -3,11 +3,13 @@ heuristic's and TorchRec's, deduplicated (identical plans are one candidate unde
 with its simulated cost. `--measure` measures them. `best_simulated` is the one `--alg neuroshard` and
 `NeuroShardPlanner` hand out: the plan the simulator rates fastest, unless it is rated less than `min_gain`
 cheaper than TorchRec's plan, which is then kept. So neither hands out a plan its own simulator predicts slower
-than TorchRec's or a heuristic's, nor trades TorchRec's plan for a gain smaller than the models can tell apart
-(docs/planning.md).
+than TorchRec's, nor trades TorchRec's plan for a gain smaller than the models can tell apart; the price is that
+TorchRec's plan is kept where another is rated less than `min_gain` cheaper (`min_gain` 0: always the fastest
+rated; docs/planning.md).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +17,8 @@ import numpy as np
 from ..core.types import Cluster
 from .plan import Placement
 from .search import plan_key
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +51,9 @@ def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k:
         r = shard_task(make_sharder(alg, seed, sim, search, batch_size), task, cluster)
         if r.plan is not None and not r.oom:
             named.append((alg, r.plan))
+        elif alg == INCUMBENT:  # without it, no plan is kept for a gain under min_gain: say so
+            logger.warning("TorchRec's planner found no plan of these tables within %d x %g GB: the plans are "
+                           "compared without it", cluster.num_devices, cluster.max_mem_gb)
     named += list((extra or {}).items())
     out: dict[tuple, Candidate] = {}
     for name, plan in named:

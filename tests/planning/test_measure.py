@@ -301,3 +301,27 @@ def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
     assert measured[:, 0].all() and measured[:, 2].all()
     assert measured[:4, 1].all() and not measured[4:, 1].any()
     assert all((c[1, 0, 0] > 0 and c[1, 1, 0] == 0) for c in got[:4])  # all on rank 0: rank 1 computes nothing
+
+
+def test_a_comparison_without_torchrecs_plan_says_so(tmp_path, monkeypatch, caplog):
+    """Where TorchRec's planner finds no plan, the candidates go on without it and a warning says so (min_gain
+    then has no plan to keep); with its plan there is no warning."""
+    import logging
+
+    from neuroshard.sharding import registry
+
+    pytest.importorskip("torchrec")
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    cluster, sim = Cluster(2, 0.02), analytic_simulator(2)
+    with caplog.at_level(logging.WARNING, logger="neuroshard.sharding.candidates"):
+        names = {n for c in candidate_plans(tl.task, cluster, sim, SearchParams(max_splits=3), 256, 1) for n in c.names}
+    assert "torchrec" in names and not caplog.records
+    real = registry.make_sharder
+    monkeypatch.setattr(registry, "make_sharder", lambda alg, *a: (lambda task, cl: None) if alg == "torchrec"
+                        else real(alg, *a))
+    with caplog.at_level(logging.WARNING, logger="neuroshard.sharding.candidates"):
+        cands = candidate_plans(tl.task, cluster, sim, SearchParams(max_splits=3), 256, 1)
+    assert not any("torchrec" in c.names for c in cands) and cands
+    assert [r.getMessage() for r in caplog.records] == [
+        "TorchRec's planner found no plan of these tables within 2 x 0.02 GB: the plans are compared without it"]

@@ -236,6 +236,8 @@ def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path):
         assert rec["cost"] == "step" and rec["predicted"]["cost_ms"] == pytest.approx(want, abs=2e-3)
         assert any(rec["chosen"] in k.split("/") for k in rated)
         assert "plan handed out: " in proc.stdout
+        assert (f"cost models: {models / 'compute.pt'}, {models / 'comm_2_fw.pt'}, {models / 'comm_2_bw.pt'}; "
+                "plans scored by the simulated step cost") in proc.stdout
     paper = run_script(*args, "--out", tmp_path / "paper.json", "--cost", "paper")
     assert paper.returncode == 0 and json.loads((tmp_path / "paper.json").read_text())["cost"] == "paper"
     bad = run_script(*args, "--out", tmp_path / "bad.json", "--measure", "--measure_engine", "torchrec",

@@ -344,3 +344,23 @@ def test_components_are_replaceable_and_a_misspelt_constraint_is_a_warning(model
     assert "NeuroShard planner: 2 EmbeddingBagCollection(s)" in stats.kept and "note: cost models " in stats.kept
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("unused: small, tiny, usr, wide;" in m for m in warned), warned
+
+
+def test_the_planner_takes_a_saved_calibration_and_names_it(models, tmp_path):
+    """`simulator=read_calibration(path)`: the pair the reader returns is taken as it is, and the notes name the
+    calibration by its fingerprint; a missing file or another object is one line."""
+    from neuroshard.planning.calibrate import read_calibration, save_calibration
+    from neuroshard.sharding.simulator import Simulator
+
+    sim = Simulator.load(models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt", num_devices=2)
+    path = tmp_path / "plan.calibration.pt"
+    save_calibration(path, sim, {"made_for": {"tables": "the user's"}})
+    pair = read_calibration(path)
+    assert isinstance(pair[0], Simulator) and len(pair[1]["fingerprint"]) == 16
+    p = planner(models, simulator=pair, debug=False)
+    p.plan(w.ebc(WIDE), sharders())
+    assert any(f"the calibration given (fingerprint {pair[1]['fingerprint']})" in n for n in p.last_result.notes)
+    with pytest.raises(UserError, match="no such calibration; make one with tools/shard_tables.py --calibrate"):
+        read_calibration(tmp_path / "absent.calibration.pt")
+    with pytest.raises(UserError, match="simulator must be a neuroshard Simulator or the .Simulator, report. pair"):
+        planner(models, simulator=(object(), {}))

@@ -22,7 +22,7 @@ every rank. Both return a TorchRec `ShardingPlan` built by `torchrec_export.to_t
   per rank, as in TorchRec; when `batch_size x world_size` differs from the batch the models were trained
   at, the stats say that the predicted milliseconds are at the models' batch. Default `batch_size`: the
   models' batch divided by the world size. `simulator=` takes models already loaded, e.g. a calibration
-  (`planning.calibrate.load_calibration`). The input-distribution model (`input_comm_model`, default
+  (`planning.calibrate.read_calibration(path)`, the pair it returns). The input-distribution model (`input_comm_model`, default
   `models_dir/comm_<N>_input.pt` where it exists) prices TorchRec's input distribution in the step cost;
   without one the stats say that the backward model prices it.
 - Cost: `cost="step"` (default) scores plans by the simulated step TorchRec runs (per sharding group the
@@ -75,7 +75,7 @@ class NeuroShardPlanner:
                  search: SearchParams = SearchParams(), debug: bool = True, enumerator: Enumerator | None = None,
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
                  partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = "step",
-                 simulator: Simulator | None = None, compare: bool = True, min_gain: float = MIN_GAIN):
+                 simulator: Simulator | tuple | None = None, compare: bool = True, min_gain: float = MIN_GAIN):
         from ..torchrec_baseline import _import
 
         _import()  # one clear line when TorchRec is missing
@@ -121,11 +121,16 @@ class NeuroShardPlanner:
                             Path(bw_comm_model or bw))
         try:
             check_cost(cost)
-            if simulator is not None:  # e.g. calibrated models (planning.calibrate.load_calibration)
+            if simulator is not None:  # e.g. calibrated models (planning.calibrate.read_calibration's pair)
+                given = "the simulator given"
+                if isinstance(simulator, tuple) and len(simulator) == 2 and isinstance(simulator[1], dict):
+                    simulator, report = simulator
+                    given = f"the calibration given (fingerprint {report.get('fingerprint', '?')})"
                 if not isinstance(simulator, Simulator):
-                    raise UserError(f"simulator must be a neuroshard Simulator, got {type(simulator).__name__}")
+                    raise UserError(f"simulator must be a neuroshard Simulator or the (Simulator, report) pair of "
+                                    f"planning.calibrate.read_calibration, got {type(simulator).__name__}")
                 simulator.check_devices(world)
-                self.model_paths = ("the simulator given",)
+                self.model_paths = (given,)
             else:
                 from ...models.loading import input_model_file
 
