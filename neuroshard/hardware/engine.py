@@ -19,7 +19,10 @@ simulator and the paper do: compute one rank at a time (ranks sharing a machine 
 then the backward all-to-all with all ranks together, then the forward all-to-all with each rank starting
 after its delay d_r = (compute_r + bw_r) - min_r(...), as in training. An item is a plan (per device, the
 (dataset table, dim) of each shard; a column twin reads its parent table's ids at its own dim; on one rank
-without a process group: a shard, compute only) or a `Layout` (an all-to-all alone, with given delays). With
+without a process group: a shard, compute only), a `StepPlan` (a plan as the step cost prices it: after the
+compute, per sharding group present TorchRec's input distribution of the group's ids and the backward
+all-to-all, then the forward all-to-alls, the first after each rank's delay) or a `Layout` (an all-to-all
+alone, with given delays). With
 `mp_keep` both all-to-alls are DCT-MP's compressed ones (`comm_bench.make_all_to_all`). Another step (e.g. a
 framework's own training step of the plan) plugs in by subclassing `Step`.
 
@@ -71,6 +74,31 @@ def plan_device_tables(task, plan) -> list[list[tuple[int, int]]]:
     return [[(int(task.table_ids[s.table]), int(s.dim)) for s in dev] for dev in plan.per_device()]
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """A plan measured as the step cost prices it (`Simulator(cost="step")`): per device, each shard's (dataset
+    table id, dim, sharding group, pooling factor), the group 0 table-wise or 1 column-wise."""
+
+    devices: tuple
+
+    def group(self, g: int) -> tuple[list[int], list[list[float]]]:
+        """Group g's per-device dim sums and the pooling factors of the features each device receives."""
+        return ([sum(d for _, d, gr, _ in dev if gr == g) for dev in self.devices],
+                [[p for _, _, gr, p in dev if gr == g] for dev in self.devices])
+
+
+def plan_step_item(task, plan) -> StepPlan:
+    """The engine's item for a plan under the step cost: its shards by device with their sharding group
+    (`ShardingTask.column_wise_shards`, the simulator's rule) and their table's pooling factor."""
+    shards = plan.shards
+    group = task.column_wise_shards([s.table for s in shards], [s.dim for s in shards])
+    devices: list[list] = [[] for _ in range(plan.num_devices)]
+    for i, (s, d) in enumerate(zip(shards, plan.device_of)):
+        devices[d].append((int(task.table_ids[s.table]), int(s.dim), int(group[i]),
+                           float(task.pooling_factors[s.table])))
+    return StepPlan(tuple(tuple(dev) for dev in devices))
+
+
 # ----------------------------------------------------------------------------- how one round is measured
 
 class Step:
@@ -103,22 +131,30 @@ class EmulatedStep(Step):
             s = settings
             self.bench = ComputeBenchmark(DLRMDataset.load(s.dataset_dir), s.hw, s.batch_size, s.warmup, s.iters)
 
-    def measure(self, item) -> list[list[float]]:
+    def _compute(self, mine) -> float:
+        """This rank's compute ms of its (table, dim) shards, one rank at a time (0 for none)."""
         import torch.distributed as dist
 
+        compute = 0.0
+        for r in range(self.world):
+            if r == self.rank and mine:
+                compute = self.bench.measure([t for t, _ in mine], [d for _, d in mine])
+            if _grouped():
+                dist.barrier()
+        return compute
+
+    def measure(self, item) -> list[list[float]]:
         from .comm_bench import gather_floats, make_all_to_all, timed_collective
 
         s, rank, grouped = self.settings, self.rank, _grouped()
         compute = 0.0
+        if isinstance(item, StepPlan):
+            compute = self._compute([(t, d) for t, d, _, _ in item.devices[rank]])
+            return self._step(item, compute) if grouped else [[compute, 0.0, 0.0]]
         if isinstance(item, Layout):
             dim_sums = [int(d) for d in item.dim_sums]
         else:
-            mine = item[rank]
-            for r in range(self.world):  # one rank at a time
-                if r == rank and mine:
-                    compute = self.bench.measure([t for t, _ in mine], [d for _, d in mine])
-                if grouped:
-                    dist.barrier()
+            compute = self._compute(item[rank])
             dim_sums = [sum(d for _, d in dev) for dev in item]
         if not grouped:  # one worker: no all-to-all
             return [[compute, 0.0, 0.0]]
@@ -132,6 +168,28 @@ class EmulatedStep(Step):
             delay = float(ready[rank] - ready.min())
         fw = timed_collective(a2a.forward, device, delay, s.warmup, s.iters)
         return gather_floats([compute, fw, bw], device)
+
+    def _step(self, item: StepPlan, compute: float) -> list[list[float]]:
+        """The step cost's collectives (module docstring): per sharding group present its input distribution
+        (TorchRec's KJTAllToAll of the ids the group's shards read) and backward all-to-all, then the forward
+        all-to-alls, the first group's after each rank's delay, the others' together. Parts: [compute, the
+        forwards, the input distributions + backwards], as the simulated step cost's."""
+        from .comm_bench import InputDist, gather_floats, make_all_to_all, timed_collective
+
+        s, rank, device = self.settings, self.rank, self.settings.hw.device
+        present = [g for g in (0, 1) if any(item.group(g)[0])]
+        a2as, before = [], 0.0
+        for g in present:
+            dims, pooling = item.group(g)
+            before += timed_collective(InputDist(pooling, s.batch_size, rank, device).run, device, 0.0, s.warmup,
+                                       s.iters)
+            a2as.append(make_all_to_all(dims, s.batch_size, rank, device, s.mp_keep))
+            before += timed_collective(a2as[-1].backward, device, 0.0, s.warmup, s.iters)
+        ready = np.array([c[0] for c in gather_floats([compute + before], device)])
+        delay = float(ready[rank] - ready.min())
+        fw = sum(timed_collective(a2a.forward, device, delay if i == 0 else 0.0, s.warmup, s.iters)
+                 for i, a2a in enumerate(a2as))
+        return gather_floats([compute, fw, before], device)
 
 
 # ----------------------------------------------------------------------------- a plan's measured cost

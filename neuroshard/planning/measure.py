@@ -55,6 +55,7 @@ import numpy as np
 from ..core.config import (MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure,
                            check_measure_engine)
 from ..core.errors import UserError, check_int
+from ..sharding.simulator import check_cost
 from ..core.types import Cluster
 from ..core.stats import geo_mean, paired_interval
 from ..core.tables import format_table
@@ -75,12 +76,16 @@ class MeasureConfig:
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
     race: bool = True            # drop a candidate measured slower than the best (module docstring)
     engine: str = "emulated"     # "emulated": independent devices emulated; "torchrec": TorchRec's training step
+    cost: str = "paper"          # what the emulated engine measures: "paper" (compute + one forward and one
+                                 # backward all-to-all) or "step" (per sharding group present, the input
+                                 # distribution and both all-to-alls: `engine.StepPlan`), as the simulator prices it
 
     def check(self) -> "MeasureConfig":
         check_measure(self.budget_s, self.top_k, self.warmup_iter, self.num_iter)
         check_int("--min_rounds", self.min_rounds, 2, 10_000)
         check_int("--max_rounds", self.max_rounds, self.min_rounds, 100_000)
         check_measure_engine(self.engine, self.mp_keep)
+        check_cost(self.cost)
         return self
 
 
@@ -193,7 +198,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
                        ids_path=None, log=print, reference: list[dict] | None = None) -> dict:
     """Measure the candidates in interleaved rounds (module docstring); returns the result record."""
     from ..data.tasks import ShardingTask
-    from ..hardware.engine import EngineSettings, Job, plan_device_tables, run
+    from ..hardware.engine import EngineSettings, Job, plan_device_tables, plan_step_item, run
     from .calibrate import user_tables_dataset
 
     cfg.check()
@@ -203,11 +208,21 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
 
         _import()  # one line when TorchRec is missing
         reference = None  # the drift reference is the emulated engine's (calibration shards, one rank at a time)
+    if not dmp and cfg.cost == "step" and cluster.num_devices > 1:
+        from ..hardware.comm_bench import torchrec_available
+
+        if not torchrec_available():
+            raise UserError("--measure of the step cost times TorchRec's input distribution (its KJTAllToAll), and "
+                            "torchrec is not installed; install it (make setup installs torchrec 1.9.2) or pass "
+                            "--cost paper")
     check_batch_divides(batch_size, cluster.num_devices)
     t0 = time.time()
     P = len(candidates)
     stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, num_candidates=P, race=cfg.race)
-    log(f"measuring {P} distinct candidate plans{' as TorchRec training steps (DistributedModelParallel)' if dmp else ''} ({', '.join('/'.join(c.names) for c in candidates)}) in "
+    how = (" as TorchRec training steps (DistributedModelParallel)" if dmp else
+           " as the step cost prices them (per sharding group the input distribution and both all-to-alls)"
+           if cfg.cost == "step" else "")
+    log(f"measuring {P} distinct candidate plans{how} ({', '.join('/'.join(c.names) for c in candidates)}) in "
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
         f"told apart from the runner-up (paired t interval, 95% over all the stop rule's looks) or {cfg.budget_s:g} s"
         f"{'; a candidate measured slower than the best is dropped from later rounds' if cfg.race else ''}"
@@ -222,6 +237,8 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
             from ..hardware.dmp_step import TorchRecItem
 
             plans = [TorchRecItem.of_plan(tl, task, c.plan) for c in candidates]
+        elif cfg.cost == "step":
+            plans = [plan_step_item(task, c.plan) for c in candidates]
         else:
             plans = [plan_device_tables(task, c.plan) for c in candidates]
         ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
@@ -359,6 +376,7 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
             "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"],
             "ci_level": sep["level"], "verdict": verdict,
             "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "engine": cfg.engine,
+            "measured_cost": "step" if cfg.engine == "torchrec" else cfg.cost,
             "rebuild_every": REBUILD_EVERY if cfg.engine == "torchrec" else None, "candidates": rows, "drift": drift,
             "step": step}
 

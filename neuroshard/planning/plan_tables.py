@@ -262,7 +262,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     if cfg.measure:
         mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
                              top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
-                             engine=cfg.measure_engine)
+                             engine=cfg.measure_engine, cost=cfg.cost)
         cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,

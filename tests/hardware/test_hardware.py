@@ -6,6 +6,7 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -408,3 +409,63 @@ def test_the_torchrec_step_builds_each_plan_again_every_rebuild_every_measuremen
                 assert step.measure(item)[0][1:] == [0.0, 0.0]
         assert len(step.builds) == want and set(step.builds) == {"a", "b"}
     assert REBUILD_EVERY == 1
+
+
+def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(monkeypatch):
+    """The emulated engine's step item (`cost="step"`): after the compute, per sharding group present the input
+    distribution of the ids its shards read and its backward all-to-all; then the forward all-to-alls, the first
+    after this rank's delay and the second at once. Collectives are faked in-process and recorded in order; each
+    takes 1 ms, and the other rank is ready 2 ms before this one."""
+    from types import SimpleNamespace
+
+    from neuroshard.data.tasks import ShardingTask
+    from neuroshard.hardware import comm_bench
+    from neuroshard.hardware.engine import EmulatedStep, EngineSettings, plan_step_item
+    from neuroshard.sharding.plan import Placement, Shard
+
+    calls = []
+
+    class FakeInput:
+        def __init__(self, pooling, batch, rank, device):
+            self.pooling = pooling
+
+        def run(self):
+            calls.append(("input", self.pooling))
+
+    class FakeAllToAll:
+        def __init__(self, dims):
+            self.dims = dims
+
+        def forward(self):
+            calls.append(("fw", self.dims))
+
+        def backward(self):
+            calls.append(("bw", self.dims))
+
+    def timed(fn, device, delay_ms, warmup, iters):
+        fn()
+        calls.append(("delay", delay_ms))
+        return 1.0
+
+    monkeypatch.setattr(comm_bench, "InputDist", FakeInput)
+    monkeypatch.setattr(comm_bench, "make_all_to_all", lambda dims, batch, rank, device, keep=None: FakeAllToAll(dims))
+    monkeypatch.setattr(comm_bench, "timed_collective", timed)
+    monkeypatch.setattr(comm_bench, "gather_floats", lambda v, device: [list(v), [x - 2.0 for x in v]])
+    features = np.zeros((3, 19))
+    features[:, 1] = [1.0, 3.0, 20.0]  # pooling factors
+    task = ShardingTask(np.array([7, 8, 9]), np.array([16, 16, 8]), features)
+    split = Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 1, 0, 1], [0])
+    item = plan_step_item(task, split)
+    assert item.devices == (((7, 8, 1, 1.0), (8, 16, 0, 3.0)), ((7, 8, 1, 1.0), (9, 8, 0, 20.0)))
+    step = EmulatedStep.__new__(EmulatedStep)
+    step.settings, step.rank, step.world = EngineSettings(None, SimpleNamespace(device="cpu"), 4, 0, 1), 0, 2
+    assert step._step(item, 5.0) == [[5.0, 2.0, 4.0], [3.0, 0.0, 2.0]]  # [compute, forwards, inputs + backwards]
+    assert calls == [("input", [[3.0], [20.0]]), ("delay", 0.0), ("bw", [16, 8]), ("delay", 0.0),
+                     ("input", [[1.0], [1.0]]), ("delay", 0.0), ("bw", [8, 8]), ("delay", 0.0),
+                     ("fw", [16, 8]), ("delay", 2.0), ("fw", [8, 8]), ("delay", 0.0)]
+    calls.clear()  # one group: one set; a whole table TorchRec must shard column-wise is in the column-wise group
+    whole = Placement(2, [Shard(0, 0, 16), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 0, 1])
+    assert [k for k, _ in calls] == [] and step._step(plan_step_item(task, whole), 5.0)[0] == [5.0, 1.0, 2.0]
+    assert [c for c in calls if c[0] != "delay"] == [("input", [[1.0, 3.0], [20.0]]), ("bw", [32, 8]), ("fw", [32, 8])]
+    forced = replace(task, column_wise=np.array([False, False, True]))
+    assert plan_step_item(forced, whole).group(1) == ([0, 8], [[], [20.0]])

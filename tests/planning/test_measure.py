@@ -325,3 +325,19 @@ def test_a_comparison_without_torchrecs_plan_says_so(tmp_path, monkeypatch, capl
     assert not any("torchrec" in c.names for c in cands) and cands
     assert [r.getMessage() for r in caplog.records] == [
         "TorchRec's planner found no plan of these tables within 2 x 0.02 GB: the plans are compared without it"]
+
+
+def test_measuring_the_step_cost_without_torchrec_is_one_line(tmp_path, monkeypatch):
+    """The emulated engine times the step cost's input distribution with TorchRec's KJTAllToAll: without TorchRec,
+    one line before anything is measured, naming --cost paper."""
+    from neuroshard.hardware import comm_bench
+
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    cluster = Cluster(2, 0.02)
+    cands = candidate_plans(tl.task, cluster, analytic_simulator(2), SearchParams(max_splits=3), 256, 1)
+    monkeypatch.setattr(comm_bench, "torchrec_available", lambda: False)
+    with pytest.raises(UserError, match="torchrec is not installed; install it .* or pass --cost paper"):
+        measure_candidates(tl, cluster, cands, resolve_hardware("cpu", "auto"), 256, MeasureConfig(cost="step"))
+    with pytest.raises(UserError, match="--cost must be one of paper, step"):
+        MeasureConfig(cost="steps").check()

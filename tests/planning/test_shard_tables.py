@@ -134,7 +134,10 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
     assert m["rounds"] >= 1 and all(c["measured_ms"] > 0 for c in m["candidates"])
     # racing (the default) may drop slower candidates; the best is among those measured in every round
     assert m["race"] is True
+    # the step cost (the default) is measured as it prices plans: per group, input distribution and both all-to-alls
+    assert m["measured_cost"] == "step" and "as the step cost prices them" in proc.stdout
     full = [c for c in m["candidates"] if c["rounds"] == m["rounds"]]
+    assert all((np.asarray(c["measured_parts_ms"])[:, 1:] > 0).all() for c in full)
     best = min(full, key=lambda c: c["measured_ms"])
     assert best["names"] == m["best"] and rec["alg"] in ("neuroshard", "/".join(m["best"]))
     ratios = [c["ratio_to_best"] for c in full]  # candidates measured in every round; two rounds (see test_measure)
