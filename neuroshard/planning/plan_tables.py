@@ -229,7 +229,10 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         note = sim.input_model_note()
         if note:
             print(note)
-    res = shard_task(make_sharder(alg, seed, sim, search, batch), tl.task, cluster)
+    sharder = make_sharder(alg, seed, sim, search, batch)
+    res = shard_task(sharder, tl.task, cluster)
+    if getattr(sharder, "note", None):  # the search's thresholds widened for a block that must stay whole
+        print(sharder.note)
     if res.plan is None or res.oom:
         other = "" if alg == "neuroshard" else ", or try --alg neuroshard"
         raise UserError(f"--alg {alg} found no plan within {ndevices} x {max_mem:g} GB for "

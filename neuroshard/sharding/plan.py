@@ -28,6 +28,14 @@ def can_split(dim: int) -> bool:
     return dim % 8 == 0
 
 
+def smallest_shard_dim(dim: int) -> int:
+    """The narrowest column block halving can cut a table of `dim` into (its dim when it cannot be split)."""
+    dim = int(dim)
+    while can_split(dim):
+        dim //= 2
+    return dim
+
+
 def apply_splits(dims, splits) -> list[Shard]:
     """Shard list after applying `splits` (shard positions) to one-shard-per-table."""
     shards = [Shard(t, 0, int(d)) for t, d in enumerate(dims)]

@@ -24,6 +24,7 @@ and tests/sharding/search_golden.json holds the plans of the search before these
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..core.config import SearchParams
 from ..core.types import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import input_words, table_size_gb, with_dim
 from ..data.tasks import ShardingTask
-from .plan import Placement, apply_splits, can_split
+from .plan import Placement, apply_splits, can_split, smallest_shard_dim
 from .simulator import Simulator, group_sums
 
 
@@ -235,11 +236,36 @@ def neuroshard_top_plans(sim: Simulator, task: ShardingTask, cluster: Cluster, k
     return out
 
 
+def fitting_thresholds(task: ShardingTask, num_devices: int, params: SearchParams,
+                       no_split: frozenset[int] = frozenset(), names=None) -> tuple[SearchParams, str | None]:
+    """`params` with the dim-sum thresholds' upper end widened just enough for the widest block some table must
+    keep (its whole dim if it is in `no_split`, else the narrowest block halving reaches, e.g. 12 for dim 12):
+    a rank's dim sum is capped at hi x total dim / N, so such a block wider than that would fit no rank and the
+    grid would find no plan at all, whatever the memory. (params, None) when nothing needs widening, else with
+    the note that says so (`names`: the tables' names, default table i)."""
+    dims = np.asarray(task.dims, np.int64)
+    if not len(dims) or dims.sum() <= 0:
+        return params, None
+    keep = [int(d) if t in no_split else smallest_shard_dim(d) for t, d in enumerate(dims)]
+    t = int(np.argmax(keep))
+    need = float(keep[t]) * num_devices / float(dims.sum())
+    lo, hi = params.threshold_range
+    if need <= hi:
+        return params, None
+    name = names[t] if names is not None else f"table {t}"
+    what = "table-wise-only" if t in no_split else "unsplittable"
+    return replace(params, threshold_range=(lo, need)), (
+        f"note: dim-sum thresholds widened to {lo:g}-{need:.3g} (search setting {lo:g}-{hi:g}) so that {what} "
+        f"{name} ({'dim' if t in no_split or keep[t] == dims[t] else 'blocks of'} {keep[t]}) fits one rank")
+
+
 class NeuroShardSharder:
     name = "neuroshard"
 
     def __init__(self, sim: Simulator, params: SearchParams = SearchParams()):
         self.sim, self.params = sim, params
+        self.note: str | None = None  # the last call's threshold note (`fitting_thresholds`), if any
 
     def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
-        return neuroshard_search(self.sim, task, cluster, self.params)
+        params, self.note = fitting_thresholds(task, cluster.num_devices, self.params)
+        return neuroshard_search(self.sim, task, cluster, params)

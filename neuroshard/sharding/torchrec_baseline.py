@@ -2,8 +2,9 @@
 
 The task's tables are built on the `meta` device (no memory is allocated) with their rows, dims and
 pooling factors, and the planner gets the run's real batch size; every table may go table-wise or
-column-wise with column blocks down to 4 columns (`min_partition=4`; TorchRec's default block of 128
-would make every table here table-wise). The topology has N devices with `hbm_cap` = our per-device
+column-wise with column blocks down to the narrowest block halving reaches (`min_partition`, 4 for a
+power-of-two dim, 12 for dims 12, 24 or 48; TorchRec's default block of 128 would make every table here
+table-wise; with 4, TorchRec cuts a dim-12 table into three blocks, which no halving plan holds). The topology has N devices with `hbm_cap` = our per-device
 memory, no storage reservation, and the `fused` kernel only (all weights in device memory, as in
 our plans; UVM caching would bypass the cap).
 
@@ -23,7 +24,7 @@ import logging
 from ..core.errors import PlanError, UserError
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
-from .plan import Placement, plan_from_slices
+from .plan import Placement, plan_from_slices, smallest_shard_dim
 
 INSTALL_HINT = ("TorchRec is not installed; install it without replacing torch: "
                 "pip install --no-deps torchrec==1.9.2 && pip install -c constraints.txt tensordict "
@@ -88,9 +89,9 @@ class TorchRecSharder:
                    for i, (d, r) in enumerate(zip(task.dims, task.rows))]
         ebc = tr["EmbeddingBagCollection"](tables=configs, device=torch.device("meta"))
         constraints = {f"t{i}": tr["ParameterConstraints"](
-            sharding_types=[ST.TABLE_WISE.value, ST.COLUMN_WISE.value], min_partition=4,
+            sharding_types=[ST.TABLE_WISE.value, ST.COLUMN_WISE.value], min_partition=smallest_shard_dim(d),
             compute_kernels=[tr["EmbeddingComputeKernel"].FUSED.value],
-            pooling_factors=[max(float(pf), 1e-3)]) for i, pf in enumerate(task.pooling_factors)}
+            pooling_factors=[max(float(pf), 1e-3)]) for i, (pf, d) in enumerate(zip(task.pooling_factors, task.dims))}
         topology = tr["Topology"](world_size=num_devices, compute_device="cuda", hbm_cap=fbytes(max_mem_gb),
                                   local_world_size=num_devices)
         estimators = [tr["EmbeddingPerfEstimatorFactory"].create(tr["DEFAULT_PERF_ESTIMATOR"], topology=topology,

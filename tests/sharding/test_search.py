@@ -184,3 +184,30 @@ def test_top_plans_start_with_the_best_plan_and_are_distinct():
             check_complete(task, p)
             assert fits_memory(task, p, cluster)
             assert abs(sim.plan_cost(task, p, cluster).cost_ms - c) < 1e-6
+
+
+def test_blocks_that_cannot_be_split_widen_the_thresholds_just_enough():
+    """Two dim-4 tables on 4 devices: the mean dim sum is 2, so a rank holding one (dim 4 = 2 x the mean) is
+    over the paper's 1.5 and the grid found no plan whatever the memory ("raise --max_mem"). The thresholds'
+    upper end is widened to exactly what the widest block that must stay whole needs, with a note; where
+    nothing needs it (the paper's tasks), the parameters are the same object."""
+    from neuroshard.sharding.search import NeuroShardSharder, fitting_thresholds
+
+    f = np.zeros((3, 19))
+    f[:, 0], f[:, 1] = 100, 1.0
+    task = ShardingTask(np.arange(2), np.array([4, 4]), f[:2])
+    params = SearchParams()
+    assert neuroshard_search(analytic_simulator(4), task, Cluster(4, 1.0), params) is None
+    wide, note = fitting_thresholds(task, 4, params, names=["A", "B"])
+    assert wide.threshold_range == (1.0, 2.0)
+    assert note == ("note: dim-sum thresholds widened to 1-2 (search setting 1-1.5) so that unsplittable A (dim 4) "
+                    "fits one rank")
+    sharder = NeuroShardSharder(analytic_simulator(4), params)
+    plan = sharder(task, Cluster(4, 1.0))
+    assert plan is not None and sharder.note.startswith("note: dim-sum thresholds widened to 1-2")
+    check_complete(task, plan)
+    # dim 48 halves to 24 and 12: blocks of 12, so 48 + 16 on 4 ranks (mean 16) needs no widening
+    mixed = ShardingTask(np.arange(2), np.array([48, 16]), f[:2])
+    assert fitting_thresholds(mixed, 4, params) == (params, None)
+    # a table that must stay whole (NeuroShardPlanner's table-wise only) counts whole
+    assert fitting_thresholds(mixed, 4, params, frozenset({0}))[0].threshold_range == (1.0, 3.0)

@@ -74,6 +74,25 @@ def test_dim_128_table_splits_when_it_must():
     assert len([s for s in roomy.shards if s.table == 0]) == 1
 
 
+def test_tables_of_dims_that_are_not_powers_of_two_get_halving_blocks():
+    """TorchRec cuts a table into blocks of its min_partition: with 4 it cut dim 12 into thirds, which no halving
+    plan holds (a traceback). With the narrowest halving block (12 for dims 12, 24 and 48) every plan converts;
+    tables that must be split to fit memory are split into halvings."""
+    from neuroshard.sharding.plan import smallest_shard_dim
+
+    assert [smallest_shard_dim(d) for d in (4, 8, 12, 16, 24, 48, 96, 128)] == [4, 4, 12, 4, 12, 12, 12, 4]
+    task = _task([1e6, 1e6, 1e6, 1000], [12, 48, 96, 16], [1, 3, 2, 1])
+    total = task.sizes_gb().sum()
+    for mem, tight in ((total, False), (total / 4 * 1.3, True)):  # roomy; then the dim-96 table must be split
+        plan = TorchRecSharder(batch_size=4096)(task, Cluster(4, mem))
+        assert plan is not None
+        check_complete(task, plan)
+        assert fits_memory(task, plan, Cluster(4, mem))
+        assert all(s.dim % 12 == 0 for s in plan.shards if s.table in (0, 1, 2))
+        if tight:
+            assert [len([s for s in plan.shards if s.table == t]) > 1 for t in range(4)][2]
+
+
 @pytest.mark.parametrize("fill", [0.1, 0.5, 0.9])
 def test_memory_feasible_small_device_tasks_are_planned(fill):
     """Same memory model as every other algorithm: only weights count. On small devices TorchRec's own

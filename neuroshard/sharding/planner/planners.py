@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +48,7 @@ from ...core.errors import PlanError, UserError
 from ...core.types import MAX_DEVICE_MEM_GB, Cluster
 from ...data.tasks import ShardingTask
 from ..plan import check_complete, fits_memory
+from ..search import fitting_thresholds
 from ..simulator import Simulator, check_cost
 from ..torchrec_export import plan_spec, to_torchrec_plan
 from .enumerators import EmbeddingBagEnumerator, size_text
@@ -56,7 +56,7 @@ from .estimators import NeuralPerfModel
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
-from .types import (COLUMN_WISE, FUSED, TABLE_WISE, Enumerator, Partitioner, PerfModel, PlannedTable,
+from .types import (COLUMN_WISE, FUSED, TABLE_WISE, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
@@ -97,6 +97,10 @@ class NeuroShardPlanner:
                                 "torchrec.distributed.planner.ParameterConstraints(pooling_factors=[...], ...)")
         if not isinstance(search, SearchParams):
             raise UserError(f"search must be a neuroshard.core.config.SearchParams, got {type(search).__name__}")
+        try:
+            search.check()
+        except UserError as e:  # its messages name the shard_tables flags; here they are the fields
+            raise UserError(f"NeuroShardPlanner: search={search}: {str(e).replace('--', '')}") from None
         self.topology, self.constraints, self.search, self.debug = topology, dict(constraints or {}), search, debug
         self.device_type = str(topology.compute_device)
         self.memory_kind = "DDR" if self.device_type == "cpu" else "HBM"
@@ -218,7 +222,8 @@ class NeuroShardPlanner:
     def _plan(self, module, sharders) -> PlannerResult:
         found = self.enumerator.enumerate(module, sharders)
         tables, task = found.tables, found.task
-        params, widened = self._thresholds_for(task, tables, found.no_split)
+        params, widened = fitting_thresholds(task, self.cluster.num_devices, self.search, found.no_split,
+                                             [t.qualified_name for t in tables])
         t0 = time.perf_counter()
         plan = self.proposer.propose(task, self.cluster, found.no_split, params, self.partitioner)
         search_s = time.perf_counter() - t0
@@ -271,22 +276,6 @@ class NeuroShardPlanner:
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         return best.plan, (f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
                            f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}")
-
-    def _thresholds_for(self, task: ShardingTask, tables: list[PlannedTable],
-                        no_split: frozenset[int]) -> tuple[SearchParams, str | None]:
-        """The search parameters, with the dim-sum thresholds widened just enough for the widest table that
-        may not be split: a rank's dim sum is capped at s x total dim / N, so such a table wider than
-        1.5 x the mean would fit no rank and the paper's grid would find no plan at all."""
-        if not no_split:
-            return self.search, None
-        t = max(no_split, key=lambda i: task.dims[i])
-        need = float(task.dims[t]) * self.cluster.num_devices / float(task.dims.sum())
-        lo, hi = self.search.threshold_range
-        if need <= hi:
-            return self.search, None
-        return replace(self.search, threshold_range=(lo, need)), (
-            f"note: dim-sum thresholds widened to {lo:g}-{need:.3g} (search setting {lo:g}-{hi:g}) so that "
-            f"table-wise-only {tables[t].qualified_name} (dim {int(task.dims[t])}) fits one rank")
 
     def _check_module(self, module, sharders, specs: dict[str, dict]) -> None:
         """This rank's module has the EBCs and tables (names, rows, dims) of the plan made on rank 0."""
