@@ -17,6 +17,7 @@ the flag, which is also the field's name.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -534,6 +535,12 @@ class ShardTablesConfig:
             raise UserError("pass exactly one of --tables FILE (CSV or JSON table list) or --ids FILE (raw DLRM ids)")
         if self.ids is not None and self.dims is None:
             raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
+        for flag_name, path in (("--out", self.out), ("--torchrec_plan", self.torchrec_plan)):
+            if path is not None and not str(path).strip():
+                raise UserError(f"{flag_name} is empty; name the file to write, e.g. {flag_name} plan.json")
+            if path is not None and str(path).endswith(("/", os.sep)):
+                raise UserError(f"{flag_name} {path} ends in '/', which names a folder; name the file to write, "
+                                f"e.g. {flag_name} {path}plan.json")
         if self.measure:
             check_measure(self.measure_budget_s, self.measure_top, self.warmup_iter, self.num_iter)
             check_measure_engine(self.measure_engine, self.mp_keep)

@@ -115,7 +115,13 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
     path = calibration_path(cfg.out)
     inputs = calibration_inputs(tl.task, hw.describe(), batch, cluster.num_devices, cluster.max_mem_gb, paths,
                                 cfg.ids)
-    found, differ = find_calibration(path, inputs, tl.task, cluster)
+    try:
+        found, differ = find_calibration(path, inputs, tl.task, cluster)
+    except UserError as e:  # damaged, edited or foreign: refused, but it must not block the run that replaces it
+        if cfg.calibrate is None:
+            raise UserError(f"{e} (--calibrate K replaces it)") from None
+        found, differ = None, []
+        print(f"note: replacing {path}, which is not a usable calibration: {e}")
     ccfg = None if cfg.calibrate is None else \
         CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed,
                           dmp_plans=cfg.calibrate_dmp or 0)

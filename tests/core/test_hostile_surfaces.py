@@ -229,6 +229,15 @@ def test_a_second_run_on_the_same_output_stops_with_one_line(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_lock_file_that_is_a_fifo_is_one_line(tmp_path):
+    """A FIFO planted where the lock goes: one line naming it (it crashed at ftruncate), and it is left as it is."""
+    os.mkfifo(tmp_path / ".plan.json.lock")
+    with pytest.raises(UserError, match=r"--out .*plan.json: its lock .*\.plan\.json\.lock is not a plain file; "
+                                        "remove it, or choose another --out"):
+        OutputLock([("--out", tmp_path / "plan.json")])
+    assert os.listdir(tmp_path) == [".plan.json.lock"]
+
+
 def test_a_path_holding_newlines_or_escapes_stays_one_error_line(tmp_path, capsys):
     """A file name may hold a newline, a carriage return or a terminal escape: the error naming it is still one
     line on stderr (they are written as escapes), and the script exits 2; argparse's errors too."""

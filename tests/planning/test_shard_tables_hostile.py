@@ -247,6 +247,24 @@ def test_a_calibration_for_other_tables_is_replaced_with_a_note(setup, capsys, f
     assert "reusing the calibrated cost models" in out
 
 
+def test_a_damaged_calibration_is_refused_but_never_blocks_the_run_that_replaces_it(setup, capsys, fake_measuring):
+    """One byte flipped in the calibration beside --out: a plain run refuses it in one line that names both fixes;
+    --calibrate K replaces it with a note, and the next plain run reuses the new one."""
+    tmp, args = setup
+    assert run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)[0] == 0
+    path = tmp / "p.calibration.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    assert code == 2 and "(--calibrate K replaces it)" in one_error(err) and str(path) in one_error(err)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)
+    assert code == 0 and f"note: replacing {path}, which is not a usable calibration: " in out, err
+    assert fake_measuring == [15, 15]
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    assert code == 0 and "reusing the calibrated cost models" in out
+
+
 def _calibration(tmp, capsys, args):
     assert run(capsys, *args, "--out", tmp / "p.json", "--calibrate", 15, "--calibrate_comm", 15)[0] == 0
     path = tmp / "p.calibration.pt"

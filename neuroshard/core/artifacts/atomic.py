@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -227,6 +228,10 @@ class OutputLock:
             except OSError as e:
                 raise UserError(f"{label} {path}: cannot take its lock {lock} ({e.strerror or type(e).__name__}); "
                                 f"{_fix_for(label)}") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device put there: no pid can be written to it
+                os.close(fd)
+                raise UserError(f"{label} {path}: its lock {lock} is not a plain file; remove it, or "
+                                f"{_fix_for(label)}")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:

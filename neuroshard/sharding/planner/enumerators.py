@@ -24,7 +24,7 @@ from ...core.errors import UserError
 from ...core.types import Cluster
 from ...data.features import table_size_gb
 from ...data.table_list import parse_table_rows
-from ..plan import can_split
+from ..plan import smallest_shard_dim
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
@@ -54,9 +54,7 @@ class EmbeddingBagEnumerator(Enumerator):
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
         task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
         for t, table in enumerate(tables):  # the narrowest shard a table can have must fit one rank
-            dim = int(task.dims[t])
-            while table.splittable and can_split(dim):
-                dim //= 2
+            dim = smallest_shard_dim(task.dims[t]) if table.splittable else int(task.dims[t])
             if not self.cluster.fits(table_size_gb(task.rows[t], dim)):
                 raise UserError(f"{table.where} ({size_text(task.sizes_gb()[t])}) does not fit one rank's "
                                 f"{size_text(self.cluster.max_mem_gb)} of {self.memory_kind}"
