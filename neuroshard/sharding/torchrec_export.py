@@ -97,6 +97,10 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         if any(c != 1 for c in cols):
             first = next(j for j, c in enumerate(cols) if c != 1)
             raise UserError(f"{at}: columns not covered exactly once (column {first})")
+        kind = t.get("sharding_type")  # NeuroShardPlanner's specs carry it; files written by shard_tables do not
+        if kind is not None and (kind not in ("table_wise", "column_wise") or (kind == "table_wise" and len(shards) > 1)):
+            raise UserError(f"{at}: sharding_type must be table_wise (one shard) or column_wise, got {kind!r}"[:300]
+                            + "; rewrite it with tools/shard_tables.py --torchrec_plan")
         narrow = min(s["width"] for s in shards)
         uneven = [s["width"] for s in shards if s["width"] % narrow]
         if uneven:
@@ -170,5 +174,8 @@ def write_torchrec_plan(path: str | Path, spec: dict, **made_with) -> Path:
 
 def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda"):
     """Read a `--torchrec_plan` file and build the TorchRec `ShardingPlan` from it."""
+    if device_type not in ("cpu", "cuda"):
+        raise UserError(f"load_torchrec_plan: device_type must be 'cpu' or 'cuda' (the ranks' devices), got "
+                        f"{device_type!r}"[:200])
     spec = read_json(path, "TorchRec plan", "plan", "rewrite it with tools/shard_tables.py --torchrec_plan")
     return to_torchrec_plan(check_spec(spec, str(path)), module_path, device_type)

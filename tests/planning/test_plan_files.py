@@ -64,6 +64,10 @@ CASES = [
     ({"tables__0__shards__1__width": 4}, "columns not covered exactly once (column 12)"),
     ({"tables__0__shards__1__col_offset": 99}, "col_offset 99 outside 0..15"),
     ({"tables__0__shards__1__width": 10**9}, "width 1000000000 outside"),
+    ({"tables__0__sharding_type": "row_wise"}, "sharding_type must be table_wise (one shard) or column_wise, got "
+                                               "'row_wise'"),
+    ({"tables__0__sharding_type": 5}, "sharding_type must be table_wise (one shard) or column_wise, got 5"),
+    ({"tables__0__sharding_type": "table_wise"}, "sharding_type must be table_wise (one shard)"),  # a split table
 ]
 
 
@@ -73,6 +77,13 @@ def test_bad_plan_entries_get_one_line(tmp_path, change, fragment):
     with pytest.raises(UserError) as e:
         load_torchrec_plan(path)
     assert fragment in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_device_type_torchrec_cannot_place_is_one_line(tmp_path):
+    path = _with(tmp_path / "p.json")
+    for bad in ("tpu", "", None):
+        with pytest.raises(UserError, match="device_type must be 'cpu' or 'cuda'"):
+            load_torchrec_plan(path, device_type=bad)
 
 
 def test_uneven_shard_widths_are_refused_before_torchrec(tmp_path):
