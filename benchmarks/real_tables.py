@@ -2,7 +2,12 @@
 
     python benchmarks/real_tables.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2,taobao_ad_x1_din]
         [--calibrate 120] [--calibrate_comm 18] [--measure_budget_s 90] [--no_race] [--models_dir models] [--ndevices 4]
-        [--max_mem 0.04]
+        [--max_mem 0.04] [--cost step|paper]
+
+The cost is the user's (`--cost step`, shard_tables' default: the search minimises the step TorchRec runs and
+`--measure`'s emulated engine measures it, per sharding group the input distribution and both all-to-alls);
+`--cost paper` plans and measures the paper's three terms. In TorchRec's own training step the user's plans are
+measured by benchmarks/torchrec_step.py.
 
 For each cited table set in benchmarks/real_tables/ (26 Criteo features, or Taobao's 19; see the files' `source`),
 scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kept as they are):
@@ -85,6 +90,9 @@ class RealTablesConfig:
     warmup_iter: int = flag(MEASURE_WARMUP_ITER, "per candidate per round")
     num_iter: int = flag(MEASURE_NUM_ITER, "timed, per candidate per round")
     no_race: bool = flag(False, "measure every candidate in every round")
+    cost: str = flag("step", "what the search minimises and the emulated engine measures, as in shard_tables: step "
+                             "(TorchRec's step: per sharding group the input distribution and both all-to-alls) or "
+                             "paper (compute + one forward and one backward all-to-all)", choices=("step", "paper"))
     out_dir: str = flag("results")
 
     def calibration(self) -> CalibrationConfig:
@@ -92,7 +100,7 @@ class RealTablesConfig:
 
     def measurement(self) -> MeasureConfig:
         return MeasureConfig(budget_s=self.measure_budget_s, warmup_iter=self.warmup_iter, num_iter=self.num_iter,
-                             race=not self.no_race).check()
+                             race=not self.no_race, cost=self.cost).check()
 
     def check(self) -> "RealTablesConfig":
         self.calibration(), self.measurement()
@@ -117,7 +125,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
                  cluster: Cluster) -> None:
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
-    sim0 = load_cost_models(a.models_dir, N)
+    sim0 = load_cost_models(a.models_dir, N).with_cost(a.cost)
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     search = SearchParams()
@@ -132,6 +140,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         probe_start = speed_probe_ms()  # the machine's speed before calibrating and after measuring: drift
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
+        sim1 = sim1.with_cost(a.cost)
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
         res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, reference=cal["reference"])
         drift = res["drift"]
@@ -171,7 +180,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         ns_h = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx[best_h]])))
         ns_tr = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx["torchrec"]]))) \
             if "torchrec" in idx else nan
-        summary.append({"set": name, "written": "/".join(cands[best].names), "rounds": R, "separated": res["separated"],
+        summary.append({"set": name, "cost": a.cost, "written": "/".join(cands[best].names), "rounds": R, "separated": res["separated"],
                         "best_heuristic": best_h, "vs_heuristic": vs_h["ratio"], "vs_heuristic_lo": vs_h["ci_lo"],
                         "vs_heuristic_hi": vs_h["ci_hi"], "vs_torchrec": vs_tr["ratio"],
                         "vs_torchrec_lo": vs_tr["ci_lo"], "vs_torchrec_hi": vs_tr["ci_hi"],

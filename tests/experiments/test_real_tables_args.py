@@ -32,6 +32,7 @@ def _run(capsys, monkeypatch, *argv):
     (["--ndevices", "1"], "--ndevices must be >= 2"),
     (["--max_mem", "inf"], "--max_mem must be a finite number"),
     (["--num_iter", "0"], "--num_iter must be"),
+    (["--cost", "steps"], "argument --cost: invalid choice: 'steps'"),
 ])
 def test_bad_flags_get_one_line_before_any_work(capsys, monkeypatch, tmp_path, args, words):
     code, line = _run(capsys, monkeypatch, *args, "--out_dir", tmp_path / "out")
