@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import warnings
 import zipfile
 from typing import Any
 
@@ -130,9 +131,19 @@ def load_torch(path: str | os.PathLike, what: str) -> Any:
             bad = f"the archive ({type(e).__name__})"
     if bad is not None:
         raise UserError(f"{path} is damaged (a checksum fails in {bad}); write it again with {written_by(what)}")
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head[:2] != b"PK" and head[:1] != b"\x80":  # neither torch's zip format nor its legacy pickle
+        raise UserError(f"{path} is not a loadable {what}: it is not a file torch saved; write it again with "
+                        f"{written_by(what)}")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():  # torch's notes on pickle protocols: the error below says what matters
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:
+        if str(e).startswith("Weights only load failed"):  # torch's advice to load it unsafely is not repeated
+            raise UserError(f"{path} is not a loadable {what}: it holds objects other than tensors and plain data, "
+                            f"which are refused without running them; write it again with {written_by(what)}") from None
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
         raise UserError(f"{path} is not a loadable {what} ({type(e).__name__}: {first}); write it again with "
                         f"{written_by(what)}") from None
