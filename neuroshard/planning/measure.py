@@ -41,7 +41,9 @@ The machine's drift since calibrating is the geometric mean over rounds of (the 
 and of (its backward all-to-all now / then), each with a 95% interval over rounds (so the more rounds, the
 more of the held-out shards it covers); every candidate also gets its simulated cost
 with the simulated compute scaled by the first and both all-to-alls by the second
-(`simulated_drift_ms`), so a miss of the cost models can be told from a machine that changed speed.
+(`simulated_drift_ms`), so a miss of the cost models can be told from a machine that changed speed. In TorchRec's
+engine the reference is a calibration's step-fit plans (`--calibrate_dmp`, `dmp_reference`), plan r mod G in round
+r, and the drift is TorchRec's step now / then (`dmp_drift`), which scales the whole simulated step.
 """
 from __future__ import annotations
 
@@ -195,8 +197,11 @@ class StopRule:
 
 
 def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int, cfg: MeasureConfig,
-                       ids_path=None, log=print, reference: list[dict] | None = None) -> dict:
-    """Measure the candidates in interleaved rounds (module docstring); returns the result record."""
+                       ids_path=None, log=print, reference: list[dict] | None = None,
+                       dmp_reference: dict | None = None) -> dict:
+    """Measure the candidates in interleaved rounds (module docstring); returns the result record. `reference`:
+    the emulated engine's drift reference; `dmp_reference`: the TorchRec engine's (a calibration's step-fit plans
+    and their measured steps, `measured["dmp"]`)."""
     from ..data.tasks import ShardingTask
     from ..hardware.engine import EngineSettings, Job, plan_device_tables, plan_step_item, run
     from .calibrate import user_tables_dataset
@@ -207,7 +212,7 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         from ..sharding.torchrec_baseline import _import
 
         _import()  # one line when TorchRec is missing
-        reference = None  # the drift reference is the emulated engine's (calibration shards, one rank at a time)
+        reference = dmp_reference  # the step-fit plans, measured as TorchRec steps when calibrating
     if not dmp and cfg.cost == "step" and cluster.num_devices > 1:
         from ..hardware.comm_bench import torchrec_available
 
@@ -241,8 +246,11 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
             plans = [plan_step_item(task, c.plan) for c in candidates]
         else:
             plans = [plan_device_tables(task, c.plan) for c in candidates]
-        ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
-                     for g in reference] if reference else None
+        if dmp and reference:
+            ref_plans = [TorchRecItem.of_plan(tl, task, p) for p in dmp_reference_plans(reference, task)]
+        else:
+            ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
+                         for g in reference] if reference else None
 
         def on_round(g, r, costs):
             if reference:
@@ -268,7 +276,9 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep, step=step,
                                 rebuild_every=REBUILD_EVERY if dmp else 0)
         run(Job(engine, [plans], stop, ref_plans), cluster.num_devices, on_round)
-    drift = machine_drift(reference, ref_rounds, cfg.seed) if reference and ref_rounds else None
+    drift = None
+    if reference and ref_rounds:
+        drift = dmp_drift(reference, ref_rounds, cfg.seed) if dmp else machine_drift(reference, ref_rounds, cfg.seed)
     out = summarize(candidates, time.time() - t0, cfg, log, drift)
     return {**out, "round_end_s": round_end_s}
 
@@ -293,6 +303,40 @@ def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int
         st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
         out[name] = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
     return out
+
+
+def dmp_reference_plans(reference: dict, task) -> list:
+    """The step-fit plans a calibration measured as TorchRec steps (`measured["dmp"]`), as `Placement`s of `task`;
+    a plan that is not one of these tables' is a damaged calibration (one line)."""
+    from ..sharding.plan import Placement, check_complete, plan_from_slices
+
+    plans: list[Placement] = []
+    try:
+        for d in reference["plans"]:
+            slices: dict[int, list] = {}
+            for dev, shards in enumerate(d["devices"]):
+                for t, c, w in shards:
+                    slices.setdefault(int(t), []).append((int(c), int(w), dev))
+            plan = plan_from_slices(task.dims, int(d["num_devices"]), slices)
+            check_complete(task, plan)
+            plans.append(plan)
+        if len(plans) != len(reference["step_ms"]) or not plans:
+            raise ValueError("one measured step per plan")
+    except (TypeError, KeyError, ValueError) as e:  # PlanError is a ValueError
+        raise UserError(f"the calibration's TorchRec-step plans are damaged ({e}); calibrate again "
+                        "(--calibrate K --calibrate_dmp)") from None
+    return plans
+
+
+def dmp_drift(reference: dict, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+    """How much slower (> 1) or faster TorchRec's step measured in the rounds than when calibrating: per round the
+    step-fit plan measured in it (plan r mod G) now / then; the geometric mean over rounds with a bootstrap 95%
+    interval. Stored as both the compute and the comm drift, so that `drift_corrected_ms` scales the whole step."""
+    then = np.asarray(reference["step_ms"], np.float64)
+    per_round = np.array([round_cost(parts) / then[r % len(then)] for r, parts in enumerate(ref_rounds)])
+    st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
+    ratio = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
+    return {"rounds": len(ref_rounds), "groups": len(then), "step": ratio, "compute": ratio, "comm": ratio}
 
 
 def drift_corrected_ms(simulated_parts_ms, drift: dict) -> float:
@@ -341,8 +385,10 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                      "round_ms": [float(x) if ok else None for x, ok in zip(costs[:, i], measured)],
                      "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
                      "simulated_ms": c.simulated_ms,
-                     "simulated_drift_ms": drift_corrected_ms(c.simulated_parts_ms, drift)
-                     if drift and c.simulated_parts_ms is not None else None,
+                     "simulated_drift_ms": (c.simulated_ms * drift["step"]["ratio"] if "step" in (drift or {})
+                                            and c.simulated_ms is not None else
+                                            drift_corrected_ms(c.simulated_parts_ms, drift)
+                                            if drift and c.simulated_parts_ms is not None else None),
                      "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),
                      "ci_hi": st.hi if st else float("nan")})
     names = "/".join(candidates[best].names)
@@ -359,7 +405,12 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                    f"interval [{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] (95% over all the stop rule's looks) that "
                    f"includes 1 after {R} rounds "
                    f"({elapsed_s:.0f} s of a {cfg.budget_s:g} s budget); {names} is written as it never measured worse")
-    if drift:
+    if drift and "step" in drift:
+        d = drift["step"]
+        log(f"\nmachine drift since calibrating (the step-fit plans, one measured in every round): TorchRec's step "
+            f"x{d['ratio']:.2f} [{d['ci_lo']:.2f}, {d['ci_hi']:.2f}]; the drift-corrected sim/meas scales the "
+            "simulated step by it")
+    elif drift:
         c, m = drift["compute"], drift["comm"]
         log(f"\nmachine drift since calibrating (the reference, measured in every round): compute x{c['ratio']:.2f} "
             f"[{c['ci_lo']:.2f}, {c['ci_hi']:.2f}], all-to-all x{m['ratio']:.2f} [{m['ci_lo']:.2f}, {m['ci_hi']:.2f}]"

@@ -275,7 +275,8 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
-                                      reference=(calibration or {}).get("reference"))
+                                      reference=(calibration or {}).get("reference"),
+                                      dmp_reference=((calibration or {}).get("measured") or {}).get("dmp"))
         check_measured_rows(measured["candidates"])
         best = cands[measured["best_index"]]
         report["measured"] = measured

@@ -95,6 +95,23 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
     assert st["kept"] == (st["after"]["mape"] < st["before"]["mape"])
     assert (cal.step_fit is not None) == st["kept"]
     assert any("TorchRec training steps" in l for l in lines) and any(l.lstrip().startswith("step") for l in lines)
+    # --measure in TorchRec's engine measures one step-fit plan a round beside the candidates: the drift reference
+    from neuroshard.planning.measure import MeasureConfig, candidate_plans, dmp_reference_plans, measure_candidates
+    from neuroshard.sharding.search import SearchParams
+
+    cands = candidate_plans(tl.task, cluster, cal, SearchParams(max_splits=3), 256, 1)
+    mlines = []
+    res = measure_candidates(tl, cluster, cands, hw, 256, MeasureConfig(budget_s=6.0, warmup_iter=1, num_iter=2,
+                                                                        min_rounds=2, engine="torchrec"),
+                             log=mlines.append, dmp_reference=report["measured"]["dmp"])
+    d = res["drift"]
+    assert d["rounds"] == res["rounds"] >= 1 and d["groups"] == 12 and d["compute"] == d["comm"] == d["step"]
+    assert 0 < d["step"]["ci_lo"] <= d["step"]["ratio"] <= d["step"]["ci_hi"]
+    assert all(r["simulated_drift_ms"] == pytest.approx(r["simulated_ms"] * d["step"]["ratio"])
+               for r in res["candidates"])
+    assert any("TorchRec's step x" in l for l in mlines)
+    with pytest.raises(UserError, match="TorchRec-step plans are damaged .*calibrate again"):
+        dmp_reference_plans({"plans": [{"num_devices": 2, "devices": [[[0, 0, 3]], []]}], "step_ms": [1.0]}, tl.task)
     fit = cal.step_fit or StepFit(2.0, 10.0)  # the file round trip, whether or not this machine's fit was kept
     cal = cal.with_step_fit(fit)
     report = {**report, "step_fit": fit.to_dict()}
