@@ -21,10 +21,7 @@ ranks on this project's 2-core machine), their compute contends, as it would in 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
-
-import numpy as np
 
 from .engine import EngineSettings, Step
 
@@ -109,9 +106,8 @@ class DMPStep(Step):
         out.values().sum().backward()
 
     def measure(self, item) -> list[list[float]]:
-        import torch
-
         from .comm_bench import gather_floats
+        from .timing import median_ms
 
         seen = self.measured.get(item, 0)
         every = self.settings.rebuild_every
@@ -121,16 +117,5 @@ class DMPStep(Step):
         self.measured[item] = seen + 1
         dmp, kjt = self.built[item]
         s = self.settings
-        for _ in range(s.warmup):
-            self._step(dmp, kjt)
-        times = []
-        for _ in range(s.iters):
-            cuda = s.hw.device == "cuda"
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            self._step(dmp, kjt)
-            if cuda:
-                torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return gather_floats([float(np.median(times)), 0.0, 0.0], s.hw.device)
+        step_ms = median_ms(lambda: self._step(dmp, kjt), s.hw.device, s.warmup, s.iters)
+        return gather_floats([step_ms, 0.0, 0.0], s.hw.device)
