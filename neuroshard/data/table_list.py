@@ -70,9 +70,16 @@ def _rows_from_file(path: Path) -> list[tuple[str, dict]]:
         if reader.fieldnames is None:
             raise UserError(f"{path}: empty table list; write a header line {','.join(REQUIRED)} and one line per "
                             "table")
-        missing = [c for c in REQUIRED if c not in [f.strip() for f in reader.fieldnames]]
+        header = [(f or "").strip() for f in reader.fieldnames]
+        twice = sorted({f for f in header if header.count(f) > 1})
+        if twice:
+            raise UserError(f"{path}: the header names column {twice[0]!r} more than once; name each column once")
+        missing = [c for c in REQUIRED if c not in header]
         if missing:
-            raise UserError(f"{path}: header lacks column {missing[0]!r}; the header must name {', '.join(REQUIRED)}")
+            near = next((f for f in header if f.lower() == missing[0]), None)
+            raise UserError(f"{path}: header lacks column {missing[0]!r}"
+                            + (f" (it has {near!r}: column names are lower case)" if near else "")
+                            + f"; the header must name {', '.join(REQUIRED)}")
         for r in reader:
             where = f"{path} line {reader.line_num}"
             if None in r:
@@ -160,6 +167,10 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
         n_rows_all.append(int(n_rows))
         dims.append(int(dim))
         feats.append(np.concatenate([[max(MIN_ROWS, n_rows), pf], hist]))
+    unknown = sorted({str(k) for _, r in rows for k in r if k not in REQUIRED and k not in BIN_COLUMNS})
+    if unknown:  # a misspelt bin_j or pooling column would otherwise be dropped without a word
+        print(f"warning: column(s) {', '.join(repr(k)[:40] for k in unknown[:5])}{', ...' if len(unknown) > 5 else ''} "
+              f"are not read (a table list has {', '.join(REQUIRED)} and optionally bin_0..bin_16)", file=sys.stderr)
     if unusual_pf:
         print(f"warning: {len(unusual_pf)} table(s) have pooling factors far outside the 0..{TRAINED_POOLING_MAX:g} "
               f"the cost models were trained on (DLRM dataset tables): {', '.join(unusual_pf[:5])}"

@@ -35,6 +35,9 @@ CSV = [
     ((H + "x,10,8\n").encode(), "line 2: missing pooling_factor"),
     (b"", "empty table list"),
     (b"rows,dim\n", "header lacks column 'name'"),
+    (b"name,rows,dim,pooling_factor,name\nx,10,8,1,y\n", "the header names column 'name' more than once"),
+    (b"Name, rows ,dim,pooling_factor\nx,10,8,1\n", "header lacks column 'name' (it has 'Name': column names are "
+                                                    "lower case)"),
 ]
 
 
@@ -81,6 +84,18 @@ def test_hostile_json_tables_get_one_line(tmp_path, text, fragment):
 def test_names_with_dots_and_unicode_are_kept(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps([{"name": "user.id", **T}, {"name": "géo", **T}]))
     assert load_table_list(tmp_path / "t.json").names == ["user.id", "géo"]
+
+
+def test_columns_that_are_not_read_are_named_in_a_warning(tmp_path, capsys):
+    """A misspelt bin column (bin_O) or an extra column would otherwise be dropped without a word."""
+    (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor,bin_O,owner\nx,10,8,1,0.5,me\n")
+    tl = load_table_list(tmp_path / "t.csv", max_mem_gb=4.0)
+    assert tl.defaulted_reuse == ["x"]
+    assert ("warning: column(s) 'bin_O', 'owner' are not read (a table list has name, rows, dim, pooling_factor and "
+            "optionally bin_0..bin_16)") in capsys.readouterr().err
+    (tmp_path / "t.json").write_text(json.dumps([{"name": "x", "rows": 10, "dim": 8, "pooling_factor": 1}]))
+    load_table_list(tmp_path / "t.json", max_mem_gb=4.0)
+    assert "not read" not in capsys.readouterr().err
 
 
 def test_a_pooling_factor_outside_the_training_range_warns_with_the_range(tmp_path, capsys):
