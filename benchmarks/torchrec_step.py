@@ -133,6 +133,10 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     path = scaled_table_list(name, SCALES[name], tmp / f"{name}.json")
     tl = load_table_list(path, a.max_mem)
     cluster = Cluster(a.ndevices, a.max_mem)
+    missing = [str(f) for f in CostModelFiles().paths(a.ndevices) if not f.exists()]
+    if missing:  # the user's path reads the pre-trained models of models/ in the folder it runs in
+        raise UserError(f"cost models not found: {', '.join(missing)}; run `make reproduce` in the repository "
+                        f"root (it makes them for 4 ranks) and run this benchmark there")
     sim = load_cost_models(CostModelFiles(), a.ndevices, None, required=True)
     batch = int(sim.compute.meta.get("batch_size") or 4096)
     search = SearchParams()
