@@ -512,7 +512,7 @@ class ShardTablesConfig:
     cost: str = flag("step", "what the simulator and search minimise: step (TorchRec's step: per sharding group the "
                              "input distribution and both all-to-alls) or paper (compute + one forward and one "
                              "backward all-to-all, as the paper)", choices=("step", "paper"))
-    min_gain: float = flag(MIN_GAIN, "with --alg neuroshard: hand out a plan other than TorchRec's only when the cost "
+    min_gain: float | None = flag(None, f"(default {MIN_GAIN:g}) with --alg neuroshard: hand out a plan other than TorchRec's only when the cost "
                                      "models rate it at least this share cheaper (0: the plan rated fastest; --measure writes "
                                      "the measured best instead)")
     measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
@@ -560,8 +560,9 @@ class ShardTablesConfig:
         if self.calibrate is not None:
             check_calibrate(self.calibrate, self.calibrate_comm, self.calibrate_dmp or 0)
         check_int("--seed", self.seed, 0)
-        check_min_gain(self.min_gain)
-        if self.min_gain != MIN_GAIN and self.alg != "neuroshard":  # it would be ignored without a word
+        if self.min_gain is not None:
+            check_min_gain(self.min_gain)
+        if self.min_gain is not None and self.alg != "neuroshard":  # it would be ignored without a word
             raise UserError(f"--min_gain applies to --alg neuroshard (the plan it hands out against TorchRec's); "
                             f"with --alg {self.alg} drop it")
         self.hardware.check()

@@ -247,7 +247,8 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
         else:
             plans = [plan_device_tables(task, c.plan) for c in candidates]
         if dmp and reference:
-            ref_plans = [TorchRecItem.of_plan(tl, task, p) for p in dmp_reference_plans(reference, task)]
+            ref_plans = [TorchRecItem.of_plan(tl, task, p)
+                         for p in dmp_reference_plans(reference, task, cluster.num_devices)]
         else:
             ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
                          for g in reference] if reference else None
@@ -305,26 +306,23 @@ def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int
     return out
 
 
-def dmp_reference_plans(reference: dict, task) -> list:
-    """The step-fit plans a calibration measured as TorchRec steps (`measured["dmp"]`), as `Placement`s of `task`;
-    a plan that is not one of these tables' is a damaged calibration (one line)."""
-    from ..sharding.plan import Placement, check_complete, plan_from_slices
+def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:
+    """The step-fit plans a calibration measured as TorchRec steps (`measured["dmp"]`), as `Placement`s of `task`
+    on `num_devices` ranks; plans that are not these tables' or steps that cannot be true are a damaged calibration
+    (one line, before anything is measured)."""
+    from ..core.types import implausible_ms
+    from ..sharding.plan import plan_from_dict
 
-    plans: list[Placement] = []
     try:
-        for d in reference["plans"]:
-            slices: dict[int, list] = {}
-            for dev, shards in enumerate(d["devices"]):
-                for t, c, w in shards:
-                    slices.setdefault(int(t), []).append((int(c), int(w), dev))
-            plan = plan_from_slices(task.dims, int(d["num_devices"]), slices)
-            check_complete(task, plan)
-            plans.append(plan)
-        if len(plans) != len(reference["step_ms"]) or not plans:
-            raise ValueError("one measured step per plan")
+        plans = [plan_from_dict(d, task.dims, num_devices) for d in reference["plans"]]
+        step_ms = reference["step_ms"]
+        why = implausible_ms(np.asarray(step_ms, np.float64), positive=True) if len(step_ms) == len(plans) > 0 \
+            else "one measured step per plan"
     except (TypeError, KeyError, ValueError) as e:  # PlanError is a ValueError
-        raise UserError(f"the calibration's TorchRec-step plans are damaged ({e}); calibrate again "
-                        "(--calibrate K --calibrate_dmp)") from None
+        why = str(e)
+    if why:
+        raise UserError(f"the calibration's TorchRec-step plans are damaged ({why}); calibrate again "
+                        "(--calibrate K --calibrate_dmp)")
     return plans
 
 

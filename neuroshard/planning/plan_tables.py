@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..core.artifacts import OutputLock, atomic_write_text, check_outputs, fresh_path, provenance
-from ..core.config import ShardTablesConfig
+from ..core.config import MIN_GAIN, ShardTablesConfig
 from ..core.errors import UserError
 from ..core.tables import format_table
 from ..core.types import Cluster, Cost, implausible_ms
@@ -246,7 +246,8 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     plan = res.plan
     chosen = alg
     if alg == "neuroshard" and not cfg.measure:
-        plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan, cfg.min_gain)
+        plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan,
+                                            MIN_GAIN if cfg.min_gain is None else cfg.min_gain)
     cost = sim.plan_cost(tl.task, plan) if sim else None
     models_fix = (f"delete {calibration_path(out)} and calibrate again (--calibrate K)" if calibration is not None
                   else "retrain them on more cost data or fine-tune them to these tables (--calibrate K)")
@@ -272,7 +273,10 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
                              top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
                              engine=cfg.measure_engine, cost=cfg.cost)
-        cands = candidate_plans(tl.task, cluster, sim, search, batch, cfg.measure_top, seed,
+        # the emulated engine measures the step cost itself, not TorchRec's step the fit was made to (an affine,
+        # increasing fit: the same candidates in the same order)
+        msim = sim.with_step_fit(None) if sim is not None and cfg.measure_engine == "emulated" else sim
+        cands = candidate_plans(tl.task, cluster, msim, search, batch, cfg.measure_top, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
                                       reference=(calibration or {}).get("reference"),

@@ -81,6 +81,31 @@ class Placement:
                 "devices": [[(int(s.table), int(s.col_start), int(s.dim)) for s in dev] for dev in self.per_device()]}
 
 
+def plan_from_dict(d: dict, dims, num_devices: int) -> Placement:
+    """The inverse of `Placement.to_dict` for a task of these table `dims` on `num_devices` devices, checked
+    (every column of every table once, on a real device); anything else is a `PlanError`."""
+    try:
+        if int(d["num_devices"]) != num_devices or len(d["devices"]) != num_devices:
+            raise PlanError(f"a plan for {d['num_devices']} devices, not {num_devices}")
+        slices: dict[int, list[tuple[int, int, int]]] = {}
+        for dev, shards in enumerate(d["devices"]):
+            for t, c, w in shards:
+                if not 0 <= int(t) < len(dims):
+                    raise PlanError(f"table {t} outside 0..{len(dims) - 1}")
+                slices.setdefault(int(t), []).append((int(c), int(w), dev))
+    except (TypeError, KeyError, ValueError) as e:
+        raise PlanError(f"not a plan ({type(e).__name__}: {e})") from None
+    cover = [np.zeros(int(x), dtype=np.int64) for x in dims]
+    for t, pieces in slices.items():
+        for c, w, _ in pieces:
+            if not (0 <= c and 0 < w and c + w <= len(cover[t])):
+                raise PlanError(f"table {t}: columns {c}..{c + w - 1} outside its {len(cover[t])}")
+            cover[t][c:c + w] += 1
+    if any((c != 1).any() for c in cover):
+        raise PlanError("columns not placed exactly once")
+    return plan_from_slices(dims, num_devices, slices)
+
+
 def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> Placement:
     """The plan whose shards are exactly the column slices `slices[t]` = [(col_offset, width, device)]
     of each table t (a table without an entry stays whole, on the device of its one slice), reached

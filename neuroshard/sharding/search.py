@@ -156,8 +156,10 @@ def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: Search
 
     BLAS runs on one thread here: the search multiplies thousands of small matrices, and a multi-threaded
     BLAS on a busy machine waits for its threads on every one of them (a 60-table plan took 3-4 s instead
-    of 0.3 s under load)."""
+    of 0.3 s under load). The dim-sum thresholds are first widened where a block that must stay whole would
+    fit no rank (`fitting_thresholds`; a no-op for every other task), so every entry point plans such tables."""
     sim.check_devices(cluster.num_devices)
+    params = fitting_thresholds(task, cluster.num_devices, params, no_split)[0]
     if partition is None:
         def partition(st, states, cluster, params):
             return grid_search_batch(sim, st, states, cluster, params)
@@ -253,10 +255,13 @@ def fitting_thresholds(task: ShardingTask, num_devices: int, params: SearchParam
     if need <= hi:
         return params, None
     name = names[t] if names is not None else f"table {t}"
-    what = "table-wise-only" if t in no_split else "unsplittable"
-    return replace(params, threshold_range=(lo, need)), (
-        f"note: dim-sum thresholds widened to {lo:g}-{need:.3g} (search setting {lo:g}-{hi:g}) so that {what} "
-        f"{name} ({'dim' if t in no_split or keep[t] == dims[t] else 'blocks of'} {keep[t]}) fits one rank")
+    what = (f"table-wise-only {name} (dim {keep[t]})" if t in no_split else
+            f"{name} (dim {keep[t]}, which cannot be split)" if keep[t] == dims[t] else
+            f"{name} (dim {int(dims[t])}, whose narrowest column block is {keep[t]})")
+    wide = (need, need) if params.grid_steps == 1 else (lo, need)  # one grid step searches lo alone
+    return replace(params, threshold_range=wide), (
+        f"note: dim-sum thresholds widened to {wide[0]:.3g}-{wide[1]:.3g} (search setting {lo:g}-{hi:g}) so that "
+        f"{what} fits one rank")
 
 
 class NeuroShardSharder:
@@ -267,5 +272,5 @@ class NeuroShardSharder:
         self.note: str | None = None  # the last call's threshold note (`fitting_thresholds`), if any
 
     def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
-        params, self.note = fitting_thresholds(task, cluster.num_devices, self.params)
-        return neuroshard_search(self.sim, task, cluster, params)
+        self.note = fitting_thresholds(task, cluster.num_devices, self.params)[1]  # the search widens them itself
+        return neuroshard_search(self.sim, task, cluster, self.params)

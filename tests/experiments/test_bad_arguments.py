@@ -29,7 +29,7 @@ CASES = {
                             ("--dp_adam_freeze_after", "-1"), ("--dp_adam_floor", "0")],
     "tools/shard_tables.py": [("--ndevices", "0"), ("--max_mem", "-1"), ("--max_mem", "1e308"), ("--beam_width", "0"), ("--alg", "all"),
                               ("--gpu_devices", "0,0"), ("--mp_keep", "0"), ("--min_gain", "1"), ("--min_gain", "-0.1"),
-                              ("--calibrate_dmp", "20"), ("--calibrate_dmp", "x"), ("--min_gain", "0.1"),
+                              ("--calibrate_dmp", "20"), ("--calibrate_dmp", "x"), ("--min_gain", "0.1"), ("--min_gain", "0.05"),
                               ("--measure_engine", "torchrec"), ("--out", ""), ("--out", "somewhere/"),
                               ("--torchrec_plan", "")],
     "eval.py": [("--num_iter", "0"), ("--warmup_iter", "-1"), ("--batch_size", "0"), ("--ndevices", "1"),

@@ -110,8 +110,14 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
     assert all(r["simulated_drift_ms"] == pytest.approx(r["simulated_ms"] * d["step"]["ratio"])
                for r in res["candidates"])
     assert any("TorchRec's step x" in l for l in mlines)
-    with pytest.raises(UserError, match="TorchRec-step plans are damaged .*calibrate again"):
-        dmp_reference_plans({"plans": [{"num_devices": 2, "devices": [[[0, 0, 3]], []]}], "step_ms": [1.0]}, tl.task)
+    good = report["measured"]["dmp"]
+    assert len(dmp_reference_plans(good, tl.task, 2)) == 12
+    for bad in ({"plans": [{"num_devices": 2, "devices": [[[0, 0, 3]], []]}], "step_ms": [1.0]},  # not its tables
+                {**good, "num_devices": 4, "plans": [{**good["plans"][0], "num_devices": 4}]},  # other ranks
+                {**good, "step_ms": ["fast"] * 12}, {**good, "step_ms": [0.0] * 12},  # steps that cannot be true
+                {**good, "step_ms": good["step_ms"][:3]}, {"plans": "x"}, {}):
+        with pytest.raises(UserError, match="TorchRec-step plans are damaged .*calibrate again"):
+            dmp_reference_plans(bad, tl.task, 2)
     fit = cal.step_fit or StepFit(2.0, 10.0)  # the file round trip, whether or not this machine's fit was kept
     cal = cal.with_step_fit(fit)
     report = {**report, "step_fit": fit.to_dict()}

@@ -197,17 +197,26 @@ def test_blocks_that_cannot_be_split_widen_the_thresholds_just_enough():
     f[:, 0], f[:, 1] = 100, 1.0
     task = ShardingTask(np.arange(2), np.array([4, 4]), f[:2])
     params = SearchParams()
-    assert neuroshard_search(analytic_simulator(4), task, Cluster(4, 1.0), params) is None
     wide, note = fitting_thresholds(task, 4, params, names=["A", "B"])
     assert wide.threshold_range == (1.0, 2.0)
-    assert note == ("note: dim-sum thresholds widened to 1-2 (search setting 1-1.5) so that unsplittable A (dim 4) "
-                    "fits one rank")
+    assert note == ("note: dim-sum thresholds widened to 1-2 (search setting 1-1.5) so that A (dim 4, which cannot "
+                    "be split) fits one rank")
     sharder = NeuroShardSharder(analytic_simulator(4), params)
     plan = sharder(task, Cluster(4, 1.0))
     assert plan is not None and sharder.note.startswith("note: dim-sum thresholds widened to 1-2")
     check_complete(task, plan)
     # dim 48 halves to 24 and 12: blocks of 12, so 48 + 16 on 4 ranks (mean 16) needs no widening
     mixed = ShardingTask(np.arange(2), np.array([48, 16]), f[:2])
-    assert fitting_thresholds(mixed, 4, params) == (params, None)
+    assert fitting_thresholds(mixed, 4, params)[0] is params and fitting_thresholds(mixed, 4, params)[1] is None
+    # every entry point of the search widens: NeuroShard's top plans (what --measure measures) too
+    from neuroshard.sharding.search import neuroshard_top_plans
+
+    assert neuroshard_top_plans(analytic_simulator(4), task, Cluster(4, 1.0), 2, params)
+    # one grid step searches the lower threshold alone: both ends move
+    one = SearchParams(grid_steps=1, threshold_range=(1.0, 1.0))
+    assert fitting_thresholds(task, 4, one)[0].threshold_range == (2.0, 2.0)
+    assert neuroshard_search(analytic_simulator(4), task, Cluster(4, 1.0), one) is not None
+    wide48 = ShardingTask(np.arange(2), np.array([48, 4]), f[:2])  # 48 halves to blocks of 12
+    assert "dim 48, whose narrowest column block is 12" in fitting_thresholds(wide48, 8, params)[1]
     # a table that must stay whole (NeuroShardPlanner's table-wise only) counts whole
     assert fitting_thresholds(mixed, 4, params, frozenset({0}))[0].threshold_range == (1.0, 3.0)

@@ -239,9 +239,10 @@ class NeuroShardPlanner:
         if compared:
             plan = compared[0]
         spec = plan_spec([t.qualified_name for t in tables], [r["rows"] for r in found.rows], task.dims, plan)
-        cw = task.column_wise_shards([s.table for s in plan.shards], [s.dim for s in plan.shards])
-        kinds = [COLUMN_WISE if cw[[s.table == t for s in plan.shards]].any() else TABLE_WISE
-                 for t in range(len(tables))]  # the step cost's groups (ShardingTask.column_wise_shards)
+        shard_tables = [s.table for s in plan.shards]
+        column_wise = np.zeros(len(tables), bool)  # the step cost's groups (ShardingTask.column_wise_shards)
+        np.logical_or.at(column_wise, shard_tables, task.column_wise_shards(shard_tables, [s.dim for s in plan.shards]) > 0)
+        kinds = [COLUMN_WISE if cw else TABLE_WISE for cw in column_wise]
         specs: dict[str, dict] = {}
         for table, entry, kind in zip(tables, spec["tables"], kinds):
             specs.setdefault(table.module_path, {**spec, "tables": []})["tables"].append(
