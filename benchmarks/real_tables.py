@@ -180,7 +180,8 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         ns_h = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx[best_h]])))
         ns_tr = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx["torchrec"]]))) \
             if "torchrec" in idx else nan
-        summary.append({"set": name, "cost": a.cost, "written": "/".join(cands[best].names), "rounds": R, "separated": res["separated"],
+        summary.append({"set": name, "cost": a.cost, "written": "/".join(cands[best].names), "rounds": R,
+                        "separated": res["separated"],
                         "best_heuristic": best_h, "vs_heuristic": vs_h["ratio"], "vs_heuristic_lo": vs_h["ci_lo"],
                         "vs_heuristic_hi": vs_h["ci_hi"], "vs_torchrec": vs_tr["ratio"],
                         "vs_torchrec_lo": vs_tr["ci_lo"], "vs_torchrec_hi": vs_tr["ci_hi"],

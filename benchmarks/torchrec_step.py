@@ -81,7 +81,8 @@ class TorchRecStepConfig:
     rounds: int = flag(20, "interleaved rounds of every plan")
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
-    rebuild_every: int = flag(REBUILD_EVERY, "build each plan's DistributedModelParallel again every this many rounds (0: once)")
+    rebuild_every: int = flag(REBUILD_EVERY, "build each plan's DistributedModelParallel again every this many "
+                                             "rounds (0: once)")
     emulated_rounds: int = flag(5, "rounds of the same plans in the emulated engine (independent devices), to set "
                                    "beside the DMP steps; 0: skip")
     calibrate: int = flag(0, "K: also the plans made with the models calibrated on K measured shards of each set "

@@ -7,7 +7,8 @@ rounding of predictions to 1 ns, candidate order by shard position).
 import numpy as np
 
 from neuroshard.sharding.greedy import greedy_place
-from neuroshard.sharding.plan import Placement, apply_splits, can_split
+from neuroshard.data.features import can_split
+from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.simulator import round_ms
 from neuroshard.data.features import table_size_gb, with_dim
 

@@ -512,9 +512,10 @@ class ShardTablesConfig:
     cost: str = flag("step", "what the simulator and search minimise: step (TorchRec's step: per sharding group the "
                              "input distribution and both all-to-alls) or paper (compute + one forward and one "
                              "backward all-to-all, as the paper)", choices=("step", "paper"))
-    min_gain: float | None = flag(None, f"(default {MIN_GAIN:g}) with --alg neuroshard: hand out a plan other than TorchRec's only when the cost "
-                                     "models rate it at least this share cheaper (0: the plan rated fastest; --measure writes "
-                                     "the measured best instead)")
+    min_gain: float | None = flag(None, f"(default {MIN_GAIN:g}) with --alg neuroshard: hand out a plan other "
+                                        "than TorchRec's only when the cost models rate it at least this share "
+                                        "cheaper (0: the plan rated fastest; --measure writes the measured best "
+                                        "instead)")
     measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
     measure_top: int = flag(MEASURE_TOP, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
     no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "

@@ -73,6 +73,19 @@ def with_dim(data_features: np.ndarray, dims) -> np.ndarray:
     return np.concatenate([dims, data_features], axis=1)
 
 
+def can_split(dim: int) -> bool:
+    """A shard may be split when half its dim is still divisible by 4."""
+    return dim % 8 == 0
+
+
+def smallest_shard_dim(dim: int) -> int:
+    """The narrowest column block halving can cut a table of `dim` into (its dim when it cannot be split)."""
+    dim = int(dim)
+    while can_split(dim):
+        dim //= 2
+    return dim
+
+
 def table_size_gb(rows, dim) -> np.ndarray | float:
     """fp32 size of an embedding table in GB (2**30 bytes)."""
     return np.asarray(rows, dtype=np.float64) * np.asarray(dim, dtype=np.float64) * BYTES_PER_PARAM / 2**30

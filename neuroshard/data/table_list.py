@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.artifacts import read_json, read_text
 from ..core.errors import UserError
-from .features import MIN_ROWS, NUM_BINS, table_data_features
+from .features import MIN_ROWS, NUM_BINS, smallest_shard_dim, table_data_features
 from .raw import max_rows_any_device
 from .synthetic import PUBLISHED_REUSE_UNIQUE_SHARE, SyntheticConfig
 from .tasks import ShardingTask
@@ -157,9 +157,7 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
                 defaulted.append(name)
         size_gb = n_rows * dim * 4 / 2**30
         if max_mem_gb is not None:
-            smallest = int(dim)
-            while smallest % 8 == 0:
-                smallest //= 2
+            smallest = smallest_shard_dim(dim)
             if n_rows * smallest * 4 / 2**30 > max_mem_gb + 1e-9:
                 raise UserError(f"{where}: table {name!r} ({size_gb:.3f} GB) does not fit a device of {max_mem_gb} GB "
                                 f"even split into column shards of {smallest}; raise --max_mem or shrink the table")

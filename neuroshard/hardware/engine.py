@@ -177,10 +177,10 @@ class EmulatedStep(Step):
         from .comm_bench import InputDist, gather_floats, make_all_to_all, timed_collective
 
         s, rank, device = self.settings, self.rank, self.settings.hw.device
-        present = [g for g in (0, 1) if any(item.group(g)[0])]
         a2as, before = [], 0.0
-        for g in present:
-            dims, pooling = item.group(g)
+        for dims, pooling in (item.group(g) for g in (0, 1)):
+            if not any(dims):  # a group absent from the plan runs no collectives
+                continue
             before += timed_collective(InputDist(pooling, s.batch_size, rank, device).run, device, 0.0, s.warmup,
                                        s.iters)
             a2as.append(make_all_to_all(dims, s.batch_size, rank, device, s.mp_keep))

@@ -48,11 +48,10 @@ from ..core.config import (CALIBRATE_DMP_ROUNDS, CALIBRATE_NUM_ITER, CALIBRATE_W
                            DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER, MEASURE_WARMUP_ITER, check_calibrate, check_iters)
 from ..core.errors import UserError, check_int
 from ..core.types import Cluster, StepFit, implausible_ms
-from ..data.features import table_size_gb, with_dim
+from ..data.features import can_split, table_size_gb, with_dim
 from ..hardware.comm_bench import CommRankSettings, comm_rank, torchrec_available
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..models.trainer import regression_metrics
-from ..sharding.plan import can_split
 from ..sharding.simulator import Simulator
 from .step_fit import fit_to_steps, measure_plans_dmp, sample_user_plans
 

@@ -329,12 +329,23 @@ def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:
 def dmp_drift(reference: dict, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
     """How much slower (> 1) or faster TorchRec's step measured in the rounds than when calibrating: per round the
     step-fit plan measured in it (plan r mod G) now / then; the geometric mean over rounds with a bootstrap 95%
-    interval. Stored as both the compute and the comm drift, so that `drift_corrected_ms` scales the whole step."""
+    interval. Also stored as the compute and the comm drift, the keys an emulated engine's drift record has."""
     then = np.asarray(reference["step_ms"], np.float64)
     per_round = np.array([round_cost(parts) / then[r % len(then)] for r, parts in enumerate(ref_rounds)])
     st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
     ratio = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
     return {"rounds": len(ref_rounds), "groups": len(then), "step": ratio, "compute": ratio, "comm": ratio}
+
+
+def simulated_drift_ms(c: Candidate, drift: dict | None) -> float | None:
+    """A candidate's simulated cost corrected for the machine's drift: TorchRec's engine scales the whole
+    simulated step (with its step fit) by the step drift; the emulated engine scales the parts
+    (`drift_corrected_ms`). None without a drift or a simulated cost."""
+    if not drift:
+        return None
+    if "step" in drift:
+        return None if c.simulated_ms is None else c.simulated_ms * drift["step"]["ratio"]
+    return None if c.simulated_parts_ms is None else drift_corrected_ms(c.simulated_parts_ms, drift)
 
 
 def drift_corrected_ms(simulated_parts_ms, drift: dict) -> float:
@@ -383,10 +394,7 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                      "round_ms": [float(x) if ok else None for x, ok in zip(costs[:, i], measured)],
                      "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
                      "simulated_ms": c.simulated_ms,
-                     "simulated_drift_ms": (c.simulated_ms * drift["step"]["ratio"] if "step" in (drift or {})
-                                            and c.simulated_ms is not None else
-                                            drift_corrected_ms(c.simulated_parts_ms, drift)
-                                            if drift and c.simulated_parts_ms is not None else None),
+                     "simulated_drift_ms": simulated_drift_ms(c, drift),
                      "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),
                      "ci_hi": st.hi if st else float("nan")})
     names = "/".join(candidates[best].names)

@@ -229,9 +229,9 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         sim, calibration = calibrated_simulator(sim, tl, cluster, hw, batch, paths, cfg)
     if sim is not None:
         sim = sim.with_cost(cfg.cost)
-        print(f"cost models: {', '.join(str(p) for p in paths)}"
-              f"{' (calibrated on these tables: ' + str(calibration_path(out)) + ')' if calibration is not None else ''}"
-              f"; plans scored by the simulated {cfg.cost} cost")
+        calibrated = f" (calibrated on these tables: {calibration_path(out)})" if calibration is not None else ""
+        print(f"cost models: {', '.join(str(p) for p in paths)}{calibrated}; plans scored by the simulated "
+              f"{cfg.cost} cost")
         note = sim.input_model_note()
         if note:
             print(note)

@@ -27,7 +27,8 @@ from scipy.optimize import nnls
 
 from ..core.errors import UserError
 from ..core.types import Cluster, StepFit, implausible_ms
-from ..sharding.plan import Placement, apply_splits, can_split, fits_memory
+from ..data.features import can_split
+from ..sharding.plan import Placement, apply_splits, fits_memory
 
 SPLIT_SHARES = (0.0, 0.1, 0.3)        # a random plan splits each splittable table with one of these chances
 DEVICE_CONCENTRATIONS = (0.5, 2.0, 20.0)  # Dirichlet concentration of its device weights: skewed to even

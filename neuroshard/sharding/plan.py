@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.errors import PlanError
 from ..core.types import Cluster
-from ..data.features import table_size_gb
+from ..data.features import can_split, table_size_gb
 from ..data.tasks import ShardingTask
 
 
@@ -21,19 +21,6 @@ class Shard:
     table: int      # position of the table in its task
     col_start: int  # first column of the slice
     dim: int        # number of columns
-
-
-def can_split(dim: int) -> bool:
-    """A shard may be split when half its dim is still divisible by 4."""
-    return dim % 8 == 0
-
-
-def smallest_shard_dim(dim: int) -> int:
-    """The narrowest column block halving can cut a table of `dim` into (its dim when it cannot be split)."""
-    dim = int(dim)
-    while can_split(dim):
-        dim //= 2
-    return dim
 
 
 def apply_splits(dims, splits) -> list[Shard]:
@@ -95,15 +82,10 @@ def plan_from_dict(d: dict, dims, num_devices: int) -> Placement:
                 slices.setdefault(int(t), []).append((int(c), int(w), dev))
     except (TypeError, KeyError, ValueError) as e:
         raise PlanError(f"not a plan ({type(e).__name__}: {e})") from None
-    cover = [np.zeros(int(x), dtype=np.int64) for x in dims]
-    for t, pieces in slices.items():
-        for c, w, _ in pieces:
-            if not (0 <= c and 0 < w and c + w <= len(cover[t])):
-                raise PlanError(f"table {t}: columns {c}..{c + w - 1} outside its {len(cover[t])}")
-            cover[t][c:c + w] += 1
-    if any((c != 1).any() for c in cover):
+    plan = plan_from_slices(dims, num_devices, slices)  # raises unless halvings reach exactly the slices given
+    if len(plan.shards) != sum(len(pieces) for pieces in slices.values()):  # a slice given twice is merged there
         raise PlanError("columns not placed exactly once")
-    return plan_from_slices(dims, num_devices, slices)
+    return plan
 
 
 def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> Placement:

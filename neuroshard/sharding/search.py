@@ -32,9 +32,9 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.config import SearchParams
 from ..core.types import MEM_TOL_GB, Cluster, round_ms
-from ..data.features import input_words, table_size_gb, with_dim
+from ..data.features import can_split, input_words, smallest_shard_dim, table_size_gb, with_dim
 from ..data.tasks import ShardingTask
-from .plan import Placement, apply_splits, can_split, smallest_shard_dim
+from .plan import Placement, apply_splits
 from .simulator import Simulator, group_sums
 
 

@@ -250,8 +250,9 @@ def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np
     tables = np.array([s.table for s in plan.shards], dtype=np.int64)
     shard_dims = np.array([s.dim for s in plan.shards], np.int64)
     group = task.column_wise_shards(tables, shard_dims)
-    dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None], shard_dims[None].astype(np.float64),
-                             input_words(task.pooling_factors)[tables][None], plan.num_devices)
+    dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None],
+                             shard_dims[None].astype(np.float64), input_words(task.pooling_factors)[tables][None],
+                             plan.num_devices)
     return dims[0], words[0]
 
 

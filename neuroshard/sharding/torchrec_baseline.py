@@ -4,9 +4,9 @@ The task's tables are built on the `meta` device (no memory is allocated) with t
 pooling factors, and the planner gets the run's real batch size; every table may go table-wise or
 column-wise with column blocks down to the narrowest block halving reaches (`min_partition`, 4 for a
 power-of-two dim, 12 for dims 12, 24 or 48; TorchRec's default block of 128 would make every table here
-table-wise; with 4, TorchRec cuts a dim-12 table into three blocks, which no halving plan holds). The topology has N devices with `hbm_cap` = our per-device
-memory, no storage reservation, and the `fused` kernel only (all weights in device memory, as in
-our plans; UVM caching would bypass the cap).
+table-wise; with 4, TorchRec cuts a dim-12 table into three blocks, which no halving plan holds). The
+topology has N devices with `hbm_cap` = our per-device memory, no storage reservation, and the `fused`
+kernel only (all weights in device memory, as in our plans; UVM caching would bypass the cap).
 
 Same memory model as every other algorithm: TorchRec's own storage estimator also budgets input and
 output buffers (which dominate on small devices: it refused tasks that fill a tenth of the devices),
@@ -24,7 +24,8 @@ import logging
 from ..core.errors import PlanError, UserError
 from ..core.types import Cluster
 from ..data.tasks import ShardingTask
-from .plan import Placement, plan_from_slices, smallest_shard_dim
+from ..data.features import smallest_shard_dim
+from .plan import Placement, plan_from_slices
 
 INSTALL_HINT = ("TorchRec is not installed; install it without replacing torch: "
                 "pip install --no-deps torchrec==1.9.2 && pip install -c constraints.txt tensordict "

@@ -98,7 +98,8 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
             first = next(j for j, c in enumerate(cols) if c != 1)
             raise UserError(f"{at}: columns not covered exactly once (column {first})")
         kind = t.get("sharding_type")  # NeuroShardPlanner's specs carry it; files written by shard_tables do not
-        if kind is not None and (kind not in ("table_wise", "column_wise") or (kind == "table_wise" and len(shards) > 1)):
+        if kind is not None and (kind not in ("table_wise", "column_wise")
+                                 or (kind == "table_wise" and len(shards) > 1)):
             raise UserError(f"{at}: sharding_type must be table_wise (one shard) or column_wise, got {kind!r}"[:300]
                             + "; rewrite it with tools/shard_tables.py --torchrec_plan")
         narrow = min(s["width"] for s in shards)

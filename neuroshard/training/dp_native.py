@@ -203,8 +203,9 @@ def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def decode(out: torch.Tensor, parts: list[torch.Tensor], m: int) -> bool:
     """`out.zero_()` then `dct.decode_into(out, part, m)` for each part in order, the same floats, in one call that
-    lets go of Python's lock while it runs; False (nothing written) where it cannot run here or the tensors are not what it takes. A payload whose
-    positions pass the end of `out` raises ValueError, as index_add_ raises IndexError (out is left zeroed)."""
+    lets go of Python's lock while it runs; False (nothing written) where it cannot run here or the tensors are
+    not what it takes. A payload whose positions pass the end of `out` raises ValueError, as index_add_ raises
+    IndexError (out is left zeroed)."""
     n = out.numel()
     if not (loaded() and out.dim() == 1 and _fits(out, n) and m >= 0 and all(
             p.device.type == "cpu" and p.dtype == torch.uint8 and p.dim() == 1 and p.is_contiguous()

@@ -78,7 +78,7 @@ def test_tables_of_dims_that_are_not_powers_of_two_get_halving_blocks():
     """TorchRec cuts a table into blocks of its min_partition: with 4 it cut dim 12 into thirds, which no halving
     plan holds (a traceback). With the narrowest halving block (12 for dims 12, 24 and 48) every plan converts;
     tables that must be split to fit memory are split into halvings."""
-    from neuroshard.sharding.plan import smallest_shard_dim
+    from neuroshard.data.features import smallest_shard_dim
 
     assert [smallest_shard_dim(d) for d in (4, 8, 12, 16, 24, 48, 96, 128)] == [4, 4, 12, 4, 12, 12, 12, 4]
     task = _task([1e6, 1e6, 1e6, 1000], [12, 48, 96, 16], [1, 3, 2, 1])

@@ -22,9 +22,8 @@ import numpy as np
 
 from ...core.errors import UserError
 from ...core.types import Cluster
-from ...data.features import table_size_gb
+from ...data.features import smallest_shard_dim, table_size_gb
 from ...data.table_list import parse_table_rows
-from ..plan import smallest_shard_dim
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR

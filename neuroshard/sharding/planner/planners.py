@@ -22,9 +22,9 @@ every rank. Both return a TorchRec `ShardingPlan` built by `torchrec_export.to_t
   per rank, as in TorchRec; when `batch_size x world_size` differs from the batch the models were trained
   at, the stats say that the predicted milliseconds are at the models' batch. Default `batch_size`: the
   models' batch divided by the world size. `simulator=` takes models already loaded, e.g. a calibration
-  (`planning.calibrate.read_calibration(path)`, the pair it returns). The input-distribution model (`input_comm_model`, default
-  `models_dir/comm_<N>_input.pt` where it exists) prices TorchRec's input distribution in the step cost;
-  without one the stats say that the backward model prices it.
+  (`planning.calibrate.read_calibration(path)`, the pair it returns). The input-distribution model
+  (`input_comm_model`, default `models_dir/comm_<N>_input.pt` where it exists) prices TorchRec's input
+  distribution in the step cost; without one the stats say that the backward model prices it.
 - Cost: `cost="step"` (default) scores plans by the simulated step TorchRec runs (per sharding group the
   input distribution and both all-to-alls, `simulator.py`); `cost="paper"` by the paper's three terms.
 - Never slower than TorchRec's planner by its own models: with `compare` (default), TorchRec's own
@@ -241,7 +241,8 @@ class NeuroShardPlanner:
         spec = plan_spec([t.qualified_name for t in tables], [r["rows"] for r in found.rows], task.dims, plan)
         shard_tables = [s.table for s in plan.shards]
         column_wise = np.zeros(len(tables), bool)  # the step cost's groups (ShardingTask.column_wise_shards)
-        np.logical_or.at(column_wise, shard_tables, task.column_wise_shards(shard_tables, [s.dim for s in plan.shards]) > 0)
+        shard_cw = task.column_wise_shards(shard_tables, [s.dim for s in plan.shards]) > 0
+        np.logical_or.at(column_wise, shard_tables, shard_cw)
         kinds = [COLUMN_WISE if cw else TABLE_WISE for cw in column_wise]
         specs: dict[str, dict] = {}
         for table, entry, kind in zip(tables, spec["tables"], kinds):
