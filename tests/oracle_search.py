@@ -1,12 +1,13 @@
 """Direct, unbatched NeuroShard search (DESIGN.md §3.5): the oracle the fast search must match.
 
-One threshold, one candidate, one device at a time, with the shared `greedy_place` and
-`Simulator.plan_cost`; the only shared conventions are those §3.5 leaves open (tie-breaking,
-rounding of predictions to 1 ns, candidate order by shard position).
+One threshold, one candidate, one shard and one device at a time, with its own greedy placement written from
+§3.5 (not the package's `greedy_place`). A plan's cost is `Simulator.plan_cost`, the unbatched definition the
+simulator's users score plans by (the search under test prices plans with batched arrays instead). The only
+shared conventions are those §3.5 leaves open (tie-breaking, rounding of predictions to 1 ns, candidate order by
+shard position, the memory tolerance).
 """
 import numpy as np
 
-from neuroshard.sharding.greedy import greedy_place
 from neuroshard.data.features import can_split
 from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.simulator import round_ms
@@ -19,6 +20,23 @@ def shard_embeddings(sim, task, shards):
 
 def single_costs(sim, task, shards):
     return np.array([float(round_ms(sim.compute.head(e))) for e in shard_embeddings(sim, task, shards)])
+
+
+def place_greedily(order, sizes, N, max_mem, device_cost, dims, cap):
+    """§3.5's placement, one shard at a time: to the device with the lowest predicted cost (tie: less memory,
+    then the lower id) among those with memory room whose dim sum stays within `cap`; None when none has."""
+    tol = 1e-9  # the package's MEM_TOL_GB: sums of float sizes may exceed an exact fit by rounding
+    on = [[] for _ in range(N)]
+    device_of = [-1] * len(sizes)
+    for i in order:
+        room = [r for r in range(N) if sum(sizes[j] for j in on[r]) + sizes[i] <= max_mem + tol
+                and sum(dims[j] for j in on[r]) + dims[i] <= cap + tol]
+        if not room:
+            return None
+        r = min(room, key=lambda r: (device_cost(on[r]), sum(sizes[j] for j in on[r]), r))
+        on[r].append(i)
+        device_of[i] = r
+    return device_of
 
 
 def grid_search(sim, task, splits, N, max_mem, params):
@@ -40,7 +58,7 @@ def grid_search(sim, task, splits, N, max_mem, params):
     best = (np.inf, None)
     for s in params.thresholds():
         cap = s * dims.sum() / N
-        device_of = greedy_place(order, sizes, N, max_mem, device_cost, dims=dims, max_dim_sum=cap)
+        device_of = place_greedily(order, sizes, N, max_mem, device_cost, dims, cap)
         if device_of is None:
             continue
         plan = _ordered_plan(N, shards, device_of, order, splits)

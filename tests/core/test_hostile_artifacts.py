@@ -82,6 +82,7 @@ KINDS = [_dataset_tables, _dataset_indices, _tasks, _cost_data, _cost_data_appen
 def test_hostile_artifact_is_refused_without_running_code(small_dataset, tmp_path, kind, which):
     marker = tmp_path / "marker"
     load = kind(small_dataset, tmp_path, hostile_objects(marker)[which])
-    with pytest.raises(UserError):
+    with pytest.raises(UserError) as e:
         load()
     assert not marker.exists(), f"{kind.__name__}: the payload ran"
+    assert str(e.value).startswith(str(tmp_path)), e.value  # the refusal names the file it refused

@@ -137,7 +137,7 @@ def test_unwritable_output_folder(small_raw, tmp_path):
 
 
 def test_processed_folder_check(tmp_path):
-    with pytest.raises(Exception, match="not a processed DLRM dataset"):
+    with pytest.raises(UserError, match="not a processed DLRM dataset"):
         DLRMDataset.load(tmp_path)
 
 

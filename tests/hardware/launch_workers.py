@@ -24,9 +24,9 @@ def killed_rank_2(rank, world, emit):
 def emit_then_sleep(rank, world, emit, n, flag_dir):
     for i in range(n):
         emit((rank, i))
-    time.sleep(0.5)  # the queue's feeder thread has written them to the pipe
+    time.sleep(2)  # the queue's feeder thread has written them to the pipe
     open(os.path.join(flag_dir, f"sent_{rank}"), "w").close()
-    time.sleep(60)
+    time.sleep(600)  # far past any bound the test sets: only terminate() ends it in time
 
 
 def report_pid_and_sleep(rank, world, emit):

@@ -40,7 +40,7 @@ def test_ctrl_c_keeps_every_result_already_sent(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_processes(w.emit_then_sleep, 2, (5, str(tmp_path)), on_message, what="worker")
     assert sorted(got) == [(r, i) for r in range(2) for i in range(5)]
-    assert time.monotonic() - raised_at[0] < 30  # the workers (asleep for 60 s) were terminated, not waited for
+    assert time.monotonic() - raised_at[0] < 300  # the workers (asleep for 600 s) were terminated, not waited for
 
 
 def _alive(pid):

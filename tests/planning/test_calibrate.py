@@ -90,7 +90,10 @@ def test_comm_layouts_place_every_table_and_spread_delays_up_to_the_given_bound(
     assert all((x[0] == y[0]).all() for x, y in zip(a, b))
 
 
-def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_path):
+def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tmp_path):
+    """A real calibration on 2 gloo ranks: what it measures, what it reports and the file it saves. Whether a
+    fine-tuned model is kept depends on this machine's timings, so only the coupling is asserted here (a model
+    reported kept is the one returned); the decision itself is tested on planted timings below."""
     (tmp_path / "t.csv").write_text(TABLES)
     tl = load_table_list(tmp_path / "t.csv")
     models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
@@ -110,18 +113,16 @@ def test_calibration_lowers_the_error_of_a_mismatched_model_and_is_reused(tmp_pa
     c = report["compute"]
     assert c["samples"] == {"fine_tune": 16, "held_out": 8}
     assert report["comm_max_spread_ms"] >= MIN_SPREAD_MS
-    assert c["kept"] and c["after"]["mape"] < 0.5 * c["before"]["mape"], c
-    assert cal.compute is not sim.compute
-    assert any("held-out MAPE" in l for l in lines)
-    for name in ("fw", "bw", "input"):  # a comm model is replaced only when it got better on held-out layouts
-        r = report[name]
-        assert r["kept"] == (r["after"]["mape"] <= r["before"]["mape"])
+    for name, attr in (("compute", "compute"), ("fw", "fw"), ("bw", "bw"), ("input", "inp")):
+        assert (getattr(cal, attr) is not getattr(sim, attr)) == report[name]["kept"], name
+        assert report[name]["samples"]["held_out"] >= 5 and np.isfinite(report[name]["after"]["mape"])
+    assert sum(l.count("held-out MAPE") for l in lines) == 4
     # the input distribution: 15 placements of all six tables' pooling factors, every rank holding one or more
     m = report["measured"]
     assert len(m["input_layouts"]) == 15 and np.asarray(m["input_ms"]).shape == (15, 2)
     for lay in m["input_layouts"]:
         assert sorted(p for r in lay for p in r) == sorted(tl.task.pooling_factors) and min(map(len, lay)) >= 1
-    assert report["input"]["kept"] and cal.inp is not sim.inp  # the hand model's 5 ms floor is far off
+    assert np.isfinite(m["input_ms"]).all() and np.min(m["input_ms"]) > 0
     assert any(l.strip().startswith("input") for l in lines)
 
     fp = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths)
@@ -210,14 +211,14 @@ def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
     path = tmp_path / "plan.calibration.pt"
     for obj in hostile_objects(marker):
         torch.save(obj, path)
-        with pytest.raises(UserError):
+        with pytest.raises(UserError, match="is not a loadable calibration: it holds objects other than tensors"):
             load_calibration(path, {})
         assert not marker.exists()
     torch.save({"kind": "neuroshard.calibration", "report": {"made_for": {}}, "models": {"compute": {}}}, path)
     with pytest.raises(UserError, match="damaged"):
         load_calibration(path, {})
     path.write_bytes(b"not a torch file")
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="is not a loadable calibration: it is not a file torch saved"):
         load_calibration(path, {})
 
 
@@ -247,3 +248,53 @@ def test_calibration_measures_the_all_to_all_its_comm_models_know(tmp_path, monk
         _, report = calibrate(sim, tl, Cluster(2, 0.02), resolve_hardware("cpu", "auto"), 256, cfg, log=lambda *_: None)
         assert seen[-1] == keep
         assert all(min(g["bw_ms"]) > 0 for g in report["reference"])
+
+
+def test_a_fine_tuned_model_is_kept_only_where_it_predicts_held_out_measurements_better(tmp_path, monkeypatch):
+    """The keep-or-revert rule on planted timings (known answers, not this machine's): a compute model 5x too
+    slow, a forward model 2.5x too slow and an input model far off the planted costs are fine-tuned and kept, with the held-out
+    error at least halved; a backward model whose held-out layouts it already predicts exactly, fine-tuned on
+    layouts that say otherwise, is reverted to the pre-trained one, and the report says so."""
+    import neuroshard.planning.calibrate as cal_mod
+    from analytic_models import hand_comm_model
+    from neuroshard.data.features import input_words
+
+    (tmp_path / "t.csv").write_text(TABLES)
+    tl = load_table_list(tmp_path / "t.csv")
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    _mismatched_compute_model(models / "compute.pt")
+    base = Simulator.load(models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt", num_devices=2)
+    sim = Simulator(base.compute, base.fw, base.bw,
+                    inp=hand_comm_model(2, "input", meta={"batch_size": 256, "device": "cpu"}))
+    cfg = CalibrationConfig(num_shards=24, comm_layouts=15, warmup_iter=1, num_iter=3, steps=300, lr=1e-3)
+    pf = tl.task.pooling_factors
+
+    def compute_ms(ds, hw, batch, shards, *_):  # 5x faster per lookup-column than the pre-trained model
+        return np.array([0.04 + 0.002 * float((np.asarray(d) * pf[t]).sum()) for t, d in shards])
+
+    tune, _ = _split(cfg.comm_layouts, cfg.seed + 1)
+
+    def layouts_ms(layouts, N, batch, hw, warmup, iters, mp_keep=None):
+        dims = np.stack([d for d, _ in layouts]).astype(np.float32)
+        delays = np.stack([w for _, w in layouts]).astype(np.float32)
+        fw = 0.4 * sim.fw.predict_np(np.concatenate([dims, delays], axis=1)).astype(np.float64)
+        bw = sim.bw.predict_np(dims).astype(np.float64)
+        bw[tune] *= 2.0  # only the fine-tuning layouts disagree with the model
+        return fw, bw
+
+    def input_ms(layouts, N, batch, hw, warmup, iters):
+        words = np.array([[float(input_words(np.array(r)).sum()) for r in lay] for lay in layouts])
+        return words, 0.3 + 0.0002 * words
+
+    monkeypatch.setattr(cal_mod, "measure_shards", compute_ms)
+    monkeypatch.setattr(cal_mod, "measure_layouts", layouts_ms)
+    monkeypatch.setattr(cal_mod, "measure_input_layouts", input_ms)
+    cal, report = calibrate(sim, tl, Cluster(2, 0.02), resolve_hardware("cpu", "auto"), 256, cfg,
+                            log=lambda *_: None)
+    for name, attr, at_most in (("compute", "compute", 0.5), ("fw", "fw", 0.75), ("input", "inp", 0.5)):
+        r = report[name]  # at_most: the fraction of the held-out error left
+        assert r["kept"] and r["after"]["mape"] < at_most * r["before"]["mape"], (name, r["before"], r["after"])
+        assert getattr(cal, attr) is not getattr(sim, attr)
+    r = report["bw"]
+    assert r["before"]["mape"] < 1e-5 and not r["kept"] and r["after"]["mape"] > 0.05, r
+    assert cal.bw is sim.bw

@@ -50,13 +50,16 @@ def exhaustive_table_wise(sim, task, N, max_mem):
     return best
 
 
+@pytest.mark.parametrize("cost", ["paper", "step"])
 @pytest.mark.parametrize("kind", ["analytic", "neural"])
-def test_fast_search_equals_direct_oracle(kind):
+def test_fast_search_equals_direct_oracle(kind, cost):
+    """The paper's cost and the step cost (the user's default), each on 12 random tasks, most of which plan."""
     rng = np.random.default_rng(7)
+    planned = 0
     for trial in range(12):
         N = int(rng.integers(2, 5))
         task = random_task(rng, int(rng.integers(N, 14)))
-        sim = analytic_simulator(N) if kind == "analytic" else random_neural_simulator(N, trial)
+        sim = (analytic_simulator(N) if kind == "analytic" else random_neural_simulator(N, trial)).with_cost(cost)
         mem = task.sizes_gb().sum() / N * rng.uniform(1.05, 2.0)
         params = SearchParams(max_splits=4)
         fast = neuroshard_search(sim, task, Cluster(N, mem), params)
@@ -64,10 +67,13 @@ def test_fast_search_equals_direct_oracle(kind):
         assert (fast is None) == (oracle is None)
         if fast is None:
             continue
+        planned += 1
         assert fast.splits == oracle.splits, trial
         assert fast.device_of == oracle.device_of, trial
+        assert sim.plan_cost(task, fast).cost_ms == oracle_cost, trial
         check_complete(task, fast)
         assert fits_memory(task, fast, Cluster(N, mem))
+    assert planned >= 6, planned  # a run where nothing planned would have compared nothing
 
 
 def test_near_exhaustive_optimum_on_tiny_tasks():

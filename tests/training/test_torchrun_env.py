@@ -103,8 +103,8 @@ def test_a_process_alone_stops_within_the_rendezvous_timeout(tmp_path, rank):
 def test_sigterm_during_the_rendezvous_ends_it_at_once(tmp_path):
     port = _free_port()
     env, tmp = _env(tmp_path, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    proc = subprocess.Popen([sys.executable, SCRIPT, *ARGS, "--results_csv", str(tmp_path / "r.csv")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, SCRIPT, *ARGS, "--rendezvous_timeout_s", "900", "--results_csv",
+                             str(tmp_path / "r.csv")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120  # rank 0 listens on MASTER_PORT once it waits for the others
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -114,7 +114,7 @@ def test_sigterm_during_the_rendezvous_ends_it_at_once(tmp_path):
             time.sleep(0.1)
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)  # the default rendezvous timeout is 60 s: this is well before it
+    _, err = proc.communicate(timeout=300)  # the rendezvous waits 900 s: only the signal ends it this soon
     assert proc.returncode == 143, err
     assert err.strip().splitlines() == ["interrupted: every rank stopped; nothing was written (training does not resume)"]
     assert os.listdir(tmp) == [] and not (tmp_path / "r.csv").exists()
