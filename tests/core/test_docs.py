@@ -128,6 +128,58 @@ def test_every_documented_command_names_a_script_and_flags_it_accepts(where, lin
     assert bad_flags(script, args) == [], f"{where}: {script} does not accept these"
 
 
+class _Checked(Exception):
+    pass
+
+
+def config_refusal(script: str, args: list[str]) -> str | None:
+    """The documented command's flags through the script's own parser and its config's `check()` (the one the
+    script runs before any work), in this process; stops there. The refusal line, or None when the config is
+    accepted or the script builds no config through `config_from_args` (then only its flags are checked)."""
+    from neuroshard.core.errors import UserError
+
+    path = (ROOT / script).resolve()
+    spec = importlib.util.spec_from_file_location(f"_docs_check_{path.parent.name}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses under `from __future__ import annotations` look their module up
+    spec.loader.exec_module(module)
+    real = getattr(module, "config_from_args", None)
+    if real is None or not inspect.signature(module.main).parameters:
+        return None
+
+    def stop(cls, parsed, **overrides):
+        raise _Checked(real(cls, parsed, **overrides))
+
+    module.config_from_args = stop
+    try:
+        try:
+            module.main(list(args))
+        except _Checked as got:
+            cfg = got.args[0]
+            check = getattr(cfg, "check", None)
+            # a check that needs what only the run knows (e.g. the ranks a launch has) is the run's to make
+            if check is not None and not any(p.default is p.empty for p in inspect.signature(check).parameters.values()):
+                check()
+            return None
+    except UserError as e:
+        return str(e)
+    except SystemExit as e:  # argparse's own refusal
+        return f"exit {e.code}"
+    raise AssertionError(f"{script}: main() returned without building its config")
+
+
+@pytest.mark.parametrize("where,line,script,args", COMMANDS, ids=[f"{w} {s}" for w, _, s, _ in COMMANDS])
+def test_every_documented_command_passes_its_configs_check(where, line, script, args):
+    assert config_refusal(script, args) is None, f"{where}: {script} {' '.join(args)}"
+
+
+def test_a_combination_the_tool_refuses_is_caught():
+    """The check itself: flags each known to the parser, in a combination the config refuses."""
+    assert config_refusal("tools/shard_tables.py", ["--tables", "t.csv"]) is None
+    assert "--min_gain" in config_refusal("tools/shard_tables.py", ["--tables", "t.csv", "--alg", "dim_greedy",
+                                                                     "--min_gain", "0.1"])
+
+
 def test_a_renamed_flag_is_caught(tmp_path):
     """The check itself: a script whose parser lost a flag makes the documented command fail the test."""
     for n, (kind, call) in enumerate([("step_parser", "step_parser(Cfg).parse_args(argv)"),

@@ -62,10 +62,11 @@ def test_plan_file_round_trip_and_bad_files(tmp_path):
         load_torchrec_plan(tmp_path / "bad.json")
 
 
-def test_distributed_model_parallel_runs_the_exported_plan():
+def test_distributed_model_parallel_runs_the_written_plan_file(tmp_path):
     got = {}
-    run_processes(torchrec_workers.dmp_matches_unsharded, 2, (_spec(), 6), lambda m: got.__setitem__(m[0], m[1:]),
-                  group_device="cpu")
+    write_torchrec_plan(tmp_path / "p.json", _spec())
+    run_processes(torchrec_workers.dmp_matches_unsharded, 2, (_spec(), 6, str(tmp_path / "p.json")),
+                  lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
     for rank, (err, held) in got.items():
         assert max(err.values()) < 1e-5, (rank, err)
     # each rank holds exactly the columns the plan gives it

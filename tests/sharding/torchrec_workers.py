@@ -7,18 +7,19 @@ def weight(rows, dim, name):
     return torch.randn(rows, dim, generator=g)
 
 
-def dmp_matches_unsharded(rank, world, emit, spec, batch):
-    """Shard an EBC with the exported plan (DistributedModelParallel, gloo) and compare pooled outputs."""
+def dmp_matches_unsharded(rank, world, emit, spec, batch, plan_path):
+    """Shard an EBC with the plan file written by the export, as a user loads it (`load_torchrec_plan`), in
+    DistributedModelParallel on gloo ranks, and compare pooled outputs with the unsharded module's."""
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from neuroshard.sharding.torchrec_export import make_ebc, to_torchrec_plan
+    from neuroshard.sharding.torchrec_export import load_torchrec_plan, make_ebc
 
     dmp = DistributedModelParallel(module=make_ebc(spec, "meta"), env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                   plan=to_torchrec_plan(spec, device_type="cpu"), device=torch.device("cpu"),
+                                   plan=load_torchrec_plan(plan_path, device_type="cpu"), device=torch.device("cpu"),
                                    sharders=[EmbeddingBagCollectionSharder()])
     state = dmp.state_dict()
     held = {}
