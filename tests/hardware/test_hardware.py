@@ -19,6 +19,8 @@ from neuroshard.hardware.collect import load_cost_data, missing_indices
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmark
 from neuroshard.data.dataset import process_raw
+from neuroshard.data.tasks import ShardingTask
+from neuroshard.sharding.plan import Placement, Shard
 
 from conftest import ROOT, assert_clean_error, popen_interruptible, run_python, run_script
 
@@ -370,92 +372,103 @@ def test_speed_probe_times_real_work_and_restores_the_thread_count():
     assert np.isfinite(ms) and ms > 0  # how fast is this machine's business, not the test's
 
 
-def test_the_torchrec_step_builds_each_plan_again_every_rebuild_every_measurements(monkeypatch):
+STEP_TASK = ShardingTask(np.array([7, 8, 9]), np.array([16, 16, 8]),
+                         np.column_stack([np.zeros(3), [1.0, 3.0, 20.0], np.zeros((3, 17))]))  # pooling 1, 3, 20
+STEP_SPLIT = Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 1, 0, 1], [0])
+STEP_WHOLE = Placement(2, [Shard(0, 0, 16), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 0, 1])
+STEP_COMPUTE_MS = (5.0, 3.0)  # each rank's compute ms handed to the emulated step
+
+
+@pytest.fixture(scope="module")
+def gloo_steps(small_dataset):
+    """One pair of gloo ranks runs both engine steps for real (`step_workers.steps`; starting ranks that import
+    TorchRec is most of the cost): the engine's rounds of TorchRec's DistributedModelParallel step, its builds
+    counted (3 rounds of 2 plans, for rebuild_every 1, 0 and 2), and the emulated step's collectives of
+    `STEP_SPLIT` and `STEP_WHOLE`, spied on. {"dmp": {(rank, every): (built plan indices, rank 0's rounds)},
+    "emulated": {rank: [(parts, calls) per item]}}."""
+    pytest.importorskip("torchrec")
+    from neuroshard.hardware.dmp_step import TorchRecItem
+    from neuroshard.hardware.engine import plan_step_item
+    from neuroshard.hardware.launch import run_processes
+    from neuroshard.sharding.torchrec_export import plan_spec
+
+    import step_workers
+
+    rows, dims = small_dataset.rows[[0, 1]], np.array([16, 8])
+    plans = (Placement(2, [Shard(0, 0, 16), Shard(1, 0, 8)], [0, 1]),  # a table per rank
+             Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 8)], [0, 1, 0], [0]))  # a column split
+    dmp_items = [TorchRecItem.of(plan_spec(["a", "b"], rows, dims, p), [0, 1]) for p in plans]
+    step_items = [plan_step_item(STEP_TASK, STEP_SPLIT), plan_step_item(STEP_TASK, STEP_WHOLE)]
+    got = {"dmp": {}, "emulated": {}}
+
+    def on_message(msg):
+        kind, m = msg
+        if kind == "dmp":
+            got["dmp"][m[:2]] = m[2:]
+        else:
+            got["emulated"][m[0]] = m[1]
+
+    run_processes(step_workers.steps, 2, ((str(small_dataset.path), dmp_items, 8, 3, (1, 0, 2)),
+                                          (step_items, STEP_COMPUTE_MS, 4)), on_message, group_device="cpu")
+    return got
+
+
+def test_the_torchrec_step_builds_each_plan_again_every_rebuild_every_measurements(gloo_steps):
     """A build carries an offset through its rounds, so `--measure`'s TorchRec engine (REBUILD_EVERY = 1) builds
-    every plan again each round; with 0 each plan is built once. The builds are counted, not timed."""
-    from types import SimpleNamespace
+    every plan again each round; with 0 each plan is built once, with 2 every other round. Counted on two gloo
+    ranks running the engine's own rounds of TorchRec's real DistributedModelParallel step (`gloo_steps`)."""
+    from collections import Counter
 
-    from neuroshard.hardware import comm_bench
-    from neuroshard.hardware.dmp_step import REBUILD_EVERY, DMPStep
-    from neuroshard.hardware.engine import EngineSettings, Step
-
-    class Counting(DMPStep):
-        def __init__(self, settings):
-            Step.__init__(self, settings, 0, 1)
-            self.built, self.measured, self.builds = {}, {}, []
-
-        def _build(self, item):
-            self.builds.append(item)
-            return object(), None
-
-        def _step(self, dmp, kjt):
-            pass
-
-    monkeypatch.setattr(comm_bench, "gather_floats", lambda values, device: [values])
-    for every, want in ((REBUILD_EVERY, 6), (0, 2), (2, 4)):
-        step = Counting(EngineSettings(None, SimpleNamespace(device="cpu"), 4, 0, 1, rebuild_every=every))
-        for _ in range(3):
-            for item in ("a", "b"):
-                assert step.measure(item)[0][1:] == [0.0, 0.0]
-        assert len(step.builds) == want and set(step.builds) == {"a", "b"}
-    assert REBUILD_EVERY == 1
+    got = gloo_steps["dmp"]
+    for every, per_item in ((1, 3), (0, 1), (2, 2)):  # 3 rounds of 2 plans: 6, 2 and 4 builds per rank
+        for rank in (0, 1):
+            builds, _ = got[rank, every]
+            assert Counter(builds) == {0: per_item, 1: per_item}, (rank, every, builds)
+        rounds = np.array(got[0, every][1])  # [round, plan, rank, part]: each rank's median step, whole
+        assert rounds.shape == (3, 2, 2, 3) and np.isfinite(rounds).all(), every
+        assert (rounds[..., 0] > 0).all() and (rounds[..., 1:] == 0).all(), every
+    assert got[1, 0][1] == []  # only rank 0 reports the rounds
 
 
-def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(monkeypatch):
-    """The emulated engine's step item (`cost="step"`): after the compute, per sharding group present the input
-    distribution of the ids its shards read and its backward all-to-all; then the forward all-to-alls, the first
-    after this rank's delay and the second at once. Collectives are faked in-process and recorded in order; each
-    takes 1 ms, and the other rank is ready 2 ms before this one."""
-    from types import SimpleNamespace
+def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_prices():
+    """The emulated engine's step item (`cost="step"`): per device its shards' (table id, dim, sharding group,
+    pooling factor), group 0 table-wise, 1 column-wise; a whole table TorchRec must shard column-wise is in the
+    column-wise group."""
+    from neuroshard.hardware.engine import plan_step_item
 
-    from neuroshard.data.tasks import ShardingTask
-    from neuroshard.hardware import comm_bench
-    from neuroshard.hardware.engine import EmulatedStep, EngineSettings, plan_step_item
-    from neuroshard.sharding.plan import Placement, Shard
-
-    calls = []
-
-    class FakeInput:
-        def __init__(self, pooling, batch, rank, device):
-            self.pooling = pooling
-
-        def run(self):
-            calls.append(("input", self.pooling))
-
-    class FakeAllToAll:
-        def __init__(self, dims):
-            self.dims = dims
-
-        def forward(self):
-            calls.append(("fw", self.dims))
-
-        def backward(self):
-            calls.append(("bw", self.dims))
-
-    def timed(fn, device, delay_ms, warmup, iters):
-        fn()
-        calls.append(("delay", delay_ms))
-        return 1.0
-
-    monkeypatch.setattr(comm_bench, "InputDist", FakeInput)
-    monkeypatch.setattr(comm_bench, "make_all_to_all", lambda dims, batch, rank, device, keep=None: FakeAllToAll(dims))
-    monkeypatch.setattr(comm_bench, "timed_collective", timed)
-    monkeypatch.setattr(comm_bench, "gather_floats", lambda v, device: [list(v), [x - 2.0 for x in v]])
-    features = np.zeros((3, 19))
-    features[:, 1] = [1.0, 3.0, 20.0]  # pooling factors
-    task = ShardingTask(np.array([7, 8, 9]), np.array([16, 16, 8]), features)
-    split = Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 1, 0, 1], [0])
-    item = plan_step_item(task, split)
+    item = plan_step_item(STEP_TASK, STEP_SPLIT)
     assert item.devices == (((7, 8, 1, 1.0), (8, 16, 0, 3.0)), ((7, 8, 1, 1.0), (9, 8, 0, 20.0)))
-    step = EmulatedStep.__new__(EmulatedStep)
-    step.settings, step.rank, step.world = EngineSettings(None, SimpleNamespace(device="cpu"), 4, 0, 1), 0, 2
-    assert step._step(item, 5.0) == [[5.0, 2.0, 4.0], [3.0, 0.0, 2.0]]  # [compute, forwards, inputs + backwards]
-    assert calls == [("input", [[3.0], [20.0]]), ("delay", 0.0), ("bw", [16, 8]), ("delay", 0.0),
-                     ("input", [[1.0], [1.0]]), ("delay", 0.0), ("bw", [8, 8]), ("delay", 0.0),
-                     ("fw", [16, 8]), ("delay", 2.0), ("fw", [8, 8]), ("delay", 0.0)]
-    calls.clear()  # one group: one set; a whole table TorchRec must shard column-wise is in the column-wise group
-    whole = Placement(2, [Shard(0, 0, 16), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 0, 1])
-    assert step._step(plan_step_item(task, whole), 5.0)[0] == [5.0, 1.0, 2.0]
-    assert [c for c in calls if c[0] != "delay"] == [("input", [[1.0, 3.0], [20.0]]), ("bw", [32, 8]), ("fw", [32, 8])]
-    forced = replace(task, column_wise=np.array([False, False, True]))
-    assert plan_step_item(forced, whole).group(1) == ([0, 8], [[], [20.0]])
+    assert item.group(0) == ([16, 8], [[3.0], [20.0]]) and item.group(1) == ([8, 8], [[1.0], [1.0]])
+    assert plan_step_item(STEP_TASK, STEP_WHOLE).group(1) == ([0, 0], [[], []])
+    forced = replace(STEP_TASK, column_wise=np.array([False, False, True]))
+    assert plan_step_item(forced, STEP_WHOLE).group(1) == ([0, 8], [[], [20.0]])
+
+
+def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(gloo_steps):
+    """`EmulatedStep._step` on two gloo ranks with the real collectives (TorchRec's KJTAllToAll, the pooled
+    all-to-alls), spied on in order: after the compute, per sharding group present the input distribution of the
+    ids its shards read and its backward all-to-all; then the forward all-to-alls, the first after this rank's
+    delay (its compute + inputs + backwards, gathered, less the earliest rank's) and the others at once. Parts:
+    [compute, the forwards, the inputs + backwards], every rank's on every rank. `STEP_SPLIT` has both groups,
+    `STEP_WHOLE` the table-wise one alone."""
+    got, compute = gloo_steps["emulated"], STEP_COMPUTE_MS
+    order = ([("input", [[3.0], [20.0]]), ("bw", [16, 8]), ("input", [[1.0], [1.0]]), ("bw", [8, 8]),
+              ("fw", [16, 8]), ("fw", [8, 8])],
+             [("input", [[1.0, 3.0], [20.0]]), ("bw", [32, 8]), ("fw", [32, 8])])
+    for rank in (0, 1):
+        for i, ((parts, calls), want) in enumerate(zip(got[rank], order)):
+            timed = [n for n, c in enumerate(calls) if c[0] != "delay" and c[0] != "gather"]
+            assert [calls[n] for n in timed] == want, (rank, calls)
+            delays = [c for c in calls if c[0] == "delay"]  # each timed collective's delay and median, after it
+            assert [n for n, c in enumerate(calls) if c[0] == "delay"] == [n + 1 for n in timed], calls
+            gathers = [c[1] for c in calls if c[0] == "gather"]  # the ready times, then the parts
+            assert len(gathers) == 2 and gathers[1] == parts, (rank, calls)
+            assert parts == got[1 - rank][i][0]  # both ranks return every rank's parts
+            assert np.isfinite(parts).all() and [p[0] for p in parts] == list(compute), parts
+            assert all(fw > 0 and before > 0 for _, fw, before in parts), parts
+            first_fw = want.index(next(c for c in want if c[0] == "fw"))
+            ready = [r[0] for r in gathers[0]]
+            assert [d[1] for d in delays] == \
+                [0.0] * first_fw + [ready[rank] - min(ready)] + [0.0] * (len(want) - first_fw - 1), (rank, delays)
+            assert ready[rank] == compute[rank] + sum(d[2] for d in delays[:first_fw])  # + inputs + backwards
+            assert parts[rank][1:] == [sum(d[2] for d in delays[first_fw:]), sum(d[2] for d in delays[:first_fw])]

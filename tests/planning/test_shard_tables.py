@@ -209,7 +209,6 @@ def test_measure_in_torchrecs_own_step_writes_its_measured_best(tmp_path):
     rec = json.loads((tmp_path / "plan.json").read_text())
     m = rec["measured"]
     assert m["engine"] == "torchrec" and m["rounds"] >= 1 and rec["cost"] == "step"
-    assert m["rebuild_every"] == 1  # every candidate built again each round
     full = [c for c in m["candidates"] if c["rounds"] == m["rounds"]]
     best = min(full, key=lambda c: c["measured_ms"])
     assert best["names"] == m["best"] and rec["chosen"] == "/".join(m["best"])

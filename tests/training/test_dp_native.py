@@ -91,45 +91,68 @@ def test_it_steps_aside_where_it_cannot_run(monkeypatch):
     assert ss.share_select(buf, None, 2, 0.5, g, 8) is None
 
 
-class _Bucket:
-    """What DDP hands a hook, for one bucket: its flat gradient and its parameters."""
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A one-rank gloo process group (a file store in tmp_path), destroyed after the test."""
+    import torch.distributed as dist
 
-    def __init__(self, grad, params):
-        self.grad, self.params = grad, params
-
-    def buffer(self):
-        return self.grad
-
-    def parameters(self):
-        return self.params
-
-    def index(self):
-        return 0
-
-    def is_last(self):
-        return True
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
-def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(monkeypatch):
-    """DCT-DP's local work for a bucket (dct._Bucket), with and without the fused pass: between refreshes the fused
-    pass runs (no separate share stage is timed) and gives the same g, positions, encoding and residual."""
+class _Two(torch.nn.Module):
+    """Two parameters whose gradients are the inputs: loss = <a, ga> + <b, gb>."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Parameter(torch.zeros(300_000)), torch.nn.Parameter(torch.zeros(40_003))
+
+    def forward(self, ga, gb):
+        return (self.a * ga).sum() + (self.b * gb).sum()
+
+
+def test_the_hook_takes_the_fused_pass_between_refreshes_with_the_same_results(monkeypatch, one_rank_group):
+    """DCT-DP's hook on a one-rank DistributedDataParallel (real GradBuckets; DDP's rebuild after the first
+    iteration reorders the bucket's parameters, so the residual is carried into a new layout), with and without
+    the fused pass: between refreshes the fused pass runs (no separate share stage is timed) and gives the same
+    g, positions, encoding, residual and delivered gradients; each delivered gradient is the fp16 of g at the
+    positions sent and zero elsewhere."""
     if not ss.loaded():
         pytest.skip("no C compiler or not x86-64 here")
-    params = [torch.nn.Parameter(torch.zeros(300_000)), torch.nn.Parameter(torch.zeros(40_003))]
     gen = torch.Generator().manual_seed(2)
     grads = [torch.randn(340_003, generator=gen) * (1 + i / 10) for i in range(4)]  # tau drifts, within room
+    works = []
+
+    class Recorded(dct._Bucket):
+        def __init__(self, *args):
+            super().__init__(*args)
+            works.append(self)
 
     def run(fused: bool):
+        monkeypatch.setattr(dct, "_Bucket", Recorded)
         if not fused:
             monkeypatch.setitem(native._loaded, "dp_codec", None)
+        model = _Two()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
         state = dct.DCTState(keep=0.01, refresh=3, error_feedback=True, sync=True)
+        ddp.register_comm_hook(state, dct.dct_hook)
         out = []
         for it, grad in enumerate(grads):
-            state.iteration = it
+            works.clear()
             before = state.work["prepare"]
-            work = dct._Bucket(state, _Bucket(grad.clone(), params), world=3)
-            work.keep_residual(True)
-            out.append((it, state.work["prepare"] > before, work.idx, work.deltas, work.vals, work.w.res.clone()))
+            model.zero_grad(set_to_none=True)
+            ddp(grad[:300_000], grad[300_000:]).backward()
+            assert len(works) == 1 and state.iteration == it + 1, (it, len(works))  # one bucket, the last
+            w = works[0]
+            delivered = torch.cat([p.grad.flatten() for p in w.params])  # in the bucket's order
+            sent = torch.zeros(w.n)
+            sent[w.idx] = w.vals[w.real].float()
+            assert _same(delivered, sent) and w.idx.numel() > 0, it
+            out.append((it, state.work["prepare"] > before, w.idx.clone(), w.deltas.clone(), w.vals.clone(),
+                        w.w.res.clone(), delivered))
         monkeypatch.undo()
         return out
 
