@@ -148,6 +148,34 @@ def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
     assert code == 0 and (tmp / "p.json").is_file() and not (tmp / ".p.json.lock").exists()
 
 
+def _disk_full_after(monkeypatch, writes_ok: int):
+    """os.write fails with ENOSPC after `writes_ok` writes (the lock's pid is the first a run makes)."""
+    import neuroshard.core.artifacts.atomic as atomic_mod
+
+    real, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(1)
+        if len(calls) > writes_ok:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(atomic_mod.os, "write", write)
+
+
+@pytest.mark.parametrize("writes_ok", [0, 1])  # a disk full at the lock, or at the plan after it
+def test_a_full_disk_is_one_line_and_leaves_no_lock(setup, capsys, monkeypatch, writes_ok):
+    tmp, args = setup
+    assert run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")[0] == 0
+    before = {p: p.read_bytes() for p in files_under(tmp)}
+    _disk_full_after(monkeypatch, writes_ok)
+    code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")
+    monkeypatch.undo()
+    line = one_error(err)
+    assert code == 2 and "disk full" in line and "free some space" in line, line
+    assert {p: p.read_bytes() for p in files_under(tmp)} == before and not list(tmp.glob(".*"))
+
+
 # ----------------------------------------------------------------------------- fix lines
 
 def test_fix_lines_name_commands_that_work(setup, capsys):
