@@ -36,6 +36,7 @@ from ..core.errors import UserError
 WorkerFn = Callable[..., None]  # fn(rank, world_size, emit, *args)
 GRACE_S = 2.0  # after a first failure, how long to wait for the other ranks' reports
 DRAIN_S = 1.0  # on Ctrl-C, how long to keep reading results already sent
+JOIN_GRACE_S = 5.0  # a torchrun rank's rendezvous: how long past its timeout before it gives up itself
 _SECONDARY = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "timeout",
               "socket", "gloo", "nccl", "processgroup", "barrier")
 
@@ -133,8 +134,10 @@ def join_torchrun_group(device: str, timeout_s: float, gpu_ids: list[int] | None
     """Join the process group torchrun's environment describes, waiting at most `timeout_s` for every
     rank to arrive (a process alone, or one pointed at the wrong MASTER_ADDR/MASTER_PORT, is told so
     in one line instead of waiting the collectives' timeout). The wait runs in a helper thread while
-    this one polls it, so SIGTERM and Ctrl-C are handled at once during it. Collectives afterwards
-    time out after `collective_timeout_s`."""
+    this one polls it, so SIGTERM and Ctrl-C are handled at once during it, and the poll gives up itself
+    `JOIN_GRACE_S` after the deadline: torch's store client waits without limit for an answer from a port that
+    accepts and never answers (another program's, or a rank 0 that hangs), so every rank has one deadline
+    whatever holds MASTER_PORT. Collectives afterwards time out after `collective_timeout_s`."""
     import torch.distributed as dist
 
     rank, world, _ = torchrun_env()
@@ -150,16 +153,20 @@ def join_torchrun_group(device: str, timeout_s: float, gpu_ids: list[int] | None
             failed.append(e)
 
     helper = threading.Thread(target=join, name="rendezvous", daemon=True)
+    where = f"{os.environ['MASTER_ADDR'].strip()}:{int(os.environ['MASTER_PORT'])}"
+    deadline = time.monotonic() + timeout_s + JOIN_GRACE_S
     saved = _mute_stderr()  # c10d logs each failed connection attempt with C++ stack frames; the line below says it
     try:
         helper.start()
-        while helper.is_alive():
+        while helper.is_alive() and time.monotonic() < deadline:
             helper.join(0.1)  # signal handlers run between these waits
     finally:
         _restore_stderr(saved)
+    if helper.is_alive():  # the daemon thread is left waiting; this process stops on the line below
+        failed.append(TimeoutError("a program there accepted the connection but never answered as torch's "
+                                   "rendezvous store"))
     if failed:
         reason = str(failed[0]).strip().splitlines()[0][:200] if str(failed[0]).strip() else type(failed[0]).__name__
-        where = f"{os.environ['MASTER_ADDR'].strip()}:{int(os.environ['MASTER_PORT'])}"
         raise UserError(f"torchrun rank {rank} of {world}: the ranks did not all meet at {where} within {timeout_s:g} s "
                         f"({reason}); start all {world} ranks (torchrun --nnodes/--nproc_per_node), check MASTER_ADDR "
                         f"and MASTER_PORT, or raise --rendezvous_timeout_s")
