@@ -591,6 +591,7 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # `sgd` is the default; runs made before --dense_opt existed used Adam.
 DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
 TRAIN_NDEVICES, TRAIN_MP_KEEP = 4, 0.05  # defaults of --ndevices (outside torchrun) and --mp_keep
+RENDEZVOUS_TIMEOUT_S = 60.0  # under torchrun: how long a rank waits for the others (--rendezvous_timeout_s)
 
 
 def mlp_sizes(text: str, name: str) -> tuple[int, ...]:
@@ -649,7 +650,7 @@ class TrainConfig:
     eval_every: int = flag(0, "0 (default): score the test set once, at the end; N: hold out the last tenth of the "
                               "training split for validation, score validation and test every N steps, and also "
                               "report the test scores at the step of the best validation AUC")
-    rendezvous_timeout_s: float = flag(60.0, "under torchrun: seconds to wait for every rank to join before giving "
+    rendezvous_timeout_s: float = flag(RENDEZVOUS_TIMEOUT_S, "under torchrun: seconds to wait for every rank to join before giving "
                                              "up in one line")
 
     def check(self) -> "TrainConfig":

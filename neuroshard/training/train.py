@@ -243,7 +243,7 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     check_output_file(results_csv, "--results_csv")
     check_results_csv(results_csv, "--results_csv", RESULT_COLUMNS, "training")
     if torchrun:  # every rank present (or one line within --rendezvous_timeout_s) before the expensive work
-        join_torchrun_group("cpu", cfg.rendezvous_timeout_s)
+        join_torchrun_group("cpu", cfg.rendezvous_timeout_s, timeout_flag="--rendezvous_timeout_s")
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
