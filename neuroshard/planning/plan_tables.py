@@ -21,7 +21,7 @@ from ..core.artifacts import OutputLock, atomic_write_text, check_outputs, fresh
 from ..core.config import MIN_GAIN, ShardTablesConfig
 from ..core.errors import UserError
 from ..core.tables import format_table
-from ..core.types import Cluster, Cost, implausible_ms
+from ..core.types import Cluster, Cost, ImplausibleCost, implausible_ms
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..sharding.plan import Placement
 from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX
@@ -74,14 +74,6 @@ def table_report(tl: TableList, plan: Placement) -> str:
                      ",".join(str(d) for d in sorted({d for _, _, d in shards})),
                      " ".join(f"{lo}:{hi}@{d}" for lo, hi, d in ranges)])
     return "\n".join(format_table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows, style="text"))
-
-
-def check_predicted(cost: Cost | None, what: str, fix: str) -> None:
-    """The costs the models predict for a plan, before they are printed or written: finite, not negative, a
-    positive total per device and at most MAX_PLAUSIBLE_MS (`implausible_ms`); one line naming them otherwise."""
-    found = None if cost is None else cost.implausible()
-    if found:
-        raise UserError(f"{what} predict a {found[0]} cost that cannot be true ({found[1]}) for this plan; {fix}")
 
 
 def _predicted(cost: Cost | None, batch: int) -> dict | None:
@@ -201,8 +193,7 @@ def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
 
 
 def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
-    alg, ndevices, max_mem, seed, search = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search
-    out, torchrec_plan = cfg.out, cfg.torchrec_plan
+    alg, ndevices, max_mem, out = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.out
     if cfg.tables is not None:
         tl = load_table_list(cfg.tables, max_mem)
     else:
@@ -235,6 +226,27 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         note = sim.input_model_note()
         if note:
             print(note)
+    models = _models_words(cfg, calibration)
+    try:
+        return _plan_and_write(cfg, cluster, tl, sim, paths, batch, calibration, hw, models[1])
+    except ImplausibleCost as e:  # anywhere a predicted cost would be printed, compared or written
+        raise UserError(e.line(*models)) from None
+
+
+def _models_words(cfg: ShardTablesConfig, calibration: dict | None) -> tuple[str, str]:
+    """(the models that predict, how to fix them) for the line of a predicted cost that cannot be true."""
+    if calibration is not None:
+        fix = f"delete {calibration_path(cfg.out)} and calibrate again (--calibrate K)"
+        return "the calibrated cost models", fix + ("" if cfg.alg == "neuroshard" else
+                                                     "; or plan without cost models (e.g. --alg size_lookup_greedy)")
+    return "the cost models", ("retrain them on more cost data or fine-tune them to these tables (--calibrate K); "
+                               "or plan without cost models (e.g. --alg size_lookup_greedy)")
+
+
+def _plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim, paths, batch: int,
+                    calibration: dict | None, hw, models_fix: str) -> dict:
+    alg, ndevices, max_mem, seed, search = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search
+    out, torchrec_plan = cfg.out, cfg.torchrec_plan
     sharder = make_sharder(alg, seed, sim, search, batch)
     res = shard_task(sharder, tl.task, cluster)
     if getattr(sharder, "note", None):  # the search's thresholds widened for a block that must stay whole
@@ -248,12 +260,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
     if alg == "neuroshard" and not cfg.measure:
         plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan,
                                             MIN_GAIN if cfg.min_gain is None else cfg.min_gain)
-    cost = sim.plan_cost(tl.task, plan) if sim else None
-    models_fix = (f"delete {calibration_path(out)} and calibrate again (--calibrate K)" if calibration is not None
-                  else "retrain them on more cost data or fine-tune them to these tables (--calibrate K)")
-    check_predicted(cost, "the calibrated cost models" if calibration is not None else "the cost models",
-                    models_fix + ("; or plan without cost models (e.g. --alg size_lookup_greedy)"
-                                  if alg != "neuroshard" or calibration is None else ""))
+    cost = sim.plan_cost(tl.task, plan).check() if sim else None
     print(f"\nper device ({'predicted at batch ' + str(batch) + ' by the cost models' if sim else 'no cost models'}"
           f"; * = critical device), planned in {res.search_s:.2f} s")
     print(device_report(tl, plan, cluster, cost))

@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -320,6 +321,41 @@ def test_reuse_is_decided_by_what_was_measured_not_an_edited_string(setup, capsy
     code, out, err = run(capsys, *args, "--out", tmp / "p.json")
     assert code == 2 and "was changed after it was saved" in one_error(err) and not out.count("per device")
     assert find_calibration(tmp / "none.pt", mine) == (None, [])
+
+
+def test_calibrated_models_edited_around_the_digest_are_refused(setup, capsys, fake_measuring):
+    """The digest covers what was measured, not the weights: a compute bias of 1e30 written into the calibrated
+    model is refused by read_calibration (the API) and shard_tables alike, in one line naming the file."""
+    from neuroshard.planning.calibrate import read_calibration
+
+    tmp, args = setup
+    path, obj = _calibration(tmp, capsys, args)
+    obj["models"]["compute"]["state_dict"]["head.2.bias"] += 1e30
+    torch.save(obj, path)
+    words = f"{path}: its calibrated cost models predict a compute cost that cannot be true (1e+30 ms"
+    with pytest.raises(UserError, match=re.escape(words)):
+        read_calibration(path)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    assert code == 2 and words in one_error(err) and "(--calibrate K replaces it)" in err and "per device" not in out
+
+
+@pytest.mark.parametrize("bad", [1e30, float("nan")])
+def test_no_candidate_cost_that_cannot_be_true_is_printed(setup, capsys, monkeypatch, bad):
+    """Only a heuristic's plan is rated absurdly: the comparison that would print it is refused in one line."""
+    tmp, args = setup
+    real = Simulator.plan_cost
+    calls = []
+
+    def plan_cost(self, task, plan, cluster=None):
+        c = real(self, task, plan, cluster)
+        calls.append(1)
+        return Cost(np.full_like(c.compute_ms, bad), c.fw_ms, c.bw_ms) if len(calls) == 2 else c
+
+    monkeypatch.setattr(Simulator, "plan_cost", plan_cost)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and "the cost models predict a compute cost that cannot be true" in line and "'s plan;" in line
+    assert "simulated ms" not in out and not (tmp / "p.json").exists()
 
 
 def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake_measuring):
