@@ -177,6 +177,28 @@ def test_a_full_disk_is_one_line_and_leaves_no_lock(setup, capsys, monkeypatch, 
     assert {p: p.read_bytes() for p in files_under(tmp)} == before and not list(tmp.glob(".*"))
 
 
+@pytest.mark.parametrize("payload", ["MarkerPayload", "TorchBytesPayload"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_hostile_ids_file_runs_nothing_and_the_line_gives_no_unsafe_advice(setup, capsys, payload, gz):
+    """A pickle payload as --ids: refused without running it, and the line never repeats torch's advice to load
+    it again with weights_only=False (as cost-model files are refused)."""
+    import gzip
+    import io
+
+    import conftest
+
+    tmp, args = setup
+    marker = tmp / "ran"
+    buf = io.BytesIO()
+    torch.save(getattr(conftest, payload)(marker), buf)
+    ids = tmp / ("ids.pt.gz" if gz else "ids.pt")
+    ids.write_bytes(gzip.compress(buf.getvalue()) if gz else buf.getvalue())
+    code, out, err = run(capsys, "--ids", ids, "--dims", 8, *args[2:], "--alg", "dim_greedy", "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and f"{ids} is not a torch.save'd DLRM dataset (it holds objects other than tensors" in line
+    assert "weights_only" not in err and "trust the source" not in err and not marker.exists()
+
+
 # ----------------------------------------------------------------------------- fix lines
 
 def test_fix_lines_name_commands_that_work(setup, capsys):

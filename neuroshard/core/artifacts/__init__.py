@@ -13,7 +13,8 @@
 from .atomic import (OutputLock, atomic_torch_save, atomic_write_bytes, atomic_write_pickle, atomic_write_text,
                      check_output_dir, check_output_file, check_outputs, check_writable_file)
 from .inputs import MAX_TEXT_BYTES, READ_FIX, check_input_file, read_json, read_text
-from .pickles import SafeUnpickler, decode, encode, load_pickle, load_torch, written_by
+from .pickles import (SafeUnpickler, decode, encode, load_pickle, load_torch, torch_load_failure, torch_load_plain,
+                      written_by)
 from .provenance import FORMAT_VERSION, cpu_name, provenance, source_digest, versions
 from .record_log import (FRAME_MAGIC, ParsedLog, RecordLog, deferred_interrupts, frame, fresh_path, parse_record_log,
                          read_record_log)
@@ -22,6 +23,6 @@ from .results import check_results_csv, write_results
 __all__ = ["OutputLock", "cpu_name", "atomic_torch_save", "atomic_write_bytes", "atomic_write_pickle", "atomic_write_text",
            "check_output_dir", "check_output_file", "check_outputs", "check_writable_file", "MAX_TEXT_BYTES",
            "READ_FIX", "check_input_file", "read_json", "read_text", "SafeUnpickler", "decode", "encode",
-           "load_pickle", "load_torch", "written_by", "FORMAT_VERSION", "provenance", "source_digest", "versions",
+           "load_pickle", "load_torch", "torch_load_failure", "torch_load_plain", "written_by", "FORMAT_VERSION", "provenance", "source_digest", "versions",
            "FRAME_MAGIC", "ParsedLog", "RecordLog", "deferred_interrupts", "frame", "fresh_path", "parse_record_log",
            "read_record_log", "check_results_csv", "write_results"]
