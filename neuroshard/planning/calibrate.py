@@ -386,10 +386,13 @@ def differences(made_for, inputs: dict) -> list[str]:
     return [name for key, name in INPUT_NAMES.items() if _digest(made_for.get(key)) != _digest(inputs.get(key))]
 
 
+CALIBRATION_SUFFIX = ".calibration.pt"
+
+
 def calibration_path(out) -> Path:
     """Where the calibrated models of a plan are saved: beside it, `<plan>.calibration.pt`."""
     out = Path(out)
-    return out.with_name(out.stem + ".calibration.pt")
+    return out.with_name(out.stem + CALIBRATION_SUFFIX)
 
 
 def _content_digest(report: dict) -> str:

@@ -11,13 +11,12 @@ per table, writes `--out plan.json`, and optionally
 """
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.artifacts import OutputLock, atomic_write_text, check_outputs, fresh_path, provenance
+from ..core.artifacts import OutputLock, check_outputs, fresh_path, provenance, read_json, write_json
 from ..core.config import MIN_GAIN, ShardTablesConfig
 from ..core.errors import UserError
 from ..core.tables import format_table
@@ -31,10 +30,10 @@ from ..sharding.simulator import Simulator
 from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
 from ..models.loading import load_cost_models
-from .calibrate import (CalibrationConfig, calibrate, calibration_inputs, calibration_path, find_calibration,
-                        save_calibration)
+from .calibrate import (CALIBRATION_SUFFIX, CalibrationConfig, calibrate, calibration_inputs, calibration_path,
+                        find_calibration, save_calibration)
 from .measure import MeasureConfig, candidate_plans, check_batch_divides, measure_candidates
-from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
+from ..sharding.torchrec_export import SPEC_KIND, plan_spec, to_torchrec_plan, write_torchrec_plan
 
 MEASURE_LIMIT_GB = 4.0  # --measure / --calibrate allocate every table: refuse more than this in total
 MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B each in all processes: ~4 GB)
@@ -179,7 +178,8 @@ CALIBRATION_LABEL = "the calibration file beside --out"
 
 def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
     """Before any work: the files this run writes (--out, --torchrec_plan, with --calibrate the calibration file
-    beside --out) can be written, name no file twice and replace no input. Returns them for the lock."""
+    beside --out) can be written, name no file twice and replace no input, and the plan files replace nothing but
+    plan files of their kind (`check_replaces_only`). Returns them for the lock."""
     cal = calibration_path(cfg.out)
     inputs = {"--tables": cfg.tables, "--ids": cfg.ids, "--compute_model": cfg.models.compute_model,
               "--fw_comm_model": cfg.models.fw_comm_model, "--bw_comm_model": cfg.models.bw_comm_model,
@@ -187,9 +187,31 @@ def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
               "--input_comm_model": cfg.models.input_path(cfg.ndevices, cfg.mp_keep)[0]}
     if cfg.alg.startswith(PLAN_PREFIX):
         inputs["--alg"] = cfg.alg[len(PLAN_PREFIX):]
-    return check_outputs({"--out": cfg.out, "--torchrec_plan": cfg.torchrec_plan,
+    outs = check_outputs({"--out": cfg.out, "--torchrec_plan": cfg.torchrec_plan,
                           CALIBRATION_LABEL: cal if cfg.calibrate is not None else None}, inputs,
                          {CALIBRATION_LABEL: "move it away or choose another --out"})
+    for label, path, kind in (("--out", cfg.out, PLAN_KIND), ("--torchrec_plan", cfg.torchrec_plan, SPEC_KIND)):
+        if path is not None:
+            check_replaces_only(label, Path(path), kind)
+    return outs
+
+
+def check_replaces_only(label: str, path: Path, kind: str) -> None:
+    """A plan file written at `path` replaces nothing but a file of its own `kind`: not a calibration (a name
+    `<plan>.calibration.pt` is refused, whether or not it exists yet) nor any other file already there."""
+    if path.name.endswith(CALIBRATION_SUFFIX):
+        plan = path.with_name(path.name[:-len(CALIBRATION_SUFFIX)] + ".json")
+        raise UserError(f"{label} {path} is the name of the calibration file of the plan {plan} (--calibrate saves "
+                        f"it there); name the file otherwise, e.g. {label} {plan}")
+    if not path.is_file():
+        return
+    try:
+        found = read_json(path, label, "plan file").get("kind")
+    except (UserError, AttributeError):  # not JSON, or not an object
+        found = None
+    if found != kind:
+        raise UserError(f"{label} {path} exists and is not a {kind} file, which writing would replace: move it away "
+                        f"or choose another {label}")
 
 
 def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
@@ -311,7 +333,7 @@ def _plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim
                 predicted=_predicted(cost, batch))
             report.update(plan=plan, cost=cost, spec=spec)
         record["measured"] = {k: v for k, v in measured.items() if k != "best_index"}
-    atomic_write_text(out, json.dumps(record, indent=1, default=str))
+    write_json(out, record)
     print(f"\nplan written to {out}")
     if torchrec_plan:
         to_torchrec_plan(spec)  # TorchRec must accept it before the file is written

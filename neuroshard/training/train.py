@@ -383,12 +383,11 @@ def append_result(path, row: dict) -> None:
     """Add one row to a results CSV (rewritten atomically) with a provenance sidecar."""
     import pandas as pd
 
-    from ..core.artifacts import atomic_write_text, cpu_name, provenance
+    from ..core.artifacts import atomic_write_text, cpu_name, provenance, write_json
 
     path = Path(path)
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()
     df = pd.concat([old, pd.DataFrame([row])], ignore_index=True)
     atomic_write_text(path, df.to_csv(index=False))
-    atomic_write_text(path.with_name(path.name + ".meta.json"),
-                      json.dumps(provenance(device="cpu", backend="gloo", device_name=cpu_name()),
-                                 indent=2, default=str))
+    write_json(path.with_name(path.name + ".meta.json"), provenance(device="cpu", backend="gloo",
+                                                                    device_name=cpu_name()), indent=2)

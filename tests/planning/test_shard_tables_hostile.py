@@ -138,6 +138,33 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(setup, capsy
     assert not (tmp / "p.json").exists() and not list(tmp.glob(".*"))
 
 
+def test_a_plan_file_replaces_only_a_plan_file(setup, capsys, monkeypatch):
+    """--out named as a calibration file, or naming another kind of file already there: refused before any work,
+    whether or not --calibrate is given; an older plan is replaced as before."""
+    tmp, args = setup
+    assert run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "plan.json", "--torchrec_plan", tmp / "tr.json")[0] == 0
+    (tmp / "plan.calibration.pt").write_bytes(b"PK calibration")
+    (tmp / "notes.json").write_text('{"kind": "mine"}')
+    _no_work(monkeypatch)
+    before = {p: p.read_bytes() for p in files_under(tmp)}
+    cases = [(["--out", tmp / "plan.calibration.pt"], "--out {0}/plan.calibration.pt is the name of the calibration "
+                                                      "file of the plan {0}/plan.json (--calibrate saves it there)"),
+             (["--out", tmp / "new.calibration.pt"], "e.g. --out {0}/new.json"),
+             (["--out", tmp / "p.json", "--torchrec_plan", tmp / "plan.calibration.pt"], "--torchrec_plan {0}/plan"),
+             (["--out", tmp / "notes.json"], "--out {0}/notes.json exists and is not a neuroshard.plan file"),
+             (["--out", tmp / "p.json", "--torchrec_plan", tmp / "plan.json"],
+              "--torchrec_plan {0}/plan.json exists and is not a neuroshard.torchrec_plan file")]
+    for extra, words in cases:
+        code, out, err = run(capsys, *args, "--alg", "dim_greedy", *extra)
+        assert code == 2 and words.format(tmp) in one_error(err), err
+    assert {p: p.read_bytes() for p in files_under(tmp)} == before
+    monkeypatch.undo()
+    (tmp / "plan.calibration.pt").unlink()
+    code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "plan.json", "--torchrec_plan",
+                         tmp / "tr.json")
+    assert code == 0, err
+
+
 def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
     tmp, args = setup
     with OutputLock([("--out", tmp / "p.json")]):  # the first run, still running
@@ -197,6 +224,25 @@ def test_a_hostile_ids_file_runs_nothing_and_the_line_gives_no_unsafe_advice(set
     line = one_error(err)
     assert code == 2 and f"{ids} is not a torch.save'd DLRM dataset (it holds objects other than tensors" in line
     assert "weights_only" not in err and "trust the source" not in err and not marker.exists()
+
+
+def test_a_measure_of_one_round_writes_strict_json(setup, capsys, monkeypatch):
+    """One round gives no interval (NaN): plan.json holds null there, never a NaN literal strict readers refuse."""
+    from neuroshard.planning.measure import summarize
+
+    tmp, args = setup
+
+    def one_round(tl, cluster, cands, hw, batch, mcfg, ids=None, **kw):
+        for i, c in enumerate(cands):
+            c.round_ms = [1.0 + i]
+        return summarize(cands, 0.1, mcfg, log=lambda *_: None)
+
+    monkeypatch.setattr(pt, "measure_candidates", one_round)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json", "--measure")
+    assert code == 0, err
+    text = (tmp / "p.json").read_text()
+    rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in plan.json"))
+    assert rec["measured"]["candidates"] and "null" in text
 
 
 # ----------------------------------------------------------------------------- fix lines

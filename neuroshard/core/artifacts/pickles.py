@@ -158,5 +158,8 @@ def torch_load_failure(e: Exception) -> str:
     objects: it advises loading the file again with weights_only=False, which would run what a hostile file holds."""
     text = str(e).strip()
     if text.startswith("Weights only load failed") or "weights_only" in text:
+        detail = (text.partition("WeightsUnpickler error:")[2].strip().splitlines() or [""])[0]
+        if detail and "global" not in detail.lower():  # bytes that are no pickle at all (a damaged file)
+            return f"not a file torch saved ({detail[:120]})"
         return "it holds objects other than tensors and plain data, which are refused without running them"
     return f"{type(e).__name__}: {text.splitlines()[0][:160]}" if text else type(e).__name__
