@@ -443,9 +443,9 @@ CALIBRATE_DMP_ROUNDS = 5  # their interleaved rounds (MEASURE_WARMUP_ITER + MEAS
 MIN_GAIN = 0.05
 
 
-def check_min_gain(min_gain: float) -> float:
-    """`--min_gain` / `min_gain=`: a share in [0, 1)."""
-    check_float("--min_gain", min_gain, 0.0, 1.0, hi_open=True)
+def check_min_gain(min_gain: float, name: str = "--min_gain") -> float:
+    """`--min_gain` / `min_gain=` (`name`: as the caller's user sets it): a share in [0, 1)."""
+    check_float(name, min_gain, 0.0, 1.0, hi_open=True)
     return float(min_gain)
 
 

@@ -255,6 +255,18 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         raise UserError(e.line(*models)) from None
 
 
+def no_plan_line(alg: str, plan, tl: TableList, cluster: Cluster) -> str:
+    """Why `--alg alg` gave no plan within the devices' memory, and what to change: a plan given in a file
+    (plan:FILE) is the user's own, so the line says how much memory it needs instead of naming another --alg."""
+    if alg.startswith(PLAN_PREFIX) and plan is not None:
+        need = float(plan.device_mem_gb(tl.task).max())
+        return (f"the plan in {alg[len(PLAN_PREFIX):]} needs {need:.4g} GB on its fullest device, more than --max_mem "
+                f"{cluster.max_mem_gb:g}; raise --max_mem to at least {need:.4g}, or give a plan that fits")
+    other = "" if alg == "neuroshard" or alg.startswith(PLAN_PREFIX) else ", or try --alg neuroshard"
+    return (f"--alg {alg} found no plan within {cluster.num_devices} x {cluster.max_mem_gb:g} GB for "
+            f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem or add devices{other}")
+
+
 def _models_words(cfg: ShardTablesConfig, calibration: dict | None) -> tuple[str, str]:
     """(the models that predict, how to fix them) for the line of a predicted cost that cannot be true."""
     if calibration is not None:
@@ -274,9 +286,7 @@ def _plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim
     if getattr(sharder, "note", None):  # the search's thresholds widened for a block that must stay whole
         print(sharder.note)
     if res.plan is None or res.oom:
-        other = "" if alg == "neuroshard" else ", or try --alg neuroshard"
-        raise UserError(f"--alg {alg} found no plan within {ndevices} x {max_mem:g} GB for "
-                        f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem or add devices{other}")
+        raise UserError(no_plan_line(alg, res.plan, tl, cluster))
     plan = res.plan
     chosen = alg
     if alg == "neuroshard" and not cfg.measure:

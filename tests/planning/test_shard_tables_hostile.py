@@ -261,6 +261,12 @@ def test_fix_lines_name_commands_that_work(setup, capsys):
     code, out, err = run(capsys, *args, "--max_mem", 0.001, "--alg", "dim_greedy", "--out", tmp / "p.json")
     assert code == 2 and "or try --alg neuroshard" in one_error(err)
     assert not (tmp / "p.json").exists()
+    # a plan of the user's own that does not fit: how much it needs, not another --alg
+    assert run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "mine.json")[0] == 0
+    code, out, err = run(capsys, *args, "--max_mem", 0.006, "--alg", f"plan:{tmp}/mine.json", "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and f"the plan in {tmp}/mine.json needs " in line and "raise --max_mem to at least" in line
+    assert "--alg neuroshard" not in line and not (tmp / "p.json").exists()
 
 
 # ----------------------------------------------------------------------------- costs that cannot be true

@@ -124,7 +124,7 @@ class NeuroShardPlanner:
         self.model_paths = (Path(compute_model or Path(models_dir) / "compute.pt"), Path(fw_comm_model or fw),
                             Path(bw_comm_model or bw))
         try:
-            check_cost(cost)
+            check_cost(cost, "cost=")
             if simulator is not None:  # e.g. calibrated models (planning.calibrate.read_calibration's pair)
                 given = "the simulator given"
                 if isinstance(simulator, tuple) and len(simulator) == 2 and isinstance(simulator[1], dict):
@@ -145,7 +145,7 @@ class NeuroShardPlanner:
         except UserError as e:
             raise UserError(f"NeuroShardPlanner: {e}") from None
         self.compare = compare
-        self.min_gain = check_min_gain(min_gain)
+        self.min_gain = check_min_gain(min_gain, "NeuroShardPlanner: min_gain=")
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         if batch_size is None:
             batch_size = max(1, int(self.model_batch) // world) if self.model_batch else 512
