@@ -114,7 +114,7 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
         found, differ = None, []
         print(f"note: replacing {path}, which is not a usable calibration: {e}")
     ccfg = None if cfg.calibrate is None else \
-        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed,
+        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.comm_layouts(), seed=cfg.seed,
                           dmp_plans=cfg.calibrate_dmp or 0)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
         step = found[1].get("step") if found[0].step_fit else None
@@ -309,13 +309,14 @@ def _plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim
         record["calibration"] = calibration
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec, "simulator": sim}  # sim: what planned it
     if cfg.measure:
-        mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
-                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
+        budget_s, top_k = cfg.measure_settings()
+        mcfg = MeasureConfig(budget_s=budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
+                             top_k=top_k, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
                              engine=cfg.measure_engine, cost=cfg.cost)
         # the emulated engine measures the step cost itself, not TorchRec's step the fit was made to (an affine,
         # increasing fit: the same candidates in the same order)
         msim = sim.with_step_fit(None) if sim is not None and cfg.measure_engine == "emulated" else sim
-        cands = candidate_plans(tl.task, cluster, msim, search, batch, cfg.measure_top, seed,
+        cands = candidate_plans(tl.task, cluster, msim, search, batch, top_k, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
                                       reference=(calibration or {}).get("reference"),

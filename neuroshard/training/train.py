@@ -356,8 +356,10 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     result = {
         "dataset": cfg.dataset, "dct": cfg.dct, "arch": cfg.arch, "bottom_mlp": cfg.bottom_mlp,
         "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
-        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
-        "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
+        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        # DCT's settings only where the run used them: a row never records a keep share nothing was kept at
+        "dp_keep": cfg.dp_keep if cfg.uses_dp else None, "dp_refresh": cfg.dp_refresh if cfg.uses_dp else None,
+        "dp_drift": cfg.dp_drift if cfg.uses_dp else None, "mp_keep": cfg.mp_keep if cfg.uses_mp else None,
         "mp_scope": cfg.mp_scope, "dp_adam_freeze_after": cfg.dp_adam_freeze_after, "dp_adam_floor": cfg.dp_adam_floor,
         "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),

@@ -165,6 +165,20 @@ def test_a_plan_file_replaces_only_a_plan_file(setup, capsys, monkeypatch):
     assert code == 0, err
 
 
+@pytest.mark.parametrize("extra,words", [
+    (["--calibrate_comm", 15], "--calibrate_comm has no effect without --calibrate; add --calibrate or drop"),
+    (["--no_race"], "--no_race has no effect without --measure"),
+    (["--measure_budget_s", 30], "--measure_budget_s has no effect without --measure"),
+    (["--measure_top", 4], "--measure_top has no effect without --measure"),
+    (["--dims", 8], "--dims has no effect without --ids; add --ids or drop --dims")])
+def test_a_flag_without_the_flag_it_needs_is_refused(setup, capsys, monkeypatch, extra, words):
+    tmp, args = setup
+    _no_work(monkeypatch)
+    code, out, err = run(capsys, *args, *extra, "--out", tmp / "p.json")
+    assert code == 2 and words in one_error(err), err
+    assert not (tmp / "p.json").exists()
+
+
 def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
     tmp, args = setup
     with OutputLock([("--out", tmp / "p.json")]):  # the first run, still running
