@@ -485,8 +485,9 @@ def check_calibrated_predictions(sim: Simulator, report: dict, path) -> None:
         features = np.asarray(report["made_for"]["tables"]["features"], np.float64)
         shards = [(np.array([t for t, _ in dev], np.int64), np.array([d for _, d in dev], np.int64))
                   for dev in measured["shards"]]
-        dims = np.array([lay["dims"] for lay in measured["layouts"]], np.float32)
-        delays = np.array([lay["delays_ms"] for lay in measured["layouts"]], np.float32)
+        layouts = measured.get("layouts", [])  # files of earlier methods measured none
+        dims = np.array([lay["dims"] for lay in layouts], np.float32)
+        delays = np.array([lay["delays_ms"] for lay in layouts], np.float32)
         predicted = [("compute", sim.compute.predict(*compute_arrays(features, shards)))]
         if len(dims):
             predicted += [("forward all-to-all", sim.fw.predict(np.concatenate([dims, delays], axis=1))),
