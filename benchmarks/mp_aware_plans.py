@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from neuroshard.core.artifacts import atomic_write_text, provenance  # noqa: E402
+from neuroshard.core.artifacts import provenance, write_json  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, CostModelFiles, SearchParams, check_iters, check_mp_keep, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
@@ -156,10 +156,10 @@ def main(argv=None) -> None:
     print("\n".join(lines))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps({"mp_keep": mp, "ndevices": N, "max_mem_gb": a.max_mem, "batch_size": batch,
-                                       "hardware": hw.describe(), "paired_all": stats_all, "paired_differ": stats_diff,
-                                       "paired_predicted": pred, "paired_by_first": by_order, "tasks": rows, "table": lines,
-                                       "provenance": provenance(args=asdict(a))}, indent=1, default=float))
+    write_json(out, {"mp_keep": mp, "ndevices": N, "max_mem_gb": a.max_mem, "batch_size": batch,
+                     "hardware": hw.describe(), "paired_all": stats_all, "paired_differ": stats_diff,
+                     "paired_predicted": pred, "paired_by_first": by_order, "tasks": rows, "table": lines,
+                     "provenance": provenance(args=asdict(a))})
     print(f"wrote {out}")
 
 

@@ -43,7 +43,8 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
+from neuroshard.core.artifacts import (OutputLock, atomic_write_text, check_output_dir, write_json,  # noqa: E402
+                                       write_results)
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
@@ -71,7 +72,7 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     for t in obj["tables"]:
         t["rows"] = t["rows"] if t["rows"] <= 100 else max(100, int(round(t["rows"] * row_scale)))
     obj["row_scale"] = row_scale
-    atomic_write_text(out, json.dumps(obj))
+    write_json(out, obj, indent=None)
     return out
 
 

@@ -20,9 +20,10 @@ from neuroshard.training.train import train_dlrm
 
 def main(argv=None) -> int:
     a = step_parser(TrainDLRMConfig, __doc__, raw_doc=True).parse_args(argv)
-    if a.mp_keep is not None and a.dct not in ("mp", "both"):
-        raise UserError(f"--mp_keep sets DCT-MP, which --dct {a.dct} does not run; pass --dct mp (or both), or drop "
-                        "--mp_keep")
+    for flag, value, mode in (("--mp_keep", a.mp_keep, "mp"), ("--dp_keep", a.dp_keep, "dp")):
+        if value is not None and a.dct not in (mode, "both"):
+            raise UserError(f"{flag} sets DCT-{mode.upper()}, which --dct {a.dct} does not run; pass --dct {mode} (or "
+                            f"both), or drop {flag}")
     default_ndevices(a)
     run = config_from_args(TrainDLRMConfig, a)
     r = train_dlrm(run.train, run.results_csv, run.models)

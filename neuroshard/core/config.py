@@ -443,9 +443,9 @@ CALIBRATE_DMP_ROUNDS = 5  # their interleaved rounds (MEASURE_WARMUP_ITER + MEAS
 MIN_GAIN = 0.05
 
 
-def check_min_gain(min_gain: float) -> float:
-    """`--min_gain` / `min_gain=`: a share in [0, 1)."""
-    check_float("--min_gain", min_gain, 0.0, 1.0, hi_open=True)
+def check_min_gain(min_gain: float, name: str = "--min_gain") -> float:
+    """`--min_gain` / `min_gain=` (`name`: as the caller's user sets it): a share in [0, 1)."""
+    check_float(name, min_gain, 0.0, 1.0, hi_open=True)
     return float(min_gain)
 
 
@@ -497,8 +497,8 @@ class ShardTablesConfig:
                                        f"K = {DEFAULT_CALIBRATE_K} (30-80 s for 26 tables on 4 ranks at the quick "
                                        "scale); saved beside --out and reused by later runs on the same tables and "
                                        "hardware", bare=DEFAULT_CALIBRATE_K)
-    calibrate_comm: int = flag(DEFAULT_CALIBRATE_COMM, "with --calibrate: all-to-all layouts of the tables' dims to check the comm "
-                                   "models on")
+    calibrate_comm: int | None = flag(None, f"(default {DEFAULT_CALIBRATE_COMM}) with --calibrate: all-to-all layouts "
+                                            "of the tables' dims to check the comm models on")
     calibrate_dmp: int | None = flag(None, "[P]: with --calibrate, also measure P random plans of these tables as "
                                            "TorchRec training steps (DistributedModelParallel) on these ranks and fit "
                                            "the step cost to them (scale and per-step overhead); --calibrate_dmp "
@@ -516,8 +516,10 @@ class ShardTablesConfig:
                                         "than TorchRec's only when the cost models rate it at least this share "
                                         "cheaper (0: the plan rated fastest; --measure writes the measured best "
                                         "instead)")
-    measure_budget_s: float = flag(MEASURE_BUDGET_S, "with --measure: stop adding rounds after this many seconds")
-    measure_top: int = flag(MEASURE_TOP, "with --measure: NeuroShard's best distinct plans to measure (>= 3)")
+    measure_budget_s: float | None = flag(None, f"(default {MEASURE_BUDGET_S:g}) with --measure: stop adding rounds "
+                                                "after this many seconds")
+    measure_top: int | None = flag(None, f"(default {MEASURE_TOP}) with --measure: NeuroShard's best distinct plans "
+                                         "to measure (>= 3)")
     no_race: bool = flag(False, "with --measure: measure every candidate in every round (default: a candidate "
                                 "whose paired interval against the best lies above 1 is dropped from later rounds)")
     warmup_iter: int = flag(MEASURE_WARMUP_ITER, "warm-up iterations per plan per round (and per calibration "
@@ -536,6 +538,11 @@ class ShardTablesConfig:
             raise UserError("pass exactly one of --tables FILE (CSV or JSON table list) or --ids FILE (raw DLRM ids)")
         if self.ids is not None and self.dims is None:
             raise UserError("--ids needs --dims (one dim per table, or one for all), e.g. --dims 64")
+        check_needed([("--dims", self.dims is not None, "--ids", self.ids is not None),
+                      ("--calibrate_comm", self.calibrate_comm is not None, "--calibrate", self.calibrate is not None),
+                      ("--no_race", self.no_race, "--measure", self.measure),
+                      ("--measure_budget_s", self.measure_budget_s is not None, "--measure", self.measure),
+                      ("--measure_top", self.measure_top is not None, "--measure", self.measure)])
         for flag_name, path in (("--out", self.out), ("--torchrec_plan", self.torchrec_plan)):
             if path is not None and not str(path).strip():
                 raise UserError(f"{flag_name} is empty; name the file to write, e.g. {flag_name} plan.json")
@@ -543,7 +550,7 @@ class ShardTablesConfig:
                 raise UserError(f"{flag_name} {path} ends in '/', which names a folder; name the file to write, "
                                 f"e.g. {flag_name} {path}plan.json")
         if self.measure:
-            check_measure(self.measure_budget_s, self.measure_top, self.warmup_iter, self.num_iter)
+            check_measure(*self.measure_settings(), self.warmup_iter, self.num_iter)
             check_measure_engine(self.measure_engine, self.mp_keep)
         elif self.measure_engine != "emulated":  # it would be ignored without a word
             raise UserError(f"--measure_engine {self.measure_engine} chooses how --measure measures; add --measure "
@@ -559,7 +566,7 @@ class ShardTablesConfig:
                                 "drop --mp_keep or drop --calibrate_dmp")
             check_int("--calibrate_dmp", self.calibrate_dmp, 12, 1000)  # 0 too: the flag asks for a fit
         if self.calibrate is not None:
-            check_calibrate(self.calibrate, self.calibrate_comm, self.calibrate_dmp or 0)
+            check_calibrate(self.calibrate, self.comm_layouts(), self.calibrate_dmp or 0)
         check_int("--seed", self.seed, 0)
         if self.min_gain is not None:
             check_min_gain(self.min_gain)
@@ -569,6 +576,23 @@ class ShardTablesConfig:
         self.hardware.check()
         self.search.check()
         return self
+
+    def measure_settings(self) -> tuple[float, int]:
+        """(--measure_budget_s, --measure_top): as given, else their defaults."""
+        return (MEASURE_BUDGET_S if self.measure_budget_s is None else self.measure_budget_s,
+                MEASURE_TOP if self.measure_top is None else self.measure_top)
+
+    def comm_layouts(self) -> int:
+        """--calibrate_comm: as given, else its default."""
+        return DEFAULT_CALIBRATE_COMM if self.calibrate_comm is None else self.calibrate_comm
+
+
+def check_needed(flags: list[tuple[str, bool, str, bool]]) -> None:
+    """(flag, given, the flag it needs, given): a flag that has no effect without another is refused in one line,
+    never ignored without a word."""
+    for name, given, needed, present in flags:
+        if given and not present:
+            raise UserError(f"{name} has no effect without {needed}; add {needed} or drop {name}")
 
 
 # ----------------------------------------------------------------------------- DLRM training with DCT
@@ -591,6 +615,7 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # `sgd` is the default; runs made before --dense_opt existed used Adam.
 DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
 TRAIN_NDEVICES, TRAIN_MP_KEEP = 4, 0.05  # defaults of --ndevices (outside torchrun) and --mp_keep
+RENDEZVOUS_TIMEOUT_S = 60.0  # under torchrun: how long a rank waits for the others (--rendezvous_timeout_s)
 
 
 def mlp_sizes(text: str, name: str) -> tuple[int, ...]:
@@ -612,7 +637,8 @@ class TrainConfig:
     steps: int = flag(1000)
     batch_size: int = flag(512, "global batch")
     dct: str = flag("none", choices=DCT_MODES)
-    dp_keep: float = flag(0.005, "share of DP gradient entries sent")
+    dp_keep: float = flag(0.005, "with --dct dp or both: share of DP gradient entries sent (default 0.005)",
+                          none_if_absent=True)
     dp_refresh: int = flag(100, "iterations between threshold updates")
     dp_drift: float = flag(1.5, "re-estimate the DP threshold early once it would send more than this times the "
                                 "target")
@@ -649,7 +675,7 @@ class TrainConfig:
     eval_every: int = flag(0, "0 (default): score the test set once, at the end; N: hold out the last tenth of the "
                               "training split for validation, score validation and test every N steps, and also "
                               "report the test scores at the step of the best validation AUC")
-    rendezvous_timeout_s: float = flag(60.0, "under torchrun: seconds to wait for every rank to join before giving "
+    rendezvous_timeout_s: float = flag(RENDEZVOUS_TIMEOUT_S, "under torchrun: seconds to wait for every rank to join before giving "
                                              "up in one line")
 
     def check(self) -> "TrainConfig":
@@ -694,6 +720,8 @@ class TrainConfig:
         if not isinstance(self.dp_sync, bool):
             raise UserError(f"--dp_sync must be on or off, got {self.dp_sync!r}")
         check_float("--rendezvous_timeout_s", self.rendezvous_timeout_s, 1.0, 86_400.0)
+        check_needed([(name, value is not None, "--dataset synthetic", self.dataset == "synthetic")
+                      for name, value in (("--num_samples", self.num_samples), ("--max_rows", self.max_rows))])
         if self.num_samples is not None:
             check_int("--num_samples", self.num_samples, 1000, 100_000_000)
         if self.max_rows is not None:

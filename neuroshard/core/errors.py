@@ -50,8 +50,10 @@ def check_range(name: str, pair, lowest: float, strict: bool) -> tuple:
         ok = math.isfinite(lo) and math.isfinite(hi)
     except (TypeError, ValueError):
         raise UserError(f"{name} must be a pair lo,hi, got {pair!r}") from None
-    if not ok or lo < lowest or hi < lo or (strict and hi == lo):
-        rel = "<" if strict else "<="
+    rel = "<" if strict else "<="
+    if not ok:
+        raise UserError(f"{name} must be finite numbers with {lowest:g} <= lo {rel} hi, got {lo},{hi} (not finite)")
+    if lo < lowest or hi < lo or (strict and hi == lo):
         raise UserError(f"{name} must satisfy {lowest:g} <= lo {rel} hi, got {lo},{hi}")
     return lo, hi
 

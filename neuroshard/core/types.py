@@ -8,7 +8,8 @@
 - `MEM_TOL_GB`: the one tolerance every memory check uses.
 - `check_max_mem_gb`: the one range check of `--max_mem` (GB per device), up to `MAX_DEVICE_MEM_GB`.
 - `implausible_ms`: the one check of a cost (ms) before it is printed or written as a result: finite, not
-  negative (positive where asked) and at most `MAX_PLAUSIBLE_MS`.
+  negative (positive where asked) and at most `MAX_PLAUSIBLE_MS`; `Cost.check` raises `ImplausibleCost` for a
+  predicted plan cost that fails it, and each surface (shard_tables, NeuroShardPlanner) words the line.
 """
 from __future__ import annotations
 
@@ -43,6 +44,20 @@ def implausible_ms(values, positive: bool = False) -> str | None:
     if v.max() > MAX_PLAUSIBLE_MS:
         return f"{v.max():g} ms, more than {MAX_PLAUSIBLE_MS:g} ms"
     return None
+
+
+class ImplausibleCost(UserError):
+    """A predicted cost that cannot be true (`Cost.check`), raised where it is found. The caller that knows which
+    models predicted it and how to fix them words the one line (`line`); uncaught, the line says the same in
+    general words."""
+
+    def __init__(self, part: str, why: str, plan: str = "this plan"):
+        self.part, self.why, self.plan = part, why, plan
+        super().__init__(self.line("the cost models", "retrain them on more cost data or calibrate them to these "
+                                                      "tables"))
+
+    def line(self, models: str, fix: str) -> str:
+        return f"{models} predict a {self.part} cost that cannot be true ({self.why}) for {self.plan}; {fix}"
 
 
 def check_max_mem_gb(value) -> float:
@@ -116,6 +131,17 @@ class Cost:
                 return part, why
         why = None if negative_parts else implausible_ms(self.per_device_ms, positive=True)
         return ("total", why) if why else None
+
+    def check(self, plan: str = "this plan", negative_parts: bool = False) -> "Cost":
+        """This cost, or `ImplausibleCost` naming its first part that cannot be true (`implausible`) and `plan`.
+        With `negative_parts` (a candidate's raw prediction, compared but not handed out), a part may dip below 0;
+        each device's total must still be above 0."""
+        found = self.implausible(negative_parts)
+        total = implausible_ms(self.per_device_ms, positive=True) if negative_parts and not found else None
+        found = found or (("total", total) if total else None)
+        if found:
+            raise ImplausibleCost(*found, plan)
+        return self
 
     @property
     def per_device_ms(self) -> np.ndarray:

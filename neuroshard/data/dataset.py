@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..core.artifacts import atomic_torch_save, atomic_write_pickle, load_pickle, provenance
+from ..core.artifacts import (atomic_torch_save, atomic_write_pickle, load_pickle, provenance, torch_load_failure,
+                              torch_load_plain)
 from ..core.config import DatasetConfig
 from ..core.errors import UserError
 from .features import DATA_FEATURE_NAMES, NUM_BINS, reuse_bin, table_data_features, table_size_gb
@@ -155,9 +156,9 @@ class DLRMDataset:
     def bags(self) -> dict[str, torch.Tensor]:
         if self._bags is None:
             try:
-                bags = torch.load(self.path / "indices.pt", weights_only=True, mmap=True)
+                bags = torch_load_plain(self.path / "indices.pt", mmap=True)
             except Exception as e:
-                raise UserError(f"{self.path}/indices.pt is not readable ({type(e).__name__}); "
+                raise UserError(f"{self.path}/indices.pt is not readable ({torch_load_failure(e)}); "
                                 "rerun tools/gen_dlrm_data.py") from None
             if (not isinstance(bags, dict) or set(bags) != {"indices", "offsets"}
                     or not all(isinstance(x, torch.Tensor) and x.dtype == torch.int64 and x.dim() == 1

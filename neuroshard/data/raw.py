@@ -3,7 +3,8 @@
 A raw file (e.g. `fbgemm_t856_bs65536.pt`) is a `torch.save`d tuple `(indices, offsets, lengths)`,
 optionally gzip-compressed (`.pt.gz`), with `lengths` of shape [T, B], `offsets` of length
 T*B + 1 (prefix sums, table by table) and `indices` the row ids, local to each table. It is read
-with `torch.load(weights_only=True)`, so a crafted file cannot run code.
+with `torch.load(weights_only=True)` (`torch_load_plain`), so a crafted file cannot run code, and a line that refuses it
+never repeats torch's advice to load it unsafely.
 """
 from __future__ import annotations
 
@@ -27,17 +28,16 @@ def max_rows_any_device(min_dim: int = 4, bytes_per_param: int = 4) -> int:
 
 def load_raw(path: str | Path, flag: str = "--data") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load and validate a raw `(indices, offsets, lengths)` file (`.pt` or `.pt.gz`) given as `flag`."""
-    from ..core.artifacts import check_input_file
+    from ..core.artifacts import check_input_file, torch_load_failure, torch_load_plain
 
     path = check_input_file(path, f"{flag} file", "download fbgemm_t856_bs65536.pt or use --synthetic"
                             if flag == "--data" else "pass a raw DLRM ids file (.pt or .pt.gz)")
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
-            obj = torch.load(io.BytesIO(f.read()), weights_only=True, map_location="cpu")
+            obj = torch_load_plain(io.BytesIO(f.read()))
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise UserError(f"{path} is not a torch.save'd DLRM dataset ({type(e).__name__}: {first})") from None
+        raise UserError(f"{path} is not a torch.save'd DLRM dataset ({torch_load_failure(e)})") from None
     return validate_raw(obj, path)
 
 

@@ -118,6 +118,21 @@ def _name(where: str, r: dict) -> str:
     return name
 
 
+def check_reuse(where: str, hist: np.ndarray, pooling_factor: float) -> np.ndarray:
+    """A table's reuse histogram (bin_0..bin_16): shares in [0, 1] that sum to 1, or all zero for a table without
+    lookups (pooling factor 0); one line naming the bins that are not shares, or the sum, otherwise."""
+    bad = [f"{c} = {v:g}" for c, v in zip(BIN_COLUMNS, hist) if not 0 <= v <= 1]
+    if bad:
+        raise UserError(f"{where}: bin_0..bin_16 must be shares in [0, 1], got {', '.join(bad[:3])}"
+                        f"{', ...' if len(bad) > 3 else ''}")
+    total = hist.sum()
+    if abs(total - 1) > HIST_TOL and not (total == 0 and pooling_factor == 0):
+        empty = " (all zero: only a table without lookups, pooling_factor 0, has none; give its histogram, or leave " \
+                "bin_0..bin_16 empty for the published DLRM one)" if total == 0 else ""
+        raise UserError(f"{where}: bin_0..bin_16 must be shares that sum to 1, got sum {total:.3f}{empty}")
+    return hist
+
+
 def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, source: str) -> TableList:
     """Validate table rows and build the task (features: row, pooling factor, reuse histogram)."""
     if not rows:
@@ -147,10 +162,7 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
             raise UserError(f"{where}: reuse histogram incomplete ({absent[0]} missing); give all of bin_0..bin_16 "
                             "or none")
         if given:
-            hist = np.array([_number(where, r, c) for c in BIN_COLUMNS])
-            if (hist < 0).any() or (hist > 1).any() or abs(hist.sum() - 1) > HIST_TOL and hist.sum() != 0:
-                raise UserError(f"{where}: bin_0..bin_16 must be shares in [0, 1] that sum to 1, "
-                                f"got sum {hist.sum():.3f}")
+            hist = check_reuse(where, np.array([_number(where, r, c) for c in BIN_COLUMNS]), pf)
         else:
             hist = np.zeros(NUM_BINS) if pf == 0 else DEFAULT_REUSE_HISTOGRAM
             if pf > 0:

@@ -10,14 +10,13 @@ cost over every plan measured) and the cost models' test errors.
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from ..core.artifacts import atomic_write_bytes, atomic_write_text
+from ..core.artifacts import atomic_write_bytes, atomic_write_text, write_json
 from ..core.tables import format_table
 from .results import summarize
 
@@ -157,7 +156,7 @@ def write_report(out_dir: Path, sections: list[dict], command: str, meta: dict) 
     atomic_write_bytes(out_dir / "summary.png", _bar_chart(charts))
     atomic_write_bytes(out_dir / "summary_fidelity.png", _fidelity_plot(scatter))
     atomic_write_text(out_dir / "summary.md", "\n".join(md))
-    atomic_write_text(out_dir / "summary.meta.json", json.dumps({"command": command, **meta}, indent=2, default=str))
+    write_json(out_dir / "summary.meta.json", {"command": command, **meta}, indent=2)
     return out_dir / "summary.md"
 
 

@@ -194,10 +194,10 @@ def _broadcast_todo(todo, device: str):
     """Under torchrun, rank 0 (which holds the file) tells every rank which indices to measure."""
     import torch.distributed as dist
 
-    from .launch import init_group
+    from ..core.config import RENDEZVOUS_TIMEOUT_S
+    from .launch import join_torchrun_group
 
-    if not dist.is_initialized():
-        init_group(device, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, None)
+    join_torchrun_group(device, RENDEZVOUS_TIMEOUT_S)
     import torch
 
     n = torch.tensor([len(todo) if todo is not None else 0], dtype=torch.int64)

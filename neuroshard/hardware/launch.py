@@ -31,11 +31,13 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from ..core.artifacts import deferred_interrupts
+from ..core.config import RENDEZVOUS_TIMEOUT_S
 from ..core.errors import UserError
 
 WorkerFn = Callable[..., None]  # fn(rank, world_size, emit, *args)
 GRACE_S = 2.0  # after a first failure, how long to wait for the other ranks' reports
 DRAIN_S = 1.0  # on Ctrl-C, how long to keep reading results already sent
+JOIN_GRACE_S = 5.0  # a torchrun rank's rendezvous: how long past its timeout before it gives up itself
 _SECONDARY = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "timeout",
               "socket", "gloo", "nccl", "processgroup", "barrier")
 
@@ -129,12 +131,15 @@ def _restore_stderr(saved: int | None) -> None:
 
 
 def join_torchrun_group(device: str, timeout_s: float, gpu_ids: list[int] | None = None,
-                        collective_timeout_s: float = 300.0) -> None:
+                        collective_timeout_s: float = 300.0, timeout_flag: str | None = None) -> None:
     """Join the process group torchrun's environment describes, waiting at most `timeout_s` for every
     rank to arrive (a process alone, or one pointed at the wrong MASTER_ADDR/MASTER_PORT, is told so
     in one line instead of waiting the collectives' timeout). The wait runs in a helper thread while
-    this one polls it, so SIGTERM and Ctrl-C are handled at once during it. Collectives afterwards
-    time out after `collective_timeout_s`."""
+    this one polls it, so SIGTERM and Ctrl-C are handled at once during it, and the poll gives up itself
+    `JOIN_GRACE_S` after the deadline: torch's store client waits without limit for an answer from a port that
+    accepts and never answers (another program's, or a rank 0 that hangs), so every rank has one deadline
+    whatever holds MASTER_PORT. Collectives afterwards time out after `collective_timeout_s`. `timeout_flag`: the
+    flag that sets `timeout_s`, named in the line (None: the script has none)."""
     import torch.distributed as dist
 
     rank, world, _ = torchrun_env()
@@ -150,19 +155,23 @@ def join_torchrun_group(device: str, timeout_s: float, gpu_ids: list[int] | None
             failed.append(e)
 
     helper = threading.Thread(target=join, name="rendezvous", daemon=True)
+    where = f"{os.environ['MASTER_ADDR'].strip()}:{int(os.environ['MASTER_PORT'])}"
+    deadline = time.monotonic() + timeout_s + JOIN_GRACE_S
     saved = _mute_stderr()  # c10d logs each failed connection attempt with C++ stack frames; the line below says it
     try:
         helper.start()
-        while helper.is_alive():
+        while helper.is_alive() and time.monotonic() < deadline:
             helper.join(0.1)  # signal handlers run between these waits
     finally:
         _restore_stderr(saved)
+    if helper.is_alive():  # the daemon thread is left waiting; this process stops on the line below
+        failed.append(TimeoutError("a program there accepted the connection but never answered as torch's "
+                                   "rendezvous store"))
     if failed:
         reason = str(failed[0]).strip().splitlines()[0][:200] if str(failed[0]).strip() else type(failed[0]).__name__
-        where = f"{os.environ['MASTER_ADDR'].strip()}:{int(os.environ['MASTER_PORT'])}"
         raise UserError(f"torchrun rank {rank} of {world}: the ranks did not all meet at {where} within {timeout_s:g} s "
                         f"({reason}); start all {world} ranks (torchrun --nnodes/--nproc_per_node), check MASTER_ADDR "
-                        f"and MASTER_PORT, or raise --rendezvous_timeout_s")
+                        f"and MASTER_PORT" + (f", or raise {timeout_flag}" if timeout_flag else ""))
     try:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=collective_timeout_s))
     except (AttributeError, RuntimeError, ValueError):  # older torch: collectives keep the rendezvous timeout
@@ -189,14 +198,13 @@ def _prepare_device(device: str, rank: int, gpu_ids: list[int] | None) -> None:
         torch.set_num_threads(1)
 
 
-def init_group(device: str, rank: int, world: int, init_method: str | None, gpu_ids: list[int] | None) -> None:
+def init_group(device: str, rank: int, world: int, init_method: str, gpu_ids: list[int] | None) -> None:
+    """Join the group of ranks this process spawned (under torchrun: `join_torchrun_group`)."""
     import torch.distributed as dist
 
     _prepare_device(device, rank, gpu_ids)
-    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=300)}
-    if init_method:
-        kwargs.update(init_method=init_method, rank=rank, world_size=world)
-    dist.init_process_group(_backend(device), **kwargs)
+    dist.init_process_group(_backend(device), timeout=timedelta(seconds=300), init_method=init_method, rank=rank,
+                            world_size=world)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -315,9 +323,7 @@ def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[A
     if group_device is not None and in_torchrun():
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            rank, world, _ = torchrun_env()
-            init_group(group_device, rank, world, None, gpu_ids)
+        join_torchrun_group(group_device, RENDEZVOUS_TIMEOUT_S, gpu_ids)
         rank = dist.get_rank()
         fn(rank, dist.get_world_size(), on_message if rank == 0 else (lambda msg: None), *args)
         dist.barrier()

@@ -182,8 +182,8 @@ def fine_tune_compute(model, task, shards, costs_ms, cfg: CalibrationConfig) -> 
     """The compute half of `calibrate`: fine-tune on two thirds of the measured shards, keep the result only if
     its MAPE on the held-out third is not worse. Returns (model, report)."""
     tune, held = _split(len(shards), cfg.seed)
-    return _fine_tune_kept(model, compute_arrays(task, shards), np.asarray(costs_ms, dtype=np.float32), tune, held,
-                           cfg, _copy)
+    return _fine_tune_kept(model, compute_arrays(task.data_features, shards), np.asarray(costs_ms, dtype=np.float32),
+                           tune, held, cfg, _copy)
 
 
 def _copy(model):
@@ -192,12 +192,13 @@ def _copy(model):
     return clone
 
 
-def compute_arrays(task, shards) -> tuple[np.ndarray, np.ndarray]:
+def compute_arrays(data_features: np.ndarray, shards) -> tuple[np.ndarray, np.ndarray]:
+    """The compute model's inputs for shards ((tables, dims) each) of tables with these data features."""
     T = max(len(d) for _, d in shards)
     feats = np.zeros((len(shards), T, 20), dtype=np.float32)
     mask = np.zeros((len(shards), T), dtype=np.float32)
     for i, (tabs, dims) in enumerate(shards):
-        feats[i, :len(tabs)] = with_dim(task.data_features[tabs], dims)
+        feats[i, :len(tabs)] = with_dim(data_features[tabs], dims)
         mask[i, :len(tabs)] = 1
     return feats, mask
 
@@ -385,10 +386,13 @@ def differences(made_for, inputs: dict) -> list[str]:
     return [name for key, name in INPUT_NAMES.items() if _digest(made_for.get(key)) != _digest(inputs.get(key))]
 
 
+CALIBRATION_SUFFIX = ".calibration.pt"
+
+
 def calibration_path(out) -> Path:
     """Where the calibrated models of a plan are saved: beside it, `<plan>.calibration.pt`."""
     out = Path(out)
-    return out.with_name(out.stem + ".calibration.pt")
+    return out.with_name(out.stem + CALIBRATION_SUFFIX)
 
 
 def _content_digest(report: dict) -> str:
@@ -463,7 +467,38 @@ def find_calibration(path, inputs: dict | None, task=None, cluster: Cluster | No
         sim = Simulator(*models[:3], step_fit=step_fit, inp=models[3])
     except UserError:  # models that disagree (direction, devices, hardware, batch)
         raise UserError(f"{path} is damaged (its models disagree); delete it to calibrate again") from None
+    check_calibrated_predictions(sim, report, path)
     return (sim, report), []
+
+
+def check_calibrated_predictions(sim: Simulator, report: dict, path) -> None:
+    """The calibrated models' predictions for what the calibration measured (its shards' compute, its layouts'
+    all-to-alls): each plausible by magnitude (`implausible_ms`; a model's raw prediction may dip below 0), else
+    one line naming the file. The digest covers what was measured, not the weights, and it is unkeyed: it catches
+    accidents, not forgery. A file whose models were edited (a compute bias of 1e30) is refused here; one forged
+    whole can still give a bad plan, never an absurd cost (every plan's cost is checked too, `Cost.check`). A file
+    that holds no measurements (made by hand) has nothing to check here."""
+    measured = report.get("measured")
+    if measured is None:
+        return
+    try:
+        features = np.asarray(report["made_for"]["tables"]["features"], np.float64)
+        shards = [(np.array([t for t, _ in dev], np.int64), np.array([d for _, d in dev], np.int64))
+                  for dev in measured["shards"]]
+        layouts = measured.get("layouts", [])  # files of earlier methods measured none
+        dims = np.array([lay["dims"] for lay in layouts], np.float32)
+        delays = np.array([lay["delays_ms"] for lay in layouts], np.float32)
+        predicted = [("compute", sim.compute.predict(*compute_arrays(features, shards)))]
+        if len(dims):
+            predicted += [("forward all-to-all", sim.fw.predict(np.concatenate([dims, delays], axis=1))),
+                          ("backward all-to-all", sim.bw.predict(dims))]
+    except (TypeError, KeyError, ValueError, IndexError):
+        raise UserError(f"{path} holds damaged measurements; delete it to calibrate again") from None
+    for what, ms in predicted:
+        why = implausible_ms(np.abs(ms))
+        if why:
+            raise UserError(f"{path}: its calibrated cost models predict a {what} cost that cannot be true ({why}) "
+                            "for the shards it measured; delete it to calibrate again")
 
 
 def load_calibration(path, inputs: dict, task=None, cluster: Cluster | None = None) -> tuple[Simulator, dict] | None:

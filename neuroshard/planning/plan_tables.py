@@ -11,17 +11,16 @@ per table, writes `--out plan.json`, and optionally
 """
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.artifacts import OutputLock, atomic_write_text, check_outputs, fresh_path, provenance
+from ..core.artifacts import OutputLock, check_outputs, fresh_path, provenance, read_json, write_json
 from ..core.config import MIN_GAIN, ShardTablesConfig
 from ..core.errors import UserError
 from ..core.tables import format_table
-from ..core.types import Cluster, Cost, implausible_ms
+from ..core.types import Cluster, Cost, ImplausibleCost, implausible_ms
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..sharding.plan import Placement
 from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX
@@ -31,10 +30,10 @@ from ..sharding.simulator import Simulator
 from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
 from ..models.loading import load_cost_models
-from .calibrate import (CalibrationConfig, calibrate, calibration_inputs, calibration_path, find_calibration,
-                        save_calibration)
+from .calibrate import (CALIBRATION_SUFFIX, CalibrationConfig, calibrate, calibration_inputs, calibration_path,
+                        find_calibration, save_calibration)
 from .measure import MeasureConfig, candidate_plans, check_batch_divides, measure_candidates
-from ..sharding.torchrec_export import plan_spec, to_torchrec_plan, write_torchrec_plan
+from ..sharding.torchrec_export import SPEC_KIND, plan_spec, to_torchrec_plan, write_torchrec_plan
 
 MEASURE_LIMIT_GB = 4.0  # --measure / --calibrate allocate every table: refuse more than this in total
 MEASURE_MAX_LOOKUPS = 64_000_000  # ids per batch they may synthesise (~64 B each in all processes: ~4 GB)
@@ -76,14 +75,6 @@ def table_report(tl: TableList, plan: Placement) -> str:
     return "\n".join(format_table(["table", "rows", "dim", "shards", "devices", "columns@device"], rows, style="text"))
 
 
-def check_predicted(cost: Cost | None, what: str, fix: str) -> None:
-    """The costs the models predict for a plan, before they are printed or written: finite, not negative, a
-    positive total per device and at most MAX_PLAUSIBLE_MS (`implausible_ms`); one line naming them otherwise."""
-    found = None if cost is None else cost.implausible()
-    if found:
-        raise UserError(f"{what} predict a {found[0]} cost that cannot be true ({found[1]}) for this plan; {fix}")
-
-
 def _predicted(cost: Cost | None, batch: int) -> dict | None:
     if cost is None:
         return None
@@ -123,7 +114,7 @@ def calibrated_simulator(sim: Simulator, tl: TableList, cluster: Cluster, hw, ba
         found, differ = None, []
         print(f"note: replacing {path}, which is not a usable calibration: {e}")
     ccfg = None if cfg.calibrate is None else \
-        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.calibrate_comm, seed=cfg.seed,
+        CalibrationConfig(num_shards=cfg.calibrate, comm_layouts=cfg.comm_layouts(), seed=cfg.seed,
                           dmp_plans=cfg.calibrate_dmp or 0)
     if found is not None and (ccfg is None or found[1].get("config") == asdict(ccfg)):
         step = found[1].get("step") if found[0].step_fit else None
@@ -187,7 +178,8 @@ CALIBRATION_LABEL = "the calibration file beside --out"
 
 def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
     """Before any work: the files this run writes (--out, --torchrec_plan, with --calibrate the calibration file
-    beside --out) can be written, name no file twice and replace no input. Returns them for the lock."""
+    beside --out) can be written, name no file twice and replace no input, and the plan files replace nothing but
+    plan files of their kind (`check_replaces_only`). Returns them for the lock."""
     cal = calibration_path(cfg.out)
     inputs = {"--tables": cfg.tables, "--ids": cfg.ids, "--compute_model": cfg.models.compute_model,
               "--fw_comm_model": cfg.models.fw_comm_model, "--bw_comm_model": cfg.models.bw_comm_model,
@@ -195,14 +187,35 @@ def check_run_outputs(cfg: ShardTablesConfig) -> list[tuple[str, Path]]:
               "--input_comm_model": cfg.models.input_path(cfg.ndevices, cfg.mp_keep)[0]}
     if cfg.alg.startswith(PLAN_PREFIX):
         inputs["--alg"] = cfg.alg[len(PLAN_PREFIX):]
-    return check_outputs({"--out": cfg.out, "--torchrec_plan": cfg.torchrec_plan,
+    outs = check_outputs({"--out": cfg.out, "--torchrec_plan": cfg.torchrec_plan,
                           CALIBRATION_LABEL: cal if cfg.calibrate is not None else None}, inputs,
                          {CALIBRATION_LABEL: "move it away or choose another --out"})
+    for label, path, kind in (("--out", cfg.out, PLAN_KIND), ("--torchrec_plan", cfg.torchrec_plan, SPEC_KIND)):
+        if path is not None:
+            check_replaces_only(label, Path(path), kind)
+    return outs
+
+
+def check_replaces_only(label: str, path: Path, kind: str) -> None:
+    """A plan file written at `path` replaces nothing but a file of its own `kind`: not a calibration (a name
+    `<plan>.calibration.pt` is refused, whether or not it exists yet) nor any other file already there."""
+    if path.name.endswith(CALIBRATION_SUFFIX):
+        plan = path.with_name(path.name[:-len(CALIBRATION_SUFFIX)] + ".json")
+        raise UserError(f"{label} {path} is the name of the calibration file of the plan {plan} (--calibrate saves "
+                        f"it there); name the file otherwise, e.g. {label} {plan}")
+    if not path.is_file():
+        return
+    try:
+        found = read_json(path, label, "plan file").get("kind")
+    except (UserError, AttributeError):  # not JSON, or not an object
+        found = None
+    if found != kind:
+        raise UserError(f"{label} {path} exists and is not a {kind} file, which writing would replace: move it away "
+                        f"or choose another {label}")
 
 
 def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
-    alg, ndevices, max_mem, seed, search = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search
-    out, torchrec_plan = cfg.out, cfg.torchrec_plan
+    alg, ndevices, max_mem, out = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.out
     if cfg.tables is not None:
         tl = load_table_list(cfg.tables, max_mem)
     else:
@@ -235,25 +248,51 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         note = sim.input_model_note()
         if note:
             print(note)
+    models = _models_words(cfg, calibration)
+    try:
+        return _plan_and_write(cfg, cluster, tl, sim, paths, batch, calibration, hw, models[1])
+    except ImplausibleCost as e:  # anywhere a predicted cost would be printed, compared or written
+        raise UserError(e.line(*models)) from None
+
+
+def no_plan_line(alg: str, plan, tl: TableList, cluster: Cluster) -> str:
+    """Why `--alg alg` gave no plan within the devices' memory, and what to change: a plan given in a file
+    (plan:FILE) is the user's own, so the line says how much memory it needs instead of naming another --alg."""
+    if alg.startswith(PLAN_PREFIX) and plan is not None:
+        need = float(plan.device_mem_gb(tl.task).max())
+        return (f"the plan in {alg[len(PLAN_PREFIX):]} needs {need:.4g} GB on its fullest device, more than --max_mem "
+                f"{cluster.max_mem_gb:g}; raise --max_mem to at least {need:.4g}, or give a plan that fits")
+    other = "" if alg == "neuroshard" or alg.startswith(PLAN_PREFIX) else ", or try --alg neuroshard"
+    return (f"--alg {alg} found no plan within {cluster.num_devices} x {cluster.max_mem_gb:g} GB for "
+            f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem or add devices{other}")
+
+
+def _models_words(cfg: ShardTablesConfig, calibration: dict | None) -> tuple[str, str]:
+    """(the models that predict, how to fix them) for the line of a predicted cost that cannot be true."""
+    if calibration is not None:
+        fix = f"delete {calibration_path(cfg.out)} and calibrate again (--calibrate K)"
+        return "the calibrated cost models", fix + ("" if cfg.alg == "neuroshard" else
+                                                     "; or plan without cost models (e.g. --alg size_lookup_greedy)")
+    return "the cost models", ("retrain them on more cost data or fine-tune them to these tables (--calibrate K); "
+                               "or plan without cost models (e.g. --alg size_lookup_greedy)")
+
+
+def _plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim, paths, batch: int,
+                    calibration: dict | None, hw, models_fix: str) -> dict:
+    alg, ndevices, max_mem, seed, search = cfg.alg, cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search
+    out, torchrec_plan = cfg.out, cfg.torchrec_plan
     sharder = make_sharder(alg, seed, sim, search, batch)
     res = shard_task(sharder, tl.task, cluster)
     if getattr(sharder, "note", None):  # the search's thresholds widened for a block that must stay whole
         print(sharder.note)
     if res.plan is None or res.oom:
-        other = "" if alg == "neuroshard" else ", or try --alg neuroshard"
-        raise UserError(f"--alg {alg} found no plan within {ndevices} x {max_mem:g} GB for "
-                        f"{tl.task.total_size_gb():.3f} GB of tables; raise --max_mem or add devices{other}")
+        raise UserError(no_plan_line(alg, res.plan, tl, cluster))
     plan = res.plan
     chosen = alg
     if alg == "neuroshard" and not cfg.measure:
         plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan,
                                             MIN_GAIN if cfg.min_gain is None else cfg.min_gain)
-    cost = sim.plan_cost(tl.task, plan) if sim else None
-    models_fix = (f"delete {calibration_path(out)} and calibrate again (--calibrate K)" if calibration is not None
-                  else "retrain them on more cost data or fine-tune them to these tables (--calibrate K)")
-    check_predicted(cost, "the calibrated cost models" if calibration is not None else "the cost models",
-                    models_fix + ("; or plan without cost models (e.g. --alg size_lookup_greedy)"
-                                  if alg != "neuroshard" or calibration is None else ""))
+    cost = sim.plan_cost(tl.task, plan).check() if sim else None
     print(f"\nper device ({'predicted at batch ' + str(batch) + ' by the cost models' if sim else 'no cost models'}"
           f"; * = critical device), planned in {res.search_s:.2f} s")
     print(device_report(tl, plan, cluster, cost))
@@ -270,13 +309,14 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         record["calibration"] = calibration
     report = {"plan": plan, "tables": tl, "cost": cost, "spec": spec, "simulator": sim}  # sim: what planned it
     if cfg.measure:
-        mcfg = MeasureConfig(budget_s=cfg.measure_budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
-                             top_k=cfg.measure_top, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
+        budget_s, top_k = cfg.measure_settings()
+        mcfg = MeasureConfig(budget_s=budget_s, warmup_iter=cfg.warmup_iter, num_iter=cfg.num_iter,
+                             top_k=top_k, seed=seed, mp_keep=cfg.mp_keep, race=not cfg.no_race,
                              engine=cfg.measure_engine, cost=cfg.cost)
         # the emulated engine measures the step cost itself, not TorchRec's step the fit was made to (an affine,
         # increasing fit: the same candidates in the same order)
         msim = sim.with_step_fit(None) if sim is not None and cfg.measure_engine == "emulated" else sim
-        cands = candidate_plans(tl.task, cluster, msim, search, batch, cfg.measure_top, seed,
+        cands = candidate_plans(tl.task, cluster, msim, search, batch, top_k, seed,
                                 extra={} if alg == "neuroshard" else {alg: plan})
         measured = measure_candidates(tl, cluster, cands, hw, batch, mcfg, cfg.ids,
                                       reference=(calibration or {}).get("reference"),
@@ -304,7 +344,7 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
                 predicted=_predicted(cost, batch))
             report.update(plan=plan, cost=cost, spec=spec)
         record["measured"] = {k: v for k, v in measured.items() if k != "best_index"}
-    atomic_write_text(out, json.dumps(record, indent=1, default=str))
+    write_json(out, record)
     print(f"\nplan written to {out}")
     if torchrec_plan:
         to_torchrec_plan(spec)  # TorchRec must accept it before the file is written

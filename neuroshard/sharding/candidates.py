@@ -33,7 +33,8 @@ class Candidate:
 
 def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
                     extra: dict | None = None) -> list[Candidate]:
-    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (and `extra`), deduplicated."""
+    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (and `extra`),
+    deduplicated; a simulated cost that cannot be true is `ImplausibleCost` (`Cost.check`)."""
     from .registry import BASELINES, make_sharder, shard_task
     from .search import neuroshard_top_plans
 
@@ -62,6 +63,8 @@ def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k:
             out[key].names.append(name)
         else:
             cost = sim.plan_cost(task, plan, cluster) if sim is not None else None
+            if cost is not None:  # a cost that cannot be true is never printed, compared or handed out
+                cost.check(f"{name}'s plan", negative_parts=True)
             out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms,
                                  simulated_parts_ms=None if cost is None else simulated_parts(cost))
     return list(out.values())

@@ -64,9 +64,10 @@ COSTS = ("paper", "step")
 GROUPS = ("table_wise", "column_wise")
 
 
-def check_cost(cost: str) -> str:
+def check_cost(cost: str, name: str = "--cost") -> str:
+    """`--cost` / `cost=` (`name`: as the caller's user sets it): one of COSTS."""
     if cost not in COSTS:
-        raise UserError(f"--cost must be one of {', '.join(COSTS)}, got {cost!r}")
+        raise UserError(f"{name} must be one of {', '.join(COSTS)}, got {cost!r}")
     return cost
 
 

@@ -14,10 +14,9 @@ file is checked (`check_spec`) before TorchRec sees it, so a bad file gets one l
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..core.artifacts import atomic_write_text, provenance, read_json
+from ..core.artifacts import provenance, read_json, write_json
 from ..core.errors import UserError
 from .plan import Placement
 
@@ -169,8 +168,7 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
 
 def write_torchrec_plan(path: str | Path, spec: dict, **made_with) -> Path:
     check_spec(spec)
-    return atomic_write_text(path, json.dumps({**spec, "provenance": provenance(**made_with)}, indent=1,
-                                              default=str))
+    return write_json(path, {**spec, "provenance": provenance(**made_with)})
 
 
 def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda"):

@@ -243,7 +243,7 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     check_output_file(results_csv, "--results_csv")
     check_results_csv(results_csv, "--results_csv", RESULT_COLUMNS, "training")
     if torchrun:  # every rank present (or one line within --rendezvous_timeout_s) before the expensive work
-        join_torchrun_group("cpu", cfg.rendezvous_timeout_s)
+        join_torchrun_group("cpu", cfg.rendezvous_timeout_s, timeout_flag="--rendezvous_timeout_s")
     simulator = None
     if cfg.alg == "neuroshard":
         from ..core.config import CostModelFiles
@@ -356,8 +356,10 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     result = {
         "dataset": cfg.dataset, "dct": cfg.dct, "arch": cfg.arch, "bottom_mlp": cfg.bottom_mlp,
         "top_mlp": cfg.top_mlp, "emb_dim": cfg.emb_dim, "ndevices": cfg.ndevices, "alg": cfg.alg,
-        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed, "dp_keep": cfg.dp_keep,
-        "dp_refresh": cfg.dp_refresh, "dp_drift": cfg.dp_drift, "mp_keep": cfg.mp_keep,
+        "steps": cfg.steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        # DCT's settings only where the run used them: a row never records a keep share nothing was kept at
+        "dp_keep": cfg.dp_keep if cfg.uses_dp else None, "dp_refresh": cfg.dp_refresh if cfg.uses_dp else None,
+        "dp_drift": cfg.dp_drift if cfg.uses_dp else None, "mp_keep": cfg.mp_keep if cfg.uses_mp else None,
         "mp_scope": cfg.mp_scope, "dp_adam_freeze_after": cfg.dp_adam_freeze_after, "dp_adam_floor": cfg.dp_adam_floor,
         "error_feedback": cfg.error_feedback, "dp_sync": cfg.dp_sync, "dense_opt": cfg.dense_opt, "lr": cfg.lr, "emb_lr": cfg.emb_lr,
         "test_auc": auc(preds, labels) if labels else float("nan"),
@@ -383,12 +385,11 @@ def append_result(path, row: dict) -> None:
     """Add one row to a results CSV (rewritten atomically) with a provenance sidecar."""
     import pandas as pd
 
-    from ..core.artifacts import atomic_write_text, cpu_name, provenance
+    from ..core.artifacts import atomic_write_text, cpu_name, provenance, write_json
 
     path = Path(path)
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()
     df = pd.concat([old, pd.DataFrame([row])], ignore_index=True)
     atomic_write_text(path, df.to_csv(index=False))
-    atomic_write_text(path.with_name(path.name + ".meta.json"),
-                      json.dumps(provenance(device="cpu", backend="gloo", device_name=cpu_name()),
-                                 indent=2, default=str))
+    write_json(path.with_name(path.name + ".meta.json"), provenance(device="cpu", backend="gloo",
+                                                                    device_name=cpu_name()), indent=2)

@@ -10,6 +10,7 @@ from neuroshard.data.raw import max_rows_any_device, save_raw, validate_raw
 from neuroshard.data.table_list import MAX_NAME_CHARS, load_table_list, tables_from_ids
 
 H = "name,rows,dim,pooling_factor\n"
+BINS = "name,rows,dim,pooling_factor," + ",".join(f"bin_{j}" for j in range(17)) + "\n"
 CSV = [
     (b"name,rows,dim,pooling_factor\nus\xe9r,10,8,1\n", "line 2: not UTF-8 text (byte 0xe9)"),
     (b"\xff\xfe" + "name,rows\n".encode("utf-16-le"), "line 1: not UTF-8"),
@@ -38,6 +39,11 @@ CSV = [
     (b"name,rows,dim,pooling_factor,name\nx,10,8,1,y\n", "the header names column 'name' more than once"),
     (b"Name, rows ,dim,pooling_factor\nx,10,8,1\n", "header lacks column 'name' (it has 'Name': column names are "
                                                     "lower case)"),
+    ((BINS + "x,10,8,1," + ",".join(["0"] * 17) + "\n").encode(), "line 2: bin_0..bin_16 must be shares that sum to "
+                                                                 "1, got sum 0.000 (all zero: only a table without"),
+    ((BINS + "x,10,8,1,-0.5,1.5," + ",".join(["0"] * 15) + "\n").encode(),
+     "line 2: bin_0..bin_16 must be shares in [0, 1], got bin_0 = -0.5, bin_1 = 1.5"),
+    ((BINS + "x,10,8,1,0.5,1," + ",".join(["0"] * 15) + "\n").encode(), "got sum 1.500"),
 ]
 
 
@@ -129,3 +135,8 @@ def test_a_raw_id_no_device_can_hold_is_refused_with_the_numbers():
         validate_raw((torch.tensor([0, 5, 2**40]), offsets, lengths))
     with pytest.raises(UserError, match="table 0 has id"):
         validate_raw((torch.tensor([0, max_rows_any_device(), 1]), offsets, lengths))
+
+
+def test_a_table_without_lookups_may_have_no_reuse(tmp_path):
+    (tmp_path / "t.csv").write_text(BINS + "x,10,8,0," + ",".join(["0"] * 17) + "\n")
+    assert load_table_list(tmp_path / "t.csv").task.data_features[0, 2:].sum() == 0

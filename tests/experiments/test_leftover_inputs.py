@@ -1,6 +1,7 @@
 """Earlier leftovers: --sleep_range -5,2 and 0,inf, --ndevices 1 in eval_simulator, comm samples of another
 device count under an N-device file name, and cost-model training on a log with a damaged record."""
 import math
+import re
 
 import pytest
 
@@ -13,10 +14,22 @@ from neuroshard.hardware.comm_bench import COMM_DATA_KIND
 from neuroshard.models.fitting import train_comm_models
 
 
-@pytest.mark.parametrize("pair", [(-5.0, 2.0), (0.0, math.inf), (math.nan, 1.0), (5.0, 2.0)])
-def test_bad_sleep_ranges_are_refused(pair):
-    with pytest.raises(UserError, match="--sleep_range must satisfy 0 <= lo <= hi"):
+@pytest.mark.parametrize("pair,words", [((-5.0, 2.0), "must satisfy 0 <= lo <= hi"),
+                                        ((0.0, math.inf), "must be finite numbers with 0 <= lo <= hi, got 0.0,inf (not "
+                                                          "finite)"),
+                                        ((math.nan, 1.0), "must be finite numbers with 0 <= lo <= hi, got nan,1.0"),
+                                        ((5.0, 2.0), "must satisfy 0 <= lo <= hi")])
+def test_bad_sleep_ranges_are_refused(pair, words):
+    with pytest.raises(UserError, match=r"^--sleep_range " + re.escape(words)):
         CommCollectConfig(sleep_range=pair).check(2)
+
+
+def test_an_infinite_sleep_range_on_the_command_line_says_not_finite(tmp_path):
+    from neuroshard.core.cli import config_from_args
+
+    with pytest.raises(UserError, match=r"got 0.0,inf \(not finite\)$"):
+        config_from_args(CommCollectConfig, step_parser(CommCollectConfig).parse_args(
+            ["--sleep_range", "0,inf", "--out_dir", str(tmp_path)])).check(2)
 
 
 def test_a_negative_value_on_the_command_line_gets_the_way_to_write_it(capsys):

@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -137,6 +138,47 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(setup, capsy
     assert not (tmp / "p.json").exists() and not list(tmp.glob(".*"))
 
 
+def test_a_plan_file_replaces_only_a_plan_file(setup, capsys, monkeypatch):
+    """--out named as a calibration file, or naming another kind of file already there: refused before any work,
+    whether or not --calibrate is given; an older plan is replaced as before."""
+    tmp, args = setup
+    assert run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "plan.json", "--torchrec_plan", tmp / "tr.json")[0] == 0
+    (tmp / "plan.calibration.pt").write_bytes(b"PK calibration")
+    (tmp / "notes.json").write_text('{"kind": "mine"}')
+    _no_work(monkeypatch)
+    before = {p: p.read_bytes() for p in files_under(tmp)}
+    cases = [(["--out", tmp / "plan.calibration.pt"], "--out {0}/plan.calibration.pt is the name of the calibration "
+                                                      "file of the plan {0}/plan.json (--calibrate saves it there)"),
+             (["--out", tmp / "new.calibration.pt"], "e.g. --out {0}/new.json"),
+             (["--out", tmp / "p.json", "--torchrec_plan", tmp / "plan.calibration.pt"], "--torchrec_plan {0}/plan"),
+             (["--out", tmp / "notes.json"], "--out {0}/notes.json exists and is not a neuroshard.plan file"),
+             (["--out", tmp / "p.json", "--torchrec_plan", tmp / "plan.json"],
+              "--torchrec_plan {0}/plan.json exists and is not a neuroshard.torchrec_plan file")]
+    for extra, words in cases:
+        code, out, err = run(capsys, *args, "--alg", "dim_greedy", *extra)
+        assert code == 2 and words.format(tmp) in one_error(err), err
+    assert {p: p.read_bytes() for p in files_under(tmp)} == before
+    monkeypatch.undo()
+    (tmp / "plan.calibration.pt").unlink()
+    code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "plan.json", "--torchrec_plan",
+                         tmp / "tr.json")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--calibrate_comm", 15], "--calibrate_comm has no effect without --calibrate; add --calibrate or drop"),
+    (["--no_race"], "--no_race has no effect without --measure"),
+    (["--measure_budget_s", 30], "--measure_budget_s has no effect without --measure"),
+    (["--measure_top", 4], "--measure_top has no effect without --measure"),
+    (["--dims", 8], "--dims has no effect without --ids; add --ids or drop --dims")])
+def test_a_flag_without_the_flag_it_needs_is_refused(setup, capsys, monkeypatch, extra, words):
+    tmp, args = setup
+    _no_work(monkeypatch)
+    code, out, err = run(capsys, *args, *extra, "--out", tmp / "p.json")
+    assert code == 2 and words in one_error(err), err
+    assert not (tmp / "p.json").exists()
+
+
 def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
     tmp, args = setup
     with OutputLock([("--out", tmp / "p.json")]):  # the first run, still running
@@ -146,6 +188,75 @@ def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
     assert not (tmp / "p.json").exists()
     code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")  # after it: runs
     assert code == 0 and (tmp / "p.json").is_file() and not (tmp / ".p.json.lock").exists()
+
+
+def _disk_full_after(monkeypatch, writes_ok: int):
+    """os.write fails with ENOSPC after `writes_ok` writes (the lock's pid is the first a run makes)."""
+    import neuroshard.core.artifacts.atomic as atomic_mod
+
+    real, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(1)
+        if len(calls) > writes_ok:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(atomic_mod.os, "write", write)
+
+
+@pytest.mark.parametrize("writes_ok", [0, 1])  # a disk full at the lock, or at the plan after it
+def test_a_full_disk_is_one_line_and_leaves_no_lock(setup, capsys, monkeypatch, writes_ok):
+    tmp, args = setup
+    assert run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")[0] == 0
+    before = {p: p.read_bytes() for p in files_under(tmp)}
+    _disk_full_after(monkeypatch, writes_ok)
+    code, out, err = run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "p.json")
+    monkeypatch.undo()
+    line = one_error(err)
+    assert code == 2 and "disk full" in line and "free some space" in line, line
+    assert {p: p.read_bytes() for p in files_under(tmp)} == before and not list(tmp.glob(".*"))
+
+
+@pytest.mark.parametrize("payload", ["MarkerPayload", "TorchBytesPayload"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_hostile_ids_file_runs_nothing_and_the_line_gives_no_unsafe_advice(setup, capsys, payload, gz):
+    """A pickle payload as --ids: refused without running it, and the line never repeats torch's advice to load
+    it again with weights_only=False (as cost-model files are refused)."""
+    import gzip
+    import io
+
+    import conftest
+
+    tmp, args = setup
+    marker = tmp / "ran"
+    buf = io.BytesIO()
+    torch.save(getattr(conftest, payload)(marker), buf)
+    ids = tmp / ("ids.pt.gz" if gz else "ids.pt")
+    ids.write_bytes(gzip.compress(buf.getvalue()) if gz else buf.getvalue())
+    code, out, err = run(capsys, "--ids", ids, "--dims", 8, *args[2:], "--alg", "dim_greedy", "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and f"{ids} is not a torch.save'd DLRM dataset (it holds objects other than tensors" in line
+    assert "weights_only" not in err and "trust the source" not in err and not marker.exists()
+
+
+def test_a_measure_of_one_round_writes_strict_json(setup, capsys, monkeypatch):
+    """One round gives no interval (NaN): plan.json holds null there, never a NaN literal strict readers refuse."""
+    from neuroshard.planning.measure import summarize
+
+    tmp, args = setup
+
+    def one_round(tl, cluster, cands, hw, batch, mcfg, ids=None, **kw):
+        for i, c in enumerate(cands):
+            c.round_ms = [1.0 + i]
+        return summarize(cands, 0.1, mcfg, log=lambda *_: None)
+
+    monkeypatch.setattr(pt, "measure_candidates", one_round)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json", "--measure")
+    assert code == 0, err
+    text = (tmp / "p.json").read_text()
+    rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in plan.json"))
+    assert rec["measured"]["candidates"] and "null" in text
 
 
 # ----------------------------------------------------------------------------- fix lines
@@ -164,6 +275,12 @@ def test_fix_lines_name_commands_that_work(setup, capsys):
     code, out, err = run(capsys, *args, "--max_mem", 0.001, "--alg", "dim_greedy", "--out", tmp / "p.json")
     assert code == 2 and "or try --alg neuroshard" in one_error(err)
     assert not (tmp / "p.json").exists()
+    # a plan of the user's own that does not fit: how much it needs, not another --alg
+    assert run(capsys, *args, "--alg", "dim_greedy", "--out", tmp / "mine.json")[0] == 0
+    code, out, err = run(capsys, *args, "--max_mem", 0.006, "--alg", f"plan:{tmp}/mine.json", "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and f"the plan in {tmp}/mine.json needs " in line and "raise --max_mem to at least" in line
+    assert "--alg neuroshard" not in line and not (tmp / "p.json").exists()
 
 
 # ----------------------------------------------------------------------------- costs that cannot be true
@@ -292,6 +409,41 @@ def test_reuse_is_decided_by_what_was_measured_not_an_edited_string(setup, capsy
     code, out, err = run(capsys, *args, "--out", tmp / "p.json")
     assert code == 2 and "was changed after it was saved" in one_error(err) and not out.count("per device")
     assert find_calibration(tmp / "none.pt", mine) == (None, [])
+
+
+def test_calibrated_models_edited_around_the_digest_are_refused(setup, capsys, fake_measuring):
+    """The digest covers what was measured, not the weights: a compute bias of 1e30 written into the calibrated
+    model is refused by read_calibration (the API) and shard_tables alike, in one line naming the file."""
+    from neuroshard.planning.calibrate import read_calibration
+
+    tmp, args = setup
+    path, obj = _calibration(tmp, capsys, args)
+    obj["models"]["compute"]["state_dict"]["head.2.bias"] += 1e30
+    torch.save(obj, path)
+    words = f"{path}: its calibrated cost models predict a compute cost that cannot be true (1e+30 ms"
+    with pytest.raises(UserError, match=re.escape(words)):
+        read_calibration(path)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    assert code == 2 and words in one_error(err) and "(--calibrate K replaces it)" in err and "per device" not in out
+
+
+@pytest.mark.parametrize("bad", [1e30, float("nan")])
+def test_no_candidate_cost_that_cannot_be_true_is_printed(setup, capsys, monkeypatch, bad):
+    """Only a heuristic's plan is rated absurdly: the comparison that would print it is refused in one line."""
+    tmp, args = setup
+    real = Simulator.plan_cost
+    calls = []
+
+    def plan_cost(self, task, plan, cluster=None):
+        c = real(self, task, plan, cluster)
+        calls.append(1)
+        return Cost(np.full_like(c.compute_ms, bad), c.fw_ms, c.bw_ms) if len(calls) == 2 else c
+
+    monkeypatch.setattr(Simulator, "plan_cost", plan_cost)
+    code, out, err = run(capsys, *args, "--out", tmp / "p.json")
+    line = one_error(err)
+    assert code == 2 and "the cost models predict a compute cost that cannot be true" in line and "'s plan;" in line
+    assert "simulated ms" not in out and not (tmp / "p.json").exists()
 
 
 def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake_measuring):

@@ -62,6 +62,15 @@ def test_plan_file_round_trip_and_bad_files(tmp_path):
         load_torchrec_plan(tmp_path / "bad.json")
 
 
+def test_a_plan_file_with_a_key_given_twice_is_refused(tmp_path):
+    """JSON keeps the last of two equal keys without a word; a plan (or table list) file holding one is refused."""
+    write_torchrec_plan(tmp_path / "p.json", _spec())
+    text = (tmp_path / "p.json").read_text()
+    (tmp_path / "dup.json").write_text(text.replace('"rank": 0', '"rank": 1, "rank": 0', 1))
+    with pytest.raises(UserError, match=r"dup.json: key 'rank' appears twice in one object .*; rewrite it with"):
+        load_torchrec_plan(tmp_path / "dup.json")
+
+
 def test_distributed_model_parallel_runs_the_written_plan_file(tmp_path):
     got = {}
     write_torchrec_plan(tmp_path / "p.json", _spec())

@@ -115,8 +115,9 @@ def test_handed_out_plan_is_never_rated_slower_than_torchrec_or_a_heuristic(mode
     assert mine <= torchrec.simulated_ms
     note = next(n for n in res.notes if "simulated step cost (ms) of the candidate plans" in n)
     assert "torchrec" in note and "plan handed out" in note
-    with pytest.raises(UserError, match="--min_gain must be"):
-        planner(models, min_gain=1.5)
+    for bad in (1.5, float("nan")):  # named as the API caller sets it, not as a flag
+        with pytest.raises(UserError, match=r"^NeuroShardPlanner: min_gain= must be a finite number >= 0 and < 1"):
+            planner(models, min_gain=bad)
     # the paper's search plan splits "wide"; under the step cost the second sharding group is charged
     paper = planner(models, debug=False, cost="paper", compare=False)
     paper.plan(w.ebc(WIDE), sharders())
@@ -145,7 +146,7 @@ def test_planner_takes_models_already_loaded(models, tmp_path):
         planner(models, simulator="models/compute.pt")
     with pytest.raises(UserError, match="trained for 4 devices"):
         planner(models, simulator=analytic_simulator(4))
-    with pytest.raises(UserError, match="--cost must be one of"):
+    with pytest.raises(UserError, match=r"^NeuroShardPlanner: cost= must be one of paper, step, got 'fast'$"):
         planner(models, cost="fast")
 
 
@@ -364,3 +365,29 @@ def test_the_planner_takes_a_saved_calibration_and_names_it(models, tmp_path):
         read_calibration(tmp_path / "absent.calibration.pt")
     with pytest.raises(UserError, match="simulator must be a neuroshard Simulator or the .Simulator, report. pair"):
         planner(models, simulator=(object(), {}))
+
+
+def test_the_planner_refuses_costs_that_cannot_be_true(models, tmp_path):
+    """A compute bias of 1e30, in model files or in a calibration given (one without measurements, which
+    read_calibration cannot check): no plan is handed out, one line names the models and the parameter to change."""
+    import shutil
+
+    import torch
+
+    from neuroshard.planning.calibrate import read_calibration, save_calibration
+    from neuroshard.sharding.simulator import Simulator
+
+    bad = tmp_path / "bad"
+    shutil.copytree(models, bad)
+    obj = torch.load(bad / "compute.pt", weights_only=True)
+    obj["state_dict"]["head.2.bias"] += 1e30
+    torch.save(obj, bad / "compute.pt")
+    with pytest.raises(UserError, match=r"^NeuroShardPlanner: the cost models \(.*compute.pt.*\) predict a compute "
+                                        r"cost that cannot be true \(1e\+30 ms.* pass a calibration of these tables"):
+        planner(bad, debug=False).plan(w.ebc(WIDE), sharders())
+    path = tmp_path / "plan.calibration.pt"
+    save_calibration(path, Simulator.load(bad / "compute.pt", bad / "comm_2_fw.pt", bad / "comm_2_bw.pt"),
+                     {"made_for": {"tables": "the user's"}})
+    with pytest.raises(UserError, match=r"^NeuroShardPlanner: the calibration given \(fingerprint .*\) predict a "
+                                        r"compute cost that cannot be true .*calibrate them again"):
+        planner(models, simulator=read_calibration(path), debug=False).plan(w.ebc(WIDE), sharders())

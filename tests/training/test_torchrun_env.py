@@ -100,6 +100,24 @@ def test_a_process_alone_stops_within_the_rendezvous_timeout(tmp_path, rank):
     assert os.listdir(tmp) == [] and not (tmp_path / "r.csv").exists()
 
 
+def test_a_rank_whose_master_port_never_answers_stops_at_the_same_deadline(tmp_path):
+    """MASTER_PORT held by a program that accepts and never answers (another program's port, or a rank 0 that
+    hangs): torch's store client would wait for ever; the rank gives up at its deadline in one line."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel accepts the connection; nobody answers
+        env, tmp = _env(tmp_path, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(listener.getsockname()[1]))
+        r = subprocess.run([sys.executable, SCRIPT, *ARGS, "--rendezvous_timeout_s", "2",
+                            "--results_csv", str(tmp_path / "r.csv")], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: torchrun rank 1 of 2: the ranks did not all meet at 127.0.0.1:") and \
+        "within 2 s (a program there accepted the connection but never answered" in line, line
+    assert os.listdir(tmp) == [] and not (tmp_path / "r.csv").exists()
+
+
 def test_sigterm_during_the_rendezvous_ends_it_at_once(tmp_path):
     port = _free_port()
     env, tmp = _env(tmp_path, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import UserError, write_error
+from ..errors import DISK_FULL, UserError, write_error
 from .inputs import _NOT_REGULAR
 from .pickles import _dumps
 
@@ -249,20 +249,21 @@ class OutputLock:
             if not same:  # the previous owner removed this lock file as we opened it: lock the new one
                 os.close(fd)
                 continue
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
+            try:
+                os.ftruncate(fd, 0)
+                _write_all(fd, str(os.getpid()).encode())
+            except OSError as e:  # a full disk: the lock file goes (we hold it), nothing is left behind
+                _drop_lock(lock, fd)
+                why = "disk full" if e.errno in DISK_FULL else e.strerror or type(e).__name__
+                raise UserError(f"{label} {path}: cannot write its lock {lock} ({why}); free some space or "
+                                f"{_fix_for(label)}, and rerun") from None
             self._held.append((lock, fd))
             return
         raise UserError(f"{label} {path}: its lock {lock} keeps changing hands; {_fix_for(label)}")
 
     def release(self) -> None:
         while self._held:
-            lock, fd = self._held.pop()
-            try:
-                os.unlink(lock)  # still held: no other run holds this file
-            except OSError:
-                pass
-            os.close(fd)
+            _drop_lock(*self._held.pop())
         made, self._made = self._made, []
         _remove_empty(sorted(made, key=lambda p: len(p.parts), reverse=True))
 
@@ -271,6 +272,15 @@ class OutputLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _drop_lock(lock: Path, fd: int) -> None:
+    """Remove a lock file this run holds (no other run holds it) and close it."""
+    try:
+        os.unlink(lock)
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def atomic_write_pickle(path: str | os.PathLike, obj: Any) -> Path:

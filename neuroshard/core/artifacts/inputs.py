@@ -58,15 +58,31 @@ def read_text(path: str | os.PathLike, label: str, what: str, fix: str = READ_FI
 def read_json(path: str | os.PathLike, label: str, what: str, fix: str = READ_FIX,
               max_bytes: int = MAX_TEXT_BYTES):
     """The JSON in `path` (`read_text`'s checks first), else one line: not valid JSON (the parser's message and
-    line), or not a usable `what` (nested too deeply, or an integer of thousands of digits). Reading JSON runs no
-    code. `fix` ends the line."""
+    line), a key given twice in one object, or not a usable `what` (nested too deeply, or an integer of thousands
+    of digits). Reading JSON runs no code. `fix` ends the line."""
     import json
 
     text = read_text(path, label, what, fix, max_bytes)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise UserError(f"{path}: key {str(e.args[0])[:60]!r} appears twice in one object (which one counts is up to "
+                        f"the reader); {fix}") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); {fix}") from None
     except (RecursionError, ValueError) as e:  # nesting too deep, or an integer of thousands of digits
         why = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
         raise UserError(f"{path}: not a usable {what} ({why}); {fix}") from None
+
+
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object (`read_json` refuses it rather than keep the last silently)."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out

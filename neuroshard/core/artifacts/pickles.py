@@ -137,13 +137,29 @@ def load_torch(path: str | os.PathLike, what: str) -> Any:
         raise UserError(f"{path} is not a loadable {what}: it is not a file torch saved; write it again with "
                         f"{written_by(what)}")
     try:
-        with warnings.catch_warnings():  # torch's notes on pickle protocols: the error below says what matters
-            warnings.simplefilter("ignore")
-            return torch.load(path, weights_only=True, map_location="cpu")
+        return torch_load_plain(path)
     except Exception as e:
-        if str(e).startswith("Weights only load failed"):  # torch's advice to load it unsafely is not repeated
-            raise UserError(f"{path} is not a loadable {what}: it holds objects other than tensors and plain data, "
-                            f"which are refused without running them; write it again with {written_by(what)}") from None
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        raise UserError(f"{path} is not a loadable {what} ({type(e).__name__}: {first}); write it again with "
+        raise UserError(f"{path} is not a loadable {what}: {torch_load_failure(e)}; write it again with "
                         f"{written_by(what)}") from None
+
+
+def torch_load_plain(source, **kwargs) -> Any:
+    """`torch.load(source, weights_only=True, map_location="cpu")`, torch's notes on pickle protocols silenced (the
+    caller's line says what matters; `torch_load_failure` words a failure)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(source, weights_only=True, map_location="cpu", **kwargs)
+
+
+def torch_load_failure(e: Exception) -> str:
+    """Why `torch_load_plain` failed, in a few words for one line. Never torch's own text for a file that holds
+    objects: it advises loading the file again with weights_only=False, which would run what a hostile file holds."""
+    text = str(e).strip()
+    if text.startswith("Weights only load failed") or "weights_only" in text:
+        detail = (text.partition("WeightsUnpickler error:")[2].strip().splitlines() or [""])[0]
+        if detail and "global" not in detail.lower():  # bytes that are no pickle at all (a damaged file)
+            return f"not a file torch saved ({detail[:120]})"
+        return "it holds objects other than tensors and plain data, which are refused without running them"
+    return f"{type(e).__name__}: {text.splitlines()[0][:160]}" if text else type(e).__name__

@@ -1,5 +1,5 @@
-"""Results files: the one results writer (every file atomic, with how it was made), and the check of a results
-CSV a run will add to."""
+"""Results files: the one results writer (every file atomic, with how it was made), the one JSON writer (strict JSON:
+`json_text`, `write_json`), and the check of a results CSV a run will add to."""
 from __future__ import annotations
 
 import csv
@@ -40,6 +40,32 @@ def _csv(rows) -> str:
     return buf.getvalue()
 
 
+def json_text(obj: Any, indent: int | None = 1) -> str:
+    """`obj` as strict JSON, the one way neuroshard writes JSON: a number that is not finite (NaN, an interval
+    that one round cannot give) is written as null, never as a NaN or Infinity literal that strict readers
+    refuse; what JSON has no type for is written as its text."""
+    return json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _finite(obj.tolist())
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
+    """`json_text(obj)` written atomically at `path`."""
+    return atomic_write_text(path, json_text(obj, indent))
+
+
 def write_results(path: str | os.PathLike, rows=None, *, markdown: str | None = None, record: dict | None = None,
                   **made_with: Any) -> Path:
     """A run's results, every file written atomically, named after `path`:
@@ -50,13 +76,11 @@ def write_results(path: str | os.PathLike, rows=None, *, markdown: str | None = 
     path = Path(path)
     if rows is not None:
         atomic_write_text(path, _csv(rows))
-        atomic_write_text(path.with_name(path.name + ".meta.json"),
-                          json.dumps(provenance(**made_with), indent=2, default=str))
+        write_json(path.with_name(path.name + ".meta.json"), provenance(**made_with), indent=2)
     if markdown is not None:
         atomic_write_text(path.with_suffix(".md"), markdown)
     if record is not None:
-        atomic_write_text(path.with_suffix(".json"),
-                          json.dumps({"provenance": provenance(**made_with), **record}, indent=1, default=str))
+        write_json(path.with_suffix(".json"), {"provenance": provenance(**made_with), **record})
     return path
 
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from ...core.config import MIN_GAIN, CostModelFiles, SearchParams, check_min_gain, comm_model_paths
 from ...core.errors import PlanError, UserError
-from ...core.types import MAX_DEVICE_MEM_GB, Cluster
+from ...core.types import MAX_DEVICE_MEM_GB, Cluster, ImplausibleCost
 from ...data.tasks import ShardingTask
 from ..plan import check_complete, fits_memory
 from ..search import fitting_thresholds
@@ -124,7 +124,7 @@ class NeuroShardPlanner:
         self.model_paths = (Path(compute_model or Path(models_dir) / "compute.pt"), Path(fw_comm_model or fw),
                             Path(bw_comm_model or bw))
         try:
-            check_cost(cost)
+            check_cost(cost, "cost=")
             if simulator is not None:  # e.g. calibrated models (planning.calibrate.read_calibration's pair)
                 given = "the simulator given"
                 if isinstance(simulator, tuple) and len(simulator) == 2 and isinstance(simulator[1], dict):
@@ -145,7 +145,7 @@ class NeuroShardPlanner:
         except UserError as e:
             raise UserError(f"NeuroShardPlanner: {e}") from None
         self.compare = compare
-        self.min_gain = check_min_gain(min_gain)
+        self.min_gain = check_min_gain(min_gain, "NeuroShardPlanner: min_gain=")
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         if batch_size is None:
             batch_size = max(1, int(self.model_batch) // world) if self.model_batch else 512
@@ -220,6 +220,23 @@ class NeuroShardPlanner:
     # ------------------------------------------------------------------------- composition
 
     def _plan(self, module, sharders) -> PlannerResult:
+        """`_search`; a predicted cost that cannot be true (any candidate's or the plan's) is one line naming the
+        models that predicted it, and no plan is handed out."""
+        try:
+            return self._search(module, sharders)
+        except ImplausibleCost as e:
+            raise UserError(e.line(*self._models_words())) from None
+
+    def _models_words(self) -> tuple[str, str]:
+        """(the models that predict, how to fix them) for the line of a predicted cost that cannot be true."""
+        if not isinstance(self.model_paths[0], Path):  # a simulator or calibration given
+            return (f"NeuroShardPlanner: {self.model_paths[0]}", "pass models that fit these tables (calibrate them "
+                    "again with tools/shard_tables.py --calibrate K, or leave simulator= out)")
+        return (f"NeuroShardPlanner: the cost models ({', '.join(map(str, self.model_paths))})",
+                "retrain them on more cost data, or pass a calibration of these tables "
+                "(simulator=planning.calibrate.read_calibration(path))")
+
+    def _search(self, module, sharders) -> PlannerResult:
         found = self.enumerator.enumerate(module, sharders)
         tables, task = found.tables, found.task
         params, widened = fitting_thresholds(task, self.cluster.num_devices, self.search, found.no_split,
@@ -262,7 +279,7 @@ class NeuroShardPlanner:
         if meta.get("device") in ("cpu", "cuda") and meta.get("device") != self.device_type:
             notes.append(f"note: the cost models were measured on {meta.get('device')}, this topology is "
                          f"{self.device_type}: predicted ms are for the models' hardware")
-        return PlannerResult(tables, task, plan, self.perf_model.rate(task, plan), kinds, specs, search_s,
+        return PlannerResult(tables, task, plan, self.perf_model.rate(task, plan).check(), kinds, specs, search_s,
                              notes + ([widened] if widened else []), self.cluster, self.memory_kind,
                              self.model_batch, meta.get("device_name") or meta.get("device") or "?")
 
