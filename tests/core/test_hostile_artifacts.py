@@ -85,4 +85,6 @@ def test_hostile_artifact_is_refused_without_running_code(small_dataset, tmp_pat
     with pytest.raises(UserError) as e:
         load()
     assert not marker.exists(), f"{kind.__name__}: the payload ran"
-    assert str(e.value).startswith(str(tmp_path)), e.value  # the refusal names the file it refused
+    msg = str(e.value)
+    assert msg.startswith(str(tmp_path)) and "\n" not in msg, msg  # one line, naming the file it refused
+    assert "weights_only" not in msg and "trust the source" not in msg, msg  # never advice to load it unsafely
