@@ -189,15 +189,28 @@ def hostile_objects(marker):
             {"tasks": [MarkerPayload(marker)]}]
 
 
-def load_benchmark(name: str):
-    """benchmarks/NAME.py imported as a module (`NAME_script`), for in-process tests of its checks."""
+def load_script(script: str):
+    """SCRIPT (a path from the repository root: `eval.py`, `tools/shard_tables.py`, `benchmarks/dct.py`) imported as
+    a module, once a session: its `main(argv)` is what `python SCRIPT ARGV` runs, and a test may monkeypatch the
+    names it imported."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its config is a dataclass, which looks its module up
-    spec.loader.exec_module(module)
-    return module
+    if script not in _scripts:
+        name = "script_" + "".join(c if c.isalnum() else "_" for c in script[:-len(".py")])
+        spec = importlib.util.spec_from_file_location(name, ROOT / script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # a script's config is a dataclass, which looks its module up
+        spec.loader.exec_module(module)
+        _scripts[script] = module
+    return _scripts[script]
+
+
+_scripts: dict[str, object] = {}
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py imported as a module (see load_script), for in-process tests of its checks."""
+    return load_script(f"benchmarks/{name}.py")
 
 
 def run_main_in_process(capsys, main, argv) -> tuple[int | None, str, str]:
@@ -213,3 +226,51 @@ def run_main_in_process(capsys, main, argv) -> tuple[int | None, str, str]:
         signal.signal(signal.SIGTERM, old)
     out = capsys.readouterr()
     return e.value.code, out.out, out.err
+
+
+# ----------------------------------------------------------------------------- refusals, in this process
+
+def run_in_process(capsys, script, *argv, cwd=None) -> tuple[int, str, str]:
+    """`python SCRIPT ARGV` in this process (SCRIPT a path as load_script takes, or a loaded script module): its
+    main through `run_main`, as the script's last line runs it, in `cwd` (the repository root unless given, as
+    run_script runs it). Returns (exit code, stdout, stderr)."""
+    module = load_script(script) if isinstance(script, str) else script
+    here, args = os.getcwd(), sys.argv
+    os.chdir(cwd or ROOT)
+    sys.argv = [module.__file__, *map(str, argv)]  # argparse names the script from it: "(see SCRIPT --help)"
+    try:
+        code, out, err = run_main_in_process(capsys, module.main, argv)
+    finally:
+        os.chdir(here)
+        sys.argv = args
+    return code or 0, out, err
+
+
+def tree(*folders) -> dict:
+    """Every file, folder and other entry under `folders` (themselves included): a file's bytes, else its type.
+    Equal before and after a run: the run added, removed and changed nothing there."""
+    import stat
+
+    out = {}
+    for top in map(Path, folders):
+        for p in [top, *top.rglob("*")] if top.exists() else []:
+            mode = p.lstat().st_mode
+            out[str(p)] = p.read_bytes() if stat.S_ISREG(mode) else stat.S_IFMT(mode)
+    return out
+
+
+def refused(capsys, script, *argv, match: str, untouched=(), cwd=None) -> str:
+    """`python SCRIPT ARGV` (run_in_process) is refused as a user sees it: exit 2, nothing on stdout, stderr exactly
+    one line `error: ...` that the regular expression `match` matches whole (re.fullmatch: write `.*` where a
+    part is not the point), and no file or folder under `untouched` added, removed or changed. Returns the line."""
+    import re
+
+    before = tree(*untouched)
+    code, out, err = run_in_process(capsys, script, *argv, cwd=cwd)
+    assert code == 2, (code, out, err)
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith("error: "), (out, err)
+    line = err.rstrip("\n")
+    assert re.fullmatch(match, line), f"{line!r} does not match {match!r}"
+    assert tree(*untouched) == before, "the refused run wrote there"
+    return line
+
