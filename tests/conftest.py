@@ -259,18 +259,39 @@ def tree(*folders) -> dict:
     return out
 
 
-def refused(capsys, script, *argv, match: str, untouched=(), cwd=None) -> str:
-    """`python SCRIPT ARGV` (run_in_process) is refused as a user sees it: exit 2, nothing on stdout, stderr exactly
-    one line `error: ...` that the regular expression `match` matches whole (re.fullmatch: write `.*` where a
-    part is not the point), and no file or folder under `untouched` added, removed or changed. Returns the line."""
+def refused(capsys, script, *argv, match: str, untouched=(), quiet: bool = True, cwd=None) -> str:
+    """`python SCRIPT ARGV` (run_in_process) is refused as a user sees it: exit 2; stderr exactly one line,
+    `error: ...`, that the regular expression `match` matches whole (re.fullmatch: write `.*` only where a part is not
+    the point); no file or folder under `untouched` added, removed or changed; and, where `quiet` (a refusal before
+    any work), nothing on stdout. Returns stdout."""
     import re
 
     before = tree(*untouched)
     code, out, err = run_in_process(capsys, script, *argv, cwd=cwd)
     assert code == 2, (code, out, err)
-    assert out == "" and len(err.splitlines()) == 1 and err.startswith("error: "), (out, err)
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "\n" not in err.rstrip("\n"), (out, err)
+    assert out == "" or not quiet, (out, err)
     line = err.rstrip("\n")
     assert re.fullmatch(match, line), f"{line!r} does not match {match!r}"
     assert tree(*untouched) == before, "the refused run wrote there"
-    return line
+    return out
 
+
+# ----------------------------------------------------------------------------- a full disk
+
+def no_space() -> OSError:
+    """The error a write gets on a full disk."""
+    import errno
+
+    return OSError(errno.ENOSPC, "No space left on device")
+
+
+def disk_full(monkeypatch) -> None:
+    """The disk is full: every write of the package's writers (`neuroshard.core.artifacts`) fails with ENOSPC.
+    `monkeypatch.undo()` frees the space."""
+    from neuroshard.core import artifacts
+
+    def write(fd, data):
+        raise no_space()
+
+    monkeypatch.setattr(artifacts.atomic.os, "write", write)
