@@ -260,18 +260,20 @@ def tree(*folders) -> dict:
 
 
 def refused(capsys, script, *argv, match: str, untouched=(), quiet: bool = True, cwd=None) -> str:
-    """`python SCRIPT ARGV` (run_in_process) is refused as a user sees it: exit 2; stderr exactly one line,
-    `error: ...`, that the regular expression `match` matches whole (re.fullmatch: write `.*` only where a part is not
-    the point); no file or folder under `untouched` added, removed or changed; and, where `quiet` (a refusal before
-    any work), nothing on stdout. Returns stdout."""
+    """`python SCRIPT ARGV` (run_in_process) is refused as a user sees it: exit 2; one line `error: ...` that the
+    regular expression `match` matches whole (re.fullmatch: write `.*` only where a part is not the point); no file
+    or folder under `untouched` added, removed or changed. Where `quiet` (a refusal before any work) that line is
+    all the run printed; else it is stderr's last line and its only error, after what the work printed (progress,
+    notes). Returns stdout."""
     import re
 
     before = tree(*untouched)
     code, out, err = run_in_process(capsys, script, *argv, cwd=cwd)
     assert code == 2, (code, out, err)
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "\n" not in err.rstrip("\n"), (out, err)
-    assert out == "" or not quiet, (out, err)
-    line = err.rstrip("\n")
+    lines = err.splitlines()
+    assert [l for l in lines if l.startswith("error:")] == lines[-1:] and "Traceback" not in err, (out, err)
+    assert not quiet or (out == "" and len(lines) == 1), (out, err)
+    line = lines[-1]
     assert re.fullmatch(match, line), f"{line!r} does not match {match!r}"
     assert tree(*untouched) == before, "the refused run wrote there"
     return out
