@@ -137,20 +137,6 @@ def run_script(script: str, *args: str, cwd=None) -> subprocess.CompletedProcess
     return run_python(ROOT / script, *args, cwd=cwd)
 
 
-def assert_clean_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    """Non-zero exit, no traceback, and one `error:` line naming the problem."""
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-    assert len(errors) == 1, proc.stderr
-    for f in fragments:
-        assert f in errors[0], errors[0]
-
-
-def files_under(path: Path) -> list[Path]:
-    return sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).exists() else []
-
-
 # ----------------------------------------------------------------------------- hostile pickles
 
 class MarkerPayload:
@@ -189,6 +175,11 @@ def hostile_objects(marker):
             {"tasks": [MarkerPayload(marker)]}]
 
 
+# ----------------------------------------------------------------------------- scripts in this process, and refusals
+
+_scripts: dict[str, object] = {}
+
+
 def load_script(script: str):
     """SCRIPT (a path from the repository root: `eval.py`, `tools/shard_tables.py`, `benchmarks/dct.py`) imported as
     a module, once a session: its `main(argv)` is what `python SCRIPT ARGV` runs, and a test may monkeypatch the
@@ -205,45 +196,25 @@ def load_script(script: str):
     return _scripts[script]
 
 
-_scripts: dict[str, object] = {}
-
-
-def load_benchmark(name: str):
-    """benchmarks/NAME.py imported as a module (see load_script), for in-process tests of its checks."""
-    return load_script(f"benchmarks/{name}.py")
-
-
-def run_main_in_process(capsys, main, argv) -> tuple[int | None, str, str]:
-    """`run_main(main, argv)` as the script would run it: (exit code, stdout, stderr). SIGTERM's handler is
-    put back afterwards."""
-    from neuroshard.core.cli import run_main
-
-    old = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as e:
-            run_main(main, [str(a) for a in argv])
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
-# ----------------------------------------------------------------------------- refusals, in this process
-
 def run_in_process(capsys, script, *argv, cwd=None) -> tuple[int, str, str]:
     """`python SCRIPT ARGV` in this process (SCRIPT a path as load_script takes, or a loaded script module): its
     main through `run_main`, as the script's last line runs it, in `cwd` (the repository root unless given, as
     run_script runs it). Returns (exit code, stdout, stderr)."""
+    from neuroshard.core.cli import run_main
+
     module = load_script(script) if isinstance(script, str) else script
-    here, args = os.getcwd(), sys.argv
+    here, args, sigterm = os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM)
     os.chdir(cwd or ROOT)
     sys.argv = [module.__file__, *map(str, argv)]  # argparse names the script from it: "(see SCRIPT --help)"
     try:
-        code, out, err = run_main_in_process(capsys, module.main, argv)
+        with pytest.raises(SystemExit) as e:
+            run_main(module.main, [str(a) for a in argv])
     finally:
         os.chdir(here)
         sys.argv = args
-    return code or 0, out, err
+        signal.signal(signal.SIGTERM, sigterm)  # run_main set its own
+    out = capsys.readouterr()
+    return e.value.code or 0, out.out, out.err
 
 
 def tree(*folders) -> dict:
@@ -271,7 +242,7 @@ def refused(capsys, script, *argv, match: str, untouched=(), quiet: bool = True,
     code, out, err = run_in_process(capsys, script, *argv, cwd=cwd)
     assert code == 2, (code, out, err)
     lines = err.splitlines()
-    assert [l for l in lines if l.startswith("error:")] == lines[-1:] and "Traceback" not in err, (out, err)
+    assert lines and [l for l in lines if l.startswith("error:")] == lines[-1:] and "Traceback" not in err, (out, err)
     assert not quiet or (out == "" and len(lines) == 1), (out, err)
     line = lines[-1]
     assert re.fullmatch(match, line), f"{line!r} does not match {match!r}"

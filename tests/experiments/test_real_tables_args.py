@@ -8,9 +8,9 @@ import pytest
 
 from neuroshard.core.artifacts import OutputLock
 
-from conftest import load_benchmark, refused
+from conftest import load_script, refused
 
-real_tables = load_benchmark("real_tables")
+real_tables = load_script("benchmarks/real_tables.py")
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ import pytest
 
 from neuroshard.core.artifacts import source_digest
 
-from conftest import load_benchmark, refused, run_in_process
+from conftest import load_script, refused, run_in_process
 
-torchrec_step = load_benchmark("torchrec_step")
+torchrec_step = load_script("benchmarks/torchrec_step.py")
 
 
 @pytest.fixture(autouse=True)
