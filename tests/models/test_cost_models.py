@@ -263,7 +263,8 @@ def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path, capsys):
             match=re.escape("error: the comm cost models were trained for 2 devices, the task "
                             "asks for 4; collect comm data and train models with --ndevices 4"))
     refused(capsys, "eval_simulator.py", "--data_dir", dataset.path, "--task_path", tmp_path / "t.pkl",
-            "--compute_model", tmp_path / "missing.pt", "--alg", "neuroshard", untouched=[tmp_path], match=re.escape(
+            "--compute_model", tmp_path / "missing.pt", "--alg", "neuroshard", untouched=[tmp_path], cwd=tmp_path,
+            match=re.escape(
                 f"error: cost models not found: {tmp_path}/missing.pt, models/comm_4_fw.pt, models/comm_4_bw.pt; train "
                 "them with `make reproduce` (4 devices) or steps 3-4: python collect_compute_cost_data.py && python "
                 "train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices 4 && python "

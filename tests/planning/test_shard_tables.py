@@ -107,7 +107,7 @@ def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_pa
 def test_missing_models_say_how_to_get_them(tmp_path, capsys):
     (tmp_path / "t.csv").write_text(TABLES)
     refused(capsys, "tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--compute_model", tmp_path / "no.pt",
-            "--out", tmp_path / "plan.json", untouched=[tmp_path], match=re.escape(
+            "--out", tmp_path / "plan.json", untouched=[tmp_path], cwd=tmp_path, match=re.escape(  # no models/ there
                 f"error: cost models not found: {tmp_path}/no.pt, models/comm_4_fw.pt, models/comm_4_bw.pt; train them "
                 "with `make reproduce` (4 devices) or steps 3-4: python collect_compute_cost_data.py && python "
                 "train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices 4 && python "

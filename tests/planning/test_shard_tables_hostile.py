@@ -131,7 +131,7 @@ def test_a_second_run_on_the_same_out_stops_with_one_line(setup, capsys):
 def test_fix_lines_name_commands_that_work(setup, capsys):
     tmp, args = setup
     refused(capsys, SCRIPT, "--tables", tmp / "t.csv", "--ndevices", 2, "--mp_keep", 0.25, "--compute_model",
-            tmp / "models/compute.pt", "--out", tmp / "p.json", untouched=[tmp], match=re.escape(
+            tmp / "models/compute.pt", "--out", tmp / "p.json", untouched=[tmp], cwd=tmp, match=re.escape(
                 "error: cost models not found: models/comm_2_mp0.25_fw.pt, models/comm_2_mp0.25_bw.pt; train them "
                 "with steps 3-4: python collect_compute_cost_data.py && python train_compute_cost_model.py && python "
                 "collect_comm_cost_data.py --ndevices 2 --mp_keep 0.25 && python train_comm_cost_model.py --ndevices 2 "
