@@ -137,20 +137,6 @@ def run_script(script: str, *args: str, cwd=None) -> subprocess.CompletedProcess
     return run_python(ROOT / script, *args, cwd=cwd)
 
 
-def assert_clean_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    """Non-zero exit, no traceback, and one `error:` line naming the problem."""
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-    assert len(errors) == 1, proc.stderr
-    for f in fragments:
-        assert f in errors[0], errors[0]
-
-
-def files_under(path: Path) -> list[Path]:
-    return sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).exists() else []
-
-
 # ----------------------------------------------------------------------------- hostile pickles
 
 class MarkerPayload:
@@ -189,27 +175,102 @@ def hostile_objects(marker):
             {"tasks": [MarkerPayload(marker)]}]
 
 
-def load_benchmark(name: str):
-    """benchmarks/NAME.py imported as a module (`NAME_script`), for in-process tests of its checks."""
+# ----------------------------------------------------------------------------- scripts in this process, and refusals
+
+_scripts: dict[str, object] = {}
+
+
+def load_script(script: str):
+    """SCRIPT (a path from the repository root: `eval.py`, `tools/shard_tables.py`, `benchmarks/dct.py`) imported as
+    a module, once a session: its `main(argv)` is what `python SCRIPT ARGV` runs, and a test may monkeypatch the
+    names it imported."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its config is a dataclass, which looks its module up
-    spec.loader.exec_module(module)
-    return module
+    if script not in _scripts:
+        name = "script_" + "".join(c if c.isalnum() else "_" for c in script[:-len(".py")])
+        spec = importlib.util.spec_from_file_location(name, ROOT / script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # a script's config is a dataclass, which looks its module up
+        spec.loader.exec_module(module)
+        _scripts[script] = module
+    return _scripts[script]
 
 
-def run_main_in_process(capsys, main, argv) -> tuple[int | None, str, str]:
-    """`run_main(main, argv)` as the script would run it: (exit code, stdout, stderr). SIGTERM's handler is
-    put back afterwards."""
+def run_in_process(capsys, script, *argv, cwd=None) -> tuple[int, str, str]:
+    """`python SCRIPT ARGV` in this process (SCRIPT a path as load_script takes, or a loaded script module): its
+    main through `run_main`, as the script's last line runs it, in `cwd` (the repository root unless given, as
+    run_script runs it). Returns (exit code, stdout, stderr)."""
     from neuroshard.core.cli import run_main
 
-    old = signal.getsignal(signal.SIGTERM)
+    module = load_script(script) if isinstance(script, str) else script
+    here, args, sigterm = os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM)
+    os.chdir(cwd or ROOT)
+    sys.argv = [module.__file__, *map(str, argv)]  # argparse names the script from it: "(see SCRIPT --help)"
     try:
         with pytest.raises(SystemExit) as e:
-            run_main(main, [str(a) for a in argv])
+            run_main(module.main, [str(a) for a in argv])
     finally:
-        signal.signal(signal.SIGTERM, old)
+        os.chdir(here)
+        sys.argv = args
+        signal.signal(signal.SIGTERM, sigterm)  # run_main set its own
     out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+    return e.value.code or 0, out.out, out.err
+
+
+def tree(*folders) -> dict:
+    """Every file, folder and other entry under `folders` (themselves included): a file's bytes, else its type.
+    Equal before and after a run: the run added, removed and changed nothing there."""
+    import stat
+
+    out = {}
+    for top in map(Path, folders):
+        for p in [top, *top.rglob("*")] if top.exists() else []:
+            mode = p.lstat().st_mode
+            out[str(p)] = p.read_bytes() if stat.S_ISREG(mode) else stat.S_IFMT(mode)
+    return out
+
+
+def refused(capsys, script, *argv, match: str, untouched=(), quiet: bool = True, cwd=None) -> str:
+    """`python SCRIPT ARGV` (run_in_process) is refused as a user sees it: exit 2; one line `error: ...` that the
+    regular expression `match` matches whole (re.fullmatch: write `.*` only where a part is not the point); no file
+    or folder under `untouched` added, removed or changed. Where `quiet` (a refusal before any work) that line is
+    all the run printed; else it is stderr's last line and its only error, after what the work printed (progress,
+    notes). Returns stdout."""
+    import re
+
+    before = tree(*untouched)
+    code, out, err = run_in_process(capsys, script, *argv, cwd=cwd)
+    assert code == 2, (code, out, err)
+    lines = err.splitlines()
+    assert lines and [l for l in lines if l.startswith("error:")] == lines[-1:] and "Traceback" not in err, (out, err)
+    assert not quiet or (out == "" and len(lines) == 1), (out, err)
+    line = lines[-1]
+    assert re.fullmatch(match, line), f"{line!r} does not match {match!r}"
+    assert tree(*untouched) == before, "the refused run wrote there"
+    return out
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+def no_space() -> OSError:
+    """The error a write gets on a full disk."""
+    import errno
+
+    return OSError(errno.ENOSPC, "No space left on device")
+
+
+def disk_full(monkeypatch, writes_ok: int = 0) -> None:
+    """The disk is full: every write of the package's writers (`neuroshard.core.artifacts`) after the first
+    `writes_ok` fails with ENOSPC (a run's first write is its output lock's pid). `monkeypatch.undo()` frees the
+    space."""
+    from neuroshard.core import artifacts
+
+    real, done = artifacts.atomic.os.write, []
+
+    def write(fd, data):
+        if len(done) >= writes_ok:
+            raise no_space()
+        done.append(fd)
+        return real(fd, data)
+
+    monkeypatch.setattr(artifacts.atomic.os, "write", write)

@@ -292,7 +292,7 @@ def _plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim
     if alg == "neuroshard" and not cfg.measure:
         plan, chosen = neuroshard_or_better(tl, cluster, sim, search, batch, seed, plan,
                                             MIN_GAIN if cfg.min_gain is None else cfg.min_gain)
-    cost = sim.plan_cost(tl.task, plan).check() if sim else None
+    cost = sim.plan_cost(tl.task, plan).check(f"{chosen}'s plan") if sim else None
     print(f"\nper device ({'predicted at batch ' + str(batch) + ' by the cost models' if sim else 'no cost models'}"
           f"; * = critical device), planned in {res.search_s:.2f} s")
     print(device_report(tl, plan, cluster, cost))

@@ -3,7 +3,6 @@ input file is named as such (never "not found", never a read that does not end);
 unchecksummed format is salvaged record by record or refused with one line naming --salvage; a file set aside
 never replaces an earlier one; torch archives that cannot be written give one line, not a traceback; outputs are
 checked for collisions and writability before any work, and locked for the run."""
-import errno
 import os
 import pickle
 import signal
@@ -20,7 +19,7 @@ from neuroshard.data.table_list import load_table_list
 from neuroshard.sharding.plan_file import read_plan_file
 from neuroshard.sharding.torchrec_export import load_torchrec_plan
 
-from conftest import MarkerPayload
+from conftest import MarkerPayload, disk_full
 
 
 # ----------------------------------------------------------------------------- inputs that are not files
@@ -176,10 +175,7 @@ def test_a_torch_archive_on_a_full_disk_is_one_line_and_leaves_the_old_file(tmp_
     atomic_torch_save(path, {"w": torch.zeros(3)})
     before = path.read_bytes()
 
-    def write(fd, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(artifacts.atomic.os, "write", write)
+    disk_full(monkeypatch)
     with pytest.raises(UserError, match=r"^disk full while writing .*plan.calibration.pt; the previous file"):
         atomic_torch_save(path, {"w": torch.ones(1000)})
     monkeypatch.undo()

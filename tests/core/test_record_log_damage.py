@@ -1,7 +1,6 @@
 """Record logs under damage: symlinks and hard links are never written through, every flipped byte
 is refused with one line (never read as an empty log or a shorter one), a cut last frame is dropped,
 --salvage keeps exactly the good records, and a full disk keeps every earlier record."""
-import errno
 import os
 
 import numpy as np
@@ -11,6 +10,8 @@ from neuroshard.core import artifacts
 from neuroshard.core.artifacts import (RecordLog, atomic_torch_save, atomic_write_pickle, atomic_write_text,
                                        load_pickle, read_record_log)
 from neuroshard.core.errors import UserError
+
+from conftest import disk_full
 
 
 def _log(path, n=3):
@@ -154,25 +155,12 @@ def test_an_old_format_log_is_read_and_upgraded(tmp_path):
     assert [r["index"] for r in read_record_log(path, "k", "log")[1]] == [0, 1]
 
 
-def _disk_full_after(monkeypatch, calls):
-    real = os.write
-    left = [calls]
-
-    def write(fd, data):
-        if left[0] <= 0:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        left[0] -= 1
-        return real(fd, data)
-
-    monkeypatch.setattr(artifacts.atomic.os, "write", write)
-
-
 def test_disk_full_while_appending_keeps_every_earlier_record(tmp_path, monkeypatch):
     path = tmp_path / "log.pkl"
     log = RecordLog(path, "k", {"a": 1}, ("a",))
     log.append({"index": 0})
     size = path.stat().st_size
-    _disk_full_after(monkeypatch, 0)
+    disk_full(monkeypatch)
     with pytest.raises(UserError, match=r"disk full while writing .*log.pkl \(the 1 records before it are kept\).*"
                                         "rerun the same command"):
         log.append({"index": 1})
@@ -189,7 +177,7 @@ def test_disk_full_while_appending_keeps_every_earlier_record(tmp_path, monkeypa
 def test_disk_full_while_writing_a_file_keeps_the_old_one(tmp_path, monkeypatch, write):
     path = tmp_path / "x.pkl"
     atomic_write_pickle(path, {"old": 1})
-    _disk_full_after(monkeypatch, 0)
+    disk_full(monkeypatch)
     with pytest.raises(UserError, match="disk full while writing .*x.pkl; the previous file .* unchanged"):
         write(path)
     monkeypatch.undo()

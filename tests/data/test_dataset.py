@@ -1,5 +1,6 @@
 """Raw format I/O, processing, synthetic statistics and bad input of tools/gen_dlrm_data.py."""
 import gzip
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from neuroshard.data.raw import load_raw, save_raw
 from neuroshard.data.synthetic import PUBLISHED_REUSE_UNIQUE_SHARE, SyntheticConfig, generate_synthetic_raw
 from neuroshard.data.features import table_data_features
 
-from conftest import assert_clean_error, files_under, run_script
+from conftest import refused, run_script
 
 
 @pytest.mark.parametrize("name", ["raw.pt", "raw.pt.gz"])
@@ -90,32 +91,41 @@ def _bad_file_cases(small_raw, tmp_path):
     torch.save((indices.double(), offsets, lengths), tmp_path / "float.pt")
     empty = torch.zeros(0, B, dtype=torch.int64)
     torch.save((torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), empty), tmp_path / "empty.pt")
-    return [("list.pt", "tuple (indices, offsets, lengths)"), ("offsets.pt", "table 3"),
-            ("neg.pt", "negative ids in table 5"), ("garbage.pt", "not a torch.save'd"),
-            ("missing.pt", "not found"), ("neglen.pt", "negative lengths in table 2"),
-            ("float.pt", "indices must be an integer tensor"), ("empty.pt", "no tables")]
+    # each file's whole error line: {} is the file, .* torch's own words
+    return [("list.pt", "{}: expected a tuple (indices, offsets, lengths) of three tensors, got list; pass a DLRM "
+                        "dataset file such as fbgemm_t856_bs65536.pt"),
+            ("offsets.pt", "{}: offsets are inconsistent with lengths in table 3; offsets must be the prefix sums of "
+                           "lengths, table by table"),
+            ("neg.pt", "{}: negative ids in table 5; ids must be row numbers >= 0"),
+            ("garbage.pt", "{} is not a torch.save'd DLRM dataset (UnpicklingError: .*)"),
+            ("missing.pt", "--data file not found: {}; download fbgemm_t856_bs65536.pt or use --synthetic"),
+            ("neglen.pt", "{}: negative lengths in table 2; lengths count lookups and must be >= 0"),
+            ("float.pt", "{}: indices must be an integer tensor, got torch.float64; ids, offsets and lengths are whole "
+                         "numbers"),
+            ("empty.pt", "{}: the dataset has no tables or no samples (lengths (0, 256)); pass a dataset with at least "
+                         "one table and one sample")]
 
 
-def test_bad_input_gets_one_clear_line_and_overwrites_nothing(small_raw, small_dataset, tmp_path):
+def test_bad_input_gets_one_clear_line_and_overwrites_nothing(small_raw, small_dataset, tmp_path, capsys):
     import shutil
 
     out = tmp_path / "existing"
     shutil.copytree(small_dataset.path, out)
-    before = {p.name: p.read_bytes() for p in files_under(out)}
-    for name, fragment in _bad_file_cases(small_raw, tmp_path):
-        proc = run_script("tools/gen_dlrm_data.py", "--data", tmp_path / name, "--out_dir", out)
-        assert_clean_error(proc, fragment)
-        assert {p.name: p.read_bytes() for p in files_under(out)} == before, name
-        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".existing")], "staging folder left behind"
+    for name, line in _bad_file_cases(small_raw, tmp_path):
+        match = ".*".join(re.escape(part.format(tmp_path / name)) for part in f"error: {line}".split(".*"))
+        refused(capsys, "tools/gen_dlrm_data.py", "--data", tmp_path / name, "--out_dir", out, match=match,
+                untouched=[tmp_path], quiet=False)
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--num_tables", "0"], "--num_tables"), (["--batch_size", "-5"], "--batch_size"),
-    (["--row_scale", "0"], "--row_scale"), (["--row_scale", "nan"], "--row_scale"), (["--seed", "-1"], "--seed")])
-def test_bad_synthetic_settings_touch_nothing(tmp_path, args, fragment):
-    proc = run_script("tools/gen_dlrm_data.py", "--synthetic", "--out_dir", tmp_path / "out", *args)
-    assert_clean_error(proc, fragment)
-    assert files_under(tmp_path) == []
+@pytest.mark.parametrize("args,line", [
+    (["--num_tables", "0"], "--num_tables must be >= 1 and <= 100000, got 0"),
+    (["--batch_size", "-5"], "--batch_size must be >= 1 and <= 1.04858e+06, got -5"),
+    (["--row_scale", "0"], "--row_scale must be a finite number > 0 and <= 1000, got 0"),
+    (["--row_scale", "nan"], "--row_scale must be a finite number > 0 and <= 1000, got nan"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1")])
+def test_bad_synthetic_settings_touch_nothing(tmp_path, capsys, args, line):
+    refused(capsys, "tools/gen_dlrm_data.py", "--synthetic", "--out_dir", tmp_path / "out", *args,
+            match=re.escape(f"error: {line}"), untouched=[tmp_path])
 
 
 def test_regenerating_replaces_the_dataset_whole(small_raw, tmp_path):
@@ -128,12 +138,13 @@ def test_regenerating_replaces_the_dataset_whole(small_raw, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
 
-def test_unwritable_output_folder(small_raw, tmp_path):
+def test_unwritable_output_folder(small_raw, tmp_path, capsys):
     raw = save_raw(tmp_path / "raw.pt", *small_raw)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    proc = run_script("tools/gen_dlrm_data.py", "--data", raw, "--out_dir", blocker / "sub")
-    assert_clean_error(proc, "cannot write")
+    refused(capsys, "tools/gen_dlrm_data.py", "--data", raw, "--out_dir", blocker / "sub", untouched=[tmp_path],
+            quiet=False, match=re.escape(f"error: cannot write to {blocker}: File exists; choose a writable output "
+                                         "folder"))
 
 
 def test_processed_folder_check(tmp_path):

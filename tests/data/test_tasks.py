@@ -1,4 +1,5 @@
 """Sharding tasks (DESIGN.md §2.4): drawing, task files, and every bad task file or setting."""
+import re
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from neuroshard.core.errors import UserError
 from neuroshard.data.features import table_size_gb
 from neuroshard.data.tasks import TASKS_KIND, generate_tasks, load_tasks, save_tasks
 
-from conftest import assert_clean_error, files_under, run_script
+from conftest import refused
 
 
 def test_generated_tasks_honour_range_dims_and_budget(small_dataset):
@@ -34,22 +35,27 @@ def test_task_file_round_trip_and_dataset_check(small_dataset, tmp_path):
         load_tasks(tmp_path / "t.pkl", other)
 
 
-@pytest.mark.parametrize("T_range", ["5", "60,10", "a,b", "0,3"])
-def test_bad_T_range(small_dataset, tmp_path, T_range):
-    proc = run_script("tools/gen_tasks.py", "--data_dir", small_dataset.path, "--out_dir", tmp_path,
-                      "--T_range", T_range)
-    assert_clean_error(proc, "--T_range")
-    assert files_under(tmp_path) == []
+@pytest.mark.parametrize("T_range,line", [
+    ("5", "--T_range must be two int values 'lo,hi' (e.g. 10,60), got '5'"),
+    ("60,10", "--T_range must satisfy 1 <= lo < hi, got 60,10"),
+    ("a,b", "--T_range must be two int values 'lo,hi' (e.g. 10,60), got 'a,b'"),
+    ("0,3", "--T_range must satisfy 1 <= lo < hi, got 0,3")])
+def test_bad_T_range(small_dataset, tmp_path, capsys, T_range, line):
+    refused(capsys, "tools/gen_tasks.py", "--data_dir", small_dataset.path, "--out_dir", tmp_path, "--T_range", T_range,
+            match=re.escape(f"error: {line}"), untouched=[tmp_path])
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--data_size", "0"], "--data_size"), (["--max_mem", "-1"], "--max_mem"), (["--max_mem", "inf"], "--max_mem"),
-    (["--max_dim", "12"], "--max_dim"), (["--max_dim", "256"], "--max_dim"), (["--split", "../x"], "--split"),
-    (["--seed", "-3"], "--seed")])
-def test_bad_task_settings_touch_nothing(small_dataset, tmp_path, args, fragment):
-    proc = run_script("tools/gen_tasks.py", "--data_dir", small_dataset.path, "--out_dir", tmp_path / "t", *args)
-    assert_clean_error(proc, fragment)
-    assert files_under(tmp_path) == []
+@pytest.mark.parametrize("args,line", [
+    (["--data_size", "0"], "--data_size must be >= 1 and <= 1e+06, got 0"),
+    (["--max_mem", "-1"], "--max_mem must be a finite number > 0 and <= 1e+06, got -1"),
+    (["--max_mem", "inf"], "--max_mem must be a finite number > 0 and <= 1e+06, got inf"),
+    (["--max_dim", "12"], "--max_dim must be one of 4, 8, 16, 32, 64, 128, got 12"),
+    (["--max_dim", "256"], "--max_dim must be >= 4 and <= 128, got 256"),
+    (["--split", "../x"], "--split must be a plain file name such as train or test, got '../x'"),
+    (["--seed", "-3"], "--seed must be >= 0, got -3")])
+def test_bad_task_settings_touch_nothing(small_dataset, tmp_path, capsys, args, line):
+    refused(capsys, "tools/gen_tasks.py", "--data_dir", small_dataset.path, "--out_dir", tmp_path / "t", *args,
+            match=re.escape(f"error: {line}"), untouched=[tmp_path])
 
 
 @pytest.mark.parametrize("entry,fragment", [
@@ -62,9 +68,15 @@ def test_bad_task_settings_touch_nothing(small_dataset, tmp_path, args, fragment
 def test_bad_task_file_is_refused(small_dataset, tmp_path, entry, fragment):
     atomic_write_pickle(tmp_path / "t.pkl", {"kind": TASKS_KIND, "tasks": [entry],
                                              "dataset_fingerprint": small_dataset.fingerprint})
-    with pytest.raises(UserError, match=fragment):
+    with pytest.raises(UserError, match=f"^{tmp_path}/t.pkl task 0: .*{fragment}"):  # what a step prints (below)
         load_tasks(tmp_path / "t.pkl", small_dataset)
-    proc = run_script("eval_simulator.py", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
-                      "--alg", "dim_greedy", "--results_csv", tmp_path / "out.csv")
-    assert_clean_error(proc, "task 0")
-    assert not (tmp_path / "out.csv").exists()
+
+
+def test_a_step_refuses_a_bad_task_file_in_one_line(small_dataset, tmp_path, capsys):
+    """What a step does with any of the bad task files above (load_tasks' error, one line): shown once."""
+    atomic_write_pickle(tmp_path / "t.pkl", {"kind": TASKS_KIND, "dataset_fingerprint": small_dataset.fingerprint,
+                                             "tasks": [{"table_ids": np.array([0, 99]), "dims": np.array([8, 8])}]})
+    refused(capsys, "eval_simulator.py", "--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl",
+            "--alg", "dim_greedy", "--results_csv", tmp_path / "out.csv", untouched=[tmp_path],
+            match=re.escape(f"error: {tmp_path}/t.pkl task 0: unknown table id 99 (the dataset has tables 0..23); "
+                            "regenerate the tasks for this dataset"))

@@ -1,4 +1,5 @@
-"""The whole pipeline on a tiny preset: runs end to end, skips finished steps, resumes, --force redoes."""
+"""The whole pipeline on a tiny preset: runs end to end, skips finished steps, resumes, --force redoes. One full run
+per test session (conftest's tiny_pipeline); the reruns here redo only what they must."""
 import shutil
 
 import pandas as pd
@@ -16,10 +17,12 @@ def tiny(monkeypatch):
     monkeypatch.setitem(PRESETS, "tiny", TINY)
 
 
-def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys):
+def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys, monkeypatch):
     """The first run is the session's tiny pipeline (conftest); the reruns work on a copy of its folder."""
+    from neuroshard.experiments import pipeline
+
     first, done = tiny_pipeline.stdout, tiny_pipeline.work
-    assert "skipped" not in first
+    assert "skipped" not in first and "measured 15 samples" in first  # the mix: 1.5 x the preset's 10
     summary = pd.read_csv(done / "results/summary.csv")
     assert set(summary.algorithm) == {"random", "dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy",
                                       "neuroshard", "torchrec"}
@@ -41,9 +44,25 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     third = capsys.readouterr().out
     assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 7
-    # --force redoes everything, collections included
-    mtime = (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime
+    # --force redoes every step, collections included: each step starts with its outputs and the data it would
+    # continue removed, as the first run started (what a step then does from nothing is the first run's). Here each
+    # step checks that, then puts back the first run's files for the report.
+    ran, build_steps = [], pipeline.build_steps
+
+    def checked_steps(cfg):
+        steps = build_steps(cfg)
+        for step in steps:
+            def run(step=step):
+                files = step.outputs + step.redo_removes
+                assert files and not any(p.exists() for p in files), step.name
+                ran.append(step.name)
+                for p in files:
+                    shutil.copy2(done / p.relative_to(tmp_path), p)
+            step.run = run
+        return steps
+
+    monkeypatch.setattr(pipeline, "build_steps", checked_steps)
     run_pipeline(PipelineConfig("tiny", str(tmp_path), force=True))
     forced = capsys.readouterr().out
-    assert "skipped" not in forced and "measured 15 samples" in forced  # the mix: 1.5 x the preset's 10
-    assert (tmp_path / "data/cost_data/compute_cost_data.pkl").stat().st_mtime > mtime
+    assert "skipped" not in forced and ran == [s.name for s in build_steps(PipelineConfig("tiny", str(tmp_path)))]
+    assert "Simulator fidelity" in forced  # the report, from the files the steps put back

@@ -2,52 +2,53 @@
 a budget that is not a number, an unknown table set, too few devices, an --out_dir it cannot write or one
 another run is writing: one line, exit 2, nothing written, no models loaded."""
 import os
+import re
 
 import pytest
 
 from neuroshard.core.artifacts import OutputLock
 
-from conftest import load_benchmark, run_main_in_process
+from conftest import load_script, refused
 
-real_tables = load_benchmark("real_tables")
+real_tables = load_script("benchmarks/real_tables.py")
 
 
-def _run(capsys, monkeypatch, *argv):
-    def no_work(*a, **k):
+@pytest.fixture(autouse=True)
+def no_work(monkeypatch):
+    def measured(*a, **k):
         raise AssertionError("work started before the checks")
 
-    monkeypatch.setattr(real_tables, "measure_sets", no_work)
-    code, _, err = run_main_in_process(capsys, real_tables.main, argv)
-    lines = [l for l in err.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return code, lines[0]
+    monkeypatch.setattr(real_tables, "measure_sets", measured)
 
 
-@pytest.mark.parametrize("args,words", [
+@pytest.mark.parametrize("args,line", [
     (["--measure_budget_s", "nan"], "--measure_budget_s must be a finite number > 0, got nan"),
-    (["--measure_budget_s", "-5"], "--measure_budget_s must be a finite number > 0"),
-    (["--measure_budget_s", "soon"], "argument --measure_budget_s: invalid float value: 'soon'"),
-    (["--sets", "criteo_kaggle,criteo_tb"], "--sets: unknown table set 'criteo_tb'; choose from criteo_kaggle, "),
-    (["--sets", "criteo_kaggle,"], "--sets has an empty entry"),
-    (["--ndevices", "1"], "--ndevices must be >= 2"),
-    (["--max_mem", "inf"], "--max_mem must be a finite number"),
-    (["--num_iter", "0"], "--num_iter must be"),
-    (["--cost", "steps"], "argument --cost: invalid choice: 'steps'"),
+    (["--measure_budget_s", "-5"], "--measure_budget_s must be a finite number > 0, got -5"),
+    (["--measure_budget_s", "soon"], "argument --measure_budget_s: invalid float value: 'soon' (see real_tables.py "
+                                     "--help)"),
+    (["--sets", "criteo_kaggle,criteo_tb"], "--sets: unknown table set 'criteo_tb'; choose from criteo_kaggle, "
+                                            "criteo_terabyte_mlperf, criteo_multihot_mlperf_dcnv2, taobao_ad_x1_din"),
+    (["--sets", "criteo_kaggle,"], "--sets has an empty entry: 'criteo_kaggle,'"),
+    (["--ndevices", "1"], "--ndevices must be >= 2 (an all-to-all needs peers)"),
+    (["--max_mem", "inf"], "--max_mem must be a finite number > 0 and <= 1e+06, got inf"),
+    (["--num_iter", "0"], "--num_iter must be >= 1 and <= 100000, got 0"),
+    (["--cost", "steps"], "argument --cost: invalid choice: 'steps' (choose from 'step', 'paper') (see real_tables.py "
+                          "--help)"),
 ])
-def test_bad_flags_get_one_line_before_any_work(capsys, monkeypatch, tmp_path, args, words):
-    code, line = _run(capsys, monkeypatch, *args, "--out_dir", tmp_path / "out")
-    assert code == 2 and words in line, line
-    assert not (tmp_path / "out").exists()
+def test_bad_flags_get_one_line_before_any_work(capsys, tmp_path, args, line):
+    refused(capsys, real_tables, *args, "--out_dir", tmp_path / "out", match=re.escape(f"error: {line}"),
+            untouched=[tmp_path])
 
 
-def test_an_out_dir_it_cannot_write_or_another_run_holds_gets_one_line(capsys, monkeypatch, tmp_path):
+def test_an_out_dir_it_cannot_write_or_another_run_holds_gets_one_line(capsys, tmp_path):
     (tmp_path / "file").write_text("x")
-    code, line = _run(capsys, monkeypatch, "--out_dir", tmp_path / "file")
-    assert code == 2 and f"--out_dir {tmp_path}/file: cannot write results there" in line
+    refused(capsys, real_tables, "--out_dir", tmp_path / "file", untouched=[tmp_path], match=re.escape(
+        f"error: --out_dir {tmp_path}/file: cannot write results there (File exists); choose a folder you can write"))
     out = tmp_path / "out"
     with OutputLock([("--out_dir", out / "real_tables.md")]):
-        code, line = _run(capsys, monkeypatch, "--out_dir", out)
-    assert code == 2 and f"is being written by another run (pid {os.getpid()})" in line
+        refused(capsys, real_tables, "--out_dir", out, untouched=[tmp_path], match=re.escape(
+            f"error: --out_dir {out}/real_tables.md is being written by another run (pid {os.getpid()}); wait for it "
+            "to finish or choose another --out_dir"))
     assert not out.exists()  # the refused run wrote nothing there; the holder's lock made the folder and removed it
 
 

@@ -1,21 +1,23 @@
 """benchmarks/torchrec_step.py resumes: a rerun with the same settings and code skips the sets its results
 files already hold (and reports them); other settings, or a plans file that lacks a finished set, get one
 line. In-process, with results files written by the script's own writer (no plan is measured here)."""
+import re
+
 import pytest
 
 from neuroshard.core.artifacts import source_digest
 
-from conftest import load_benchmark, run_main_in_process
+from conftest import load_script, refused, run_in_process
 
-torchrec_step = load_benchmark("torchrec_step")
+torchrec_step = load_script("benchmarks/torchrec_step.py")
 
 
-def _run(capsys, monkeypatch, *argv):
-    def no_work(*a, **k):
+@pytest.fixture(autouse=True)
+def no_work(monkeypatch):
+    def measured(*a, **k):
         raise AssertionError("a finished set was measured again")
 
-    monkeypatch.setattr(torchrec_step, "user_plans", no_work)
-    return run_main_in_process(capsys, torchrec_step.main, argv)
+    monkeypatch.setattr(torchrec_step, "user_plans", measured)
 
 
 def _finished(tmp_path, name="criteo_kaggle"):
@@ -34,33 +36,33 @@ def _finished(tmp_path, name="criteo_kaggle"):
     torchrec_step.write(rows, sets, times, a)
 
 
-def test_a_rerun_keeps_every_rounds_step_time(tmp_path, capsys, monkeypatch):
+def test_a_rerun_keeps_every_rounds_step_time(tmp_path, capsys):
     """The per-round times of a finished set survive a rerun that rewrites the results files."""
     import pandas as pd
 
     _finished(tmp_path)
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    code, out, err = run_in_process(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
     assert code in (0, None), err
     df = pd.read_csv(tmp_path / "torchrec_step_rounds.csv")
     assert len(df) == 12 and set(df.plan) == {"torchrec", "shard_tables", "random0"}
     assert df[df.plan == "shard_tables"].sort_values("round").dmp_ms.round(2).tolist() == [1.7, 1.71, 1.72, 1.73]
 
 
-def test_results_without_a_rounds_file_still_resume(tmp_path, capsys, monkeypatch):
+def test_results_without_a_rounds_file_still_resume(tmp_path, capsys):
     """Runs written before the rounds file existed resume; their report is rebuilt without it."""
     _finished(tmp_path)
     (tmp_path / "torchrec_step_rounds.csv").unlink()
     (tmp_path / "torchrec_step.md").unlink()
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    code, out, err = run_in_process(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
     assert code in (0, None), err
     assert "## criteo_kaggle" in (tmp_path / "torchrec_step.md").read_text()
     assert not (tmp_path / "torchrec_step_rounds.csv").exists()
 
 
-def test_a_rerun_skips_the_finished_sets_and_reports_them(tmp_path, capsys, monkeypatch):
+def test_a_rerun_skips_the_finished_sets_and_reports_them(tmp_path, capsys):
     _finished(tmp_path)
     (tmp_path / "torchrec_step.md").unlink()
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    code, out, err = run_in_process(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
     assert code in (0, None), err
     assert "criteo_kaggle: measured already" in out
     md = (tmp_path / "torchrec_step.md").read_text()
@@ -68,7 +70,7 @@ def test_a_rerun_skips_the_finished_sets_and_reports_them(tmp_path, capsys, monk
     assert "excluding 1): 1 of 1; the simulated step cost orders 1 of them as measured, the paper cost 0." in md
 
 
-def test_a_damaged_pair_count_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+def test_a_damaged_pair_count_is_refused_in_one_line(tmp_path, capsys):
     _finished(tmp_path)
     sets = tmp_path / "torchrec_step_sets.csv"
     text = sets.read_text()
@@ -77,11 +79,12 @@ def test_a_damaged_pair_count_is_refused_in_one_line(tmp_path, capsys, monkeypat
     cells = row.split(",")
     cells[i] = "many"
     sets.write_text(head + "\n" + ",".join(cells) + "\n")
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
-    assert code == 2 and "resolved_pairs is not a finite number" in err and "Traceback" not in err
+    refused(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path, untouched=[tmp_path], quiet=False,
+            match=re.escape(f"error: --out_dir: {sets} row 1: resolved_pairs is not a finite number ('many'); the file "
+                            "is damaged: move it away or pass --fresh"))
 
 
-def test_an_emptied_pair_count_drops_the_pairs_sentence(tmp_path, capsys, monkeypatch):
+def test_an_emptied_pair_count_drops_the_pairs_sentence(tmp_path, capsys):
     """An empty count (a cell a row predates, kept by the reader) leaves the sentence out, not a traceback."""
     _finished(tmp_path)
     sets = tmp_path / "torchrec_step_sets.csv"
@@ -90,40 +93,43 @@ def test_an_emptied_pair_count_drops_the_pairs_sentence(tmp_path, capsys, monkey
     cells[head.split(",").index("step_agrees_resolved")] = ""
     sets.write_text(head + "\n" + ",".join(cells) + "\n")
     (tmp_path / "torchrec_step.md").unlink()
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
+    code, out, err = run_in_process(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
     assert code in (0, None) and "Traceback" not in err, err
     md = (tmp_path / "torchrec_step.md").read_text()
     assert "## criteo_kaggle" in md and "Pairs of plans the DMP rounds tell apart" not in md
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--rounds", "8"], "holds runs made with other settings (rounds); pass --fresh"),
-    (["--ndevices", "2", "--max_mem", "0.08"], "other settings (ndevices, max_mem)"),
-    (["--calibrate", "120"], "other settings (calibrate)"),
+@pytest.mark.parametrize("argv, settings", [
+    (["--rounds", "8"], "rounds"),
+    (["--ndevices", "2", "--max_mem", "0.08"], "ndevices, max_mem"),
+    (["--calibrate", "120"], "calibrate"),
 ])
-def test_other_settings_are_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, fragment):
+def test_other_settings_are_refused_in_one_line(tmp_path, capsys, argv, settings):
     _finished(tmp_path)
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path, *argv)
-    assert code == 2 and fragment in err and "Traceback" not in err
-    assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1
+    refused(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path, *argv, untouched=[tmp_path],
+            quiet=False, match=re.escape(f"error: {tmp_path}/torchrec_step_sets.csv holds runs made with other "
+                                         f"settings ({settings}); pass --fresh to start over, or --out_dir for a "
+                                         "separate folder"))
 
 
-def test_a_plans_file_without_a_finished_set_is_refused(tmp_path, capsys, monkeypatch):
+def test_a_plans_file_without_a_finished_set_is_refused(tmp_path, capsys):
     _finished(tmp_path)
     (tmp_path / "torchrec_step.csv").unlink()
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
-    assert code == 2 and "lacks the plans of set 'criteo_kaggle'" in err and "--fresh" in err
+    refused(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path, untouched=[tmp_path], quiet=False,
+            match=re.escape(f"error: {tmp_path}/torchrec_step.csv lacks the plans of set 'criteo_kaggle' that "
+                            f"{tmp_path}/torchrec_step_sets.csv holds; pass --fresh to measure every set again"))
 
 
 @pytest.mark.parametrize("name", ["torchrec_step_sets.csv", "torchrec_step.csv", "torchrec_step_rounds.csv"])
-def test_a_folder_where_a_results_file_goes_is_refused_before_any_work(tmp_path, capsys, monkeypatch, name):
+def test_a_folder_where_a_results_file_goes_is_refused_before_any_work(tmp_path, capsys, name):
     (tmp_path / name).mkdir()
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path)
-    assert code == 2 and f"{name} is a folder; name a file to write" in err and "Traceback" not in err
+    refused(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path, untouched=[tmp_path],
+            match=re.escape(f"error: --out_dir: {tmp_path}/{name} is a folder; name a file to write"))
 
 
-@pytest.mark.parametrize("value", ["5", "-3", "many"])
-def test_a_bad_calibrate_is_refused_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, value):
-    code, out, err = _run(capsys, monkeypatch, "--sets", "criteo_kaggle", "--out_dir", tmp_path, "--calibrate", value)
-    assert code == 2 and "--calibrate" in err and "Traceback" not in err
-    assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1
+@pytest.mark.parametrize("value,line", [
+    ("5", "--calibrate must be >= 15 and <= 100000, got 5"), ("-3", "--calibrate must be >= 15 and <= 100000, got -3"),
+    ("many", "argument --calibrate: invalid int value: 'many' (see torchrec_step.py --help)")])
+def test_a_bad_calibrate_is_refused_in_one_line_before_any_work(tmp_path, capsys, value, line):
+    refused(capsys, torchrec_step, "--sets", "criteo_kaggle", "--out_dir", tmp_path, "--calibrate", value,
+            match=re.escape(f"error: {line}"), untouched=[tmp_path])

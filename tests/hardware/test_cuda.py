@@ -2,6 +2,8 @@
 
 Skipped where no GPU is visible (CI); run on a machine with one (e.g. `pytest tests/hardware/test_cuda.py`).
 """
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from neuroshard.hardware.collect import load_cost_data
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmark
 from neuroshard.hardware.launch import cuda_ranks
 
-from conftest import assert_clean_error, run_script
+from conftest import refused, run_script
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -64,18 +66,23 @@ def test_cuda_timing_grows_with_the_work(small_dataset):
     assert 0 < one < many, (one, many)
 
 
-def test_more_ranks_than_gpus_is_refused_in_one_line(small_dataset, tmp_path):
+def test_more_ranks_than_gpus_is_refused_in_one_line(small_dataset, tmp_path, capsys):
     have = torch.cuda.device_count()
     with pytest.raises(UserError, match="GPUs"):
         cuda_ranks(have + 1)
     assert cuda_ranks(have) == list(range(have))
-    proc = run_script("collect_comm_cost_data.py", "--out_dir", tmp_path, "--ndevices", str(have + 1),
-                      "--data_size", "1", "--batch_size", str(64 * (have + 1)), "--device", "cuda")
-    assert_clean_error(proc, f"{have + 1} ranks on CUDA need {have + 1} GPUs")
-    assert not list(tmp_path.glob("*.pkl"))  # nothing half-made left behind
+    refused(capsys, "collect_comm_cost_data.py", "--out_dir", tmp_path, "--ndevices", str(have + 1), "--data_size",
+            "1", "--batch_size", str(64 * (have + 1)), "--device", "cuda", untouched=[tmp_path],  # nothing half-made
+            match=re.escape(_too_few_gpus(have + 1, "rank", have)))
 
 
-def test_compute_collection_on_cuda_runs_one_worker_per_gpu(small_dataset, tmp_path):
+def _too_few_gpus(world, what, have):
+    flags = "--workers" if what == "worker" else "--ndevices"
+    return (f"error: {world} {what}s on CUDA need {world} GPUs (one each) but {have} {'is' if have == 1 else 'are'} "
+            f"visible; pass --device cpu, or fewer {what}s ({flags} / --gpu_devices)")
+
+
+def test_compute_collection_on_cuda_runs_one_worker_per_gpu(small_dataset, tmp_path, capsys):
     proc = run_script("collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", tmp_path,
                       "--max_mem", "0.01", "--data_size", "4", "--num_iter", "3", "--warmup_iter", "1",
                       "--backend", "torch")
@@ -84,10 +91,10 @@ def test_compute_collection_on_cuda_runs_one_worker_per_gpu(small_dataset, tmp_p
     meta, samples = load_cost_data(tmp_path / "compute_cost_data.pkl", COMPUTE_DATA_KIND)
     assert meta["device"] == "cuda" and meta["device_name"] == torch.cuda.get_device_name()
     assert [s["index"] for s in samples] == [0, 1, 2, 3] and all(np.isfinite(s["cost_ms"]) for s in samples)
-    too_many = run_script("collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir",
-                          tmp_path, "--max_mem", "0.01", "--data_size", "5", "--backend", "torch",
-                          "--workers", str(torch.cuda.device_count() + 1))
-    assert_clean_error(too_many, "workers on CUDA need")
+    have = torch.cuda.device_count()
+    refused(capsys, "collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", tmp_path,
+            "--max_mem", "0.01", "--data_size", "5", "--backend", "torch", "--workers", str(have + 1),
+            untouched=[tmp_path], quiet=False, match=re.escape(_too_few_gpus(have + 1, "worker", have)))
 
 
 def test_dct_codecs_give_the_cpu_results_on_cuda():

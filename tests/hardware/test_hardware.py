@@ -1,6 +1,7 @@
 """Real measurements on tiny tables: compute benchmark, backends, all-to-all, measurement engine, collectors."""
 import csv
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -22,7 +23,7 @@ from neuroshard.data.dataset import process_raw
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.sharding.plan import Placement, Shard
 
-from conftest import ROOT, assert_clean_error, popen_interruptible, run_python, run_script
+from conftest import ROOT, popen_interruptible, refused, run_python, run_script
 
 HW = resolve_hardware("cpu", "auto")
 
@@ -128,20 +129,30 @@ def test_eval_measures_every_baseline(small_dataset, tmp_path):
     assert (tmp_path / "eval.csv.meta.json").exists()
 
 
-def test_eval_bad_input(small_dataset, tmp_path):
+def test_eval_bad_input(small_dataset, tmp_path, capsys):
     from neuroshard.data.tasks import save_tasks
 
     save_tasks(tmp_path / "t.pkl", [{"table_ids": np.array([0, 1, 2]), "dims": np.array([8, 8, 8])}], small_dataset)
-    base = ["--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl", "--num_iter", "1"]
-    assert_clean_error(run_script("eval.py", *base, "--alg", "nope"), "unknown --alg")
-    assert_clean_error(run_script("eval.py", *base, "--alg", "random", "--ndevices", "4"), "only 3 tables")
-    assert_clean_error(run_script("eval.py", *base, "--alg", "random", "--batch_size", "100000"), "--batch_size")
+    base = ["--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl", "--num_iter", "1",
+            "--results_csv", tmp_path / "r.csv"]
+    cases = [(["--alg", "nope"], "unknown --alg 'nope'; choose one of random, dim_greedy, size_greedy, lookup_greedy, "
+                                 "size_lookup_greedy, neuroshard, torchrec, all, or plan:FILE"),
+             (["--alg", "random", "--ndevices", "4"],
+              f"4 devices but a task in {tmp_path}/t.pkl has only 3 tables; use fewer --ndevices or larger tasks"),
+             (["--alg", "random", "--batch_size", "100000"], "--batch_size must be >= 1 and <= 256, got 100000")]
     if not torch.cuda.is_available():
-        assert_clean_error(run_script("eval.py", *base, "--alg", "random", "--gpu_devices", "0"), "CUDA")
-    assert_clean_error(run_script("eval.py", "--data_dir", tmp_path, "--alg", "random"), "not a processed")
+        cases.append((["--alg", "random", "--gpu_devices", "0"],
+                      "--gpu_devices 0 given but CUDA is not available here; drop --gpu_devices to run on CPU"))
+    for args, line in cases:
+        refused(capsys, "eval.py", *base, *args, match=re.escape(f"error: {line}"), untouched=[tmp_path])
+    refused(capsys, "eval.py", "--data_dir", tmp_path, "--alg", "random", "--results_csv", tmp_path / "r.csv",
+            untouched=[tmp_path], match=re.escape(f"error: {tmp_path} is not a processed DLRM dataset (no tables.pkl / "
+                                                  "indices.pt); run tools/gen_dlrm_data.py first"))
     other = process_raw(*_raw([1, 2, 3], [100] * 3, 8), tmp_path / "other", {"source": "t"}, progress=False)
-    assert_clean_error(run_script("eval.py", "--data_dir", other.path, "--task_path", tmp_path / "t.pkl",
-                                  "--alg", "random"), "another dataset")
+    refused(capsys, "eval.py", "--data_dir", other.path, "--task_path", tmp_path / "t.pkl", "--alg", "random",
+            "--results_csv", tmp_path / "r.csv", untouched=[tmp_path],
+            match=re.escape(f"error: {tmp_path}/t.pkl was made from another dataset than {other.path}; regenerate it "
+                            f"with tools/gen_tasks.py --data_dir {other.path}"))
 
 
 def _group_alive(pgid):
@@ -178,7 +189,7 @@ def test_missing_indices_fill_holes():
 
 
 @pytest.mark.parametrize("extra_wait_s", [0.0, 0.7])
-def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, extra_wait_s):
+def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, capsys, extra_wait_s):
     out = tmp_path / "cc"
     args = [sys.executable, str(ROOT / "collect_compute_cost_data.py"), "--dataset_dir", str(small_dataset.path),
             "--out_dir", str(out), "--max_tables", "5", "--max_mem", "0.01", "--workers", "2", "--num_iter", "2",
@@ -196,19 +207,22 @@ def test_compute_collection_interrupt_and_resume(small_dataset, tmp_path, extra_
     assert [s["index"] for s in samples] == list(range(target))
     assert meta["max_tables"] == 5 and all(1 <= len(s["table_ids"]) <= 5 for s in samples)
     # a run with other settings refuses to mix into the file, and leaves it as it was
-    bad = run_python(*args[1:-6], "--max_mem", "0.02", "--data_size", "5")
-    assert_clean_error(bad, "max_mem_gb")
+    refused(capsys, "collect_compute_cost_data.py", *args[2:-6], "--max_mem", "0.02", "--data_size", "5",
+            untouched=[tmp_path], quiet=False,
+            match=re.escape(f"error: {path} holds records made with max_mem_gb=0.01, this run has max_mem_gb=0.02; use "
+                            "another output path to keep them apart, or delete the file to start over"))
     assert len(load_cost_data(path, COMPUTE_DATA_KIND)[1]) == target
 
 
-def test_second_collector_on_one_file_is_refused(small_dataset, tmp_path):
+def test_second_collector_on_one_file_is_refused(small_dataset, tmp_path, capsys):
     from neuroshard.core.artifacts import RecordLog
 
     path = tmp_path / "compute_cost_data.pkl"
     with RecordLog(path, COMPUTE_DATA_KIND, {}, ()):  # another collector holds the file
-        proc = run_script("collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", tmp_path,
-                          "--max_mem", "0.01", "--data_size", "2")
-    assert_clean_error(proc, "being written by another process")
+        refused(capsys, "collect_compute_cost_data.py", "--dataset_dir", small_dataset.path, "--out_dir", tmp_path,
+                "--max_mem", "0.01", "--data_size", "2", untouched=[tmp_path], quiet=False,
+                match=re.escape(f"error: {path} is being written by another process; wait for it to finish or choose "
+                                "another output folder"))
 
 
 def test_comm_collection_interrupt_and_resume(tmp_path):
@@ -223,7 +237,7 @@ def test_comm_collection_interrupt_and_resume(tmp_path):
     assert [s["index"] for s in load_cost_data(path, COMM_DATA_KIND)[1]] == list(range(target))
 
 
-def test_comm_collection(tmp_path):
+def test_comm_collection(tmp_path, capsys):
     proc = run_script("collect_comm_cost_data.py", "--out_dir", tmp_path, "--ndevices", "2", "--data_size", "3",
                       "--batch_size", "512", "--T_range", "3,6", "--sleep_range", "1,3", "--num_iter", "2",
                       "--warmup_iter", "1")
@@ -232,11 +246,12 @@ def test_comm_collection(tmp_path):
     assert len(samples) == 3 and tuple(meta["sleep_range"]) == (1.0, 3.0)
     for s in samples:
         assert s["fw_ms"].shape == (2,) and np.all(s["bw_ms"] > 0) and s["delays_ms"].min() == 0
-    assert_clean_error(run_script("collect_comm_cost_data.py", "--ndevices", "3", "--batch_size", "512",
-                                  "--out_dir", tmp_path), "divisible")
+    refused(capsys, "collect_comm_cost_data.py", "--ndevices", "3", "--batch_size", "512", "--out_dir", tmp_path,
+            match=re.escape("error: --batch_size 512 is not divisible by 3 ranks; use a multiple of 3"),
+            untouched=[tmp_path])
 
 
-def test_input_distribution_collection_and_model(tmp_path):
+def test_input_distribution_collection_and_model(tmp_path, capsys):
     """TorchRec's own KJTAllToAll measured on 2 gloo ranks, a model of it trained, and its bad inputs refused."""
     from neuroshard.core.artifacts import RecordLog
     from neuroshard.data.features import input_words
@@ -261,7 +276,10 @@ def test_input_distribution_collection_and_model(tmp_path):
     _, more = load_cost_data(tmp_path / "comm_cost_data_2_input.pkl", COMM_DATA_KIND)
     assert len(more) == 13 and [s["pooling"] for s in more[:12]] == [s["pooling"] for s in samples]
     other_T = [a if a != "2,8" else "2,9" for a in args]
-    assert_clean_error(run_script("collect_comm_cost_data.py", *other_T, "--data_size", "14"), "T_range")
+    refused(capsys, "collect_comm_cost_data.py", *other_T, "--data_size", "14", untouched=[tmp_path], quiet=False,
+            match=re.escape(f"error: {tmp_path}/comm_cost_data_2_input.pkl holds records made with T_range=(2, 8), "
+                            "this run has T_range=(2, 9); use another output path to keep them apart, or delete the "
+                            "file to start over"))
     out = tmp_path / "in.pt"
     train = ("--data_dir", tmp_path, "--ndevices", "2", "--input_dist", "--input_out_path", out, "--epochs", "5")
     proc = run_script("train_comm_cost_model.py", *train)
@@ -271,8 +289,11 @@ def test_input_distribution_collection_and_model(tmp_path):
     with pytest.raises(UserError, match="input-distribution comm model, but the backward one"):
         CommCostModel.load_direction(out, "bw")
     # DCT-MP does not compress ids; the forward model's wait term has no place here
-    assert_clean_error(run_script("collect_comm_cost_data.py", *args, "--mp_keep", "0.1"), "drop --mp_keep")
-    assert_clean_error(run_script("train_comm_cost_model.py", *train, "--fw_wait_term"), "--fw_wait_term")
+    refused(capsys, "collect_comm_cost_data.py", *args, "--mp_keep", "0.1", untouched=[tmp_path],
+            match=re.escape("error: --input_dist measures TorchRec's input distribution, which DCT-MP does not "
+                            "compress; drop --mp_keep (one input-distribution model serves every --mp_keep)"))
+    refused(capsys, "train_comm_cost_model.py", *train, "--fw_wait_term", untouched=[tmp_path],
+            match=re.escape("error: --fw_wait_term is for the forward model; drop it with --input_dist"))
     # pooled all-to-all samples under the input file's name, and damaged input samples, are refused in one line
     # and leave the trained model as it was
     saved = out.read_bytes()
@@ -283,13 +304,18 @@ def test_input_distribution_collection_and_model(tmp_path):
         bad.append({"index": i, "dim_sums": np.ones(2), "bw_ms": np.ones(2)})
     bad.close()
     bad_train = ("--data_dir", other, *train[2:])
-    assert_clean_error(run_script("train_comm_cost_model.py", *bad_train), "--input_dist --ndevices 2")
+    refused(capsys, "train_comm_cost_model.py", *bad_train, untouched=[tmp_path],
+            match=re.escape(f"error: {other}/comm_cost_data_2_input.pkl does not hold 2-device input-distribution "
+                            "samples; collect them with collect_comm_cost_data.py --input_dist --ndevices 2"))
     (other / "comm_cost_data_2_input.pkl").unlink()
     bad = RecordLog(other / "comm_cost_data_2_input.pkl", COMM_DATA_KIND, {**header, "input_dist": True})
     for i in range(12):
         bad.append({"index": i, "input_words": [4.0, 6.0], "input_ms": np.array([1.0, -1.0 if i == 5 else 2.0])})
     bad.close()
-    assert_clean_error(run_script("train_comm_cost_model.py", *bad_train), "damaged input-distribution samples")
+    damaged = ("holds damaged input-distribution samples (each needs 2 input words in (0, 1e+08] and 2 plausible ms); "
+               "delete it and collect again")
+    refused(capsys, "train_comm_cost_model.py", *bad_train, untouched=[tmp_path],
+            match=re.escape(f"error: {other}/comm_cost_data_2_input.pkl {damaged}"))
     # forged values the collector never writes: bools or strings for numbers, absurd ms or words
     for i, rec in enumerate(({"input_words": [True, True], "input_ms": [1.0, 2.0]},
                              {"input_words": ["4", "6"], "input_ms": [1.0, 2.0]},
@@ -299,34 +325,45 @@ def test_input_distribution_collection_and_model(tmp_path):
         with RecordLog(path, COMM_DATA_KIND, {**header, "input_dist": True}) as log:
             for j in range(12):
                 log.append({"index": j, "input_words": [4.0, 6.0], "input_ms": [1.0, 2.0], **(rec if j == 3 else {})})
-        proc = run_script("train_comm_cost_model.py", "--data_dir", path.parent, *train[2:])
-        assert_clean_error(proc, "damaged input-distribution samples")
+        refused(capsys, "train_comm_cost_model.py", "--data_dir", path.parent, *train[2:], untouched=[tmp_path],
+                match=re.escape(f"error: {path} {damaged}"))
     # records without an index or with one index twice; a forged header
-    for name, recs, head, want in (("dup", [0] * 12, header, "held twice"), ("noindex", [None] + list(range(11)),
-                                   header, "without a valid index"),
-                                   ("head", list(range(12)), {**header, "batch_size": "abc"}, "damaged header")):
+    indices = "record(s) without a valid index or with an index held twice, which the collector never writes"
+    for name, recs, head, want in (
+            ("dup", [0] * 12, header,
+             f"holds 11 {indices}; rerun with --salvage to keep the 1 good ones, or delete the file"),
+            ("noindex", [None] + list(range(11)), header,
+             f"holds 1 {indices}; rerun with --salvage to keep the 11 good ones, or delete the file"),
+            ("head", list(range(12)), {**header, "batch_size": "abc"},
+             "has a damaged header (batch 'abc', device 'cpu'); delete it and collect again")):
         path = other / name / "comm_cost_data_2_input.pkl"
         with RecordLog(path, COMM_DATA_KIND, {**head, "input_dist": True}) as log:
             for j in recs:
                 log.append({**({} if j is None else {"index": j}), "input_words": [4.0, 6.0], "input_ms": [1.0, 2.0]})
-        assert_clean_error(run_script("train_comm_cost_model.py", "--data_dir", path.parent, *train[2:]), want)
+        refused(capsys, "train_comm_cost_model.py", "--data_dir", path.parent, *train[2:], untouched=[tmp_path],
+                match=re.escape(f"error: {path} {want}"))
     # the collector refuses to continue a file holding an index twice (its own file, one record appended)
     dup = other / "collected" / "comm_cost_data_2_input.pkl"
     dup.parent.mkdir()
     dup.write_bytes((tmp_path / "comm_cost_data_2_input.pkl").read_bytes())
     with RecordLog(dup, COMM_DATA_KIND, meta) as log:
         log.append({**samples[0]})
-    assert_clean_error(run_script("collect_comm_cost_data.py", *args[2:], "--out_dir", dup.parent, "--data_size", "13"),
-                       "held twice", "--salvage")
+    refused(capsys, "collect_comm_cost_data.py", *args[2:], "--out_dir", dup.parent, "--data_size", "13",
+            untouched=[tmp_path], quiet=False, match=re.escape(
+                f"error: {dup} holds 1 {indices}; rerun with --salvage to keep the 13 good ones, or delete the file"))
     assert out.read_bytes() == saved
     # an empty output path, the data file itself, or a FIFO as the output: refused, nothing replaced
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     data = tmp_path / "comm_cost_data_2_input.pkl"
     before = data.read_bytes()
-    for where, want in (("", "--input_out_path is empty"), (data, "is also the input"), (fifo, "FIFO")):
-        proc = run_script("train_comm_cost_model.py", *train[:5], "--input_out_path", where, "--epochs", "5")
-        assert_clean_error(proc, want)
+    for where, want in (("", "--input_out_path is empty; name a file, or leave the flag out for its default"),
+                        (data, f"--input_out_path {data} is also the input the input-distribution cost data; writing "
+                               "it would replace what this run reads: choose another --input_out_path"),
+                        (fifo, f"--input_out_path {fifo} is a FIFO (named pipe), not a file to write; choose another "
+                               "--input_out_path")):
+        refused(capsys, "train_comm_cost_model.py", *train[:5], "--input_out_path", where, "--epochs", "5",
+                match=re.escape(f"error: {want}"), untouched=[tmp_path])
     assert data.read_bytes() == before and stat.S_ISFIFO(os.stat(fifo).st_mode)
     # Ctrl-C while training: exit 130, says nothing was written, and the model is as it was
     with open(tmp_path / "err.txt", "w") as err:

@@ -1,4 +1,6 @@
 """Cost models: known costs recovered, save/load round trip, device checks, and the scripted pipeline."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
 from neuroshard.core.errors import UserError
 from neuroshard.models.trainer import regression_metrics, split_indices
 
-from conftest import assert_clean_error, run_script
+from conftest import refused, run_script
 
 
 def _linear_compute_data(n=1500, seed=0):
@@ -210,7 +212,7 @@ def test_metrics_line_says_when_the_test_split_cannot_rank(capsys):
     assert "Spearman 0.8000" in out and "cannot rank" not in out
 
 
-def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path):
+def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path, capsys):
     """train -> eval_simulator -> eval with --alg neuroshard, all through the scripts, on the cost data the
     session's tiny pipeline collected (the collector scripts run in tests/hardware/test_hardware.py)."""
     from neuroshard.data.dataset import DLRMDataset
@@ -256,11 +258,17 @@ def test_scripted_pipeline_trains_and_shards(tiny_pipeline, tmp_path):
                    "--results_csv", tmp_path / "b.csv", *common)
     assert r.returncode == 0, r.stderr
     # models for 2 devices refuse a 4-device run
-    r = run_script("eval_simulator.py", *m[:-4], "--ndevices", "4", "--max_mem", "0.01", "--alg", "neuroshard")
-    assert_clean_error(r, "trained for 2 devices")
-    r = run_script("eval_simulator.py", "--data_dir", dataset.path, "--task_path", tmp_path / "t.pkl",
-                   "--compute_model", tmp_path / "missing.pt", "--alg", "neuroshard")
-    assert_clean_error(r, "not found")
+    refused(capsys, "eval_simulator.py", *m[:-4], "--ndevices", "4", "--max_mem", "0.01", "--alg", "neuroshard",
+            untouched=[tmp_path], quiet=False,
+            match=re.escape("error: the comm cost models were trained for 2 devices, the task "
+                            "asks for 4; collect comm data and train models with --ndevices 4"))
+    refused(capsys, "eval_simulator.py", "--data_dir", dataset.path, "--task_path", tmp_path / "t.pkl",
+            "--compute_model", tmp_path / "missing.pt", "--alg", "neuroshard", untouched=[tmp_path], cwd=tmp_path,
+            match=re.escape(
+                f"error: cost models not found: {tmp_path}/missing.pt, models/comm_4_fw.pt, models/comm_4_bw.pt; train "
+                "them with `make reproduce` (4 devices) or steps 3-4: python collect_compute_cost_data.py && python "
+                "train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices 4 && python "
+                "train_comm_cost_model.py --ndevices 4; or pass --compute_model/--fw_comm_model/--bw_comm_model"))
 
 
 def test_non_finite_weights_are_refused(tmp_path):

@@ -1,6 +1,7 @@
 """tools/shard_tables.py end to end: a table list in, a complete plan within memory out, the reports,
 TorchRec export, a clear message without models, and --measure on real hardware."""
 import json
+import re
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from neuroshard.data.table_list import load_table_list
 from neuroshard.sharding.plan import Placement, Shard, check_complete, fits_memory
 
 from analytic_models import save_hand_models
-from conftest import assert_clean_error, run_script
+from conftest import refused, run_script
 
 TABLES = """name,rows,dim,pooling_factor
 user_id,20000,64,1
@@ -70,7 +71,7 @@ def test_plan_is_complete_fits_memory_and_is_reported(tmp_path, alg):
         assert len(notes) == 1 and "(the comm data: at most 1)" in notes[0] and "straggler" not in notes[0], notes
 
 
-def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_path):
+def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_path, capsys):
     """Without comm_<N>_input.pt the step cost says the backward model prices the input distribution; with one
     beside the backward model (or named) the plan's step cost carries its fixed part; a named missing one is
     refused in one line."""
@@ -94,27 +95,31 @@ def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_pa
     assert paper.returncode == 0, paper.stderr
     assert "no input-distribution model" not in paper.stdout  # the paper's cost has no input distribution
     # a plan written over the input-distribution model it reads: refused, the model kept
-    model = (models / "comm_2_input.pt").read_bytes()
-    assert_clean_error(run_script(*base, "--out", models / "comm_2_input.pt"), "is also the input --input_comm_model")
-    assert (models / "comm_2_input.pt").read_bytes() == model
-    missing = run_script(*base, "--out", tmp_path / "d.json", "--input_comm_model", tmp_path / "no.pt")
-    assert_clean_error(missing, "input-distribution model not found", "--input_dist")
-    assert not (tmp_path / "d.json").exists()
+    refused(capsys, *base, "--out", models / "comm_2_input.pt", untouched=[tmp_path],
+            match=re.escape(f"error: --out {models}/comm_2_input.pt is also the input --input_comm_model; writing it "
+                            "would replace what this run reads: choose another --out"))
+    refused(capsys, *base, "--out", tmp_path / "d.json", "--input_comm_model", tmp_path / "no.pt", untouched=[tmp_path],
+            match=re.escape(f"error: input-distribution model not found: {tmp_path}/no.pt; make it with "
+                            "collect_comm_cost_data.py --input_dist --ndevices 2 && train_comm_cost_model.py "
+                            "--input_dist --ndevices 2"))
 
 
-def test_missing_models_say_how_to_get_them(tmp_path):
+def test_missing_models_say_how_to_get_them(tmp_path, capsys):
     (tmp_path / "t.csv").write_text(TABLES)
-    proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--compute_model", tmp_path / "no.pt",
-                      "--out", tmp_path / "plan.json")
-    assert_clean_error(proc, "cost models not found", "make reproduce")
-    assert not (tmp_path / "plan.json").exists()
+    refused(capsys, "tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--compute_model", tmp_path / "no.pt",
+            "--out", tmp_path / "plan.json", untouched=[tmp_path], cwd=tmp_path, match=re.escape(  # no models/ there
+                f"error: cost models not found: {tmp_path}/no.pt, models/comm_4_fw.pt, models/comm_4_bw.pt; train them "
+                "with `make reproduce` (4 devices) or steps 3-4: python collect_compute_cost_data.py && python "
+                "train_compute_cost_model.py && python collect_comm_cost_data.py --ndevices 4 && python "
+                "train_comm_cost_model.py --ndevices 4; or pass --compute_model/--fw_comm_model/--bw_comm_model"))
 
 
-def test_no_plan_within_memory_is_one_line(tmp_path):
+def test_no_plan_within_memory_is_one_line(tmp_path, capsys):
     (tmp_path / "t.csv").write_text(TABLES)
-    proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.01,
-                      "--alg", "dim_greedy", "--out", tmp_path / "plan.json")
-    assert_clean_error(proc, "found no plan")
+    refused(capsys, "tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.01,
+            "--alg", "dim_greedy", "--out", tmp_path / "plan.json", untouched=[tmp_path], quiet=False,
+            match=re.escape("error: --alg dim_greedy found no plan within 2 x 0.01 GB for 0.036 GB of tables; raise "
+                            "--max_mem or add devices, or try --alg neuroshard"))
 
 
 def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path):
@@ -216,7 +221,7 @@ def test_measure_in_torchrecs_own_step_writes_its_measured_best(tmp_path):
     assert "'s step goes" not in proc.stdout  # a TorchRec step is measured whole: no all-to-all share to give
 
 
-def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path):
+def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path, capsys):
     """--alg neuroshard (step cost, the default): NeuroShard's plan against TorchRec's and the heuristics' by the
     simulated step cost; the written plan is the lowest of the table it prints, or TorchRec's when that lowest is
     less than --min_gain (default 5%) cheaper; with --min_gain 0 the lowest."""
@@ -244,10 +249,10 @@ def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path):
                 "plans scored by the simulated step cost") in proc.stdout
     paper = run_script(*args, "--out", tmp_path / "paper.json", "--cost", "paper")
     assert paper.returncode == 0 and json.loads((tmp_path / "paper.json").read_text())["cost"] == "paper"
-    bad = run_script(*args, "--out", tmp_path / "bad.json", "--measure", "--measure_engine", "torchrec",
-                     "--mp_keep", "0.05")
-    assert_clean_error(bad, "--measure_engine torchrec")
-    assert not (tmp_path / "bad.json").exists()
+    refused(capsys, *args, "--out", tmp_path / "bad.json", "--measure", "--measure_engine", "torchrec",
+            "--mp_keep", "0.05", untouched=[tmp_path],
+            match=re.escape("error: --measure_engine torchrec measures TorchRec's own step, which has no DCT-MP "
+                            "all-to-all; drop --mp_keep or use --measure_engine emulated"))
 
 
 def test_a_measured_best_the_models_cannot_price_is_still_written(tmp_path, monkeypatch, capsys):

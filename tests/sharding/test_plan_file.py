@@ -1,6 +1,7 @@
 """--alg plan:FILE: a plan the user already has (plan.json or a TorchRec spec) is applied, scored and
 measured like any algorithm's plan; a file that is not a complete plan for the task gets one line."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from neuroshard.sharding.registry import algs_file_tag, expand_algs, make_sharde
 from neuroshard.sharding.torchrec_export import plan_spec
 
 from analytic_models import analytic_simulator
-from conftest import assert_clean_error, run_script
+from conftest import refused
 
 TABLES = "name,rows,dim,pooling_factor\nuser_id,20000,64,1\nitem_id,50000,128,1\ncategory,1000,16,3.5\n" \
          "history,30000,64,25\ntags,2000,32,8\ngeo,500,8,1\n"
@@ -101,16 +102,16 @@ def test_hostile_plan_files_get_one_clear_error(tmp_path, name):
         read_plan_file(tmp_path / name)
 
 
-def test_script_refuses_a_bad_plan_file_without_writing(tables, tmp_path):
+def test_script_refuses_a_bad_plan_file_without_writing(tables, tmp_path, capsys):
     path, _ = tables
     (tmp_path / "bad.json").write_bytes(HOSTILE["uncovered.json"][0])
-    proc = run_script("tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'bad.json'}",
-                      "--ndevices", 2, "--out", tmp_path / "plan.json")
-    assert_clean_error(proc, "columns not covered exactly once")
-    assert not (tmp_path / "plan.json").exists()
-    proc = run_script("tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'missing.json'}",
-                      "--ndevices", 2, "--out", tmp_path / "plan.json")
-    assert_clean_error(proc, "plan file not found")
+    refused(capsys, "tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'bad.json'}",
+            "--ndevices", 2, "--out", tmp_path / "plan.json", untouched=[tmp_path], quiet=False, match=re.escape(
+                f"error: {tmp_path}/bad.json table 0 ('a'): columns not covered exactly once (column 4)"))
+    refused(capsys, "tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'missing.json'}",
+            "--ndevices", 2, "--out", tmp_path / "plan.json", untouched=[tmp_path], quiet=False, match=re.escape(
+                f"error: plan file not found: {tmp_path}/missing.json; pass a plan.json or a --torchrec_plan file "
+                "(tools/shard_tables.py --out or --torchrec_plan)"))
 
 
 def test_alg_names_expand_and_plan_files_make_safe_file_names():
