@@ -97,7 +97,7 @@ def _bad_file_cases(small_raw, tmp_path):
             ("offsets.pt", "{}: offsets are inconsistent with lengths in table 3; offsets must be the prefix sums of "
                            "lengths, table by table"),
             ("neg.pt", "{}: negative ids in table 5; ids must be row numbers >= 0"),
-            ("garbage.pt", "{} is not a torch.save'd DLRM dataset (UnpicklingError: .*)"),
+            ("garbage.pt", "{} is not a torch.save'd DLRM dataset (not a file torch saved (.*))"),
             ("missing.pt", "--data file not found: {}; download fbgemm_t856_bs65536.pt or use --synthetic"),
             ("neglen.pt", "{}: negative lengths in table 2; lengths count lookups and must be >= 0"),
             ("float.pt", "{}: indices must be an integer tensor, got torch.float64; ids, offsets and lengths are whole "

@@ -70,13 +70,15 @@ CASES = {
                           "size_lookup_greedy, neuroshard, torchrec, all, or plan:FILE"),
         ("--alg", "plan:", "unknown --alg 'plan:'; choose one of random, dim_greedy, size_greedy, lookup_greedy, "
                            "size_lookup_greedy, neuroshard, torchrec, all, or plan:FILE"),
-        ("--threshold_range", "1,inf", "--threshold_range must satisfy 0 <= lo <= hi, got 1.0,inf"),
+        ("--threshold_range", "1,inf", "--threshold_range must be finite numbers with 0 <= lo <= hi, got 1.0,inf "
+                                       "(not finite)"),
         ("--mp_keep", "-1", "--mp_keep must be a finite number > 0 and <= 1, got -1"),
     ],
     "tools/train_dlrm.py": [
         ("--steps", "0", "--steps must be >= 1 and <= 1e+07, got 0"),
         ("--batch_size", "130", "--batch_size 130 is not divisible by 4 ranks"),
-        ("--dp_keep", "0", "--dp_keep must be a finite number > 0 and <= 1, got 0"),
+        ("--dp_keep", "0", "--dp_keep sets DCT-DP, which --dct none does not run; pass --dct dp (or both), or drop "
+                           "--dp_keep"),  # its range: test_benchmark_args (dct.py)
         ("--mp_keep", "2", "--mp_keep sets DCT-MP, which --dct none does not run; pass --dct mp (or both), or drop "
                            "--mp_keep"),
         ("--dp_refresh", "0", "--dp_refresh must be >= 1 and <= 1e+07, got 0"),
