@@ -348,6 +348,15 @@ def simulated_drift_ms(c: Candidate, drift: dict | None) -> float | None:
     return None if c.simulated_parts_ms is None else drift_corrected_ms(c.simulated_parts_ms, drift)
 
 
+def reported_parts(simulated_parts_ms):
+    """A candidate's simulated per-device parts as the record gives them: None where a part is below 0 (a model
+    extrapolating; the device totals that rank the plans are above 0, `Cost.check`), so no negative cost is
+    written."""
+    if simulated_parts_ms is None or np.min(simulated_parts_ms) < 0:
+        return None
+    return simulated_parts_ms
+
+
 def drift_corrected_ms(simulated_parts_ms, drift: dict) -> float:
     """A simulated plan's cost with compute scaled by the compute drift and both all-to-alls by the comm drift."""
     s = np.asarray(simulated_parts_ms, np.float64)
@@ -392,7 +401,7 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
                      "rounds": int(measured.sum()),
                      "median_round_ms": float(np.median(costs[measured, i])),
                      "round_ms": [float(x) if ok else None for x, ok in zip(costs[:, i], measured)],
-                     "measured_parts_ms": parts, "simulated_parts_ms": c.simulated_parts_ms,
+                     "measured_parts_ms": parts, "simulated_parts_ms": reported_parts(c.simulated_parts_ms),
                      "simulated_ms": c.simulated_ms,
                      "simulated_drift_ms": simulated_drift_ms(c, drift),
                      "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),

@@ -341,3 +341,13 @@ def test_measuring_the_step_cost_without_torchrec_is_one_line(tmp_path, monkeypa
         measure_candidates(tl, cluster, cands, resolve_hardware("cpu", "auto"), 256, MeasureConfig(cost="step"))
     with pytest.raises(UserError, match="--cost must be one of paper, step"):
         MeasureConfig(cost="steps").check()
+
+
+def test_a_negative_simulated_part_is_not_written():
+    """A model extrapolating a part below 0 (the device's total above 0 still ranks the plan): the record leaves
+    that candidate's parts out rather than write a negative cost."""
+    from neuroshard.planning.measure import reported_parts
+
+    assert reported_parts([[1.0, 0.0, 0.3], [2.0, 0.5, 0.1]]) == [[1.0, 0.0, 0.3], [2.0, 0.5, 0.1]]
+    assert reported_parts([[1.0, -0.04, 0.3], [2.0, 0.5, 0.1]]) is None
+    assert reported_parts(None) is None

@@ -99,6 +99,9 @@ def test_search_and_measure_flags_reach_the_search_and_the_rounds(ids_args, caps
     assert 1 <= len(names) <= 3 and len(rec["splits"]) <= 1
     # --no_race: every candidate measured in every round
     assert m["race"] is False and all(c["rounds"] == m["rounds"] for c in m["candidates"])
+    # no negative simulated cost is written (a part a model extrapolates below 0 is left out)
+    assert all(c["simulated_parts_ms"] is None or np.min(c["simulated_parts_ms"]) >= 0 for c in m["candidates"])
+    assert all(c["simulated_ms"] > 0 for c in m["candidates"])
 
 
 def test_calibrate_dmp_fit_is_saved_reused_replaced_and_is_the_drift_reference(setup, capsys, fake_measuring,
