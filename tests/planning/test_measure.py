@@ -1,6 +1,6 @@
 """The measured-best plan (DESIGN.md §8): the selection picks the cheapest plan, says "cannot be told
 apart" when the top plans are the same, never writes a plan that measured worse, and honours the budget."""
-import time
+import math
 
 import numpy as np
 import pytest
@@ -16,6 +16,10 @@ from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.search import SearchParams, plan_key
 
 from analytic_models import analytic_simulator
+
+# planted deadlines (time.time() values), so the stop rule's answers do not depend on this machine's clock or speed
+NO_DEADLINE = math.inf  # a budget never spent
+SPENT = 0.0             # a budget spent long ago: one more round always passes it
 
 TABLES = """name,rows,dim,pooling_factor
 a,20000,64,8
@@ -58,14 +62,13 @@ def test_identical_plans_cannot_be_told_apart():
 
 def test_stop_rule_budget_and_rounds():
     sep = np.array([[1.0, 2.0]] * 6)
-    now = time.time()
-    assert StopRule(now + 100, 5, 50)(sep[:5], 1.0)           # separated at the first look (min rounds)
-    assert not StopRule(now + 100, 5, 50)(sep, 1.0)           # round 6 is not a look
-    assert StopRule(now + 100, 5, 50)(np.vstack([sep, sep[:2]]), 1.0)  # round 8 is
-    assert not StopRule(now + 100, 8, 50)(sep, 1.0)           # not yet min rounds
-    assert StopRule(now + 0.5, 8, 50)(sep[:1], 1.0)           # one more round would pass the budget
-    assert StopRule(now + 100, 2, 6)(np.ones((6, 2)), 0.1)    # max rounds
-    assert not StopRule(now + 100, 2, 50)(np.ones((6, 2)), 0.1)
+    assert StopRule(NO_DEADLINE, 5, 50)(sep[:5], 1.0)           # separated at the first look (min rounds)
+    assert not StopRule(NO_DEADLINE, 5, 50)(sep, 1.0)           # round 6 is not a look
+    assert StopRule(NO_DEADLINE, 5, 50)(np.vstack([sep, sep[:2]]), 1.0)  # round 8 is
+    assert not StopRule(NO_DEADLINE, 8, 50)(sep, 1.0)           # not yet min rounds
+    assert StopRule(SPENT, 8, 50)(sep[:1], 1.0)               # one more round would pass the budget
+    assert StopRule(NO_DEADLINE, 2, 6)(np.ones((6, 2)), 0.1)    # max rounds
+    assert not StopRule(NO_DEADLINE, 2, 50)(np.ones((6, 2)), 0.1)
     with pytest.raises(UserError, match="measure_budget_s"):
         MeasureConfig(budget_s=0).check()
     with pytest.raises(UserError, match="measure_top"):
@@ -157,12 +160,11 @@ def test_the_drift_reference_is_measured_every_round_and_never_a_candidate(tmp_p
 
 
 def test_the_stop_rule_ignores_the_drift_reference_column():
-    now = time.time()
     sep = np.array([[1.0, 2.0, 50.0]] * 6)  # candidates told apart; the reference column is not a candidate
     tie = np.array([[1.0, 1.0, 0.1]] * 6)   # candidates identical; the reference would look "separated"
-    assert StopRule(now + 100, 6, 50, num_candidates=2)(sep, 1.0)
-    assert not StopRule(now + 100, 6, 50, num_candidates=2)(tie, 1.0)
-    assert StopRule(now + 100, 6, 50)(tie, 1.0)  # without the cut, the reference column would stop the rounds
+    assert StopRule(NO_DEADLINE, 6, 50, num_candidates=2)(sep, 1.0)
+    assert not StopRule(NO_DEADLINE, 6, 50, num_candidates=2)(tie, 1.0)
+    assert StopRule(NO_DEADLINE, 6, 50)(tie, 1.0)  # without the cut, the reference column would stop the rounds
 
 
 def test_the_looks_spend_five_percent_in_all_and_the_interval_is_students_t_by_hand():
@@ -180,7 +182,7 @@ def test_the_looks_spend_five_percent_in_all_and_the_interval_is_students_t_by_h
     assert at95["separated"] and np.isclose(at95["ci_lo"], 0.82878, atol=1e-4) and np.isclose(at95["ci_hi"], 0.98787, atol=1e-4)
     first_look = separation(costs, look_alpha(5, 5, 50))
     assert not first_look["separated"] and np.isclose(first_look["ci_hi"], 1.01059, atol=1e-4)
-    assert not StopRule(time.time() + 100, 5, 50)(costs, 1.0)
+    assert not StopRule(NO_DEADLINE, 5, 50)(costs, 1.0)
 
 
 def test_racing_drops_a_clearly_slower_candidate_and_never_the_best():
@@ -211,10 +213,10 @@ def test_racing_drops_a_clearly_slower_candidate_and_never_the_best():
     assert sep["best"] == 0 and sep["runner_up"] == 1 and np.isnan(slow_machine[-1, 2])
     # StopRule.active: racing only when asked, the drift reference column is never a candidate
     with_ref = np.hstack([costs, np.full((R, 1), 0.5)])
-    assert StopRule(time.time() + 100, 5, 50, num_candidates=3).active(with_ref).tolist() == [True] * 3
-    assert StopRule(time.time() + 100, 5, 50, num_candidates=3, race=True).active(with_ref).tolist() == [True, True, False]
+    assert StopRule(NO_DEADLINE, 5, 50, num_candidates=3).active(with_ref).tolist() == [True] * 3
+    assert StopRule(NO_DEADLINE, 5, 50, num_candidates=3, race=True).active(with_ref).tolist() == [True, True, False]
     # racing asks only at the stop rule's looks (5, 8, ...), so its drops spend the same 5%: not after round 6
-    assert StopRule(time.time() + 100, 5, 50, num_candidates=3, race=True).active(with_ref[:6]).tolist() == [True] * 3
+    assert StopRule(NO_DEADLINE, 5, 50, num_candidates=3, race=True).active(with_ref[:6]).tolist() == [True] * 3
 
 
 def test_summary_of_a_race_pairs_each_candidate_on_the_rounds_it_ran():
@@ -293,7 +295,7 @@ def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
              [[(0, 128), (1, 128), (2, 128), (3, 128)], []],  # all on rank 0
              [[(0, 128), (3, 128)], [(1, 128), (2, 128)]]]   # balanced, other pairs
     got = []
-    stop = ScriptedRace(time.time() + 600, 4, 7, num_candidates=3, race=True, drop=1, drop_after=4)
+    stop = ScriptedRace(NO_DEADLINE, 4, 7, num_candidates=3, race=True, drop=1, drop_after=4)
     run(Job(EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), 256, 1, 2), [plans], stop), 2,
         lambda g, r, costs: got.append(costs))
     measured = np.array([[np.isfinite(c).all() for c in costs] for costs in got])  # [round, plan]
