@@ -19,7 +19,7 @@ from unittest import mock
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
@@ -138,11 +138,7 @@ def config_refusal(script: str, args: list[str]) -> str | None:
     accepted or the script builds no config through `config_from_args` (then only its flags are checked)."""
     from neuroshard.core.errors import UserError
 
-    path = (ROOT / script).resolve()
-    spec = importlib.util.spec_from_file_location(f"_docs_check_{path.parent.name}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses under `from __future__ import annotations` look their module up
-    spec.loader.exec_module(module)
+    module = load_script(script)
     real = getattr(module, "config_from_args", None)
     if real is None or not inspect.signature(module.main).parameters:
         return None
@@ -150,10 +146,10 @@ def config_refusal(script: str, args: list[str]) -> str | None:
     def stop(cls, parsed, **overrides):
         raise _Checked(real(cls, parsed, **overrides))
 
-    module.config_from_args = stop
     try:
         try:
-            module.main(list(args))
+            with mock.patch.object(module, "config_from_args", stop):
+                module.main(list(args))
         except _Checked as got:
             cfg = got.args[0]
             check = getattr(cfg, "check", None)
