@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neuroshard.planning.measure import StopRule
+from neuroshard.planning.stop_rule import StopRule
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import ShardTablesConfig
-from neuroshard.planning.plan_tables import shard_tables
+from neuroshard.planning.shard_tables import shard_tables
 
 
 def main(argv=None) -> int:

@@ -6,8 +6,7 @@ table whose ids it reads. On first sight of an item every rank builds, together,
 `DistributedModelParallel` of an `EmbeddingBagCollection` of those tables, sharded by the exported plan
 (`to_torchrec_plan`, fused kernel, the update fused into backward: exact SGD, learning rate 0.01) and kept
 for the rounds that follow, or built again every `EngineSettings.rebuild_every` rounds: a build carries an
-offset through all its rounds that rounds of one build cannot average out (two single-build runs put one plan
-at 0.940 and at 1.081 of another's, each interval excluding the other: docs/findings.md). One measurement is `warmup` + `iters` training steps, each a forward of the
+offset through all its rounds that rounds of one build cannot average out (docs/findings.md). One measurement is `warmup` + `iters` training steps, each a forward of the
 sharded collection (input distribution, lookups, pooled all-to-all) and a backward (gradient all-to-all,
 fused update), on the same ids every round: rank r feeds samples [r B/W, (r+1) B/W) of the dataset's
 first B (the engine's batch B over W ranks), as a training step splits a global batch. Per rank the median
@@ -23,7 +22,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .engine import EngineSettings, Step
+import numpy as np
+
+from ..core.errors import UserError
+from ..core.stats import paired_interval
+from ..core.types import implausible_ms
+from ..sharding.plan import plan_from_dict
+from .engine import EngineSettings, Step, round_cost
 
 LEARNING_RATE = 0.01
 REBUILD_EVERY = 1  # `--measure`, `--calibrate_dmp` and the benchmark build each plan again every round (see above)
@@ -40,25 +45,40 @@ class TorchRecItem:
     def of(cls, spec: dict, table_ids) -> "TorchRecItem":
         return cls(json.dumps(spec, sort_keys=True), tuple(int(t) for t in table_ids))
 
-    @classmethod
-    def of_plan(cls, tl, task, plan) -> "TorchRecItem":
-        """The item of a `Placement` of the user's tables `tl` (a `TableList`) as exported for TorchRec, reading
-        the ids of `task`'s tables (a `ShardingTask` of the tables' dataset)."""
-        from ..sharding.torchrec_export import plan_spec
-
-        return cls.of(plan_spec(tl.names, tl.rows, tl.task.dims, plan), task.table_ids)
 
 
 class DMPStep(Step):
-    """TorchRec's training step of a plan (module docstring)."""
+    """TorchRec's training step of a plan (module docstring). Its item is the plan's spec with the dataset table
+    each spec table reads (`TorchRecItem`); its drift reference is a calibration's step-fit plans with the steps
+    measured for them (`--calibrate_dmp`), one plan a round (`dmp_drift`)."""
+
+    describes = " as TorchRec training steps (DistributedModelParallel)"
+    measured_cost = "step"
+    rebuild_every = REBUILD_EVERY
+
+    @classmethod
+    def check_available(cls, num_devices: int) -> None:
+        from ..sharding.torchrec_baseline import _import
+
+        _import()  # one line when TorchRec is missing
+
+    @classmethod
+    def item(cls, task, plan, spec: dict) -> TorchRecItem:
+        return TorchRecItem.of(spec, task.table_ids)
+
+    @classmethod
+    def reference_items(cls, reference, task, num_devices: int, spec_of) -> list:
+        return [cls.item(task, p, spec_of(p)) for p in dmp_reference_plans(reference, task, num_devices)]
+
+    @classmethod
+    def drift(cls, reference, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+        return dmp_drift(reference, ref_rounds, seed)
 
     def __init__(self, settings: EngineSettings, rank: int, world: int):
         super().__init__(settings, rank, world)
         from ..data.dataset import DLRMDataset
 
         if settings.batch_size % world:
-            from ..core.errors import UserError
-
             raise UserError(f"batch {settings.batch_size} is not divisible by {world} ranks; TorchRec's step splits "
                             "the global batch evenly")
         self.dataset = DLRMDataset.load(settings.dataset_dir)
@@ -119,3 +139,31 @@ class DMPStep(Step):
         s = self.settings
         step_ms = median_ms(lambda: self._step(dmp, kjt), s.hw.device, s.warmup, s.iters)
         return gather_floats([step_ms, 0.0, 0.0], s.hw.device)
+
+
+def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:
+    """The step-fit plans a calibration measured as TorchRec steps (`measured["dmp"]`), as `Placement`s of `task`
+    on `num_devices` ranks; plans that are not these tables' or steps that cannot be true are a damaged calibration
+    (one line, before anything is measured)."""
+    try:
+        plans = [plan_from_dict(d, task.dims, num_devices) for d in reference["plans"]]
+        step_ms = reference["step_ms"]
+        why = implausible_ms(np.asarray(step_ms, np.float64), positive=True) if len(step_ms) == len(plans) > 0 \
+            else "one measured step per plan"
+    except (TypeError, KeyError, ValueError) as e:  # PlanError is a ValueError
+        why = str(e)
+    if why:
+        raise UserError(f"the calibration's TorchRec-step plans are damaged ({why}); calibrate again "
+                        "(--calibrate K --calibrate_dmp)")
+    return plans
+
+
+def dmp_drift(reference: dict, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+    """How much slower (> 1) or faster TorchRec's step measured in the rounds than when calibrating: per round the
+    step-fit plan measured in it (plan r mod G) now / then; the geometric mean over rounds with a bootstrap 95%
+    interval. Also stored as the compute and the comm drift, the keys an emulated engine's drift record has."""
+    then = np.asarray(reference["step_ms"], np.float64)
+    per_round = np.array([round_cost(parts) / then[r % len(then)] for r, parts in enumerate(ref_rounds)])
+    st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
+    ratio = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
+    return {"rounds": len(ref_rounds), "groups": len(then), "step": ratio, "compute": ratio, "comm": ratio}

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.stats import geo_mean, paired_interval
+from ..core.errors import UserError
 from ..core.types import Cost
 from .backends import Hardware
 
@@ -103,12 +104,42 @@ def plan_step_item(task, plan) -> StepPlan:
 
 class Step:
     """How one round of one item is measured; built once per rank. `measure(item)` is called by all ranks
-    together and returns every rank's [compute, fw, bw] ms ([world][3])."""
+    together and returns every rank's [compute, fw, bw] ms ([world][3]).
+
+    A step also says, before any rank starts, what it measures: `item(task, plan, spec)` is the item of a
+    `Placement` of a `ShardingTask` (`spec`: the plan as `torchrec_export.plan_spec` describes it, for steps that
+    build the framework's own model), `reference_items` the items of a calibration's drift reference and `drift`
+    what the reference measured in the rounds, against when it was calibrated. The measurement path asks the step
+    and never which step it is."""
+
+    describes = ""       # how a log line words what is measured (after "measuring N plans")
+    measured_cost = "paper"  # the simulated cost this step measures: "paper" or "step"
+    rebuild_every = 0    # a step that builds state per item builds it again after this many measurements (0: never)
 
     def __init__(self, settings: EngineSettings, rank: int, world: int):
         self.settings, self.rank, self.world = settings, rank, world
 
     def measure(self, item) -> list[list[float]]:
+        raise NotImplementedError
+
+    @classmethod
+    def check_available(cls, num_devices: int) -> None:
+        """One line before any work when what this step needs is missing (nothing by default)."""
+
+    @classmethod
+    def item(cls, task, plan, spec: dict):
+        """The item measuring `plan` (a `Placement` of `task`'s tables)."""
+        raise NotImplementedError
+
+    @classmethod
+    def reference_items(cls, reference, task, num_devices: int, spec_of: Callable) -> list:
+        """The items of a drift reference, measured one a round beside the candidates (`spec_of(plan)`: a plan's
+        spec, for references that are plans)."""
+        raise NotImplementedError
+
+    @classmethod
+    def drift(cls, reference, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+        """How much slower (> 1) or faster the reference measured in the rounds than when calibrating."""
         raise NotImplementedError
 
 
@@ -119,7 +150,21 @@ def _grouped() -> bool:
 
 
 class EmulatedStep(Step):
-    """Independent devices emulated (module docstring): compute one rank at a time, then the all-to-alls."""
+    """Independent devices emulated (module docstring): compute one rank at a time, then the all-to-alls. Its
+    item is a plan as the paper cost prices it (`plan_device_tables`); its drift reference is a calibration's
+    held-out shards in groups of one per rank (`machine_drift`)."""
+
+    @classmethod
+    def item(cls, task, plan, spec: dict):
+        return plan_device_tables(task, plan)
+
+    @classmethod
+    def reference_items(cls, reference, task, num_devices: int, spec_of: Callable) -> list:
+        return [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]] for g in reference]
+
+    @classmethod
+    def drift(cls, reference, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+        return machine_drift(reference, ref_rounds, seed)
 
     def __init__(self, settings: EngineSettings, rank: int, world: int):
         super().__init__(settings, rank, world)
@@ -190,6 +235,41 @@ class EmulatedStep(Step):
         fw = sum(timed_collective(a2a.forward, device, delay if i == 0 else 0.0, s.warmup, s.iters)
                  for i, a2a in enumerate(a2as))
         return gather_floats([compute, fw, before], device)
+
+
+class EmulatedStepCost(EmulatedStep):
+    """`EmulatedStep` measuring the step cost (`StepPlan` items: per sharding group present TorchRec's input
+    distribution and both all-to-alls), as `Simulator(cost="step")` prices a plan."""
+
+    describes = " as the step cost prices them (per sharding group the input distribution and both all-to-alls)"
+    measured_cost = "step"
+
+    @classmethod
+    def check_available(cls, num_devices: int) -> None:
+        from .comm_bench import torchrec_available
+
+        if num_devices > 1 and not torchrec_available():
+            raise UserError("--measure of the step cost times TorchRec's input distribution (its KJTAllToAll), and "
+                            "torchrec is not installed; install it (make setup installs torchrec 1.9.2) or pass "
+                            "--cost paper")
+
+    @classmethod
+    def item(cls, task, plan, spec: dict):
+        return plan_step_item(task, plan)
+
+
+def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
+    """How much slower (> 1) or faster the reference measured in the rounds than when calibrating: per round
+    (group r mod G) the geometric mean over ranks of compute now / then and of backward all-to-all now / then;
+    the geometric mean over rounds with a bootstrap 95% interval (rounds resampled)."""
+    out = {"rounds": len(ref_rounds), "groups": len(reference)}
+    for name, col, key in (("compute", 0, "compute_ms"), ("comm", 2, "bw_ms")):
+        per_round = np.array([np.exp(np.log(np.asarray(parts)[:, col] / np.asarray(reference[r % len(reference)][key],
+                                                                                  np.float64)).mean())
+                              for r, parts in enumerate(ref_rounds)])
+        st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
+        out[name] = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
+    return out
 
 
 # ----------------------------------------------------------------------------- a plan's measured cost

@@ -1,69 +1,59 @@
 """The measured-best plan (`tools/shard_tables.py --measure`, DESIGN.md §8: pre-train, calibrate, search, **verify**).
 
-Candidates: NeuroShard's best distinct plans (`neuroshard_top_plans`, at least 3), every greedy
-heuristic's plan and TorchRec's plan; identical plans are measured once under all their names.
-They are measured on the same ranks in interleaved rounds (A B C ... A B C ..., each round every
-candidate with `warmup_iter` warm-ups and `num_iter` timed iterations per rank, as eval.py does),
-on the user's ids (real with `--ids`, else synthesised from rows, pooling and reuse histogram).
+Candidates: NeuroShard's best distinct plans (`candidate_plans`, at least 3), every greedy heuristic's plan
+and TorchRec's plan; identical plans are measured once under all their names. They are measured on the same
+ranks in interleaved rounds (A B C ... A B C ..., each round every candidate with `warmup_iter` warm-ups and
+`num_iter` timed iterations per rank, as eval.py does), on the user's ids (real with `--ids`, else
+synthesised from rows, pooling and reuse histogram: `user_data.user_tables_dataset`), until the stop rule
+(`stop_rule.py`) tells the best from the runner-up, the budget is spent, or racing has dropped the rest.
+The chosen plan is the best by geometric mean, so it never measured worse than another candidate; when the
+best cannot be told apart the result says so plainly. Every candidate's ratio to the best also gets a
+bootstrap 95% interval (`core.stats.paired_interval`, rounds as pairs).
 
-The candidate with the lowest geometric-mean cost over the rounds is the best, the second lowest the
-runner-up. The stop rule looks at them after rounds `look_rounds` (min_rounds, then x1.5: 5, 8, 12, 18,
-27, ...) and after the last round: look k gets a paired Student-t interval of the per-round log ratio at
-1 - 0.05 / (k (k + 1)) (alpha spending: the levels of all looks sum to 0.05, so "told apart" holds at
-95% however many looks a run makes; asking a 95% interval after every round called two equal plans told
-apart 38% of the time by round 30: benchmarks/stop_rule_equal_plans.py). Rounds stop when that interval
-excludes 1 (the best is told apart), when `budget_s` (from the start, process start-up included) would
-be passed by one more round (the first round always runs), or at `max_rounds`. The chosen plan is the
-best by geometric mean, so it never measured worse than another candidate; when the interval still
-includes 1 the result says plainly that the top plans cannot be told apart. Every candidate's ratio to
-the best also gets a bootstrap 95% interval (`core.stats.paired_interval`, rounds as pairs), a description of that one
-comparison.
+What one round of a candidate is comes from the engine's step (`MeasureConfig.step`): the emulated devices
+of the paper cost or of the step cost (`hardware.engine.EmulatedStep`, `EmulatedStepCost`), or TorchRec's own
+training step (`hardware.dmp_step.DMPStep`). The step builds each candidate's item and the items of the
+calibration's drift reference, and turns the reference's rounds into the machine's drift since calibrating;
+this module never asks which step it is.
 
-Racing (`race`, the default): at each of the stop rule's looks, a candidate whose paired interval
-against the current best lies wholly above 1 is dropped from later rounds (`still_measured`: a Student-t
-interval of the per-round log ratio at 1 - alpha_k / m, alpha_k the look's level and m the candidates
-still measured besides the best, as irace's t-test racing does; so all drops together spend 5%). A
-dropped candidate measured slower than the best, with confidence, on the rounds both ran; its cost and
-intervals are from the rounds it was measured in (NaN in the rest), and the rounds that follow spend
-their time on the plans that are still close (replayed on the real table sets' rounds, racing measured
-for 76-100% of the time that measuring every candidate takes; README). The best and the runner-up are
-always among the candidates measured in every round.
+With a calibration, round r also measures its drift reference's item r mod G, in a shuffled place like every
+plan, as one more item that is never a candidate. Every candidate then also gets its simulated cost net of
+the drift (`simulated_drift_ms`), so a miss of the cost models can be told from a machine that changed speed.
 
 The result also says where the best plan's step goes (`step_breakdown`): the share of it that is all-to-all
-after its slowest device's compute, and how much a perfect balance of its shards' compute could save. On the
-real table sets here the one-hot sets' steps are 65-81% all-to-all with 0.9-2.4% to gain from balance (README), so
-their top plans measure within a few per cent of each other and of TorchRec's.
-
-With a calibration's drift `reference` (`calibrate.drift_reference`: the held-out calibration shards in
-groups of one per rank, their compute and backward all-to-all as measured when calibrating), round r also
-measures group r mod G, in a shuffled place like every plan, as one more plan that is never a candidate.
-The machine's drift since calibrating is the geometric mean over rounds of (the group's compute now / then)
-and of (its backward all-to-all now / then), each with a 95% interval over rounds (so the more rounds, the
-more of the held-out shards it covers); every candidate also gets its simulated cost
-with the simulated compute scaled by the first and both all-to-alls by the second
-(`simulated_drift_ms`), so a miss of the cost models can be told from a machine that changed speed. In TorchRec's
-engine the reference is a calibration's step-fit plans (`--calibrate_dmp`, `dmp_reference`), plan r mod G in round
-r, and the drift is TorchRec's step now / then (`dmp_drift`), which scales the whole simulated step.
+after its slowest device's compute, and how much a perfect balance of its shards' compute could save.
 """
 from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..core.config import (MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure,
                            check_measure_engine)
-from ..core.errors import UserError, check_int
-from ..sharding.simulator import check_cost
-from ..core.types import Cluster
-from ..core.stats import geo_mean, paired_interval
+from ..core.errors import check_int
+from ..core.stats import paired_interval
 from ..core.tables import format_table
-from ..hardware.dmp_step import REBUILD_EVERY
-from ..hardware.engine import Measured, round_cost
-from ..sharding.candidates import Candidate, candidate_plans, simulated_parts  # noqa: F401 (the API)
+from ..core.types import Cluster
+from ..data.table_list import TableList
+from ..data.tasks import ShardingTask
+from ..hardware.dmp_step import DMPStep
+from ..hardware.engine import EmulatedStep, EmulatedStepCost, EngineSettings, Job, Measured, Step, round_cost, run
+from ..sharding.candidates import Candidate, candidate_plans  # noqa: F401 (candidate_plans: the API)
+from ..sharding.simulator import check_cost
+from ..sharding.torchrec_export import plan_spec
+from .stop_rule import StopRule, look_alpha, separation
+from .user_data import check_batch_divides, user_tables_dataset
+
+# what one round of a candidate is, by --measure_engine and --cost
+STEPS: dict[tuple[str, str], type[Step]] = {("emulated", "paper"): EmulatedStep, ("emulated", "step"): EmulatedStepCost,
+                                            ("torchrec", "paper"): DMPStep, ("torchrec", "step"): DMPStep}
+# where a calibration report keeps each step's drift reference
+REFERENCE_IN: dict[type[Step], tuple[str, ...]] = {EmulatedStep: ("reference",), EmulatedStepCost: ("reference",),
+                                                   DMPStep: ("measured", "dmp")}
 
 
 @dataclass(frozen=True)
@@ -76,7 +66,7 @@ class MeasureConfig:
     top_k: int = MEASURE_TOP     # NeuroShard candidates
     seed: int = 0
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
-    race: bool = True            # drop a candidate measured slower than the best (module docstring)
+    race: bool = True            # drop a candidate measured slower than the best (stop_rule.py)
     engine: str = "emulated"     # "emulated": independent devices emulated; "torchrec": TorchRec's training step
     cost: str = "paper"          # what the emulated engine measures: "paper" (compute + one forward and one
                                  # backward all-to-all) or "step" (per sharding group present, the input
@@ -90,251 +80,87 @@ class MeasureConfig:
         check_cost(self.cost)
         return self
 
+    @property
+    def step(self) -> type[Step]:
+        """The engine's step: what one round of a candidate is."""
+        return STEPS[(self.engine, self.cost)]
 
 
-
-def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:
-    """The rounds after which the stop rule looks: min_rounds, then each x1.5 (rounded up), up to max_rounds."""
-    out = [min_rounds]
-    while out[-1] < max_rounds:
-        out.append(min(max_rounds, int(np.ceil(out[-1] * 1.5))))
-    return out
-
-
-def look_alpha(rounds: int, min_rounds: int, max_rounds: int, final: bool = False) -> float | None:
-    """The stop rule's level at `rounds`: look k of `look_rounds` gets 0.05 / (k (k + 1)); `final` (the verdict
-    after the last round) is the next look when `rounds` is not a scheduled one. None: no look there."""
-    looks = look_rounds(min_rounds, max_rounds)
-    if rounds in looks:
-        k = looks.index(rounds) + 1
-    elif final:
-        k = sum(r <= rounds for r in looks) + 1
-    else:
-        return None
-    return 0.05 / (k * (k + 1))
+def drift_reference_of(step: type[Step], calibration: dict | None):
+    """The drift reference `step` measures from a calibration report (None without one)."""
+    found = calibration
+    for key in REFERENCE_IN[step]:
+        found = (found or {}).get(key)
+    return found or None
 
 
-def t_interval(ours: np.ndarray, theirs: np.ndarray, alpha: float) -> tuple[float, float, float]:
-    """Paired ratio ours/theirs over the rounds both measured: geometric mean and Student-t (1 - alpha) interval."""
-    return tuple(paired_interval(ours, theirs, level=1 - alpha))[:3]
-
-
-def separation(round_costs: np.ndarray, alpha: float = 0.05) -> dict:
-    """Best and runner-up of [R rounds, P candidates] costs, with their paired ratio and its Student-t (1 - alpha)
-    interval; separated when it lies below 1.
-
-    A NaN cost is a round the candidate was not measured in (dropped by racing); best and runner-up are
-    taken among the candidates measured in the most rounds (with racing: in every round)."""
-    round_costs = np.asarray(round_costs, np.float64)
-    R, P = round_costs.shape
-    geo, n = geo_mean(round_costs), np.isfinite(round_costs).sum(axis=0)
-    full = np.flatnonzero(n == n.max())
-    order = full[np.argsort(geo[full], kind="stable")]
-    best = int(order[0])
-    out = {"rounds": R, "geo_mean_ms": geo, "best": best, "runner_up": None, "separated": False,
-           "ratio": float("nan"), "ci_lo": float("nan"), "ci_hi": float("nan"), "level": 1 - alpha}
-    if P < 2:
-        out["separated"] = True
-        return out
-    all_dropped = len(order) < 2  # every other candidate was dropped: each measured slower than the best
-    ru = int(min((i for i in range(P) if i != best), key=lambda i: (-n[i], geo[i]))) if all_dropped else int(order[1])
-    out["runner_up"] = ru
-    if R >= 2:
-        ratio, lo, hi = t_interval(round_costs[:, best], round_costs[:, ru], alpha)
-        out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, separated=all_dropped or bool(hi < 1.0))
-    return out
-
-
-def still_measured(round_costs: np.ndarray, min_rounds: int, alpha: float = 0.05) -> np.ndarray:
-    """Racing: which of the [R, P] candidates the next round measures (bool [P]).
-
-    Those measured in the last round, less any measured slower than the best of them (lowest geometric
-    mean): the paired Student-t interval of log(cost / best cost) over the rounds, at 1 - alpha / m with
-    m the number of others still measured (Bonferroni), lies wholly above 0. This is the elimination test
-    of irace's `t-test-bonferroni` racing; a t interval rather than the percentile bootstrap because with a
-    handful of rounds the bootstrap interval excludes 1 whenever every round falls on one side (4 rounds of
-    two equal plans: one time in eight)."""
-    round_costs = np.asarray(round_costs, np.float64)
-    R, P = round_costs.shape
-    keep = np.isfinite(round_costs[-1])
-    idx = np.flatnonzero(keep)
-    if R < max(min_rounds, 2) or len(idx) < 2:
-        return keep
-    best = int(idx[int(np.argmin(np.log(round_costs[:, idx]).mean(axis=0)))])  # survivors: measured every round
-    others = [int(i) for i in idx if i != best]
-    for i in others:
-        if t_interval(round_costs[:, i], round_costs[:, best], alpha / len(others))[1] > 1.0:
-            keep[i] = False
-    return keep
-
-
-@dataclass
-class StopRule:
-    """Stop after a round when the best is separated, the budget would be passed, or at max rounds."""
-
-    deadline: float                 # time.time() at which the budget ends
-    min_rounds: int
-    max_rounds: int
-    num_candidates: int | None = None  # columns of round_costs that are candidates (the rest: the drift reference)
-    race: bool = False              # drop candidates measured slower than the best (`still_measured`)
-
-    def __call__(self, round_costs: np.ndarray, last_round_s: float) -> bool:
-        round_costs = np.asarray(round_costs)[:, :self.num_candidates]
-        R = len(round_costs)
-        if R >= self.max_rounds or time.time() + last_round_s > self.deadline:
-            return True
-        alpha = look_alpha(R, self.min_rounds, self.max_rounds)
-        return alpha is not None and separation(round_costs, alpha)["separated"]
-
-    def active(self, round_costs: np.ndarray) -> np.ndarray:
-        """bool per candidate: measure it in the next round (all measured so far, unless racing drops some at a
-        look, at that look's level: drops over all looks and candidates spend 5% in all)."""
-        round_costs = np.asarray(round_costs, np.float64)[:, :self.num_candidates]
-        alpha = look_alpha(len(round_costs), self.min_rounds, self.max_rounds)
-        if not self.race or alpha is None:
-            return np.isfinite(round_costs[-1])
-        return still_measured(round_costs, self.min_rounds, alpha)
-
-
-def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int, cfg: MeasureConfig,
-                       ids_path=None, log=print, reference: list[dict] | None = None,
-                       dmp_reference: dict | None = None) -> dict:
-    """Measure the candidates in interleaved rounds (module docstring); returns the result record. `reference`:
-    the emulated engine's drift reference; `dmp_reference`: the TorchRec engine's (a calibration's step-fit plans
-    and their measured steps, `measured["dmp"]`)."""
-    from ..data.tasks import ShardingTask
-    from ..hardware.engine import EngineSettings, Job, plan_device_tables, plan_step_item, run
-    from .calibrate import user_tables_dataset
-
+def measure_candidates(tl: TableList, cluster: Cluster, candidates: list[Candidate], hw, batch_size: int,
+                       cfg: MeasureConfig, ids_path=None, log=print, calibration: dict | None = None) -> dict:
+    """Measure the candidates in interleaved rounds (module docstring); returns the result record. `calibration`:
+    the report of the calibration the simulated costs come from, whose drift reference every round measures."""
     cfg.check()
-    dmp = cfg.engine == "torchrec"
-    if dmp:
-        from ..sharding.torchrec_baseline import _import
-
-        _import()  # one line when TorchRec is missing
-        reference = dmp_reference  # the step-fit plans, measured as TorchRec steps when calibrating
-    if not dmp and cfg.cost == "step" and cluster.num_devices > 1:
-        from ..hardware.comm_bench import torchrec_available
-
-        if not torchrec_available():
-            raise UserError("--measure of the step cost times TorchRec's input distribution (its KJTAllToAll), and "
-                            "torchrec is not installed; install it (make setup installs torchrec 1.9.2) or pass "
-                            "--cost paper")
+    step = cfg.step
+    step.check_available(cluster.num_devices)
     check_batch_divides(batch_size, cluster.num_devices)
+    reference = drift_reference_of(step, calibration)
     t0 = time.time()
-    P = len(candidates)
-    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, num_candidates=P, race=cfg.race)
-    how = (" as TorchRec training steps (DistributedModelParallel)" if dmp else
-           " as the step cost prices them (per sharding group the input distribution and both all-to-alls)"
-           if cfg.cost == "step" else "")
-    log(f"measuring {P} distinct candidate plans{how} ({', '.join('/'.join(c.names) for c in candidates)}) in "
+    stop = StopRule(t0 + cfg.budget_s, cfg.min_rounds, cfg.max_rounds, num_candidates=len(candidates), race=cfg.race)
+    log_start(candidates, cfg, bool(reference), log)
+    rounds = RoundLog(candidates, bool(reference), t0, log)
+    with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
+        ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
+        task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
+
+        def spec_of(plan):
+            return plan_spec(tl.names, tl.rows, tl.task.dims, plan)
+
+        items = [step.item(task, c.plan, spec_of(c.plan)) for c in candidates]
+        ref_items = step.reference_items(reference, task, cluster.num_devices, spec_of) if reference else None
+        # a step that builds per plan builds again every `rebuild_every` rounds, so a build's offset is not the plan's
+        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep, step=step,
+                                rebuild_every=step.rebuild_every)
+        run(Job(engine, [items], stop, ref_items), cluster.num_devices, rounds.on_round)
+    drift = step.drift(reference, rounds.reference, cfg.seed) if reference and rounds.reference else None
+    out = summarize(candidates, time.time() - t0, cfg, log, drift)
+    return {**out, "round_end_s": rounds.end_s}
+
+
+def log_start(candidates: list[Candidate], cfg: MeasureConfig, reference: bool, log) -> None:
+    """The line that opens a measurement: what is measured, how, and until when."""
+    log(f"measuring {len(candidates)} distinct candidate plans{cfg.step.describes} "
+        f"({', '.join('/'.join(c.names) for c in candidates)}) in "
         f"interleaved rounds of {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations, until the best is "
         f"told apart from the runner-up (paired t interval, 95% over all the stop rule's looks) or {cfg.budget_s:g} s"
         f"{'; a candidate measured slower than the best is dropped from later rounds' if cfg.race else ''}"
         f"{'; each round also measures the calibration drift reference' if reference else ''}")
-    rounds: list[np.ndarray] = []
-    ref_rounds: list[np.ndarray] = []
-    round_end_s: list[float] = []  # when each round's costs arrived, seconds from the start
-    with tempfile.TemporaryDirectory(prefix="neuroshard-measure-") as tmp:
-        ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
-        task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
-        if dmp:
-            from ..hardware.dmp_step import TorchRecItem
-
-            plans = [TorchRecItem.of_plan(tl, task, c.plan) for c in candidates]
-        elif cfg.cost == "step":
-            plans = [plan_step_item(task, c.plan) for c in candidates]
-        else:
-            plans = [plan_device_tables(task, c.plan) for c in candidates]
-        if dmp and reference:
-            ref_plans = [TorchRecItem.of_plan(tl, task, p)
-                         for p in dmp_reference_plans(reference, task, cluster.num_devices)]
-        else:
-            ref_plans = [[[(int(task.table_ids[t]), int(d)) for t, d in dev] for dev in g["devices"]]
-                         for g in reference] if reference else None
-
-        def on_round(g, r, costs):
-            if reference:
-                ref_rounds.append(np.asarray(costs[P], np.float64))
-                costs = costs[:P]
-            rounds.append(costs)
-            round_end_s.append(time.time() - t0)
-            totals = [round(round_cost(c), 6) for c in costs]  # NaN: not measured (dropped)
-            dropped = [c for c, t in zip(candidates, totals) if np.isnan(t) and c.round_ms and not np.isnan(c.round_ms[-1])]
-            for c, t, parts in zip(candidates, totals, costs):
-                c.round_ms.append(t)
-                c.round_parts_ms.append(np.asarray(parts, np.float64))
-            best = int(np.nanargmin(totals))
-            left = int(np.isfinite(totals).sum())
-            log(f"  round {r + 1}: fastest {'/'.join(candidates[best].names)} {totals[best]:.3f} ms"
-                + (f"; {left} of {P} candidates measured" if left < P else "")
-                + (f" (dropped after round {r}, measured slower than the best: "
-                   f"{', '.join('/'.join(c.names) for c in dropped)})" if dropped else ""))
-
-        step = None
-        if dmp:  # each plan built again every round (REBUILD_EVERY), so a build's offset is not taken for the plan's
-            from ..hardware.dmp_step import DMPStep as step
-        engine = EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter, cfg.mp_keep, step=step,
-                                rebuild_every=REBUILD_EVERY if dmp else 0)
-        run(Job(engine, [plans], stop, ref_plans), cluster.num_devices, on_round)
-    drift = None
-    if reference and ref_rounds:
-        drift = dmp_drift(reference, ref_rounds, cfg.seed) if dmp else machine_drift(reference, ref_rounds, cfg.seed)
-    out = summarize(candidates, time.time() - t0, cfg, log, drift)
-    return {**out, "round_end_s": round_end_s}
 
 
-def check_batch_divides(batch: int, ndevices: int) -> None:
-    """Measuring splits the cost models' batch evenly over the ranks: refuse one they do not divide."""
-    if batch % ndevices:
-        raise UserError(f"--measure and --calibrate split the cost models' batch of {batch} over the ranks, and "
-                        f"{ndevices} do not divide it; use a --ndevices that divides {batch}, or cost models "
-                        f"collected at a batch it divides")
+class RoundLog:
+    """Each round as rank 0 emits it: the candidates' costs kept on them, the reference's apart, one line."""
 
+    def __init__(self, candidates: list[Candidate], reference: bool, t0: float, log):
+        self.candidates, self.has_reference, self.t0, self.log = candidates, reference, t0, log
+        self.reference: list[np.ndarray] = []  # the drift reference's parts, per round
+        self.end_s: list[float] = []           # when each round's costs arrived, seconds from the start
 
-def machine_drift(reference: list[dict], ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
-    """How much slower (> 1) or faster the reference measured in the rounds than when calibrating: per round
-    (group r mod G) the geometric mean over ranks of compute now / then and of backward all-to-all now / then;
-    the geometric mean over rounds with a bootstrap 95% interval (rounds resampled)."""
-    out = {"rounds": len(ref_rounds), "groups": len(reference)}
-    for name, col, key in (("compute", 0, "compute_ms"), ("comm", 2, "bw_ms")):
-        per_round = np.array([np.exp(np.log(np.asarray(parts)[:, col] / np.asarray(reference[r % len(reference)][key],
-                                                                                  np.float64)).mean())
-                              for r, parts in enumerate(ref_rounds)])
-        st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
-        out[name] = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
-    return out
-
-
-def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:
-    """The step-fit plans a calibration measured as TorchRec steps (`measured["dmp"]`), as `Placement`s of `task`
-    on `num_devices` ranks; plans that are not these tables' or steps that cannot be true are a damaged calibration
-    (one line, before anything is measured)."""
-    from ..core.types import implausible_ms
-    from ..sharding.plan import plan_from_dict
-
-    try:
-        plans = [plan_from_dict(d, task.dims, num_devices) for d in reference["plans"]]
-        step_ms = reference["step_ms"]
-        why = implausible_ms(np.asarray(step_ms, np.float64), positive=True) if len(step_ms) == len(plans) > 0 \
-            else "one measured step per plan"
-    except (TypeError, KeyError, ValueError) as e:  # PlanError is a ValueError
-        why = str(e)
-    if why:
-        raise UserError(f"the calibration's TorchRec-step plans are damaged ({why}); calibrate again "
-                        "(--calibrate K --calibrate_dmp)")
-    return plans
-
-
-def dmp_drift(reference: dict, ref_rounds: list[np.ndarray], seed: int = 0) -> dict:
-    """How much slower (> 1) or faster TorchRec's step measured in the rounds than when calibrating: per round the
-    step-fit plan measured in it (plan r mod G) now / then; the geometric mean over rounds with a bootstrap 95%
-    interval. Also stored as the compute and the comm drift, the keys an emulated engine's drift record has."""
-    then = np.asarray(reference["step_ms"], np.float64)
-    per_round = np.array([round_cost(parts) / then[r % len(then)] for r, parts in enumerate(ref_rounds)])
-    st = paired_interval(per_round, np.ones_like(per_round), method="bootstrap", seed=seed)
-    ratio = {"ratio": st.estimate, "ci_lo": st.lo, "ci_hi": st.hi}
-    return {"rounds": len(ref_rounds), "groups": len(then), "step": ratio, "compute": ratio, "comm": ratio}
+    def on_round(self, g: int, r: int, costs) -> None:
+        P = len(self.candidates)
+        if self.has_reference:
+            self.reference.append(np.asarray(costs[P], np.float64))
+            costs = costs[:P]
+        self.end_s.append(time.time() - self.t0)
+        totals = [round(round_cost(c), 6) for c in costs]  # NaN: not measured (dropped)
+        dropped = [c for c, t in zip(self.candidates, totals)
+                   if np.isnan(t) and c.round_ms and not np.isnan(c.round_ms[-1])]
+        for c, t, parts in zip(self.candidates, totals, costs):
+            c.round_ms.append(t)
+            c.round_parts_ms.append(np.asarray(parts, np.float64))
+        best = int(np.nanargmin(totals))
+        left = int(np.isfinite(totals).sum())
+        self.log(f"  round {r + 1}: fastest {'/'.join(self.candidates[best].names)} {totals[best]:.3f} ms"
+                 + (f"; {left} of {P} candidates measured" if left < P else "")
+                 + (f" (dropped after round {r}, measured slower than the best: "
+                    f"{', '.join('/'.join(c.names) for c in dropped)})" if dropped else ""))
 
 
 def simulated_drift_ms(c: Candidate, drift: dict | None) -> float | None:
@@ -391,47 +217,12 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
     costs = np.array([c.round_ms[:R] for c in candidates]).T  # [R, P]
     sep = separation(costs, look_alpha(R, cfg.min_rounds, cfg.max_rounds, final=True))
     best = sep["best"]
-    rows = []
-    for i, c in enumerate(candidates):
-        st = paired_interval(costs[:, i], costs[:, best], method="bootstrap", seed=cfg.seed) if R >= 2 else None
-        m = Measured(costs[:, i], c.round_parts_ms[:R])
-        parts = m.parts_ms.tolist() if len(c.round_parts_ms) >= R and m.parts_ms is not None else None
-        measured = np.isfinite(costs[:, i])
-        rows.append({"names": c.names, "measured_ms": m.cost_ms, "measured_ci_ms": list(m.interval()),
-                     "rounds": int(measured.sum()),
-                     "median_round_ms": float(np.median(costs[measured, i])),
-                     "round_ms": [float(x) if ok else None for x, ok in zip(costs[:, i], measured)],
-                     "measured_parts_ms": parts, "simulated_parts_ms": reported_parts(c.simulated_parts_ms),
-                     "simulated_ms": c.simulated_ms,
-                     "simulated_drift_ms": simulated_drift_ms(c, drift),
-                     "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),
-                     "ci_hi": st.hi if st else float("nan")})
-    names = "/".join(candidates[best].names)
-    level = f"{100 * sep['level']:.4g}%"
-    if sep["runner_up"] is None:
-        verdict = f"{names} is the only candidate"
-    elif sep["separated"]:
-        verdict = (f"{names} is the measured best: {100 * (1 - sep['ratio']):.1f}% faster than the runner-up "
-                   f"{'/'.join(candidates[sep['runner_up']].names)} (paired {level} interval of the ratio "
-                   f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}], {R} rounds; 95% over all the stop rule's looks)")
-    else:
-        verdict = (f"the top plans cannot be told apart: {names} measured lowest, but its ratio to the runner-up "
-                   f"{'/'.join(candidates[sep['runner_up']].names)} is {sep['ratio']:.3f} with a paired {level} "
-                   f"interval [{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] (95% over all the stop rule's looks) that "
-                   f"includes 1 after {R} rounds "
-                   f"({elapsed_s:.0f} s of a {cfg.budget_s:g} s budget); {names} is written as it never measured worse")
-    if drift and "step" in drift:
-        d = drift["step"]
-        log(f"\nmachine drift since calibrating (the step-fit plans, one measured in every round): TorchRec's step "
-            f"x{d['ratio']:.2f} [{d['ci_lo']:.2f}, {d['ci_hi']:.2f}]; the drift-corrected sim/meas scales the "
-            "simulated step by it")
-    elif drift:
-        c, m = drift["compute"], drift["comm"]
-        log(f"\nmachine drift since calibrating (the reference, measured in every round): compute x{c['ratio']:.2f} "
-            f"[{c['ci_lo']:.2f}, {c['ci_hi']:.2f}], all-to-all x{m['ratio']:.2f} [{m['ci_lo']:.2f}, {m['ci_hi']:.2f}]"
-            f"; the drift-corrected sim/meas scales the simulated parts by them")
+    rows = [candidate_row(c, costs[:, i], costs[:, best], R, cfg.seed, drift) for i, c in enumerate(candidates)]
+    verdict = verdict_line(candidates, sep, R, elapsed_s, cfg.budget_s)
+    log_drift(drift, log)
     log("\n" + "\n".join(format_candidates(rows)))
     log(verdict)
+    names = "/".join(candidates[best].names)
     step = step_breakdown(rows[best]["measured_parts_ms"])
     if step is not None:
         log(f"where {names}'s step goes: {100 * step['comm_share']:.0f}% of it is all-to-all after its slowest "
@@ -442,9 +233,60 @@ def summarize(candidates: list[Candidate], elapsed_s: float, cfg: MeasureConfig,
             "ratio_to_runner_up": sep["ratio"], "ci_lo": sep["ci_lo"], "ci_hi": sep["ci_hi"],
             "ci_level": sep["level"], "verdict": verdict,
             "elapsed_s": elapsed_s, "budget_s": cfg.budget_s, "race": cfg.race, "engine": cfg.engine,
-            "measured_cost": "step" if cfg.engine == "torchrec" else cfg.cost,
-            "rebuild_every": REBUILD_EVERY if cfg.engine == "torchrec" else None, "candidates": rows, "drift": drift,
+            "measured_cost": cfg.step.measured_cost,
+            "rebuild_every": cfg.step.rebuild_every or None, "candidates": rows, "drift": drift,
             "step": step}
+
+
+def candidate_row(c: Candidate, costs: np.ndarray, best_costs: np.ndarray, R: int, seed: int,
+                  drift: dict | None) -> dict:
+    """One candidate's record: its measured cost with its interval over rounds, its rounds, its parts, its
+    simulated cost (and net of the drift) and its paired ratio to the best."""
+    st = paired_interval(costs, best_costs, method="bootstrap", seed=seed) if R >= 2 else None
+    m = Measured(costs, c.round_parts_ms[:R])
+    parts = m.parts_ms.tolist() if len(c.round_parts_ms) >= R and m.parts_ms is not None else None
+    measured = np.isfinite(costs)
+    return {"names": c.names, "measured_ms": m.cost_ms, "measured_ci_ms": list(m.interval()),
+            "rounds": int(measured.sum()),
+            "median_round_ms": float(np.median(costs[measured])),
+            "round_ms": [float(x) if ok else None for x, ok in zip(costs, measured)],
+            "measured_parts_ms": parts, "simulated_parts_ms": reported_parts(c.simulated_parts_ms),
+            "simulated_ms": c.simulated_ms,
+            "simulated_drift_ms": simulated_drift_ms(c, drift),
+            "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),
+            "ci_hi": st.hi if st else float("nan")}
+
+
+def verdict_line(candidates: list[Candidate], sep: dict, R: int, elapsed_s: float, budget_s: float) -> str:
+    """What the rounds decided: the only candidate, the best told apart from the runner-up, or a tie."""
+    names = "/".join(candidates[sep["best"]].names)
+    level = f"{100 * sep['level']:.4g}%"
+    if sep["runner_up"] is None:
+        return f"{names} is the only candidate"
+    runner_up = "/".join(candidates[sep["runner_up"]].names)
+    if sep["separated"]:
+        return (f"{names} is the measured best: {100 * (1 - sep['ratio']):.1f}% faster than the runner-up "
+                f"{runner_up} (paired {level} interval of the ratio "
+                f"[{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}], {R} rounds; 95% over all the stop rule's looks)")
+    return (f"the top plans cannot be told apart: {names} measured lowest, but its ratio to the runner-up "
+            f"{runner_up} is {sep['ratio']:.3f} with a paired {level} "
+            f"interval [{sep['ci_lo']:.3f}, {sep['ci_hi']:.3f}] (95% over all the stop rule's looks) that "
+            f"includes 1 after {R} rounds "
+            f"({elapsed_s:.0f} s of a {budget_s:g} s budget); {names} is written as it never measured worse")
+
+
+def log_drift(drift: dict | None, log) -> None:
+    """The machine's drift since calibrating, as the drift reference measured it (nothing without one)."""
+    if drift and "step" in drift:
+        d = drift["step"]
+        log(f"\nmachine drift since calibrating (the step-fit plans, one measured in every round): TorchRec's step "
+            f"x{d['ratio']:.2f} [{d['ci_lo']:.2f}, {d['ci_hi']:.2f}]; the drift-corrected sim/meas scales the "
+            "simulated step by it")
+    elif drift:
+        c, m = drift["compute"], drift["comm"]
+        log(f"\nmachine drift since calibrating (the reference, measured in every round): compute x{c['ratio']:.2f} "
+            f"[{c['ci_lo']:.2f}, {c['ci_hi']:.2f}], all-to-all x{m['ratio']:.2f} [{m['ci_lo']:.2f}, {m['ci_hi']:.2f}]"
+            f"; the drift-corrected sim/meas scales the simulated parts by them")
 
 
 def format_candidates(rows: list[dict]) -> list[str]:

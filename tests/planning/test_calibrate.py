@@ -8,10 +8,11 @@ import torch
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.planning.calibrate import (MIN_SPREAD_MS, CalibrationConfig, _split, calibrate,
-                                              calibration_inputs, calibration_path, check_reference, comm_layouts,
-                                              find_calibration, load_calibration, sample_user_shards,
-                                              save_calibration)
+from neuroshard.planning.calibrate import CalibrationConfig, calibrate
+from neuroshard.planning.calibration_file import (calibration_inputs, calibration_path, check_reference,
+                                                  find_calibration, save_calibration)
+from neuroshard.planning.calibration_sampling import MIN_SPREAD_MS, comm_layouts, sample_user_shards
+from neuroshard.planning.fine_tune import held_out_split
 from neuroshard.data.features import table_size_gb
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
@@ -129,7 +130,7 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
     path = calibration_path(tmp_path / "plan.json")
     assert path.name == "plan.calibration.pt"
     save_calibration(path, cal, {**report, "made_for": fp})
-    again, rep = load_calibration(path, fp)
+    again, rep = find_calibration(path, fp)[0]
     feats = np.concatenate([np.full((1, 1), 64.0), tl.task.data_features[:1]], axis=1)
     assert np.allclose(again.compute.embed(feats), cal.compute.embed(feats))
     assert np.allclose(again.inp.predict_np([[40.0, 60.0]]), cal.inp.predict_np([[40.0, 60.0]]))
@@ -143,14 +144,14 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
     ref = report["reference"]
     assert len(ref) == 3 and all(len(g["devices"]) == len(g["compute_ms"]) == len(g["bw_ms"]) == 2 for g in ref)
     shards = sample_user_shards(tl.task, cluster, 15, 0)
-    held = {(tuple(int(t) for t in shards[i][0]), tuple(int(d) for d in shards[i][1])) for i in _split(15, 0)[1]}
+    held = {(tuple(int(t) for t in shards[i][0]), tuple(int(d) for d in shards[i][1])) for i in held_out_split(15, 0)[1]}
     got = {(tuple(t for t, _ in dev), tuple(d for _, d in dev)) for g in ref for dev in g["devices"]}
     assert got == held
     for g in ref:
         assert all(table_size_gb(tl.rows[[t for t, _ in dev]], [d for _, d in dev]).sum() <= 0.02
                    for dev in g["devices"])
         assert all(np.isfinite(g[k]).all() and min(g[k]) > 0 for k in ("compute_ms", "bw_ms"))
-    assert load_calibration(path, fp, tl.task, cluster)[1]["reference"] == ref
+    assert find_calibration(path, fp, tl.task, cluster)[0][1]["reference"] == ref
     too_big = [[0, 4096], [1, 4096]]  # tables a and b at 4,096 columns: far beyond a device's 0.02 GB
     for bad in ([], [{**ref[0], "devices": [[[99, 8]], [[0, 8]]]}], [{**ref[0], "compute_ms": [1.0, float("nan")]}],
                 [{**ref[0], "devices": ref[0]["devices"][:1]}], [{**ref[0], "bw_ms": [1.0, -2.0]}],
@@ -160,7 +161,7 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
             check_reference(bad, tl.rows, cluster, "plan.calibration.pt")
         save_calibration(path, cal, {**report, "made_for": fp, "reference": bad})
         with pytest.raises(UserError, match="damaged drift reference"):
-            load_calibration(path, fp, tl.task, cluster)
+            find_calibration(path, fp, tl.task, cluster)[0]
 
 
 def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_file(tmp_path):
@@ -177,7 +178,7 @@ def test_a_wait_term_forward_model_keeps_its_wait_term_through_the_calibration_f
     tl = load_table_list(tmp_path / "t.csv")
     fp = calibration_inputs(tl.task, resolve_hardware("cpu", "auto").describe(), 256, 2, 0.02, paths)
     save_calibration(tmp_path / "plan.calibration.pt", Simulator(sim.compute, fw, sim.bw), {"made_for": fp})
-    back, _ = load_calibration(tmp_path / "plan.calibration.pt", fp)
+    back, _ = find_calibration(tmp_path / "plan.calibration.pt", fp)[0]
     assert back.fw.wait_term and not back.bw.wait_term and np.allclose(back.fw.predict_np(x), fw.predict_np(x))
     assert back.inp is None  # saved without an input-distribution model: the step cost prices it by the backward one
 
@@ -196,14 +197,14 @@ def test_the_input_distribution_model_travels_in_the_calibration_file(tmp_path):
     fp = calibration_inputs(tl.task, resolve_hardware("cpu", "auto").describe(), 256, 2, 0.02, paths)
     path = tmp_path / "plan.calibration.pt"
     save_calibration(path, Simulator(sim.compute, sim.fw, sim.bw, inp=inp), {"made_for": fp})
-    back, _ = load_calibration(path, fp)
+    back, _ = find_calibration(path, fp)[0]
     words = np.array([[10.0, 300.0]])
     assert back.inp.direction == "input" and np.allclose(back.inp.predict_np(words), [[5.1, 8.0]])
     obj = torch.load(path, weights_only=True)
     obj["models"]["input"] = obj["models"]["bw"]
     torch.save(obj, path)
     with pytest.raises(UserError, match="damaged"):
-        load_calibration(path, fp)
+        find_calibration(path, fp)[0]
 
 
 def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
@@ -212,14 +213,14 @@ def test_hostile_or_damaged_calibration_files_are_refused(tmp_path):
     for obj in hostile_objects(marker):
         torch.save(obj, path)
         with pytest.raises(UserError, match="is not a loadable calibration: it holds objects other than tensors"):
-            load_calibration(path, {})
+            find_calibration(path, {})[0]
         assert not marker.exists()
     torch.save({"kind": "neuroshard.calibration", "report": {"made_for": {}}, "models": {"compute": {}}}, path)
     with pytest.raises(UserError, match="damaged"):
-        load_calibration(path, {})
+        find_calibration(path, {})[0]
     path.write_bytes(b"not a torch file")
     with pytest.raises(UserError, match="is not a loadable calibration: it is not a file torch saved"):
-        load_calibration(path, {})
+        find_calibration(path, {})[0]
 
 
 def test_calibration_measures_the_all_to_all_its_comm_models_know(tmp_path, monkeypatch):
@@ -272,7 +273,7 @@ def test_a_fine_tuned_model_is_kept_only_where_it_predicts_held_out_measurements
     def compute_ms(ds, hw, batch, shards, *_):  # 5x faster per lookup-column than the pre-trained model
         return np.array([0.04 + 0.002 * float((np.asarray(d) * pf[t]).sum()) for t, d in shards])
 
-    tune, _ = _split(cfg.comm_layouts, cfg.seed + 1)
+    tune, _ = held_out_split(cfg.comm_layouts, cfg.seed + 1)
 
     def layouts_ms(layouts, N, batch, hw, warmup, iters, mp_keep=None):
         dims = np.stack([d for d, _ in layouts]).astype(np.float32)

@@ -8,9 +8,10 @@ import pytest
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.planning.measure import (Candidate, MeasureConfig, StopRule, candidate_plans, drift_corrected_ms,
-                                            look_alpha, look_rounds, machine_drift, measure_candidates,
-                                            separation, step_breakdown, still_measured, summarize)
+from neuroshard.hardware.engine import machine_drift
+from neuroshard.planning.measure import (Candidate, MeasureConfig, candidate_plans, drift_corrected_ms,
+                                         measure_candidates, step_breakdown, summarize)
+from neuroshard.planning.stop_rule import StopRule, look_alpha, look_rounds, separation, still_measured
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.search import SearchParams, plan_key
@@ -147,7 +148,7 @@ def test_the_drift_reference_is_measured_every_round_and_never_a_candidate(tmp_p
     lines = []
     res = measure_candidates(tl, cluster, cands, resolve_hardware("cpu", "auto"), 256,
                              MeasureConfig(budget_s=8.0, warmup_iter=1, num_iter=2, min_rounds=3), log=lines.append,
-                             reference=reference)
+                             calibration={"reference": reference})
     d = res["drift"]
     assert d["rounds"] == res["rounds"] >= 1 and d["groups"] == 2
     assert 0 < d["compute"]["ratio"] < 0.05 and 0 < d["comm"]["ratio"] < 0.05, d  # ms now against 1,000 ms then
@@ -284,7 +285,7 @@ d,20000,128,100
 def test_real_ranks_stop_measuring_a_dropped_plan(tmp_path):
     """Two ranks, real measurements: after rank 0's stop rule drops a plan (here scripted, after round 4), no rank
     measures it again, the others are measured every round, and the rounds' costs say so (NaN when dropped)."""
-    from neuroshard.planning.calibrate import user_tables_dataset
+    from neuroshard.planning.user_data import user_tables_dataset
     from neuroshard.hardware.engine import EngineSettings, Job, run
     from race_stop import ScriptedRace
 

@@ -12,7 +12,8 @@ import pytest
 
 from neuroshard.core.config import ShardTablesConfig
 from neuroshard.core.errors import UserError
-from neuroshard.planning.plan_tables import MEASURE_MAX_LOOKUPS, shard_tables
+from neuroshard.planning.shard_tables import shard_tables
+from neuroshard.planning.user_data import MEASURE_MAX_LOOKUPS
 
 from conftest import ROOT
 
@@ -42,7 +43,7 @@ def test_the_budget_is_on_the_sum_over_tables(tmp_path):
     with pytest.raises(UserError, match="--measure would synthesise 64.1 M ids"):
         shard_tables(cfg)
     from neuroshard.data.table_list import load_table_list
-    from neuroshard.planning.plan_tables import check_measure_budget
+    from neuroshard.planning.user_data import check_measure_budget
 
     (tmp_path / "ok.csv").write_text("name,rows,dim,pooling_factor\n" + "".join(f"t{i},1000,8,{per * 0.999}\n"
                                                                                  for i in range(10)))
@@ -50,9 +51,9 @@ def test_the_budget_is_on_the_sum_over_tables(tmp_path):
 
 
 def test_a_batch_the_ranks_do_not_divide_is_refused_before_any_plan(tmp_path, monkeypatch):
-    import neuroshard.planning.plan_tables as plan_tables
+    import neuroshard.planning.shard_tables as shard_tables_mod
 
-    monkeypatch.setattr(plan_tables, "shard_task", lambda *a, **k: pytest.fail("a plan was searched"))
+    monkeypatch.setattr(shard_tables_mod, "shard_task", lambda *a, **k: pytest.fail("a plan was searched"))
     cfg = _cfg(tmp_path, "a,10,8,1\nb,10,8,1\n", measure=True)
     cfg.ndevices = 3
     with pytest.raises(UserError, match="batch of 4096 over the ranks, and 3 do not divide it; use a --ndevices"):

@@ -116,7 +116,7 @@ def test_names_with_dots_map_to_legal_module_names():
 
 def test_dotted_names_plan_end_to_end(tmp_path):
     from neuroshard.core.config import ShardTablesConfig
-    from neuroshard.planning.plan_tables import shard_tables
+    from neuroshard.planning.shard_tables import shard_tables
 
     (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\nuser.id,1000,16,1\nitem.id,500,8,2\nuser_id,50,8,1\n")
     shard_tables(ShardTablesConfig(tables=str(tmp_path / "t.csv"), ndevices=2, max_mem=1.0, alg="dim_greedy",

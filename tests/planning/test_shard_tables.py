@@ -259,13 +259,13 @@ def test_a_measured_best_the_models_cannot_price_is_still_written(tmp_path, monk
     """The hand models predict a negative forward all-to-all for size_greedy's plan. When measuring makes it the best,
     the plan and its measurements are written (nothing measured is lost), without a predicted cost, and one warning
     line says why."""
-    import neuroshard.planning.plan_tables as pt
+    import neuroshard.planning.shard_tables as pt
     from neuroshard.core.config import CostModelFiles, ShardTablesConfig
 
     (tmp_path / "t.csv").write_text(TABLES)
     models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
 
-    def measured_as_best(tl, cluster, cands, hw, batch, mcfg, ids, reference=None, dmp_reference=None):
+    def measured_as_best(tl, cluster, cands, hw, batch, mcfg, ids, calibration=None):
         i = next(i for i, c in enumerate(cands) if "size_greedy" in c.names)
         rows = [{"names": c.names, "measured_ms": 1.0 + (j != i), "measured_parts_ms": [[0.5, 0.2, 0.3]] * 2}
                 for j, c in enumerate(cands)]

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import neuroshard.planning.calibrate as cal_mod
-import neuroshard.planning.plan_tables as pt
+import neuroshard.planning.shard_tables as pt
+import neuroshard.planning.user_data as user_data
+from neuroshard.planning.measure import drift_reference_of
 from neuroshard.data.raw import save_raw
 from neuroshard.data.synthetic import synthesize_tables
 
@@ -52,13 +54,13 @@ def test_ids_and_dims_plan_the_tables_the_ids_describe(ids_args, capsys):
 
 def test_ids_with_calibrate_measure_the_ids_given(ids_args, capsys, fake_measuring, monkeypatch):
     tmp, args = ids_args
-    seen, real = [], cal_mod.user_tables_dataset
+    seen, real = [], user_data.user_tables_dataset
 
     def spy(tl, batch_size, seed, out_dir, ids_path=None):
         seen.append(ids_path)
         return real(tl, batch_size, seed, out_dir, ids_path)
 
-    monkeypatch.setattr(cal_mod, "user_tables_dataset", spy)
+    monkeypatch.setattr(cal_mod, "user_tables_dataset", spy)  # calibration builds the tables it measures
     code, out, err = run(capsys, *args, "--calibrate", 15, "--calibrate_comm", 15, "--out", tmp / "plan.json")
     assert code == 0, err
     assert seen == [str(tmp / "ids.pt")] and fake_measuring == [15]
@@ -137,8 +139,8 @@ def test_calibrate_dmp_fit_is_saved_reused_replaced_and_is_the_drift_reference(s
     class Stop(Exception):
         pass
 
-    def measure(tl, cluster, cands, hw, batch, mcfg, ids, reference=None, dmp_reference=None):
-        got.update(engine=mcfg.engine, dmp_reference=dmp_reference)
+    def measure(tl, cluster, cands, hw, batch, mcfg, ids, calibration=None):
+        got.update(engine=mcfg.engine, dmp_reference=drift_reference_of(mcfg.step, calibration))
         raise Stop
 
     got = {}

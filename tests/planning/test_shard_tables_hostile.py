@@ -14,13 +14,15 @@ import pytest
 import torch
 
 import neuroshard.planning.calibrate as cal_mod
-import neuroshard.planning.plan_tables as pt
+import neuroshard.planning.calibrated_models as cm
+import neuroshard.planning.calibration_file as cal_file
+import neuroshard.planning.shard_tables as pt
 from neuroshard.core.artifacts import OutputLock
 from neuroshard.core.errors import UserError, write_error
 from neuroshard.core.types import Cluster, Cost
 from neuroshard.data.table_list import load_table_list
-from neuroshard.planning.calibrate import (calibration_inputs, check_reference, find_calibration,
-                                              save_calibration)
+from neuroshard.planning.calibration_file import (calibration_inputs, check_reference, find_calibration,
+                                                  save_calibration)
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.sharding.simulator import Simulator
 
@@ -77,7 +79,7 @@ def fake_measuring(monkeypatch):
         dims = np.array([d for d, _ in layouts], np.float64)
         return 0.5 + dims / 64.0, 0.4 + dims / 80.0
 
-    monkeypatch.setattr(pt, "CalibrationConfig", functools.partial(cal_mod.CalibrationConfig, steps=20))
+    monkeypatch.setattr(cm, "CalibrationConfig", functools.partial(cal_mod.CalibrationConfig, steps=20))
     monkeypatch.setattr(cal_mod, "measure_shards", shards)
     monkeypatch.setattr(cal_mod, "measure_layouts", layouts)
     return calls
@@ -88,7 +90,7 @@ def _no_work(monkeypatch):
         raise AssertionError("work started before the outputs were checked")
 
     monkeypatch.setattr(pt, "load_table_list", refuse)
-    monkeypatch.setattr(pt, "calibrate", refuse)
+    monkeypatch.setattr(cm, "calibrate", refuse)
 
 
 # ----------------------------------------------------------------------------- outputs, before any work
@@ -288,14 +290,14 @@ def test_a_failed_calibration_save_keeps_the_calibration_and_writes_the_plan(set
     spare_dir = tmp / "spare"
     spare_dir.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spare_dir))
-    real = pt.save_calibration
+    real = cm.save_calibration
 
     def disk_full_beside_out(path, sim, report):
         if path.parent == tmp:
             raise write_error(no_space(), path)
         return real(path, sim, report)
 
-    monkeypatch.setattr(pt, "save_calibration", disk_full_beside_out)
+    monkeypatch.setattr(cm, "save_calibration", disk_full_beside_out)
     code, out, err = run_in_process(capsys, SCRIPT, *args, "--out", tmp / "p.json", *CALIBRATE)
     assert code == 0, err
     spare = spare_dir / "neuroshard-p.calibration.pt"
@@ -313,7 +315,7 @@ def test_a_failed_calibration_save_keeps_the_calibration_and_writes_the_plan(set
     assert code == 0 and "reusing the calibrated cost models" in out, out + err
 
     # no space anywhere: the plan still holds every measurement
-    monkeypatch.setattr(pt, "save_calibration", lambda path, sim, report: (_ for _ in ()).throw(
+    monkeypatch.setattr(cm, "save_calibration", lambda path, sim, report: (_ for _ in ()).throw(
         write_error(no_space(), path)))
     code, out, err = run_in_process(capsys, SCRIPT, *args, "--out", tmp / "p3.json", *CALIBRATE)
     assert code == 0, err
@@ -377,7 +379,7 @@ def test_reuse_is_decided_by_what_was_measured_not_an_edited_string(setup, capsy
     (tmp / "t2.csv").write_text(TABLES.replace("user,18000", "user,21000"))
     theirs = calibration_inputs(load_table_list(tmp / "t2.csv").task, hw, 256, 2, 0.02, paths)
     # the fingerprint string edited to the other task's: still made for these tables, so not reused for those
-    obj["report"]["fingerprint"] = cal_mod.fingerprint_of(theirs)
+    obj["report"]["fingerprint"] = cal_file.fingerprint_of(theirs)
     torch.save(obj, path)
     assert find_calibration(path, theirs)[1] == ["tables"]
     # what it was made for edited too: the content no longer matches its digest
@@ -395,7 +397,7 @@ def test_reuse_is_decided_by_what_was_measured_not_an_edited_string(setup, capsy
 def test_calibrated_models_edited_around_the_digest_are_refused(setup, capsys, fake_measuring):
     """The digest covers what was measured, not the weights: a compute bias of 1e30 written into the calibrated
     model is refused by read_calibration (the API) and shard_tables alike, in one line naming the file."""
-    from neuroshard.planning.calibrate import read_calibration
+    from neuroshard.planning.calibration_file import read_calibration
 
     tmp, args = setup
     path, obj = _calibration(tmp, capsys, args)
@@ -453,7 +455,7 @@ def test_a_drift_reference_must_be_what_calibration_measured(setup, capsys, fake
     for bad in ({"compute_ms": [-1.0] * 15}, {"input_ms": [[1.0, float("nan")]]}, {"input_ms": [1.0, 2.0]},
                 {"input_ms": [[1.0, 2.0, 3.0]]}):
         with pytest.raises(UserError, match="holds damaged measurements"):
-            cal_mod.check_measured({**report["measured"], **bad}, tl.task, cluster, "f")
+            cal_file.check_measured({**report["measured"], **bad}, tl.task, cluster, "f")
 
 
 def test_eval_simulator_never_writes_a_simulated_cost_that_cannot_be_true(capsys):

@@ -9,9 +9,11 @@ from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster, Cost, StepFit
 from neuroshard.data.table_list import load_table_list
 from neuroshard.hardware.backends import resolve_hardware
-from neuroshard.planning.calibrate import (CalibrationConfig, calibrate, calibration_inputs, find_calibration,
-                                           save_calibration)
-from neuroshard.planning.step_fit import fit_step_fit, sample_user_plans
+from neuroshard.hardware.dmp_step import dmp_reference_plans
+from neuroshard.planning.calibrate import CalibrationConfig, calibrate
+from neuroshard.planning.calibration_file import (_content_digest, calibration_inputs, find_calibration,
+                                                  save_calibration)
+from neuroshard.planning.step_fit import fit_step, sample_user_plans
 from neuroshard.sharding.plan import fits_memory
 from neuroshard.sharding.search import neuroshard_search
 from neuroshard.sharding.simulator import Simulator
@@ -33,12 +35,12 @@ def tables(tmp_path_factory):
 
 def test_the_fit_recovers_an_affine_step_and_refuses_steps_that_do_not_grow():
     sim = np.array([10.0, 20.0, 35.0, 50.0, 80.0])
-    fit = fit_step_fit(sim, 1.7 * sim + 12.5)
+    fit = fit_step(sim, 1.7 * sim + 12.5)
     assert fit.scale == pytest.approx(1.7) and fit.overhead_ms == pytest.approx(12.5)
-    fit = fit_step_fit(sim, 3.0 * sim)  # no overhead: its least-squares value stays at the bound 0
+    fit = fit_step(sim, 3.0 * sim)  # no overhead: its least-squares value stays at the bound 0
     assert fit.scale == pytest.approx(3.0) and fit.overhead_ms == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(UserError, match="do not grow with the simulated step cost"):
-        fit_step_fit(sim, 100.0 - sim)  # measured steps fall as the simulated cost rises
+        fit_step(sim, 100.0 - sim)  # measured steps fall as the simulated cost rises
 
 
 @pytest.mark.parametrize("bad", [(float("nan"), 1.0), (0.0, 1.0), (1.0, -0.5), (True, 1.0), ("2", 1.0),
@@ -96,14 +98,14 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
     assert (cal.step_fit is not None) == st["kept"]
     assert any("TorchRec training steps" in l for l in lines) and any(l.lstrip().startswith("step") for l in lines)
     # --measure in TorchRec's engine measures one step-fit plan a round beside the candidates: the drift reference
-    from neuroshard.planning.measure import MeasureConfig, candidate_plans, dmp_reference_plans, measure_candidates
+    from neuroshard.planning.measure import MeasureConfig, candidate_plans, measure_candidates
     from neuroshard.sharding.search import SearchParams
 
     cands = candidate_plans(tl.task, cluster, cal, SearchParams(max_splits=3), 256, 1)
     mlines = []
     res = measure_candidates(tl, cluster, cands, hw, 256, MeasureConfig(budget_s=6.0, warmup_iter=1, num_iter=2,
                                                                         min_rounds=2, engine="torchrec"),
-                             log=mlines.append, dmp_reference=report["measured"]["dmp"])
+                             log=mlines.append, calibration=report)
     d = res["drift"]
     assert d["rounds"] == res["rounds"] >= 1 and d["groups"] == 12 and d["compute"] == d["comm"] == d["step"]
     assert 0 < d["step"]["ci_lo"] <= d["step"]["ratio"] <= d["step"]["ci_hi"]
@@ -131,8 +133,6 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
     torch.save(obj, path)
     with pytest.raises(UserError, match="changed after it was saved"):
         find_calibration(path, fp, tl.task, cluster)
-    from neuroshard.planning.calibrate import _content_digest
-
     obj["report"]["step_fit"] = {"scale": -1.0, "overhead_ms": 0.0}  # a digest made again by hand: still checked
     obj["report"]["digest"] = _content_digest(obj["report"])
     torch.save(obj, path)

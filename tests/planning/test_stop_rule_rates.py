@@ -7,7 +7,7 @@ makes; asking an unspent 95% t interval after every round does so far more often
 spends alpha. Seeded, so the rates are fixed numbers; the bounds leave room for binomial noise (300 trials)."""
 import numpy as np
 
-from neuroshard.planning.measure import look_alpha, separation, still_measured
+from neuroshard.planning.stop_rule import look_alpha, separation, still_measured
 
 TRIALS, FIRST, LAST = 300, 5, 30
 

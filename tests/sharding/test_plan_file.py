@@ -10,7 +10,7 @@ from neuroshard.core.config import ShardTablesConfig
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.table_list import load_table_list
-from neuroshard.planning.plan_tables import shard_tables
+from neuroshard.planning.shard_tables import shard_tables
 from neuroshard.sharding.plan import Placement, apply_splits, check_complete
 from neuroshard.sharding.plan_file import PlanFileSharder, read_plan_file
 from neuroshard.sharding.registry import algs_file_tag, expand_algs, make_sharder

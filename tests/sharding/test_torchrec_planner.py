@@ -350,7 +350,7 @@ def test_components_are_replaceable_and_a_misspelt_constraint_is_a_warning(model
 def test_the_planner_takes_a_saved_calibration_and_names_it(models, tmp_path):
     """`simulator=read_calibration(path)`: the pair the reader returns is taken as it is, and the notes name the
     calibration by its fingerprint; a missing file or another object is one line."""
-    from neuroshard.planning.calibrate import read_calibration, save_calibration
+    from neuroshard.planning.calibration_file import read_calibration, save_calibration
     from neuroshard.sharding.simulator import Simulator
 
     sim = Simulator.load(models / "compute.pt", models / "comm_2_fw.pt", models / "comm_2_bw.pt", num_devices=2)
@@ -374,7 +374,7 @@ def test_the_planner_refuses_costs_that_cannot_be_true(models, tmp_path):
 
     import torch
 
-    from neuroshard.planning.calibrate import read_calibration, save_calibration
+    from neuroshard.planning.calibration_file import read_calibration, save_calibration
     from neuroshard.sharding.simulator import Simulator
 
     bad = tmp_path / "bad"
