@@ -615,6 +615,8 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # `sgd` is the default; runs made before --dense_opt existed used Adam.
 DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
 TRAIN_NDEVICES, TRAIN_MP_KEEP = 4, 0.05  # defaults of --ndevices (outside torchrun) and --mp_keep
+# DCT-DP's defaults: --dp_keep, --dp_refresh, --dp_drift, --error_feedback (and `training.dct.DCTState`'s)
+DP_KEEP, DP_REFRESH, DP_DRIFT, DP_ERROR_FEEDBACK = 0.005, 100, 1.5, True
 RENDEZVOUS_TIMEOUT_S = 60.0  # under torchrun: how long a rank waits for the others (--rendezvous_timeout_s)
 
 
@@ -637,11 +639,11 @@ class TrainConfig:
     steps: int = flag(1000)
     batch_size: int = flag(512, "global batch")
     dct: str = flag("none", choices=DCT_MODES)
-    dp_keep: float = flag(0.005, "with --dct dp or both: share of DP gradient entries sent (default 0.005)",
+    dp_keep: float = flag(DP_KEEP, f"with --dct dp or both: share of DP gradient entries sent (default {DP_KEEP:g})",
                           none_if_absent=True)
-    dp_refresh: int = flag(100, "iterations between threshold updates")
-    dp_drift: float = flag(1.5, "re-estimate the DP threshold early once it would send more than this times the "
-                                "target")
+    dp_refresh: int = flag(DP_REFRESH, "iterations between threshold updates")
+    dp_drift: float = flag(DP_DRIFT, "re-estimate the DP threshold early once it would send more than this times "
+                                     "the target")
     mp_keep: float = flag(TRAIN_MP_KEEP, f"with --dct mp or both: share of pooled-embedding entries sent (default "
                                          f"{TRAIN_MP_KEEP:g})", none_if_absent=True)
     mp_scope: str = flag("sign2", "what DCT-MP sends per sample: sign2 (default: a scale per table shard and two "
@@ -653,7 +655,7 @@ class TrainConfig:
                                         "second moment frozen (floored) while DCT-DP compresses; 0 (default): off")
     dp_adam_floor: float = flag(0.1, "floor of the frozen second moment, as a share of its mean per parameter "
                                      "(default 0.1)")
-    error_feedback: bool = flag(True, parse="on_off")
+    error_feedback: bool = flag(DP_ERROR_FEEDBACK, parse="on_off")
     dp_sync: bool = flag(False, "off (default): the DP hooks' collectives are asynchronous and overlap the rest of "
                                 "backward (as DDP's own hook); on: blocking collectives, identical gradients (a "
                                 "reference for tests and timing)", parse="on_off")

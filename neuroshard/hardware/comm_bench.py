@@ -6,7 +6,7 @@ Rank r holds pooled embeddings [B, dim_sum_r] for the global batch and sends eac
 gradients back the other way. Forward costs are measured from the moment the rank starts (after its
 delay), so a rank that arrives early pays for waiting and the straggler does not pay its own delay.
 
-With `mp_keep` (DCT-MP, `CompressedAllToAll`) both all-to-alls are DCT-MP's own (`mp_wire`): the
+With `mp_keep` (DCT-MP, `CompressedAllToAll`) both all-to-alls are DCT-MP's own (`mp_topk`): the
 forward encodes every sample's top-k entries, exchanges the bytes and scatters them back to dense
 blocks; the backward gathers the received entries' gradients, exchanges them and scatters them back.
 The encode/scatter work is timed with the exchange: it is part of what compression costs a step.
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.features import dim_choices, input_words
-from ..compression import mp_wire
+from ..compression import mp_topk
 from .launch import quiet_torchrec_logs
 
 COMM_DATA_KIND = "neuroshard.comm_cost_data"
@@ -60,17 +60,17 @@ class CompressedAllToAll:
     """One rank's forward and backward all-to-all as DCT-MP sends them (`mp_keep` < 1)."""
 
     def __init__(self, dim_sums, batch_size: int, rank: int, device: str, mp_keep: float):
-        self.layout = mp_wire.WireLayout([int(x) for x in dim_sums], mp_keep, batch_size)
+        self.layout = mp_topk.TopKLayout([int(x) for x in dim_sums], mp_keep, batch_size)
         self.device = device
         self.pooled = torch.randn(batch_size, self.layout.widths[rank], device=device)
         self.grad = torch.randn(self.layout.bn * sum(self.layout.widths), device=device)
-        _, self.state, _, _ = mp_wire.forward_exchange(self.pooled, self.layout)  # the entries backward returns
+        _, self.state, _, _ = mp_topk.forward_exchange(self.pooled, self.layout)  # the entries backward returns
 
     def forward(self):
-        mp_wire.forward_exchange(self.pooled, self.layout)
+        mp_topk.forward_exchange(self.pooled, self.layout)
 
     def backward(self):
-        mp_wire.backward_exchange(self.grad, self.state, self.layout)
+        mp_topk.backward_exchange(self.grad, self.state, self.layout)
 
 
 def make_all_to_all(dim_sums, batch_size: int, rank: int, device: str, mp_keep: float | None = None):

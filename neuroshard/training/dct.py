@@ -1,4 +1,7 @@
-"""DCT-DP (DESIGN.md §5): a DDP communication hook that sends only gradient entries with |g| >= tau.
+"""DCT-DP (DESIGN.md §5): a DDP communication hook that sends only gradient entries with |g| >= tau, and the
+state it carries between iterations. The codec it sends with (the threshold, the selection, the wire format) is
+`compression/dp_threshold.py`; this module decides when tau is re-estimated, keeps the residuals and runs the
+collectives.
 
 Per bucket and DDP iteration:
 1. g = bucket / world_size (as PyTorch's default all-reduce hook divides before summing), plus, with
@@ -10,12 +13,12 @@ Per bucket and DDP iteration:
    the spot (the k-th largest |g| among the entries over the stale tau, which holds the k largest);
    if ties still leave more than floor(drift * k), only the k largest go out. So no rank ever sends
    more than max(k, floor(drift * k)) entries of a bucket;
-3. the entries with |g| >= tau (zeros never) go out encoded: sorted indices as 16-bit deltas (a gap
-   over 65,535 is bridged by filler entries of delta 65,535 and value 0) and fp16 values, 4 bytes an
-   entry. Every rank all_gathers the entry counts (one int32), then its payload padded to the largest
-   count, and sums what all ranks sent into a dense tensor of the bucket's shape (the hook must
-   return one). Should the padded payload be no smaller than the bucket itself, the bucket goes out
-   dense (all_reduce) instead; `keep >= 1` always does, exactly as `dense_hook`;
+3. the entries with |g| >= tau (zeros never) go out encoded (`dp_threshold.encode`: sorted indices as
+   16-bit deltas and fp16 values, 4 bytes an entry). Every rank all_gathers the entry counts (one
+   int32), then its payload padded to the largest count, and sums what all ranks sent into a dense
+   tensor of the bucket's shape (the hook must return one). Should the padded payload be no smaller
+   than the bucket itself, the bucket goes out dense (all_reduce) instead; `keep >= 1` always does,
+   exactly as `dense_hook`;
 4. with error feedback, what was not delivered (g minus the fp16 value that went out) is kept as the
    residual of the bucket's parameters.
 
@@ -50,8 +53,8 @@ this project's. Bytes are counted from the tensors handed to the collectives; th
 all_reduce the same way.
 
 On CPU, between refreshes, steps 1 and 2's share and threshold scan run as one fused pass in C, and
-step 3's encoding and decoding as others (`training/dp_native.py`: the same floats, positions and bytes,
-compiled at first use, letting go of Python's lock while they run; the PyTorch path where no C compiler
+step 3's encoding and decoding as others (`compression/dp_threshold_native.py`: the same floats, positions and
+bytes, compiled at first use, letting go of Python's lock while they run; the PyTorch path where no C compiler
 is found). With error feedback, g is written over the residual it adds (entry by entry), so the pass
 streams two bucket-sized buffers, not three.
 
@@ -64,7 +67,6 @@ callback queued by the iteration's last bucket, run before DDP waits for the fut
 trainer can tell the time the step waited for DP communication afterwards.
 """
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -72,12 +74,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..compression import dp_threshold_native
+from ..compression.dp_threshold import (add_mean_share, decode_into, drift_cap, encode, keep_count, kth_largest,
+                                        over_threshold, payload_bytes)
+from ..compression.wire import MIN_POSITIVE
+from ..core.config import DP_DRIFT, DP_ERROR_FEEDBACK, DP_KEEP, DP_REFRESH
 from .dlrm import CommStats, nbytes
-from . import dp_native
 
-MAX_DELTA = dp_native.MAX_GAP  # largest index gap one uint16 delta carries (65,535; the C encoder's too)
-FP16_MAX = 65504.0
-MIN_POSITIVE = float(torch.finfo(torch.float32).tiny) * 2 ** -23  # smallest positive float32
 STAGES = ("prepare", "threshold", "select", "encode", "residual", "decode")  # compression work, in order
 
 
@@ -134,7 +137,7 @@ class HookState:
 
 def dense_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """The uncompressed baseline: divide by the world size, all_reduce (as DDP's default hook).
-    `state` is a `HookState` (a bare `CommStats`, as older callers pass, runs it blocking)."""
+    `state` is a `HookState`, or a bare `CommStats` (then it runs blocking)."""
     if isinstance(state, CommStats):
         state = HookState(state, sync=True)
     if bucket.is_last():
@@ -179,10 +182,10 @@ class DCTState(HookState):
     each bucket sent (iteration, bucket index, n, k, entries sent).
     """
 
-    keep: float = 0.005
-    refresh: int = 100
-    error_feedback: bool = True
-    drift: float = 1.5
+    keep: float = DP_KEEP
+    refresh: int = DP_REFRESH
+    error_feedback: bool = DP_ERROR_FEEDBACK
+    drift: float = DP_DRIFT
     dense_until: int = 0
     payload_group: object = None
     iteration: int = 0                                # DDP iterations completed
@@ -219,93 +222,6 @@ class _Buffers:
         return self.g
 
 
-def add_mean_share(res: torch.Tensor, buf: torch.Tensor, world: int, out: torch.Tensor) -> torch.Tensor:
-    """out = res + buf / world in one pass over the bucket (addcdiv), rounded as the division then the sum."""
-    return torch.addcdiv(res, buf, torch.tensor(float(world), dtype=buf.dtype), out=out)
-
-
-def threshold(g: torch.Tensor, keep: float) -> float:
-    """The magnitude that keeps `keep` of the entries: the k-th largest |g|."""
-    return kth_largest(g, keep_count(g.numel(), keep))
-
-
-def kth_largest(g: torch.Tensor, k: int) -> float:
-    """The k-th largest |g|, exactly as `g.abs().kthvalue(n - k + 1)` gives it (a value of |g|, so exactly
-    topk's), without selecting among all n: a bound from every SAMPLE_STRIDE-th entry (one that about
-    twice k entries pass), the entries over it (`over_threshold`), and the k-th largest among those.
-    Where fewer than k pass, or NaNs are present (kthvalue ranks them largest), it selects among all n."""
-    n = g.numel()
-    sample = g[::SAMPLE_STRIDE].abs()
-    want = 2 * k // SAMPLE_STRIDE + 64  # sample entries over the bound: about twice k over it in all of g
-    if n >= 16 * GROUP_ROWS * 1024 and want < sample.numel() and not math.isnan(float(g.max())):
-        bound = float(sample.kthvalue(sample.numel() - want + 1).values)
-        cand = g[over_threshold(g, bound)].abs()
-        if cand.numel() >= k:
-            return float(cand.kthvalue(cand.numel() - k + 1).values)
-    mag = g.abs()
-    return float(mag.kthvalue(n - k + 1).values)
-
-
-GROUP_ROWS = 16  # over_threshold's grouping: entries i, i + n/16, i + 2n/16, ... share one maximum and minimum
-SAMPLE_STRIDE = 64  # kth_largest's sample: every 64th entry
-
-
-def over_threshold(g: torch.Tensor, tau: float) -> torch.Tensor:
-    """The sorted positions of `g`'s entries with |g| >= tau, exactly as `(g.abs() >= tau).nonzero()` gives
-    them, in about a fifth of the time of |g| and that comparison when few entries qualify: viewed as
-    GROUP_ROWS rows, the column maxima and minima (two vectorised passes, no |g| written) name the columns
-    that may hold an entry (a column whose maximum is not under tau or whose minimum is not over -tau, so a
-    column holding a NaN is searched), and only those columns are compared and searched. Row-major order
-    over [rows, chosen columns] is already ascending position order, so nothing is sorted. Small tensors
-    take the plain path."""
-    n = g.numel()
-    cols = n // GROUP_ROWS
-    if cols < 1024:
-        return (g.abs() >= tau).nonzero().squeeze(1)
-    body = g[: GROUP_ROWS * cols].view(GROUP_ROWS, cols)
-    hot = ((body.amax(dim=0) < tau) & (body.amin(dim=0) > -tau)).logical_not_().nonzero().squeeze(1)
-    row, col = (body.index_select(1, hot).abs_() >= tau).nonzero(as_tuple=True)
-    tail = (g[GROUP_ROWS * cols:].abs() >= tau).nonzero().squeeze(1) + GROUP_ROWS * cols
-    return torch.cat([row * cols + hot[col], tail])
-
-
-def keep_count(n: int, keep: float) -> int:
-    return max(1, int(keep * n))
-
-
-def drift_cap(k: int, drift: float) -> int:
-    """The most entries one rank sends of a bucket whose target is k."""
-    return max(k, int(drift * k))
-
-
-def encode(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sorted int64 indices and their values -> (uint16 deltas, fp16 values) with fillers, and where
-    the real entries are among them."""
-    gaps = torch.diff(idx, prepend=idx.new_zeros(1))
-    fill = torch.clamp((gaps - 1) // MAX_DELTA, min=0)
-    m = idx.numel() + int(fill.sum())
-    real = torch.cumsum(fill + 1, 0) - 1  # where each real entry lands among the m
-    deltas = torch.full((m,), MAX_DELTA, dtype=torch.int32, device=idx.device)
-    deltas[real] = (gaps - MAX_DELTA * fill).to(torch.int32)
-    out = torch.zeros(m, dtype=torch.float16, device=vals.device)
-    out[real] = vals.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
-    return deltas.to(torch.uint16), out, real
-
-
-def payload_bytes(deltas: torch.Tensor, vals: torch.Tensor, m: int) -> torch.Tensor:
-    """One uint8 payload of m entries (padding: delta 0, value 0): deltas, then values."""
-    out = torch.zeros(4 * m, dtype=torch.uint8, device=vals.device)
-    out[: 2 * deltas.numel()] = deltas.view(torch.uint8)
-    out[2 * m: 2 * m + 2 * vals.numel()] = vals.view(torch.uint8)
-    return out
-
-
-def decode_into(out: torch.Tensor, payload: torch.Tensor, m: int) -> None:
-    """Add a rank's payload of m (padded) entries into the dense `out`."""
-    pos = torch.cumsum(payload[: 2 * m].view(torch.uint16).to(torch.int64), 0)
-    out.index_add_(0, pos, payload[2 * m:].view(torch.float16).float())
-
-
 class _Bucket:
     """One hook call's local work: the bucket's g, what goes out, and how to finish."""
 
@@ -329,7 +245,7 @@ class _Bucket:
         refresh = scheduled or key not in state.tau
         idx = None
         if not refresh:  # the stale tau: share and scan fused in one pass where that can run
-            idx = dp_native.share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)
+            idx = dp_threshold_native.share_select(buf, res, world, max(state.tau[key], MIN_POSITIVE), g, 8 * cap)
         if idx is None:
             if res is not None:
                 add_mean_share(res, buf, world, out=g)  # g is res: entry by entry, in place
@@ -352,7 +268,7 @@ class _Bucket:
             idx = idx[keep_idx]
         self.idx = idx
         t0 = state.timed("select", t0, True)
-        coded = dp_native.encode(idx, g)  # in C where it can run (the same bytes)
+        coded = dp_threshold_native.encode(idx, g)  # in C where it can run (the same bytes)
         self.deltas, self.vals, self.real = coded if coded is not None else encode(idx, g[idx])
         state.sent.append((self.it, self.b, self.n, k, idx.numel()))
         self.count = torch.tensor([self.deltas.numel()], dtype=torch.int32)
@@ -404,7 +320,7 @@ class _Bucket:
 
     def decode(self, gathered: list[torch.Tensor], m: int) -> torch.Tensor:
         t0 = time.perf_counter()
-        if not dp_native.decode(self.buf, gathered, m):  # in C where it can run (the same floats)
+        if not dp_threshold_native.decode(self.buf, gathered, m):  # in C where it can run (the same floats)
             self.buf.zero_()
             for part in gathered:
                 decode_into(self.buf, part, m)
@@ -544,42 +460,3 @@ def _launch_in_order(state: DCTState, seq: int, launch, out: torch.futures.Futur
             except BaseException as e:  # noqa: BLE001 -- a launch that fails fails its own future only
                 if not fut.done():
                     fut.set_exception(e)
-
-
-class FrozenAdam:
-    """Adam with its second moment frozen (as 1-bit Adam does after its warm-up), for DCT-DP.
-
-    Made from a `torch.optim.Adam` after some dense steps: per parameter, the bias-corrected second
-    moment v is frozen, floored at `floor` times its mean over the parameter (without a floor a
-    near-zero v of a rarely-moving entry blows the update up: it went NaN even uncompressed), and
-    `step()` then keeps Adam's first moment and bias correction but divides by sqrt(v_frozen) + eps.
-    The update is then linear in the gradients, so a residual DCT-DP delivers as one lump moves the
-    weights as the small steps it stands for would have (momentum SGD with a fixed per-entry scale),
-    instead of being cut to about the learning rate. Weight decay and amsgrad are not supported
-    (the training loop uses neither). Parameters with no Adam state at the freeze are left alone.
-    """
-
-    def __init__(self, opt: torch.optim.Adam, floor: float = 0.1):
-        self.opt, self.denom = opt, {}
-        for group in opt.param_groups:
-            if group.get("weight_decay") or group.get("amsgrad"):
-                raise ValueError("FrozenAdam supports neither weight decay nor amsgrad")
-            _, beta2 = group["betas"]
-            for p in group["params"]:
-                st = opt.state.get(p)
-                if not st:
-                    continue
-                v = st["exp_avg_sq"] / (1 - beta2 ** float(st["step"]))
-                self.denom[p] = v.clamp(min=floor * float(v.mean())).sqrt_().add_(group["eps"])
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for group in self.opt.param_groups:
-            beta1, _ = group["betas"]
-            for p in group["params"]:
-                if p.grad is None or p not in self.denom:
-                    continue
-                st = self.opt.state[p]
-                st["step"] += 1
-                st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                p.addcdiv_(st["exp_avg"], self.denom[p], value=-group["lr"] / (1 - beta1 ** float(st["step"])))

@@ -8,7 +8,7 @@
   model). Its forward pools them for the *global* batch: [B, W_r], W_r = sum of its shard widths.
 - `pooled_all_to_all`: the forward all-to-all of pooled embeddings (each rank gets its slice of the
   batch from every rank) and, in backward, the all-to-all of their gradients. With `mp_keep` < 1
-  it is DCT-MP, as `--mp_scope` says (`compression.mp_wire`): `table` sends per sample the
+  it is DCT-MP, as `--mp_scope` says (`compression.mp_topk`, `compression.mp_sign`): `table` sends per sample the
   `max(1, ceil(mp_keep * w))` largest-magnitude entries of each table shard of width w, `rank` the
   `max(1, floor(mp_keep * W_r))` largest of the rank's whole width (fp16 values plus column indices,
   one byte all-to-all with a fixed count per sample; backward returns only those entries' fp32
@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..compression import mp_wire
+from ..compression import mp_sign, mp_topk
+from ..compression.wire import bytes_leaving
 
 
 @dataclass
@@ -123,7 +124,7 @@ class _AllToAll(torch.autograd.Function):
         t0 = time.perf_counter()
         send_splits = [bn * widths[rank]] * world
         dist.all_to_all_single(recv, send.reshape(-1), [bn * w for w in widths], send_splits)
-        stats.add("mp", mp_wire.bytes_leaving(send_splits, rank, send.element_size()), time.perf_counter() - t0)
+        stats.add("mp", bytes_leaving(send_splits, rank, send.element_size()), time.perf_counter() - t0)
         ctx.widths, ctx.stats, ctx.bn = widths, stats, bn
         return recv
 
@@ -136,16 +137,16 @@ class _AllToAll(torch.autograd.Function):
         t0 = time.perf_counter()
         send_splits = [bn * w for w in widths]
         dist.all_to_all_single(out, grad, [bn * widths[rank]] * world, send_splits)
-        ctx.stats.add("mp", mp_wire.bytes_leaving(send_splits, rank, grad.element_size()), time.perf_counter() - t0)
+        ctx.stats.add("mp", bytes_leaving(send_splits, rank, grad.element_size()), time.perf_counter() - t0)
         return out.reshape(world * bn, widths[rank]), None, None
 
 
 class _CompressedAllToAll(torch.autograd.Function):
     """DCT-MP: the forward all-to-all of pooled embeddings and the backward of their gradients, compressed
-    as `layout` says (`compression.mp_wire`'s wire format, the one the comm-cost measurements use). A
-    `WireLayout`: per sample the k largest-magnitude entries go forward as fp16 values plus column
+    as `layout` says (`compression`'s DCT-MP codecs, the ones the comm-cost measurements use). A
+    `TopKLayout`: per sample the k largest-magnitude entries go forward as fp16 values plus column
     indices, and backward returns only those entries' gradients (fp32). A `SignLayout`:
-    one bit per entry plus one scale per sample and column shard, both ways (`mp_wire`'s scope `sign`)."""
+    one bit per entry plus one scale per sample and column shard, both ways (`mp_sign`'s scope `sign`)."""
 
     @staticmethod
     def forward(ctx, pooled, layout, stats):
@@ -174,13 +175,13 @@ def pooled_all_to_all(pooled: torch.Tensor, widths: list[int], stats: CommStats,
     `rank`: one top-k over each rank's whole width (`segments` not used); `table`: a top-k per column
     shard (`segments`: per rank its shard widths); `sign`: one bit per entry and a scale per column
     shard (`mp_keep` sets nothing more; `generator` draws the backward's random rounding); `sign2`: as `sign`
-    with two bits an entry forward (sign and magnitude) on shards `mp_wire.shard_bits` gives two."""
+    with two bits an entry forward (sign and magnitude) on shards `mp_sign.shard_bits` gives two."""
     if mp_keep is not None and mp_keep < 1:
         if scope in ("sign", "sign2"):
-            layout = mp_wire.SignLayout(widths, pooled.shape[0], segments, generator,
+            layout = mp_sign.SignLayout(widths, pooled.shape[0], segments, generator,
                                         fw_bits=2 if scope == "sign2" else 1)
         else:
-            layout = mp_wire.WireLayout(widths, mp_keep, pooled.shape[0], segments if scope == "table" else None)
+            layout = mp_topk.TopKLayout(widths, mp_keep, pooled.shape[0], segments if scope == "table" else None)
         return _CompressedAllToAll.apply(pooled, layout, stats)
     return _AllToAll.apply(pooled, widths, stats)
 

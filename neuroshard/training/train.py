@@ -32,6 +32,8 @@ import torch
 # TrainConfig and its constants live with the other step configs; imported from here too
 from ..core.config import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_sizes  # noqa: F401
 from ..core.errors import UserError
+from .dct import DCTState, HookState, dct_hook, dense_hook
+from .frozen_adam import FrozenAdam
 from .report import STEP_PARTS
 
 
@@ -70,8 +72,6 @@ def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .data import CTRData
-    from .dct import DCTState, FrozenAdam, HookState, dct_hook, dense_hook
-
     from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
     cfg = TrainConfig(**cfg_dict)

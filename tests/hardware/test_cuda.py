@@ -101,28 +101,27 @@ def test_dct_codecs_give_the_cpu_results_on_cuda():
     """DCT-MP's sign2 forward and DCT-DP's encode, payload and decode take CUDA tensors and give what they give
     on the CPU: the same signs and magnitude bits (scales within one code step, the reductions' order may
     differ), and the same DP payload bytes and decoded sums."""
-    from neuroshard.compression import mp_wire
-    from neuroshard.training import dct
+    from neuroshard.compression import dp_threshold, mp_sign
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256 + 16, generator=g)
     segments = [128, 128, 16]
-    cpu = mp_wire.sign_decode(mp_wire.sign_encode(x, segments, blocks=4, bits=2), segments, 64, blocks=4, bits=2)
-    enc = mp_wire.sign_encode(x.cuda(), segments, blocks=4, bits=2)
-    assert enc.is_cuda and enc.numel() == 4 * mp_wire.sign_block_bytes(segments, 16, bits=2)
-    gpu = mp_wire.sign_decode(enc, segments, 64, blocks=4, bits=2).cpu()
+    cpu = mp_sign.sign_decode(mp_sign.sign_encode(x, segments, blocks=4, bits=2), segments, 64, blocks=4, bits=2)
+    enc = mp_sign.sign_encode(x.cuda(), segments, blocks=4, bits=2)
+    assert enc.is_cuda and enc.numel() == 4 * mp_sign.sign_block_bytes(segments, 16, bits=2)
+    gpu = mp_sign.sign_decode(enc, segments, 64, blocks=4, bits=2).cpu()
     assert torch.equal(torch.sign(gpu), torch.sign(cpu))
     assert ((gpu / cpu - 1).abs() <= 2 ** (1 / 16) - 1 + 1e-6).all()
     grad = torch.randn(300_000, generator=g) * torch.rand(300_000, generator=g) ** 4
-    k = dct.keep_count(grad.numel(), 0.01)
+    k = dp_threshold.keep_count(grad.numel(), 0.01)
     outs = []
     for dev in ("cpu", "cuda"):
         v = grad.to(dev)
-        tau = dct.kth_largest(v, k)
-        idx = dct.over_threshold(v, tau)
-        deltas, vals, _ = dct.encode(idx, v[idx])
-        payload = dct.payload_bytes(deltas, vals, deltas.numel() + 3)
+        tau = dp_threshold.kth_largest(v, k)
+        idx = dp_threshold.over_threshold(v, tau)
+        deltas, vals, _ = dp_threshold.encode(idx, v[idx])
+        payload = dp_threshold.payload_bytes(deltas, vals, deltas.numel() + 3)
         out = torch.zeros_like(v)
-        dct.decode_into(out, payload, deltas.numel() + 3)
+        dp_threshold.decode_into(out, payload, deltas.numel() + 3)
         outs.append((tau, payload.cpu(), out.cpu()))
     assert outs[0][0] == outs[1][0] and torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][2], outs[1][2])

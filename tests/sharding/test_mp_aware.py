@@ -2,7 +2,7 @@
 worked out by hand, comm models of one all-to-all never used for another, and --mp_keep checked.
 
 The compressed comm models are tests/analytic_models.py's hand-set networks with every dim-sum
-coefficient scaled by the bytes DCT-MP sends per dim at mp_keep 0.05 (compression/mp_wire.py): forward
+coefficient scaled by the bytes DCT-MP sends per dim at mp_keep 0.05 (compression/mp_topk.py): forward
 0.05 * 3 / 4 (fp16 value + uint8 index instead of an fp32 value), backward 0.05 (fp32 gradients of
 the kept entries only).
 """
@@ -17,7 +17,7 @@ from neuroshard.core.config import (CommCollectConfig, EvalConfig, EvalSimConfig
 from neuroshard.core.errors import UserError
 from neuroshard.core.types import Cluster
 from neuroshard.data.tasks import ShardingTask
-from neuroshard.compression import mp_wire
+from neuroshard.compression import mp_topk
 from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.search import NeuroShardSharder
 from neuroshard.sharding.simulator import Simulator
@@ -26,8 +26,8 @@ from analytic_models import hand_comm_model, hand_compute_model
 
 KEEP = 0.05
 B, W = 4096, 200   # any batch, and a width with uint8 indices (<= 256 columns)
-FW_SCALE = mp_wire.fw_send_bytes([W, W], 0, B, KEEP) / (B * W * 4)
-BW_SCALE = mp_wire.bw_send_bytes([W, W], B, KEEP) / (B // 2 * 2 * W * 4)
+FW_SCALE = mp_topk.fw_send_bytes([W, W], 0, B, KEEP) / (B * W * 4)
+BW_SCALE = mp_topk.bw_send_bytes([W, W], B, KEEP) / (B // 2 * 2 * W * 4)
 
 
 def _sims(N=2):

@@ -1,15 +1,15 @@
-"""DCT-MP's sign codec (`mp_wire.sign_encode` / `sign_decode`) in C for float32 CPU tensors: the passes over every
+"""DCT-MP's sign codec (`mp_sign.sign_encode` / `sign_decode`) in C for float32 CPU tensors: the passes over every
 entry of a run of equal-width shards done in one pass each, and the per-sample scale codes in one more. Only the
 per-sample scale m itself (a mean or a max |x| for the 1-bit scopes) is left to PyTorch.
 
-- `two_bit_scales`: scope `sign2`'s forward scale of each sample shard (`mp_wire._two_bit_scale`: the row's max
+- `two_bit_scales`: scope `sign2`'s forward scale of each sample shard (`mp_sign._two_bit_scale`: the row's max
   |x|, its mean square, the outer level's count and the level sums, the sums in float64 as that function takes
   them), one read of the shard.
 - `scale_codes`: from the per-sample scales m, each block's base (its largest finite m), each sample's scale code
-  (`mp_wire._scale_codes`: exact comparisons with the base times the fixed code table or its midpoints), decoded
+  (`mp_sign._scale_codes`: exact comparisons with the base times the fixed code table or its midpoints), decoded
   scale and non-finite flag.
 - `pack`: a run's body, the bit planes of every sample shard packed least significant bit first and its scale
-  code after them (`mp_wire.sign_encode`'s layout): the sign bit (x >= 0), the magnitude bit (|x| >= 2 x scale),
+  code after them (`mp_sign.sign_encode`'s layout): the sign bit (x >= 0), the magnitude bit (|x| >= 2 x scale),
   or the random rounding's bit (draw < x / scale + 1, against PyTorch's draws on [0, 2)), and the first sign
   bit of a sample shard sent as zeros (set) or as non-finite (clear).
 - `unpack`: a run's body to floats, each entry +-1 (times 1 or OUTER_LEVEL on a 2-bit shard) times its decoded
@@ -20,7 +20,7 @@ per-sample scale m itself (a mean or a max |x| for the 1-bit scopes) is left to 
 Each does PyTorch's arithmetic in PyTorch's order on the same floats (one division, one addition, one product,
 each rounded once; comparisons as PyTorch makes them, NaN never set), so the bytes, floats and generator states
 are those of the PyTorch path bit for bit (tested against it). `core.native` compiles the source the first time a
-process needs it; `mp_wire` asks `usable` / `loaded` first and takes its PyTorch path where they say no. A call
+process needs it; `mp_sign` asks `usable` / `loaded` first and takes its PyTorch path where they say no. A call
 whose tensors do not match the sizes it is given is refused (ValueError), never run: the kernels index raw memory.
 """
 from __future__ import annotations
@@ -379,7 +379,7 @@ def usable(x: torch.Tensor) -> bool:
 def _require(ok: bool, what: str) -> None:
     """The kernels index raw memory: a call whose tensors do not match its sizes is refused, never run."""
     if not ok:
-        raise ValueError(f"sign_native: {what}")
+        raise ValueError(f"mp_sign_native: {what}")
 
 
 def _is(t: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> bool:
@@ -392,7 +392,7 @@ def _columns(x: torch.Tensor, start: int, n: int, w: int) -> None:
 
 
 def two_bit_scales(x: torch.Tensor, start: int, n: int, w: int, outer_level: float, tiny: float) -> torch.Tensor:
-    """`mp_wire._two_bit_scale` of the n shards of w columns from column `start` of `x` [rows, *] ([rows, n])."""
+    """`mp_sign._two_bit_scale` of the n shards of w columns from column `start` of `x` [rows, *] ([rows, n])."""
     _columns(x, start, n, w)
     rows = x.shape[0]
     out = torch.empty(rows, n)
@@ -425,9 +425,9 @@ def pack(x: torch.Tensor, start: int, blocks: int, n: int, w: int, mode: int, sc
 
 def scale_codes(m: torch.Tensor, round_up: bool, table: torch.Tensor, mids: torch.Tensor, zero_code: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`mp_wire`'s bases, codes, scales and non-finite flags of per-sample scales m [blocks, r, n]: (base [blocks, n],
-    q [blocks, r, n] uint8, s [blocks, r, n], bad [blocks, r, n] bool), as `mp_wire._scale_codes` and the base before
-    it give them (see `scale_codes` in SOURCE)."""
+    """`mp_sign`'s bases, codes, scales and non-finite flags of per-sample scales m [blocks, r, n]: (base [blocks, n],
+    q [blocks, r, n] uint8, s [blocks, r, n], bad [blocks, r, n] bool), as `mp_sign._code_run` gives them (its base,
+    then `_scale_codes`; see `scale_codes` in SOURCE)."""
     k = table.numel()
     _require(m.device.type == "cpu" and m.dtype == torch.float32 and m.dim() == 3 and _is(table, (k,), torch.float32)
              and _is(mids, (k - 1,), torch.float32) and 1 <= k <= 255 and 0 <= zero_code <= 255 and k <= zero_code,
@@ -446,8 +446,8 @@ def unpack(run: torch.Tensor, n: int, w: int, planes: int, base: torch.Tensor, t
            signs: torch.Tensor, levels: torch.Tensor, out: torch.Tensor, start: int) -> None:
     """Decode a run's bytes `run` [rows, >= n * e] (a row slice of the body; its rows may be strided) into `out`'s
     columns start .. start + n * w (out: [rows, *] float32, contiguous rows); base [n] float32, the run's shards'
-    bases; table: the code scales (`mp_wire.CODE_SCALES`, float32, zero_code entries); signs and levels: what each
-    byte's 8 bits decode to ([256, 8] float32, `mp_wire._SIGNS` and `_LEVELS`)."""
+    bases; table: the code scales (`mp_sign.CODE_SCALES`, float32, zero_code entries); signs and levels: what each
+    byte's 8 bits decode to ([256, 8] float32, `mp_sign._SIGNS` and `_LEVELS`)."""
     rows, e = run.shape[0], planes * ((w + 7) // 8) + 1
     _require(run.device.type == "cpu" and run.dtype == torch.uint8 and run.dim() == 2 and planes in (1, 2)
              and n >= 0 and w >= 1 and (run.shape[1] == 0 or run.stride(1) == 1) and run.shape[1] >= n * e,

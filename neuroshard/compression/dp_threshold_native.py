@@ -1,19 +1,20 @@
-"""DCT-DP's passes over a bucket in C, for CPU buckets: the share and threshold scan fused into one pass, and the
-encoding of the entries that go out.
+"""DCT-DP's threshold codec (`dp_threshold`) in C, for CPU buckets: the share and threshold scan fused into one
+pass, the encoding of the entries that go out, and the decoding of every rank's payload.
 
-- `share_select`: `training/dct.py` computes a bucket's g = residual + bucket / world_size (`add_mean_share`) and
-  then the positions of |g| >= tau (`over_threshold`): three or more passes over the whole bucket in PyTorch. This
-  does both in one pass (SSE2: four entries a step, divide, add, store, compare, and the rare positions picked from
-  the comparison's mask) and gives the same floats and the same positions bit for bit (the division, then the sum,
-  each rounded as PyTorch rounds them; NaN never qualifies; tested against the PyTorch path). On one thread at the
-  `mlperf` shape (2.04M entries) it takes about 0.4 of their time.
-- `encode`: `dct.encode`'s wire (16-bit index gaps with filler entries, fp16 values clamped to fp16's largest) of
-  the positions it found, with the values read from g: one pass over the positions instead of a dozen small
-  PyTorch operations. fp16 is rounded to nearest even, as PyTorch's conversion rounds (tested against it).
+- `share_select`: a bucket's g = residual + bucket / world_size (`dp_threshold.add_mean_share`) and then the
+  positions of |g| >= tau (`dp_threshold.over_threshold`) take three or more passes over the whole bucket in
+  PyTorch. This does both in one pass (SSE2: four entries a step, divide, add, store, compare, and the rare
+  positions picked from the comparison's mask) and gives the same floats and the same positions bit for bit (the
+  division, then the sum, each rounded as PyTorch rounds them; NaN never qualifies; tested against the PyTorch
+  path).
+- `encode`: `dp_threshold.encode`'s wire (16-bit index gaps with filler entries, fp16 values clamped to fp16's
+  largest) of the positions it found, with the values read from g: one pass over the positions instead of a dozen
+  small PyTorch operations. fp16 is rounded to nearest even, as PyTorch's conversion rounds (tested against it).
+- `decode`: every rank's payload added into the dense bucket, as `dp_threshold.decode_into` adds them.
 
 The C source below is compiled by `core.native` the first time a process needs it (nothing compiled is kept on
 disk). Where that cannot be done here, or the tensors are not contiguous float32 CPU tensors, these functions
-return None and the caller takes the PyTorch path (the same results).
+return None (or False) and the caller takes the PyTorch path (the same results).
 """
 from __future__ import annotations
 
@@ -162,10 +163,11 @@ def _fits(t: torch.Tensor | None, n: int) -> bool:
 def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: float, out: torch.Tensor,
                  cap: int) -> torch.Tensor | None:
     """Write res + buf / world (buf / world without res) into `out` and return the ascending int64 positions of
-    its entries with |value| >= tau, exactly as `add_mean_share` (or torch.div) and `over_threshold` give them;
-    None where the fused pass cannot run here (nothing written then). `out` may be `res` itself (each entry is
-    read before it is written). Where more than `cap` entries qualify (the room it keeps for positions: a rare,
-    large drift of tau), `out` is written and the positions come from a second, plain pass over it."""
+    its entries with |value| >= tau, exactly as `dp_threshold.add_mean_share` (or torch.div) and
+    `dp_threshold.over_threshold` give them; None where the fused pass cannot run here (nothing written then).
+    `out` may be `res` itself (each entry is read before it is written). Where more than `cap` entries qualify
+    (the room it keeps for positions: a rare, large drift of tau), `out` is written and the positions come from a
+    second, plain pass over it."""
     n = buf.numel()
     if n == 0 or not all(_fits(t, n) for t in (buf, res, out)):
         return None
@@ -179,13 +181,14 @@ def share_select(buf: torch.Tensor, res: torch.Tensor | None, world: int, tau: f
     return idx[:count]
 
 
-MAX_GAP = 65535  # the largest index gap one uint16 carries (`dct.MAX_DELTA`, and `encode` in SOURCE)
+MAX_GAP = 65535  # the largest index gap one uint16 carries (`dp_threshold.MAX_DELTA`, and `encode` in SOURCE)
 
 
 def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """`dct.encode(idx, g[idx])` (uint16 gaps, fp16 values, where the real entries lie among them) bit for bit from
-    the ascending positions `idx` into the flat float32 `g`; None where the kernels cannot run here, the tensors are
-    not contiguous int64 / float32 CPU tensors, or `idx` is not ascending positions of g (nothing is read then)."""
+    """`dp_threshold.encode(idx, g[idx])` (uint16 gaps, fp16 values, where the real entries lie among them) bit
+    for bit from the ascending positions `idx` into the flat float32 `g`; None where the kernels cannot run here,
+    the tensors are not contiguous int64 / float32 CPU tensors, or `idx` is not ascending positions of g (nothing is
+    read then)."""
     k = idx.numel()
     if not (loaded() and idx.device.type == "cpu" and idx.dtype == torch.int64 and idx.dim() == 1
             and idx.is_contiguous() and g.dim() == 1 and _fits(g, g.numel())):
@@ -202,10 +205,10 @@ def encode(idx: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def decode(out: torch.Tensor, parts: list[torch.Tensor], m: int) -> bool:
-    """`out.zero_()` then `dct.decode_into(out, part, m)` for each part in order, the same floats, in one call that
-    lets go of Python's lock while it runs; False (nothing written) where it cannot run here or the tensors are
-    not what it takes. A payload whose positions pass the end of `out` raises ValueError, as index_add_ raises
-    IndexError (out is left zeroed)."""
+    """`out.zero_()` then `dp_threshold.decode_into(out, part, m)` for each part in order, the same floats, in one
+    call that lets go of Python's lock while it runs; False (nothing written) where it cannot run here or the
+    tensors are not what it takes. A payload whose positions pass the end of `out` raises ValueError, as
+    index_add_ raises IndexError (out is left zeroed)."""
     n = out.numel()
     if not (loaded() and out.dim() == 1 and _fits(out, n) and m >= 0 and all(
             p.device.type == "cpu" and p.dtype == torch.uint8 and p.dim() == 1 and p.is_contiguous()

@@ -1,12 +1,14 @@
-"""DCT-DP's C kernels (training/dp_native.py): the fused share and threshold scan gives PyTorch's floats and positions
-bit for bit,
-finds more positions than it has room for by a second pass, may write over the residual it adds, and steps aside
-(None) where it cannot run."""
+"""DCT-DP's C kernels (compression/dp_threshold_native.py): the fused share and threshold scan gives PyTorch's
+floats and positions bit for bit, finds more positions than it has room for by a second pass, may write over the
+residual it adds, and steps aside (None) where it cannot run; the hook takes it between refreshes; the encoder and
+decoder give the PyTorch path's bytes and floats."""
 import pytest
 import torch
 
+from neuroshard.compression import dp_threshold, dp_threshold_native as ss
+from neuroshard.compression.wire import MIN_POSITIVE
 from neuroshard.core import native
-from neuroshard.training import dct, dp_native as ss
+from neuroshard.training import dct
 
 
 def _torch_path(buf, res, world, tau):
@@ -14,8 +16,8 @@ def _torch_path(buf, res, world, tau):
     if res is None:
         torch.div(buf, world, out=g)
     else:
-        dct.add_mean_share(res, buf, world, g)
-    return g, dct.over_threshold(g, tau)
+        dp_threshold.add_mean_share(res, buf, world, g)
+    return g, dp_threshold.over_threshold(g, tau)
 
 
 def _cases():
@@ -38,7 +40,7 @@ def test_fused_pass_gives_pytorchs_floats_and_positions(world):
         for r in (None, res):
             ref_g, _ = _torch_path(buf, r, world, 1.0)
             finite = ref_g[ref_g.isfinite()].abs()
-            for tau in (float(finite.median()) if finite.numel() else 1.0, dct.MIN_POSITIVE, 1e30):
+            for tau in (float(finite.median()) if finite.numel() else 1.0, MIN_POSITIVE, 1e30):
                 want_g, want_idx = _torch_path(buf, r, world, tau)
                 g = torch.full((n,), 7.0)
                 idx = ss.share_select(buf, r, world, tau, g, n)
@@ -53,7 +55,7 @@ def test_more_positions_than_room_are_found_by_a_second_pass():
         pytest.skip("no C compiler or not x86-64 here")
     buf = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
     buf[3] = float("nan")
-    want = dct.over_threshold(buf / 2, 0.1)
+    want = dp_threshold.over_threshold(buf / 2, 0.1)
     for cap in (5, 10_000):  # over 8,000 qualify: no room for them, then room
         g = torch.empty_like(buf)
         idx = ss.share_select(buf, None, 2, 0.1, g, cap)
@@ -70,7 +72,7 @@ def test_the_share_may_be_written_over_the_residual():
         idx = ss.share_select(buf, inplace, 3, 1e-3, inplace, n)
         assert torch.equal(inplace.view(torch.int32), want_g.view(torch.int32)) and torch.equal(idx, want_idx), n
         plain = res.clone()  # the PyTorch path in place: the same floats
-        dct.add_mean_share(plain, buf, 3, out=plain)
+        dp_threshold.add_mean_share(plain, buf, 3, out=plain)
         assert torch.equal(plain.view(torch.int32), want_g.view(torch.int32)), n
 
 
@@ -170,7 +172,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def test_encoder_gives_the_pytorch_encoders_bytes():
     """Gaps (fillers across gaps over 65,535, a first position of 0), fp16 values (clamped, subnormal, ties to
-    even on every fp16 boundary, signed zeros) and where the real entries lie: dct.encode's, bit for bit."""
+    even on every fp16 boundary, signed zeros) and where the real entries lie: dp_threshold.encode's, bit for bit."""
     if not ss.loaded():
         pytest.skip("no C compiler or not x86-64 here")
     gen = torch.Generator().manual_seed(3)
@@ -186,7 +188,7 @@ def test_encoder_gives_the_pytorch_encoders_bytes():
                       half.float()])
     edge = torch.cat([edge, -edge])
     for idx, x in [(i, g) for i in cases] + [(torch.arange(edge.numel()), edge)]:
-        got, want = ss.encode(idx, x), dct.encode(idx, x[idx])
+        got, want = ss.encode(idx, x), dp_threshold.encode(idx, x[idx])
         assert all(_same(a, b) for a, b in zip(got, want)), idx[:8]
     deltas, _, _ = ss.encode(cases[0], g)
     assert deltas.numel() == 7 + 1 + 12  # gaps of 65,535 need no filler; 65,536 one; 803,385 twelve
@@ -216,15 +218,15 @@ def test_decoder_gives_the_pytorch_decoders_floats():
         g = torch.randn(n, generator=gen) * torch.logspace(-10, 5, n)
         idx = torch.sort(torch.randperm(n, generator=gen)[:2000 + 300 * r]).values
         idx[-1] = n - 1 if r == 2 else idx[-1]
-        coded.append(dct.encode(torch.cat([torch.tensor([0]), idx[1:]]) if r == 1 else idx, g[idx])[:2])
+        coded.append(dp_threshold.encode(torch.cat([torch.tensor([0]), idx[1:]]) if r == 1 else idx, g[idx])[:2])
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
     coded.append((torch.ones(65536, dtype=torch.int32).to(torch.uint16), every))  # positions 1 .. 65536
     m = max(d.numel() for d, _ in coded)
-    parts = [dct.payload_bytes(d, v, m) for d, v in coded]
+    parts = [dp_threshold.payload_bytes(d, v, m) for d, v in coded]
     want, got = torch.full((n,), 5.0), torch.full((n,), 5.0)
     want.zero_()
     for p in parts:
-        dct.decode_into(want, p, m)
+        dp_threshold.decode_into(want, p, m)
     assert ss.decode(got, parts, m)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert ss.decode(got, [], m) and not got.any()  # no parts: zeros
@@ -234,14 +236,14 @@ def test_decoder_refuses_positions_past_the_bucket():
     if not ss.loaded():
         pytest.skip("no C compiler or not x86-64 here")
     out = torch.full((100,), 5.0)
-    bad = dct.payload_bytes(torch.tensor([60, 39, 1], dtype=torch.int32).to(torch.uint16),
+    bad = dp_threshold.payload_bytes(torch.tensor([60, 39, 1], dtype=torch.int32).to(torch.uint16),
                             torch.ones(3, dtype=torch.float16), 3)  # positions 60, 99, 100
     with pytest.raises(ValueError, match="passes the bucket's 100 entries"):
-        ss.decode(out, [dct.payload_bytes(torch.tensor([5], dtype=torch.int32).to(torch.uint16),
+        ss.decode(out, [dp_threshold.payload_bytes(torch.tensor([5], dtype=torch.int32).to(torch.uint16),
                                           torch.ones(1, dtype=torch.float16), 3)[:12], bad], 3)
     assert not out.any()  # left zeroed
     with pytest.raises(IndexError):  # as the PyTorch path refuses it
-        dct.decode_into(torch.zeros(100), bad, 3)
+        dp_threshold.decode_into(torch.zeros(100), bad, 3)
     for parts, m, o in (([bad], 2, out), ([bad.view(torch.int8)], 3, out), ([bad[::2]], 3, out),
                         ([bad], 3, out.double()), ([bad], 3, out.reshape(10, 10)), ([bad], -1, out)):
         assert ss.decode(o, parts, m) is False
