@@ -20,6 +20,7 @@ from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, flag  # noqa: E402
 from neuroshard.core.errors import check_int  # noqa: E402
+from neuroshard.core.file_names import DATASET_DIR  # noqa: E402
 from neuroshard.core.types import check_max_mem_gb  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def rate(cmd: list[str]) -> float:
 class CollectionThroughputConfig:
     """Throughput of the two cost-data collectors (benchmarks/collection_throughput.py)."""
 
-    data_dir: str = flag("data/dlrm_datasets")
+    data_dir: str = flag(DATASET_DIR)
     workers: int = flag(2, "compute-collector workers")
     ndevices: int = flag(4, "comm-collector ranks")
     max_mem: float = flag(PRESETS["quick"].max_mem, "GB per shard (the quick preset's)")

@@ -5,8 +5,10 @@
 
 Reads a compute-cost file collected with `--families_dir` (the family mix), then
 1. trains the compute model on all samples (80/10/10 split, seed 0) and reports test MSE, MAPE, R²
-   and Spearman per sample family (the test split's samples of each family);
-2. for every family, trains a fresh model without it and tests on all of its samples (LOFO);
+   and Spearman per sample family (the test split's samples of each family; `per_family_metrics`);
+2. for every family, trains a fresh model on every other family's samples (the usual 80/10/10 split of those)
+   and tests it on all of its samples (LOFO, `leave_one_family_out`): how well the model does on tables it
+   has never seen the like of;
 3. with `--repeat_dir`, a second collection made with the same settings into another folder (the
    collector draws sample i from (seed, i), so it measures the same shards again): per family, the
    Spearman between the two collections' costs of the same shards, how well any model could rank them.
@@ -20,26 +22,52 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.file_names import COST_DATA_DIR, DATASET_DIR, RESULTS_DIR, compute_data_path  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
 from neuroshard.models.cost_models import (INPUT_TRANSFORMS, ComputeCostModel, compute_training_arrays,  # noqa: E402
                                           model_meta)
-from neuroshard.models.family_eval import leave_one_family_out, per_family_metrics  # noqa: E402
-from neuroshard.models.trainer import split_indices  # noqa: E402
+from neuroshard.models.trainer import regression_metrics, split_indices  # noqa: E402
+
+
+def per_family_metrics(model, feats: np.ndarray, mask: np.ndarray, y: np.ndarray, families: np.ndarray,
+                       idx: np.ndarray | None = None) -> dict[str, dict]:
+    """{family: MSE / MAPE / R² / Spearman of `model` (+ n)} over the samples `idx` (default all)."""
+    idx = np.arange(len(y)) if idx is None else np.asarray(idx)
+    pred = model.predict(feats[idx], mask[idx])
+    out = {}
+    for fam in dict.fromkeys(families[idx]):
+        sel = families[idx] == fam
+        if sel.sum() >= 3:
+            out[str(fam)] = {**regression_metrics(pred[sel], y[idx][sel]), "n": int(sel.sum())}
+    return out
+
+
+def leave_one_family_out(feats: np.ndarray, mask: np.ndarray, y: np.ndarray, families: np.ndarray, epochs: int,
+                         meta: dict | None = None, seed: int = 0, progress: bool = False,
+                         only: list[str] | None = None) -> dict[str, dict]:
+    """{family: metrics of a model trained without that family, on all of its samples}."""
+    out = {}
+    for fam in only or list(dict.fromkeys(families)):
+        held = families == fam
+        model = ComputeCostModel(dict(meta or {}))
+        model.fit((feats[~held], mask[~held]), y[~held], epochs=epochs, seed=seed, progress=progress)
+        pred = model.predict(feats[held], mask[held])
+        out[str(fam)] = {**regression_metrics(pred, y[held]), "n": int(held.sum())}
+    return out
 
 
 def repeat_spearman(samples, repeat, fams) -> dict:
     """Per family (and "all"), Spearman between the costs of the same shards in two collections."""
-    from scipy.stats import spearmanr
-
     again = {s["index"]: s for s in repeat}
     pairs: dict[str, list[tuple[float, float]]] = {}
     for s, fam in zip(samples, fams):
@@ -59,14 +87,14 @@ def repeat_spearman(samples, repeat, fams) -> dict:
 class FamiliesConfig:
     """Compute-model accuracy per table family and leave-one-family-out (benchmarks/families.py)."""
 
-    data_dir: str = flag("data/cost_data")
-    dataset_dir: str = flag("data/dlrm_datasets")
+    data_dir: str = flag(COST_DATA_DIR)
+    dataset_dir: str = flag(DATASET_DIR)
     epochs: int = flag(300)
     num_samples: int | None = flag(None, "use the first N samples (default all)")
     repeat_dir: str | None = flag(None, "a second collection of the same shards (compute_cost_data.pkl)")
     input_transform: str = flag("raw", "compute-model inputs: raw (the paper's) or log (log rows and pooling)",
                                 choices=INPUT_TRANSFORMS)
-    out_dir: str = flag("results")
+    out_dir: str = flag(RESULTS_DIR)
     salvage: bool = flag(False, "keep the good records of a damaged cost-data file (the damaged ones are dropped)")
 
     def check(self) -> "FamiliesConfig":
@@ -78,12 +106,12 @@ class FamiliesConfig:
 
 def main(argv=None) -> None:
     a = config_from_args(FamiliesConfig, step_parser(FamiliesConfig, __doc__, raw_doc=True).parse_args(argv)).check()
-    meta, samples = load_cost_data(Path(a.data_dir) / "compute_cost_data.pkl", COMPUTE_DATA_KIND, a.salvage)
+    meta, samples = load_cost_data(compute_data_path(a.data_dir), COMPUTE_DATA_KIND, a.salvage)
     samples = samples[:a.num_samples] if a.num_samples else samples
     fams = np.array([s.get("family", "dataset") for s in samples])
     repeat = {}
     if a.repeat_dir:
-        repeat = repeat_spearman(samples, load_cost_data(Path(a.repeat_dir) / "compute_cost_data.pkl",
+        repeat = repeat_spearman(samples, load_cost_data(compute_data_path(a.repeat_dir),
                                                          COMPUTE_DATA_KIND, a.salvage)[1], fams)
         if not repeat:
             raise UserError(f"--repeat_dir {a.repeat_dir} shares fewer than 3 samples with --data_dir")

@@ -30,6 +30,7 @@ from neuroshard.core.artifacts import provenance, write_json  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, CostModelFiles, SearchParams, check_iters, check_mp_keep, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.file_names import DATASET_DIR, TASKS_DIR, tasks_path  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster, check_max_mem_gb  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
@@ -57,8 +58,8 @@ class MpAwarePlansConfig:
     mp_keep: float = flag(0.05, "DCT-MP's share of pooled entries sent (0 < K < 1)")
     ndevices: int = flag(4)
     max_mem: float = flag(QUICK.max_mem, "GB per device (quick preset)")
-    data_dir: str = flag("data/dlrm_datasets")
-    task_path: str = flag("data/tasks/test.pkl")
+    data_dir: str = flag(DATASET_DIR)
+    task_path: str = flag(str(tasks_path(TASKS_DIR, "test")))
     warmup_iter: int = flag(QUICK.eval_warmup, "(the quick preset's eval.py settings)")
     num_iter: int = flag(QUICK.eval_iters, "timed iterations of a plan, over all rounds")
     rounds: int = flag(QUICK.eval_rounds)

@@ -43,13 +43,13 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from neuroshard.core.artifacts import (OutputLock, atomic_write_text, check_output_dir, write_json,  # noqa: E402
-                                       write_results)
+from common import SETS, check_sets, scaled_table_list, speed_probe_ms  # noqa: E402
+from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
-from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
                                     MEASURE_WARMUP_ITER, PRESETS, SearchParams, flag)
+from neuroshard.core.file_names import MODELS_DIR, RESULTS_DIR  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.planning.calibrate import CalibrationConfig, calibrate  # noqa: E402
@@ -57,23 +57,10 @@ from neuroshard.planning.measure import (MeasureConfig, candidate_plans, measure
                                             simulated_parts)
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
-from neuroshard.hardware.timing import speed_probe_ms  # noqa: E402
 from neuroshard.models.loading import load_cost_models  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 
-SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
-        "taobao_ad_x1_din": 0.5}
 HEURISTICS = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
-
-
-def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
-    """The cited set with rows x row_scale (tables of <= 100 rows unchanged), as a table-list JSON."""
-    obj = json.loads((ROOT / "benchmarks/real_tables" / f"{name}.json").read_text())
-    for t in obj["tables"]:
-        t["rows"] = t["rows"] if t["rows"] <= 100 else max(100, int(round(t["rows"] * row_scale)))
-    obj["row_scale"] = row_scale
-    write_json(out, obj, indent=None)
-    return out
 
 
 @dataclass
@@ -82,7 +69,7 @@ class RealTablesConfig:
 
     sets: tuple[str, ...] = flag(tuple(SETS), "table sets of benchmarks/real_tables/, comma-separated",
                                  parse="str_list")
-    models_dir: str = flag("models", "the pre-trained compute.pt and comm_<N>_{fw,bw}.pt")
+    models_dir: str = flag(MODELS_DIR, "the pre-trained compute.pt and comm_<N>_{fw,bw}.pt")
     ndevices: int = flag(4)
     max_mem: float = flag(PRESETS["quick"].max_mem, "GB per device (the quick preset's)")
     calibrate: int = flag(DEFAULT_CALIBRATE_K, "shards of each set measured to calibrate the cost models")
@@ -94,7 +81,7 @@ class RealTablesConfig:
     cost: str = flag("step", "what the search minimises and the emulated engine measures, as in shard_tables: step "
                              "(TorchRec's step: per sharding group the input distribution and both all-to-alls) or "
                              "paper (compute + one forward and one backward all-to-all)", choices=("step", "paper"))
-    out_dir: str = flag("results")
+    out_dir: str = flag(RESULTS_DIR)
 
     def calibration(self) -> CalibrationConfig:
         return CalibrationConfig(num_shards=self.calibrate, comm_layouts=self.calibrate_comm).check()
@@ -105,9 +92,7 @@ class RealTablesConfig:
 
     def check(self) -> "RealTablesConfig":
         self.calibration(), self.measurement()
-        unknown = [s for s in self.sets if s not in SETS]
-        if unknown:
-            raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+        check_sets(self.sets)
         return self
 
 

@@ -27,7 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import atomic_write_bytes, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
-from neuroshard.core.config import comm_model_paths, flag  # noqa: E402
+from neuroshard.core.config import flag  # noqa: E402
+from neuroshard.core.file_names import comm_model_paths  # noqa: E402
 from neuroshard.core.errors import check_float, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.experiments.pipeline import PRESETS  # noqa: E402

@@ -27,7 +27,7 @@ devices, one rank's compute at a time) with the DMP-measured cost: where 4 ranks
 compute contends and the two engines part; and the DMP cost's own split-half Spearman (the first half of the
 rounds against the second): how reproducible the measured order of plans within a few per cent is; and, since a
 rank correlation also counts plans the measurement cannot order, the pairs of plans the rounds tell apart
-(`experiments.stats.resolved_pairs`: a paired 95% interval excluding 1) and how many of them each simulated cost
+(`common.resolved_pairs`: a paired 95% interval excluding 1) and how many of them each simulated cost
 orders as measured. With `--calibrate_dmp P` (default 16), P random plans of the set
 (`planning.step_fit.sample_user_plans`) are measured in the same interleaved rounds, the step cost is fitted to
 them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
@@ -54,20 +54,19 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import SETS as SCALES, check_sets, resolved_pairs, scaled_table_list  # noqa: E402  (sets, row scales)
 from neuroshard.core.artifacts import (OutputLock, check_output_dir, check_output_file, source_digest,  # noqa: E402
                                        write_results)
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, CostModelFiles, SearchParams, ShardTablesConfig,  # noqa: E402
                                     check_calibrate, flag)
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.file_names import RESULTS_DIR  # noqa: E402
 from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.hardware.dmp_step import REBUILD_EVERY  # noqa: E402
-from neuroshard.experiments.stats import resolved_pairs  # noqa: E402
 from neuroshard.training.report import read_results, runs_done  # noqa: E402
-from real_tables import SETS as SCALES, scaled_table_list  # noqa: E402  (the sets and their row scales)
 
 
 @dataclass
@@ -89,7 +88,7 @@ class TorchRecStepConfig:
                              "(shard_tables --calibrate K, NeuroShardPlanner with that calibration); 0: skip")
     calibrate_dmp: int = flag(16, "random plans measured beside the user's plans, to fit the step cost to DMP steps "
                                   "and judge the fit on the user's plans; 0: skip")
-    out_dir: str = flag("results")
+    out_dir: str = flag(RESULTS_DIR)
     fresh: bool = flag(False, "measure every set again (drops the sets the results files already hold)")
 
     def settings(self) -> dict:
@@ -98,9 +97,7 @@ class TorchRecStepConfig:
                                               "rebuild_every", "emulated_rounds", "calibrate", "calibrate_dmp")}
 
     def check(self) -> "TorchRecStepConfig":
-        unknown = [s for s in self.sets if s not in SCALES]
-        if unknown:
-            raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SCALES)}")
+        check_sets(self.sets)
         check_int("--rounds", self.rounds, 4, 10_000)
         check_int("--warmup_iter", self.warmup_iter, 0, 1000)
         check_int("--num_iter", self.num_iter, 1, 1000)

@@ -3,7 +3,10 @@ import contextlib
 import io
 import json
 import os
+import platform
 import select
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,6 +178,19 @@ def hostile_objects(marker):
             {"tasks": [MarkerPayload(marker)]}]
 
 
+# ----------------------------------------------------------------------------- native kernels
+
+def compiler_found() -> bool:
+    """Whether this x86-64 machine has the C compiler `neuroshard.core.native` compiles with ($CC, else cc): where it
+    does, a kernel that fails to load is a bug, not the machine."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        return shutil.which(shlex.split(os.environ.get("CC") or "cc")[0]) is not None
+    except (ValueError, IndexError):  # a $CC that shlex cannot split, or an empty one
+        return False
+
+
 # ----------------------------------------------------------------------------- scripts in this process, and refusals
 
 _scripts: dict[str, object] = {}
@@ -183,7 +199,8 @@ _scripts: dict[str, object] = {}
 def load_script(script: str):
     """SCRIPT (a path from the repository root: `eval.py`, `tools/shard_tables.py`, `benchmarks/dct.py`) imported as
     a module, once a session: its `main(argv)` is what `python SCRIPT ARGV` runs, and a test may monkeypatch the
-    names it imported."""
+    names it imported. While it is imported its folder comes first on sys.path, as `python SCRIPT` puts it there
+    (a benchmark imports `benchmarks/common.py` as `common`)."""
     import importlib.util
 
     if script not in _scripts:
@@ -191,7 +208,12 @@ def load_script(script: str):
         spec = importlib.util.spec_from_file_location(name, ROOT / script)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # a script's config is a dataclass, which looks its module up
-        spec.loader.exec_module(module)
+        folder = str((ROOT / script).parent)
+        sys.path.insert(0, folder)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(folder)
         _scripts[script] = module
     return _scripts[script]
 

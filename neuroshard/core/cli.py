@@ -9,8 +9,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
+import typing
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Callable, Sequence
 
 from .errors import UserError, check_range
@@ -27,8 +30,6 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
              interrupted: str = RESUMABLE) -> None:
     """Run a script's main; `UserError` becomes one line on stderr and exit 2, Ctrl-C exit 130, and SIGTERM
     (a timeout, a scheduler) is handled like Ctrl-C (temporary folders removed, workers stopped), exit 143."""
-    import signal
-
     def terminated(signum, frame):
         raise Terminated()
 
@@ -148,15 +149,11 @@ PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_l
 # ----------------------------------------------------------------------------- configs as flags
 
 def _field_types(cls) -> dict:
-    import typing
-
     return typing.get_type_hints(cls)
 
 
 def _scalar(tp):
     """int / float / str for `int`, `int | None`, ...; None for anything else."""
-    import typing
-
     if tp in (int, float, str, bool):
         return tp
     args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -165,8 +162,6 @@ def _scalar(tp):
 
 def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
     """One flag per field of the config class `cls` (nested configs add theirs), defaults from `cls`."""
-    from dataclasses import MISSING, fields, is_dataclass
-
     types = _field_types(cls)
     for f in fields(cls):
         if f.name in skip:
@@ -198,8 +193,6 @@ def add_config_args(p, cls, skip: Sequence[str] = ()) -> None:
 
 def config_from_args(cls, args, **overrides):
     """The config `cls` from parsed arguments: text fields parsed, absent ones at their defaults."""
-    from dataclasses import fields, is_dataclass
-
     types = _field_types(cls)
     kw = {}
     for f in fields(cls):

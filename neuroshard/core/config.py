@@ -1,6 +1,7 @@
 """Typed configs of the pipeline steps: one dataclass per step, whose fields are the step's flags.
 
-The defaults live here and only here. Scripts build their argument parsers from these classes
+The defaults live here and only here, except the names of files and folders, which `core.file_names` gives
+(the default paths here are built from it). Scripts build their argument parsers from these classes
 (`core.cli.add_config_args`) and hand the library one config (`core.cli.config_from_args`); the
 library's step functions take the config, never flag strings. Field metadata:
 - `help`: the flag's help text;
@@ -21,7 +22,12 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from .errors import UserError, check_float, check_int, check_range
+from .file_names import (COST_DATA_DIR, DATASET_DIR, MODELS_DIR, RESULTS_DIR, TASKS_DIR, comm_data_path,
+                         comm_model_paths, compute_data_path, compute_model_path, eval_results_path,
+                         input_model_path, sim_results_path, tasks_path)
 from .types import check_max_mem_gb
 
 
@@ -48,11 +54,6 @@ def check_mp_keep(mp_keep: float | None) -> float | None:
         return None
     mp_keep = check_float("--mp_keep", mp_keep, 0.0, 1.0, lo_open=True)
     return None if mp_keep >= 1 else mp_keep
-
-
-def mp_tag(mp_keep: float | None) -> str:
-    """The part of a comm file name that says how the all-to-all was sent: '' or '_mp0.05'."""
-    return "" if mp_keep is None else f"_mp{mp_keep:g}"
 
 
 def mp_text(mp_keep: float | None) -> str:
@@ -99,7 +100,7 @@ class HardwareConfig:
 @dataclass
 class CostModelFiles:
     """The three pre-trained cost models (DESIGN.md §3.3)."""
-    compute_model: str = flag("models/compute.pt")
+    compute_model: str = flag(str(compute_model_path(MODELS_DIR)))
     fw_comm_model: str | None = flag(None, "default models/comm_<N>_fw.pt (with --mp_keep K: comm_<N>_mpK_fw.pt)")
     bw_comm_model: str | None = flag(None, "default models/comm_<N>_bw.pt (with --mp_keep K: comm_<N>_mpK_bw.pt)")
     input_comm_model: str | None = flag(None, "TorchRec's input distribution for the step cost; default "
@@ -109,7 +110,7 @@ class CostModelFiles:
     def paths(self, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path, Path]:
         check_not_empty(compute_model=self.compute_model, fw_comm_model=self.fw_comm_model,
                         bw_comm_model=self.bw_comm_model, input_comm_model=self.input_comm_model)
-        fw, bw = comm_model_paths("models", num_devices, mp_keep)
+        fw, bw = comm_model_paths(MODELS_DIR, num_devices, mp_keep)
         return Path(self.compute_model), Path(self.fw_comm_model or fw), Path(self.bw_comm_model or bw)
 
     def input_path(self, num_devices: int, mp_keep: float | None = None) -> tuple[Path, bool]:
@@ -120,30 +121,11 @@ class CostModelFiles:
         return input_model_path(self.paths(num_devices, mp_keep)[2].parent, num_devices), False
 
 
-def comm_model_paths(models_dir: str | Path, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path]:
-    """Default forward and backward comm model files for `num_devices` devices (and DCT-MP's `mp_keep`)."""
-    d, tag = Path(models_dir), mp_tag(mp_keep)
-    return d / f"comm_{num_devices}{tag}_fw.pt", d / f"comm_{num_devices}{tag}_bw.pt"
-
-
 def check_not_empty(**paths) -> None:
     """Refuse a path flag given as an empty string (it would silently mean its default file)."""
     for name, value in paths.items():
         if value is not None and not str(value).strip():
             raise UserError(f"--{name} is empty; name a file, or leave the flag out for its default")
-
-
-def input_model_path(models_dir: str | Path, num_devices: int) -> Path:
-    """The default input-distribution model file for `num_devices` devices."""
-    return Path(models_dir) / f"comm_{num_devices}_input.pt"
-
-
-def comm_data_path(data_dir: str | Path, num_devices: int, mp_keep: float | None = None,
-                   input_dist: bool = False) -> Path:
-    """The comm cost-data file of `num_devices` ranks: comm_cost_data_<N>.pkl, or ..._<N>_mp<K>.pkl compressed, or
-    ..._<N>_input.pkl for the input distribution."""
-    tag = "_input" if input_dist else mp_tag(mp_keep)
-    return Path(data_dir) / f"comm_cost_data_{num_devices}{tag}.pkl"
 
 
 def check_input_dist(input_dist: bool, mp_keep: float | None) -> None:
@@ -177,8 +159,6 @@ class SearchParams:
         return self
 
     def thresholds(self):
-        import numpy as np
-
         return np.linspace(self.threshold_range[0], self.threshold_range[1], self.grid_steps)
 
 
@@ -214,7 +194,7 @@ class DatasetConfig:
     """Step 1 (tools/gen_dlrm_data.py): raw DLRM dataset (real file or synthetic) -> processed dataset."""
     data: str | None = flag(None, "raw dataset (.pt or .pt.gz), e.g. fbgemm_t856_bs65536.pt")
     synthetic: bool = flag(False, "generate a DLRM-like raw dataset instead")
-    out_dir: str = flag("data/dlrm_datasets", aliases=("--out-dir",))
+    out_dir: str = flag(DATASET_DIR, aliases=("--out-dir",))
     seed: int = flag(0)
     num_tables: int = flag(856, "synthetic: number of tables")
     batch_size: int = flag(4096, "synthetic: samples in the batch")
@@ -235,8 +215,8 @@ class TasksConfig:
     T_range: tuple[int, int] = flag((10, 60), "tables per task: lo,hi (hi exclusive)", parse="int_range")
     max_mem: float = flag(15.0, "total size budget of a task, GB")
     max_dim: int = flag(128, "dims drawn from max_dim, max_dim/2, ... (divisible by 4)")
-    data_dir: str = flag("data/dlrm_datasets", "processed dataset folder")
-    out_dir: str = flag("data/tasks")
+    data_dir: str = flag(DATASET_DIR, "processed dataset folder")
+    out_dir: str = flag(TASKS_DIR)
     split: str = flag("test", "file name: OUT_DIR/SPLIT.pkl (e.g. train, test)")
 
     def check(self) -> "TasksConfig":
@@ -261,8 +241,8 @@ class ComputeCollectConfig:
     max_tables: int = flag(15)
     max_mem: float = flag(4.0, "GB per shard")
     max_dim: int = flag(128)
-    dataset_dir: str = flag("data/dlrm_datasets")
-    out_dir: str = flag("data/cost_data")
+    dataset_dir: str = flag(DATASET_DIR)
+    out_dir: str = flag(COST_DATA_DIR)
     batch_size: int | None = flag(None, "first B samples of the dataset batch (default all)")
     warmup_iter: int = flag(5)
     num_iter: int = flag(10)
@@ -302,7 +282,7 @@ class CommCollectConfig:
     num_iter: int = flag(10)
     seed: int = flag(0)
     device: str = flag("auto")
-    out_dir: str = flag("data/cost_data")
+    out_dir: str = flag(COST_DATA_DIR)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
     mp_keep: float | None = flag(None, MP_KEEP_HELP + "; writes comm_cost_data_<N>_mp<K>.pkl")
     input_dist: bool = flag(False, "measure TorchRec's input distribution (its KJTAllToAll of ids and lengths; "
@@ -331,9 +311,9 @@ class CommCollectConfig:
 @dataclass
 class TrainComputeConfig:
     """Step 4a (train_compute_cost_model.py): pre-train the compute cost model."""
-    data_dir: str = flag("data/cost_data", "folder with compute_cost_data.pkl")
-    dataset_dir: str = flag("data/dlrm_datasets", "processed dataset the samples came from")
-    out_path: str = flag("models/compute.pt")
+    data_dir: str = flag(COST_DATA_DIR, "folder with compute_cost_data.pkl")
+    dataset_dir: str = flag(DATASET_DIR, "processed dataset the samples came from")
+    out_path: str = flag(str(compute_model_path(MODELS_DIR)))
     families_dir: str | None = flag(None, "family tables of the cost data (default: the folder it names)")
     input_transform: str = flag("raw", "model inputs: raw (the paper's z-normalised features) or log "
                                 "(log rows and log(1 + pooling) first; README, table families)")
@@ -342,13 +322,13 @@ class TrainComputeConfig:
 
     @property
     def data_path(self) -> Path:
-        return Path(self.data_dir) / "compute_cost_data.pkl"
+        return compute_data_path(self.data_dir)
 
 
 @dataclass
 class TrainCommConfig:
     """Step 4b (train_comm_cost_model.py): pre-train the forward and backward comm cost models."""
-    data_dir: str = flag("data/cost_data", "folder with comm_cost_data_<N>.pkl")
+    data_dir: str = flag(COST_DATA_DIR, "folder with comm_cost_data_<N>.pkl")
     ndevices: int = flag(4)
     fw_out_path: str | None = flag(None, "default models/comm_<N>_fw.pt (with --mp_keep K: comm_<N>_mpK_fw.pt)")
     bw_out_path: str | None = flag(None, "default models/comm_<N>_bw.pt (with --mp_keep K: comm_<N>_mpK_bw.pt)")
@@ -368,11 +348,11 @@ class TrainCommConfig:
 
     def input_out(self) -> Path:
         check_not_empty(input_out_path=self.input_out_path)
-        return Path(self.input_out_path or input_model_path("models", self.ndevices))
+        return Path(self.input_out_path or input_model_path(MODELS_DIR, self.ndevices))
 
     def out_paths(self) -> tuple[Path, Path]:
         check_not_empty(fw_out_path=self.fw_out_path, bw_out_path=self.bw_out_path)
-        fw, bw = comm_model_paths("models", self.ndevices, check_mp_keep(self.mp_keep))
+        fw, bw = comm_model_paths(MODELS_DIR, self.ndevices, check_mp_keep(self.mp_keep))
         return Path(self.fw_out_path or fw), Path(self.bw_out_path or bw)
 
 
@@ -381,13 +361,13 @@ class TrainCommConfig:
 @dataclass
 class EvalSimConfig:
     """Step 5 (eval_simulator.py): shard every task with each algorithm, score the plans with the cost models."""
-    data_dir: str = flag("data/dlrm_datasets", "processed dataset")
-    task_path: str = flag("data/tasks/test.pkl")
+    data_dir: str = flag(DATASET_DIR, "processed dataset")
+    task_path: str = flag(str(tasks_path(TASKS_DIR, "test")))
     alg: tuple[str, ...] = flag(("neuroshard",), "algorithm, comma-separated list, all, or plan:FILE",
                                 parse="str_list")
     ndevices: int = flag(4)
     max_mem: float = flag(4.0, "memory of one device, GB")
-    results_csv: str | None = flag(None, "default results/sim_<alg>.csv")
+    results_csv: str | None = flag(None, f"default {sim_results_path(RESULTS_DIR, '<alg>')}")
     seed: int = flag(0)
     mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans and scores with the comm models made for it")
     models: CostModelFiles = field(default_factory=CostModelFiles)
@@ -406,7 +386,7 @@ class EvalConfig(EvalSimConfig):
 
     The fields of step 5 (some with their own help), and how the plans are measured."""
     ndevices: int = flag(4, "ranks (CPU processes) when not on GPUs")
-    results_csv: str | None = flag(None, "default results/eval_<alg>.csv")
+    results_csv: str | None = flag(None, f"default {eval_results_path(RESULTS_DIR, '<alg>')}")
     mp_keep: float | None = flag(None, MP_KEEP_HELP + "; plans with the comm models made for it and measures "
                                  "plans with the compressed all-to-all")
     batch_size: int | None = flag(None, "first B samples of the dataset batch (default all)")
@@ -438,8 +418,8 @@ MEASURE_TOP = 3  # --measure: NeuroShard's best distinct plans measured
 DEFAULT_CALIBRATE_DMP = 16  # random plans --calibrate_dmp measures as TorchRec steps when given without P
 CALIBRATE_DMP_ROUNDS = 5  # their interleaved rounds (MEASURE_WARMUP_ITER + MEASURE_NUM_ITER steps each)
 # --min_gain: a plan other than TorchRec's is handed out only when the cost models rate it at least this share
-# cheaper. On the 2-core VM the step cost put all plans of the one-hot sets within a few per cent of each other,
-# and TorchRec's step measured them in another order (Spearman 0.30-0.80 over two runs; docs/findings.md).
+# cheaper: plans the step cost rates within a few per cent of each other can run in another order in TorchRec's
+# own step (docs/findings.md), so a smaller predicted gain does not justify leaving TorchRec's plan.
 MIN_GAIN = 0.05
 
 
@@ -612,7 +592,7 @@ ARCHS = {"tiny": ("64-32", "64-32", 16), "mlperf": ("512-256", "1024-1024-512-25
 # Under DCT-DP an MLP entry arrives as one accumulated lump every few hundred steps: SGD applies the lump
 # in full (error feedback then delays updates but loses none), while Adam scales each arrival to about
 # its learning rate, so the entry moves far less than it would with every step's gradient.
-# `sgd` is the default; runs made before --dense_opt existed used Adam.
+# `sgd` is the default.
 DENSE_OPTIMIZERS = {"sgd": ("SGD", 1.0), "adam": ("Adam", 1e-3)}  # --dense_opt -> (torch.optim class, default lr)
 TRAIN_NDEVICES, TRAIN_MP_KEEP = 4, 0.05  # defaults of --ndevices (outside torchrun) and --mp_keep
 # DCT-DP's defaults: --dp_keep, --dp_refresh, --dp_drift, --error_feedback (and `training.dct.DCTState`'s)
@@ -788,7 +768,7 @@ class Preset:
 
 
 PRESETS = {
-    # CPU, 2 cores, ~11 minutes: rows scaled by 0.01 and budgets scaled alike (4 GB -> 0.04 GB).
+    # CPU, 2 cores, minutes (docs/results.md): rows scaled by 0.01 and budgets scaled alike (4 GB -> 0.04 GB).
     "quick": Preset(num_tables=856, batch_size=4096, row_scale=0.01, task_max_mem=0.15, max_mem=0.04,
                     T_range=(10, 30), num_train_tasks=20, num_test_tasks=20, ndevices=(4,), compute_samples=800,
                     compute_workers=1, comm_samples=300, epochs=500, eval_warmup=3, eval_iters=25, eval_rounds=5),

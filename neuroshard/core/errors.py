@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import math
+import numbers
 import os
 
 
@@ -31,8 +32,6 @@ def write_error(e: OSError, path: str | os.PathLike, kept: str = "") -> UserErro
 
 def check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> int:
     """`value` as an int within [lo, hi], else a `UserError` naming the argument and the allowed range."""
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise UserError(f"{name} must be a whole number, got {value!r}")
     value = int(value)
@@ -43,8 +42,6 @@ def check_int(name: str, value, lo: int | None = None, hi: int | None = None) ->
 
 def check_range(name: str, pair, lowest: float, strict: bool) -> tuple:
     """A finite (lo, hi) with lowest <= lo <= hi (lo < hi when `strict`), else a `UserError`."""
-    import math
-
     try:
         lo, hi = pair
         ok = math.isfinite(lo) and math.isfinite(hi)

@@ -15,7 +15,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -35,14 +34,6 @@ def _x86_64() -> bool:
 def _compiler(cc: str | None) -> str:
     """The compiler command line to use: `cc`, else $CC, else "cc"."""
     return cc or os.environ.get("CC") or "cc"
-
-
-def compiler_found(cc: str | None = None) -> bool:
-    """Whether this x86-64 machine has the compiler `compile_c` would use (so a kernel that fails to load is a bug)."""
-    try:
-        return _x86_64() and shutil.which(shlex.split(_compiler(cc))[0]) is not None
-    except (ValueError, IndexError):
-        return False
 
 
 def compile_c(name: str, source: str, signatures: dict, cc: str | None = None) -> SimpleNamespace | None:

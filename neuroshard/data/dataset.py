@@ -28,12 +28,14 @@ from tqdm import tqdm
 from ..core.artifacts import (atomic_torch_save, atomic_write_pickle, load_pickle, provenance, torch_load_failure,
                               torch_load_plain)
 from ..core.config import DatasetConfig
-from ..core.errors import UserError
+from ..core.errors import UserError, check_int
+from ..core.file_names import DATASET_FILES, DATASET_INDICES, DATASET_TABLES
 from .features import DATA_FEATURE_NAMES, NUM_BINS, reuse_bin, table_data_features, table_size_gb
-from .synthetic import PUBLISHED_MEAN_POOLING, PUBLISHED_REUSE_UNIQUE_SHARE
+from .raw import load_raw, save_raw
+from .synthetic import (PUBLISHED_MEAN_POOLING, PUBLISHED_REUSE_UNIQUE_SHARE, SyntheticConfig,
+                        generate_synthetic_raw)
 
 DATASET_KIND = "neuroshard.dlrm_dataset"
-DATASET_FILES = ("tables.pkl", "indices.pt")
 
 
 def process_raw(indices: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
@@ -68,8 +70,8 @@ def process_raw(indices: torch.Tensor, offsets: torch.Tensor, lengths: torch.Ten
     }
     meta["fingerprint"] = _fingerprint(features, B)
     _replace_folder(out_dir, lambda stage: (
-        atomic_torch_save(stage / "indices.pt", {"indices": indices.contiguous(), "offsets": offsets.contiguous()}),
-        atomic_write_pickle(stage / "tables.pkl", meta)))
+        atomic_torch_save(stage / DATASET_INDICES, {"indices": indices.contiguous(), "offsets": offsets.contiguous()}),
+        atomic_write_pickle(stage / DATASET_TABLES, meta)))
     return DLRMDataset.load(out_dir)
 
 
@@ -117,18 +119,18 @@ class DLRMDataset:
     @classmethod
     def load(cls, path: str | Path) -> "DLRMDataset":
         path = Path(path)
-        if not (path / "tables.pkl").is_file() or not (path / "indices.pt").is_file():
-            raise UserError(f"{path} is not a processed DLRM dataset (no tables.pkl / indices.pt); "
+        if not (path / DATASET_TABLES).is_file() or not (path / DATASET_INDICES).is_file():
+            raise UserError(f"{path} is not a processed DLRM dataset (no {DATASET_TABLES} / {DATASET_INDICES}); "
                             "run tools/gen_dlrm_data.py first")
-        meta = load_pickle(path / "tables.pkl", "processed dataset")
+        meta = load_pickle(path / DATASET_TABLES, "processed dataset")
         if not isinstance(meta, dict) or meta.get("kind") != DATASET_KIND:
-            raise UserError(f"{path}/tables.pkl is not a neuroshard dataset; rerun tools/gen_dlrm_data.py")
+            raise UserError(f"{path}/{DATASET_TABLES} is not a neuroshard dataset; rerun tools/gen_dlrm_data.py")
         f = meta.get("features")
         T, B = meta.get("num_tables"), meta.get("batch_size")
         if (not isinstance(f, np.ndarray) or f.ndim != 2 or f.shape != (T, len(DATA_FEATURE_NAMES))
                 or not isinstance(B, int) or B < 1 or not np.all(np.isfinite(f))
                 or meta.get("fingerprint") != _fingerprint(f, B)):
-            raise UserError(f"{path}/tables.pkl is damaged (features, batch or fingerprint disagree); "
+            raise UserError(f"{path}/{DATASET_TABLES} is damaged (features, batch or fingerprint disagree); "
                             "rerun tools/gen_dlrm_data.py")
         return cls(path, meta)
 
@@ -156,20 +158,21 @@ class DLRMDataset:
     def bags(self) -> dict[str, torch.Tensor]:
         if self._bags is None:
             try:
-                bags = torch_load_plain(self.path / "indices.pt", mmap=True)
+                bags = torch_load_plain(self.path / DATASET_INDICES, mmap=True)
             except Exception as e:
-                raise UserError(f"{self.path}/indices.pt is not readable ({torch_load_failure(e)}); "
+                raise UserError(f"{self.path}/{DATASET_INDICES} is not readable ({torch_load_failure(e)}); "
                                 "rerun tools/gen_dlrm_data.py") from None
             if (not isinstance(bags, dict) or set(bags) != {"indices", "offsets"}
                     or not all(isinstance(x, torch.Tensor) and x.dtype == torch.int64 and x.dim() == 1
                                for x in bags.values())
                     or bags["offsets"].numel() != self.num_tables * self.batch_size + 1):
-                raise UserError(f"{self.path}/indices.pt does not match tables.pkl; rerun tools/gen_dlrm_data.py")
+                raise UserError(f"{self.path}/{DATASET_INDICES} does not match {DATASET_TABLES}; "
+                                "rerun tools/gen_dlrm_data.py")
             off = bags["offsets"]
             lengths = off[1:] - off[:-1]
             if int(off[0]) != 0 or int(off[-1]) != bags["indices"].numel() or bool((lengths < 0).any()):
                 bad = int(torch.nonzero(lengths < 0)[0]) if bool((lengths < 0).any()) else 0
-                raise UserError(f"{self.path}/indices.pt is damaged: the bags of table {bad // self.batch_size} "
+                raise UserError(f"{self.path}/{DATASET_INDICES} is damaged: the bags of table {bad // self.batch_size} "
                                 "do not add up (a negative bag length, or offsets that do not end at the ids); "
                                 "rerun tools/gen_dlrm_data.py")
             self._bags = bags
@@ -179,8 +182,6 @@ class DLRMDataset:
         """The batch a step uses: `batch_size` (1..dataset batch), or the dataset's whole batch."""
         if batch_size is None:
             return self.batch_size
-        from ..core.errors import check_int
-
         return check_int("--batch_size", batch_size, 1, self.batch_size)
 
     def table_bags(self, t: int, batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,7 +192,7 @@ class DLRMDataset:
         off = bags["offsets"][t * B: t * B + b + 1]
         ids = bags["indices"][int(off[0]): int(off[-1])].clone()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= max(self.rows[t], 1)):
-            raise UserError(f"{self.path}/indices.pt is damaged: table {t} holds id {int(ids.max())} or "
+            raise UserError(f"{self.path}/{DATASET_INDICES} is damaged: table {t} holds id {int(ids.max())} or "
                             f"{int(ids.min())} outside its rows 0..{self.rows[t] - 1}; rerun tools/gen_dlrm_data.py")
         return ids, off - off[0]
 
@@ -226,9 +227,6 @@ class DLRMDataset:
 
 def build_dataset(cfg: DatasetConfig, progress: bool = True) -> DLRMDataset:
     """Step 1: a raw dataset file (`cfg.data`) or a synthetic one -> processed dataset folder `cfg.out_dir`."""
-    from .raw import load_raw, save_raw
-    from .synthetic import SyntheticConfig, generate_synthetic_raw
-
     cfg.check()
     if cfg.data is None and not cfg.synthetic:
         raise UserError("pass exactly one of --data PATH (a raw DLRM dataset) or --synthetic")

@@ -39,7 +39,9 @@ import numpy as np
 import torch
 
 from ..core.errors import UserError, check_float, check_int
+from ..core.file_names import DATASET_TABLES
 from ..core.types import check_max_mem_gb
+from .dataset import DLRMDataset, process_raw
 from .features import table_size_gb
 
 FAMILY_DIMS = (4, 8, 16, 32, 64, 128, 256)
@@ -178,10 +180,8 @@ def generate_family_raw(mix: FamilyMix, tables: list[FamilyTable] | None = None)
 
 def build_family_tables(mix: FamilyMix, out_dir: str | Path, progress: bool = True):
     """Write the mix's tables as a processed dataset folder (same format and code as step 1)."""
-    from .dataset import DLRMDataset, process_raw
-
     out_dir = Path(out_dir)
-    if (out_dir / "tables.pkl").is_file():
+    if (out_dir / DATASET_TABLES).is_file():
         ds = DLRMDataset.load(out_dir)
         if ds.meta["provenance"].get("family_mix_fingerprint") == mix.fingerprint():
             return ds

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.errors import UserError, check_int
+
 NUM_BINS = 17
 DATA_FEATURE_NAMES = ["row", "pooling_factor"] + [f"bin_{j}" for j in range(NUM_BINS)]
 FEATURE_NAMES = ["dim"] + DATA_FEATURE_NAMES
@@ -93,8 +95,6 @@ def table_size_gb(rows, dim) -> np.ndarray | float:
 
 def check_max_dim(max_dim) -> int:
     """`--max_dim` from user input: one of the dim set (DESIGN.md §2.4), else a `UserError`."""
-    from ..core.errors import UserError, check_int
-
     if check_int("--max_dim", max_dim, 4, 128) not in DIM_CHOICES:
         raise UserError(f"--max_dim must be one of {', '.join(map(str, sorted(DIM_CHOICES)))}, got {max_dim}")
     return int(max_dim)

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ..core.artifacts import atomic_torch_save, atomic_write_bytes
+from ..core.artifacts import (atomic_torch_save, atomic_write_bytes, check_input_file, torch_load_failure,
+                              torch_load_plain)
 from ..core.errors import UserError
 
 LARGEST_DEVICE_GB = 192.0  # the most memory one accelerator has today (B200); no table larger than this is sharded
@@ -28,8 +29,6 @@ def max_rows_any_device(min_dim: int = 4, bytes_per_param: int = 4) -> int:
 
 def load_raw(path: str | Path, flag: str = "--data") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load and validate a raw `(indices, offsets, lengths)` file (`.pt` or `.pt.gz`) given as `flag`."""
-    from ..core.artifacts import check_input_file, torch_load_failure, torch_load_plain
-
     path = check_input_file(path, f"{flag} file", "download fbgemm_t856_bs65536.pt or use --synthetic"
                             if flag == "--data" else "pass a raw DLRM ids file (.pt or .pt.gz)")
     try:

@@ -26,7 +26,7 @@ import numpy as np
 from ..core.artifacts import read_json, read_text
 from ..core.errors import UserError
 from .features import MIN_ROWS, NUM_BINS, smallest_shard_dim, table_data_features
-from .raw import max_rows_any_device
+from .raw import load_raw, max_rows_any_device
 from .synthetic import PUBLISHED_REUSE_UNIQUE_SHARE, SyntheticConfig
 from .tasks import ShardingTask
 
@@ -197,8 +197,6 @@ def load_table_list(path: str | Path, max_mem_gb: float | None = None) -> TableL
 
 def tables_from_ids(path: str | Path, dims: list[int], max_mem_gb: float | None = None) -> TableList:
     """Tables from real ids (raw DLRM format) with user-given dims (one per table, or one for all)."""
-    from .raw import load_raw
-
     indices, offsets, lengths = load_raw(path, "--ids")
     T, B = lengths.shape
     dims = list(dims)

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from ..core.artifacts import atomic_write_pickle, load_pickle, provenance
 from ..core.config import TasksConfig
 from ..core.errors import UserError
+from ..core.file_names import tasks_path
 from .dataset import DLRMDataset
 from .features import DIM_CHOICES, check_max_dim, dim_choices, table_size_gb, with_dim
 
@@ -150,7 +151,7 @@ def make_task_file(cfg: TasksConfig) -> Path:
     T_range, max_mem, max_dim, seed = tuple(cfg.T_range), cfg.max_mem, cfg.max_dim, cfg.seed
     ds = DLRMDataset.load(cfg.data_dir)
     tasks = generate_tasks(ds, cfg.data_size, T_range, max_mem, max_dim, seed)
-    path = save_tasks(Path(cfg.out_dir) / f"{cfg.split}.pkl", tasks, ds, seed=seed, T_range=T_range,
+    path = save_tasks(tasks_path(cfg.out_dir, cfg.split), tasks, ds, seed=seed, T_range=T_range,
                       max_mem_gb=max_mem, max_dim=max_dim)
     print(f"wrote {len(tasks)} tasks ({T_range[0]}-{T_range[1] - 1} tables, <= {max_mem} GB each) to {path}")
     return path

@@ -23,9 +23,13 @@ from tqdm import tqdm
 from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance, write_results
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
+from ..core.file_names import RESULTS_DIR, eval_results_path, progress_path, sim_results_path
 from ..core.types import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
+from ..hardware.backends import resolve_hardware
+from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
+from ..hardware.launch import rank_gpus
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
 from ..models.loading import load_cost_models
 from ..sharding.simulator import Simulator
@@ -138,7 +142,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     """Step 5: simulated cost of every (task, algorithm) plan -> results CSV."""
     cfg.check()
     algs = expand_algs(cfg.alg)
-    out = Path(cfg.results_csv or f"results/sim_{algs_file_tag(algs)}.csv")
+    out = Path(cfg.results_csv or sim_results_path(RESULTS_DIR, algs_file_tag(algs)))
     check_output_file(out, "--results_csv")
     ndevices, max_mem, seed, search, task_path = cfg.ndevices, cfg.max_mem, cfg.seed, cfg.search, cfg.task_path
     if ndevices < 2:  # before the model files, whose "train it" hint cannot be followed for 1 device
@@ -171,13 +175,9 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
 
 def eval_hardware(cfg: EvalConfig) -> list[dict]:
     """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
-    from ..hardware.backends import resolve_hardware
-    from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
-    from ..hardware.launch import rank_gpus
-
     cfg.check()
     algs = expand_algs(cfg.alg)
-    out = Path(cfg.results_csv or f"results/eval_{algs_file_tag(algs)}.csv")
+    out = Path(cfg.results_csv or eval_results_path(RESULTS_DIR, algs_file_tag(algs)))
     check_output_file(out, "--results_csv")
     gpu_ids = cfg.hardware.gpu_ids
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
@@ -203,8 +203,8 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                 "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds, "mp_keep": cfg.mp_keep,
                 "dataset_fingerprint": ds.fingerprint,
                 "tasks_fingerprint": _tasks_fingerprint(tasks)}
-    progress_path = out.with_name(out.name + ".progress.pkl")
-    log = _open_progress(progress_path, settings, N, cfg.salvage)
+    log_path = progress_path(out)
+    log = _open_progress(log_path, settings, N, cfg.salvage)
     measured: dict[tuple, Measured] = {}
     try:
         for r in log.records:
@@ -216,14 +216,14 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
               f"{mp_text(cfg.mp_keep)} all-to-all, each task's plans "
               f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
-              + (f"; {len(measured)} already measured in {progress_path}" if measured else ""))
+              + (f"; {len(measured)} already measured in {log_path}" if measured else ""))
 
         def on_result(key, m: Measured):
             why = implausible_ms(m.parts.per_device_ms, positive=True) or implausible_ms(m.round_ms, positive=True)
             if why:
                 raise UserError(f"task {key[1]}'s {key[0]} plan measured a cost that cannot be true ({why}): a timer "
                                 f"or rank failed; rerun the same command (the {len(log.records)} plans measured "
-                                f"before it are kept in {progress_path})")
+                                f"before it are kept in {log_path})")
             log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": m.compute_ms,
                         "fw_ms": m.fw_ms, "bw_ms": m.bw_ms, "round_costs": list(m.round_ms)})
             measured[key] = m
@@ -245,7 +245,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                      cost_ci_hi_ms=hi, spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
                   models=[str(p) for p in paths] if sim else None, search=search.__dict__)
-    progress_path.unlink(missing_ok=True)  # the CSV now holds every result
+    log_path.unlink(missing_ok=True)  # the CSV now holds every result
     summary = summarize(rows, "cost_ms")
     print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")
     for s in summary:

@@ -7,15 +7,29 @@ eval resumes from its progress log, so an interrupted run resumes where it stopp
 """
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..core.artifacts import check_results_csv
 from ..core.config import (PRESETS, CommCollectConfig, ComputeCollectConfig, CostModelFiles, DatasetConfig,
                            EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig, TasksConfig,
                            TrainCommConfig, TrainComputeConfig)
 from ..core.errors import UserError
+from ..core.file_names import (COST_DATA_DIR, DATASET_DIR, DATASET_TABLES, FAMILY_TABLES_DIR, MODELS_DIR, RESULTS_DIR,
+                               TASKS_DIR, comm_data_path, comm_model_paths, compute_data_path, compute_model_path,
+                               eval_results_path, input_model_path, meta_path, model_files, sim_results_path,
+                               tasks_path)
+from ..data.dataset import build_dataset
+from ..data.tasks import make_task_file
+from ..hardware.collect import collect_comm, collect_compute
+from ..hardware.comm_bench import torchrec_available
+from ..models.fitting import train_comm_models, train_compute_model
+from .evaluate import eval_hardware, eval_simulator
+from .report import write_report
+
 
 @dataclass
 class Step:
@@ -31,7 +45,6 @@ class Step:
 
 def _cmd(script: str, cfg) -> str:
     """The shell command that runs `script` with the flags of `cfg` that differ from their defaults."""
-    from dataclasses import fields, is_dataclass
 
     def flags(c) -> list[str]:
         out = []
@@ -49,64 +62,59 @@ def _cmd(script: str, cfg) -> str:
 
 
 def build_steps(cfg: PipelineConfig) -> list[Step]:
-    from ..data.dataset import build_dataset
-    from ..data.tasks import make_task_file
-    from ..hardware.collect import collect_comm, collect_compute
-    from ..models.fitting import train_comm_models, train_compute_model
-    from .evaluate import eval_hardware, eval_simulator
-
     P = PRESETS[cfg.check().preset]
     gpus = cfg.gpu_devices
     work = Path(cfg.work_dir)
-    data, tasks, cost, models, results = (work / "data/dlrm_datasets", work / "data/tasks", work / "data/cost_data",
-                                          work / "models", work / "results")
+    data, tasks, cost, models, results = (work / DATASET_DIR, work / TASKS_DIR, work / COST_DATA_DIR,
+                                          work / MODELS_DIR, work / RESULTS_DIR)
     fit = FitConfig(epochs=P.epochs)
     data_cfg = DatasetConfig(out_dir=str(data), synthetic=True, num_tables=P.num_tables, batch_size=P.batch_size,
                              row_scale=P.row_scale, seed=0)
     steps = [Step("1 data", _cmd("tools/gen_dlrm_data.py", data_cfg), lambda: build_dataset(data_cfg),
-                  [data / "tables.pkl"])]
+                  [data / DATASET_TABLES])]
     for split, seed in (("train", 1), ("test", 2)):
         tc = TasksConfig(data_dir=str(data), out_dir=str(tasks), split=split,
                          data_size=getattr(P, f"num_{split}_tasks"), T_range=P.T_range, max_mem=P.task_max_mem,
                          seed=seed)
         steps.append(Step(f"2 tasks ({split})", _cmd("tools/gen_tasks.py", tc), lambda tc=tc: make_task_file(tc),
-                          [tasks / f"{split}.pkl"]))
+                          [tasks_path(tasks, split)]))
     mix = P.families or cfg.families
     cc = ComputeCollectConfig(dataset_dir=str(data), out_dir=str(cost),
                               data_size=P.compute_samples * 3 // 2 if mix else P.compute_samples,
                               max_mem=P.max_mem, workers=P.compute_workers, hardware=HardwareConfig(gpu_devices=gpus),
-                              families_dir=str(work / "data/family_tables") if mix else None)
-    compute_model = models / "compute.pt"
+                              families_dir=str(work / FAMILY_TABLES_DIR) if mix else None)
+    compute_model = compute_model_path(models)
     # the family mix's device-sized tables and short pooling need log inputs (README, table families)
     tc = TrainComputeConfig(data_dir=str(cost), dataset_dir=str(data), out_path=str(compute_model), fit=fit,
                             input_transform="log" if mix else "raw")
     steps += [
         Step("3 compute cost data", _cmd("collect_compute_cost_data.py", cc), lambda: collect_compute(cc),
-             redo_removes=[cost / "compute_cost_data.pkl"]),
+             redo_removes=[compute_data_path(cost)]),
         Step("4 compute cost model", _cmd("train_compute_cost_model.py", tc), lambda: train_compute_model(tc),
              [compute_model]),
     ]
     for N in P.ndevices:
-        fw, bw = models / f"comm_{N}_fw.pt", models / f"comm_{N}_bw.pt"
+        fw, bw = comm_model_paths(models, N)
         files = CostModelFiles(str(compute_model), str(fw), str(bw))
-        task_kw = dict(data_dir=str(data), task_path=str(tasks / "test.pkl"), ndevices=N, max_mem=P.max_mem,
+        task_kw = dict(data_dir=str(data), task_path=str(tasks_path(tasks, "test")), ndevices=N, max_mem=P.max_mem,
                        alg=("all",), models=files)
         cm = CommCollectConfig(out_dir=str(cost), ndevices=N, data_size=P.comm_samples, batch_size=P.batch_size,
                                T_range=P.T_range, gpu_devices=gpus)
         tm = TrainCommConfig(data_dir=str(cost), ndevices=N, fw_out_path=str(fw), bw_out_path=str(bw), fit=fit)
-        sim = EvalSimConfig(**task_kw, results_csv=str(results / f"sim_{N}.csv"))
-        ev = EvalConfig(**task_kw, results_csv=str(results / f"eval_{N}.csv"), warmup_iter=P.eval_warmup,
+        sim_csv, eval_csv = sim_results_path(results, N), eval_results_path(results, N)
+        sim = EvalSimConfig(**task_kw, results_csv=str(sim_csv))
+        ev = EvalConfig(**task_kw, results_csv=str(eval_csv), warmup_iter=P.eval_warmup,
                         num_iter=P.eval_iters, rounds=P.eval_rounds, hardware=HardwareConfig(gpu_devices=gpus))
         steps += [
             Step(f"3 comm cost data ({N} devices)", _cmd("collect_comm_cost_data.py", cm),
-                 lambda cm=cm: collect_comm(cm), redo_removes=[cost / f"comm_cost_data_{N}.pkl"]),
+                 lambda cm=cm: collect_comm(cm), redo_removes=[comm_data_path(cost, N)]),
             Step(f"4 comm cost models ({N} devices)", _cmd("train_comm_cost_model.py", tm),
                  lambda tm=tm: train_comm_models(tm), [fw, bw]),
             *_input_steps(cost, models, N, P, gpus, fit),
             Step(f"5 simulate all algorithms ({N} devices)", _cmd("eval_simulator.py", sim),
-                 lambda sim=sim: eval_simulator(sim), [results / f"sim_{N}.csv"]),
+                 lambda sim=sim: eval_simulator(sim), [sim_csv]),
             Step(f"6 measure all algorithms ({N} devices)", _cmd("eval.py", ev),
-                 lambda ev=ev: eval_hardware(ev), [results / f"eval_{N}.csv"]),
+                 lambda ev=ev: eval_hardware(ev), [eval_csv]),
         ]
     return steps
 
@@ -114,20 +122,16 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
 def _input_steps(cost: Path, models: Path, N: int, P, gpus, fit: FitConfig) -> list[Step]:
     """The input-distribution model of the step cost (TorchRec's KJTAllToAll; the user's tools plan with it, the
     paper's cost does not use it): nothing where TorchRec is not installed."""
-    from ..hardware.collect import collect_comm
-    from ..hardware.comm_bench import torchrec_available
-    from ..models.fitting import train_comm_models
-
     if not torchrec_available():
         print(f"note: torchrec is not installed; no input-distribution model for {N} devices (`make setup`)")
         return []
 
-    out = models / f"comm_{N}_input.pt"
+    out = input_model_path(models, N)
     ci = CommCollectConfig(out_dir=str(cost), ndevices=N, data_size=P.comm_samples, batch_size=P.batch_size,
                            T_range=P.T_range, gpu_devices=gpus, input_dist=True)
     ti = TrainCommConfig(data_dir=str(cost), ndevices=N, input_dist=True, input_out_path=str(out), fit=fit)
     return [Step(f"3 input-distribution cost data ({N} devices)", _cmd("collect_comm_cost_data.py", ci),
-                 lambda: collect_comm(ci), redo_removes=[cost / f"comm_cost_data_{N}_input.pkl"]),
+                 lambda: collect_comm(ci), redo_removes=[comm_data_path(cost, N, input_dist=True)]),
             Step(f"4 input-distribution model ({N} devices)", _cmd("train_comm_cost_model.py", ti),
                  lambda: train_comm_models(ti), [out])]
 
@@ -161,10 +165,6 @@ RESULT_COLUMNS = ("alg", "task", "oom", "cost_ms", "search_s")
 def _check_results(steps: list[Step]) -> None:
     """Every results file the report reads exists and is a readable results CSV (with its provenance
     sidecar), else one line naming the step command that writes it again."""
-    import json
-
-    from ..core.artifacts import check_results_csv
-
     for step in steps:
         for p in (p for p in step.outputs if p.suffix == ".csv"):
             fix = f"rerun step {step.name.split()[0]} with: {step.command}"
@@ -172,34 +172,31 @@ def _check_results(steps: list[Step]) -> None:
                 raise UserError(f"{p} is missing; {fix}")
             try:
                 check_results_csv(p, "results file", RESULT_COLUMNS, "sharding")
-                json.loads(p.with_name(p.name + ".meta.json").read_text())
+                json.loads(meta_path(p).read_text())
             except UserError as e:
                 raise UserError(f"{str(e).split(';')[0]}; {fix}") from None
             except (OSError, ValueError) as e:
-                raise UserError(f"{p}.meta.json is missing or damaged ({type(e).__name__}); {fix}") from None
+                raise UserError(f"{meta_path(p)} is missing or damaged ({type(e).__name__}); {fix}") from None
 
 
 def report_step(cfg: PipelineConfig, steps: list[Step], command: str = "") -> Path:
     """The pipeline's last step: results/summary.md and its charts from the step 5/6 results files."""
-    from .report import write_report
-
     work, preset = Path(cfg.work_dir), cfg.preset
+    results, models = work / RESULTS_DIR, work / MODELS_DIR
     _check_results(steps)
     P = PRESETS[preset]
-    sections = [{"ndevices": N, "sim_csv": work / f"results/sim_{N}.csv", "eval_csv": work / f"results/eval_{N}.csv",
-                 "models": {"compute": work / "models/compute.pt", f"comm fw ({N})": work / f"models/comm_{N}_fw.pt",
-                            f"comm bw ({N})": work / f"models/comm_{N}_bw.pt"}} for N in P.ndevices]
-    import json
-
-    hw = json.loads((work / f"results/eval_{P.ndevices[0]}.csv.meta.json").read_text())
+    sections = [{"ndevices": N, "sim_csv": sim_results_path(results, N), "eval_csv": eval_results_path(results, N),
+                 "models": dict(zip(("compute", f"comm fw ({N})", f"comm bw ({N})"), model_files(models, N)))}
+                for N in P.ndevices]
+    hw = json.loads(meta_path(eval_results_path(results, P.ndevices[0])).read_text())
     meta = {"preset": preset, "device": hw.get("device"), "backend": hw.get("backend"),
             "device_name": hw.get("device_name"), "batch": P.batch_size, "max_mem_gb": P.max_mem,
             "row_scale": P.row_scale, "test tasks": P.num_test_tasks, "T_range": ",".join(map(str, P.T_range)),
             "eval iterations": f"{P.eval_warmup}+{P.eval_iters}"}
     try:
-        return write_report(work / "results", sections, command or f"python tools/run_pipeline.py --preset {preset}",
+        return write_report(results, sections, command or f"python tools/run_pipeline.py --preset {preset}",
                             meta)
     except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
         fixes = "; ".join(f"step {s.name.split()[0]}: {s.command}" for s in steps if s.name[0] in "56")
-        raise UserError(f"the results files in {work / 'results'} cannot be summarised ({type(e).__name__}: "
+        raise UserError(f"the results files in {results} cannot be summarised ({type(e).__name__}: "
                         f"{str(e)[:80]}); rerun {fixes}") from None

@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from ..core.artifacts import atomic_write_bytes, atomic_write_text, write_json
+from ..core.artifacts import atomic_write_bytes, atomic_write_text, load_torch, write_json
 from ..core.tables import format_table
 from .results import summarize
+from .stats import format_paired, paired_table, strongest
 
 
 def _rows(csv_path: Path) -> list[dict]:
@@ -56,8 +57,6 @@ FIDELITY_FLAG = 0.25
 
 def paired_section(sim_csv: Path, eval_csv: Path) -> tuple[list[str], dict]:
     """Markdown of NeuroShard's paired comparisons (measured and simulated) and the headline numbers."""
-    from .stats import format_paired, paired_table, strongest
-
     measured = paired_table(_rows(eval_csv), "cost_ms")
     simulated = paired_table(_rows(sim_csv), "cost_ms")
     best = strongest(measured)
@@ -105,8 +104,6 @@ def fidelity_section(eval_csv: Path) -> tuple[list[str], list[dict]]:
 
 
 def model_errors(model_paths: dict[str, Path]) -> pd.DataFrame:
-    from ..core.artifacts import load_torch
-
     rows = []
     for name, path in model_paths.items():
         if Path(path).exists():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.tables import format_table
+from .stats import paired_table, strongest
 
 
 def summarize(rows: list[dict], cost_key: str) -> list[dict]:
@@ -26,8 +27,6 @@ def summarize(rows: list[dict], cost_key: str) -> list[dict]:
 
 def print_paired(rows: list[dict], cost_key: str) -> list[dict]:
     """Print NeuroShard's paired comparison with every other algorithm (when NeuroShard ran)."""
-    from .stats import paired_table, strongest
-
     table = paired_table(rows, cost_key)
     if not table:
         return table

@@ -1,4 +1,4 @@
-"""Paired comparison of two algorithms on the tasks both solved (issue: results a reviewer can trust).
+"""Paired comparison of two algorithms on the tasks both solved.
 
 For NeuroShard against another algorithm, per task both placed within memory: the cost ratio
 r_i = cost_neuroshard / cost_other. Reported: the geometric mean of r_i, a percentile bootstrap 95%
@@ -46,27 +46,6 @@ def paired_table(rows: list[dict], cost_key: str, ours: str = "neuroshard") -> l
         out.append({"vs": alg, **paired(costs.get(ours, {}), costs.get(alg, {})), "valid_ours": valid[ours],
                     "valid_theirs": valid[alg]})
     return out
-
-
-def resolved_pairs(rounds: dict, *predicted: dict, level: float = 0.95) -> tuple[int, ...]:
-    """Of the pairs of plans a measurement tells apart, how many each prediction orders the same way.
-
-    rounds: {plan: per-round costs}, the same rounds for every plan (paired); each of `predicted`: {plan: cost}.
-    A pair is told apart when the paired interval of its round ratios (`core.stats.paired_interval`, Student-t
-    on the log ratio) excludes 1. Returns (pairs told apart, then per prediction those it orders as measured);
-    a predicted tie agrees with no order. Unlike a rank correlation, plans the measurement cannot order do not
-    count. Each pair's interval is computed once, whatever the number of predictions."""
-    keys = list(rounds)
-    told, agree = 0, [0] * len(predicted)
-    for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
-            st = paired_interval(rounds[a], rounds[b], level=level)
-            if not (st.lo > 1 or st.hi < 1):
-                continue
-            told += 1
-            for j, p in enumerate(predicted):
-                agree[j] += int((p[a] < p[b]) if st.hi < 1 else (p[a] > p[b]))
-    return (told, *agree)
 
 
 def strongest(table: list[dict], min_tasks: int = 3) -> dict | None:

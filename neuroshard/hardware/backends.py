@@ -19,6 +19,7 @@ import torch
 
 from ..core.artifacts import cpu_name
 from ..core.errors import UserError
+from .timing import flush_bytes
 
 LEARNING_RATE = 0.01
 
@@ -38,8 +39,6 @@ class Hardware:
     backend: str  # "fbgemm" or "torch"
 
     def describe(self) -> dict[str, str]:
-        from .timing import flush_bytes
-
         name = torch.cuda.get_device_name() if self.device == "cuda" else cpu_name()
         return {"device": self.device, "backend": self.backend, "device_name": name,
                 "cache_flush_mb": flush_bytes(self.device) >> 20}

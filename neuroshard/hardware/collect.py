@@ -15,17 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from ..core.artifacts import RecordLog, provenance, read_record_log
 from ..core.errors import UserError
-from ..core.config import CommCollectConfig, ComputeCollectConfig, comm_data_path, mp_text
+from ..core.config import RENDEZVOUS_TIMEOUT_S, CommCollectConfig, ComputeCollectConfig, mp_text
+from ..core.file_names import comm_data_path, compute_data_path
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
 from .comm_bench import COMM_DATA_KIND, INPUT_MAX_POOLING, CommRankSettings, InputDist, comm_rank
 from .compute_bench import COMPUTE_DATA_KIND, ComputeWorkerSettings, compute_worker, family_collection
-from .launch import cuda_ranks, in_torchrun, rank_gpus, run_processes, torchrun_env, torchrun_ranks
+from .launch import (cuda_ranks, in_torchrun, join_torchrun_group, rank_gpus, run_processes, torchrun_env,
+                     torchrun_ranks)
 
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
@@ -124,7 +127,7 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
                           if cfg.families_dir else (None, {}))
     meta = {**hw.describe(), "batch_size": batch, "dataset_fingerprint": ds.fingerprint,
             "warmup_iter": warmup_iter, "num_iter": num_iter, **sample_args, **fam_meta, "provenance": provenance()}
-    path = Path(cfg.out_dir) / "compute_cost_data.pkl"
+    path = compute_data_path(cfg.out_dir)
     if hw.device == "cuda" and not gpu_ids:  # one worker per GPU: two timing on one GPU would disturb each other
         gpu_ids = cuda_ranks(cfg.workers or torch.cuda.device_count(), "worker")
     n_workers = len(gpu_ids) if gpu_ids else (cfg.workers or os.cpu_count() or 1)
@@ -192,14 +195,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
 
 def _broadcast_todo(todo, device: str):
     """Under torchrun, rank 0 (which holds the file) tells every rank which indices to measure."""
-    import torch.distributed as dist
-
-    from ..core.config import RENDEZVOUS_TIMEOUT_S
-    from .launch import join_torchrun_group
-
     join_torchrun_group(device, RENDEZVOUS_TIMEOUT_S)
-    import torch
-
     n = torch.tensor([len(todo) if todo is not None else 0], dtype=torch.int64)
     dist.broadcast(n, src=0)
     t = torch.tensor(todo if todo is not None else [0] * int(n), dtype=torch.int64)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core.errors import UserError
 from ..data.features import dim_choices, input_words
 from ..compression import mp_topk
 from .launch import quiet_torchrec_logs
@@ -171,8 +172,6 @@ class InputDist:
     @staticmethod
     def check_torchrec() -> None:
         if not torchrec_available():
-            from ..core.errors import UserError
-
             raise UserError("measuring the input distribution runs TorchRec's KJTAllToAll, and torchrec is not "
                             "installed; run `make setup` (it installs torchrec 1.9.2)")
 

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.errors import UserError
 from ..data.dataset import DLRMDataset
+from ..data.families import (DEFAULT_SHARE, FamilyMix, TablePool, build_family_tables, family_of_tables,
+                             sample_family_of, sample_family_shard)
 from ..data.features import dim_choices, table_size_gb
 from .backends import Hardware, make_fused
 from .timing import CacheFlusher, median_ms
@@ -66,8 +69,6 @@ def sample_shard(rows: np.ndarray, index: int, seed: int, max_tables: int, max_m
         dims = rng.choice(dims_set, n)
         if table_size_gb(rows[ids], dims).sum() <= max_mem_gb:
             return ids.astype(np.int64), dims.astype(np.int64)
-    from ..core.errors import UserError
-
     raise UserError(f"no shard of the dataset's tables fits --max_mem {max_mem_gb} GB after {max_tries} draws; "
                     "raise --max_mem")
 
@@ -82,8 +83,6 @@ class MixSampler:
 
     def __init__(self, dataset: DLRMDataset, family_tables: DLRMDataset, seed: int, max_tables: int,
                  max_mem_gb: float, max_dim: int, shares: dict, max_shards: int, caps: dict):
-        from ..data.families import TablePool, family_of_tables
-
         self.pool = TablePool([dataset, family_tables])
         self.dataset_rows = dataset.rows
         names = np.array(family_of_tables(family_tables))
@@ -94,8 +93,6 @@ class MixSampler:
         self.shares, self.max_shards, self.caps = shares, max_shards, caps
 
     def __call__(self, index: int) -> tuple[str, np.ndarray, np.ndarray]:
-        from ..data.families import sample_family_of, sample_family_shard
-
         family = sample_family_of(index, self.seed, self.shares)
         if family == "dataset":
             ids, dims = sample_shard(self.dataset_rows, index, self.seed, self.max_tables, self.max_mem_gb,
@@ -114,8 +111,6 @@ def family_collection(dataset: DLRMDataset, families_dir, max_mem_gb: float, see
 
     The mix takes the dataset's batch and row scale (a synthetic dataset's `row_scale`, else 1) and
     the collection's device size, so family tables are scaled like the dataset's."""
-    from ..data.families import DEFAULT_SHARE, FamilyMix, build_family_tables
-
     synth = dataset.meta.get("provenance", {}).get("synthetic_config") or {}
     mix = FamilyMix(seed=seed, batch_size=dataset.batch_size, row_scale=float(synth.get("row_scale", 1.0)),
                     max_mem_gb=max_mem_gb, sample_share=dict(shares) if shares else dict(DEFAULT_SHARE), max_shards=max_shards).check()
@@ -128,9 +123,6 @@ def family_collection(dataset: DLRMDataset, families_dir, max_mem_gb: float, see
 
 def cost_data_tables(meta: dict, dataset: DLRMDataset, families_dir=None):
     """The tables a compute-cost file's `table_ids` index: the dataset, or dataset + family tables."""
-    from ..core.errors import UserError
-    from ..data.families import TablePool
-
     if not meta.get("family_tables"):
         return dataset
     path = families_dir or meta["family_tables"]

@@ -19,11 +19,15 @@ and only rank 0's messages reach the handler.
 """
 from __future__ import annotations
 
+import ctypes
+import logging
+import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -104,15 +108,11 @@ def default_ndevices(args) -> None:
 def quiet_torchrec_logs() -> None:
     """TorchRec's KJT asks torch.fx whether it is tracing, and torch then warns once per rank that it was asked: a
     line per rank that says nothing to a user of a TorchRec step or collective."""
-    import logging
-
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def _mute_stderr() -> int | None:
     """Point file descriptor 2 at /dev/null; returns a copy of the old one (None if that failed)."""
-    import sys
-
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -210,8 +210,6 @@ def init_group(device: str, rank: int, world: int, init_method: str, gpu_ids: li
 def die_with_parent(parent_pid: int) -> None:
     """Make this process exit when `parent_pid` goes away (however the parent ended)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -228,9 +226,8 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def pin_to_core(rank: int) -> None:
-    """With NEUROSHARD_PIN=1, pin a CPU rank/worker to core `rank % cores`. Off by default: measured
-    with a probe of commit fec75ff (docs/findings.md; 4 gloo ranks, 2 cores), pinning doubled the run-to-run
-    spread of all-to-all times (median 49% vs 24%) and made them slower."""
+    """With NEUROSHARD_PIN=1, pin a CPU rank/worker to core `rank % cores`. Off by default: on a machine with
+    fewer cores than ranks, pinning makes all-to-all times less repeatable and slower (docs/findings.md)."""
     if os.environ.get("NEUROSHARD_PIN") != "1" or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
@@ -330,8 +327,6 @@ def run_processes(fn: WorkerFn, world: int, args: tuple, on_message: Callable[[A
         dist.destroy_process_group()
         return
     gpu_ids = rank_gpus(group_device, world, gpu_ids, what)
-    import multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port() if group_device is not None else 0

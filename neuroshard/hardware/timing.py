@@ -1,9 +1,9 @@
 """Timing on hardware: median wall time of a callable (CUDA events on GPU, perf_counter on CPU), with
 the last-level cache flushed before every timed iteration (DESIGN.md §3.1).
 
-The flush touches a buffer of twice the last-level cache, capped at `MAX_FLUSH_BYTES`: some cloud
-VMs report the whole host's L3 (480 MiB seen on a 2-core VM), and touching ~1 GB before every
-iteration made collection 7x slower while the VM's own share of that cache is far smaller. The
+The flush touches a buffer of twice the last-level cache, capped at `MAX_FLUSH_BYTES`: a cloud VM
+may report its whole host's L3, far more than its own share of it, and touching twice that before
+every iteration would slow collection several-fold and flush nothing more (docs/findings.md). The
 flush runs outside the timed region either way.
 """
 from __future__ import annotations
@@ -66,22 +66,3 @@ def median_ms(fn: Callable[[], None], device: str, warmup: int, iters: int,
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
-
-def speed_probe_ms(repeats: int = 15) -> float:
-    """Median ms of ten 512 x 512 float32 matmuls on one CPU thread: how fast this machine is right now.
-
-    Benchmarks take it before and after a long measurement, so that a run whose machine slowed down in
-    between (other tenants on a shared host) shows it; the thread count is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(10):
-                a @ a
-            times.append(1000.0 * (time.perf_counter() - t0))
-        return statistics.median(times)
-    finally:
-        torch.set_num_threads(threads)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from neuroshard.compression import mp_sign, mp_sign_native, wire
+from conftest import compiler_found
 from neuroshard.core import native
 
 NAME = "sign_codec"
@@ -13,7 +14,7 @@ NAME = "sign_codec"
 @pytest.fixture(scope="module")
 def kernels():
     k = mp_sign_native._kernels()
-    if k is None and native.compiler_found():
+    if k is None and compiler_found():
         pytest.fail("the C sign codec did not compile with this machine's compiler")
     if k is None:
         pytest.skip("no C compiler here: the PyTorch path is the only one (covered by test_mp_sign's tests)")

@@ -8,7 +8,7 @@ import pytest
 
 from neuroshard.core.artifacts import OutputLock
 
-from conftest import load_script, refused
+from conftest import ROOT, load_script, refused
 
 real_tables = load_script("benchmarks/real_tables.py")
 
@@ -60,11 +60,11 @@ def test_every_cited_set_is_benchmarked_and_fits_the_default_ranks(tmp_path):
 
     from neuroshard.data.table_list import load_table_list
 
-    files = sorted(p.stem for p in (real_tables.ROOT / "benchmarks/real_tables").glob("*.json"))
+    files = sorted(p.stem for p in (ROOT / "benchmarks/real_tables").glob("*.json"))
     assert files == sorted(real_tables.SETS)
     max_mem = real_tables.RealTablesConfig().max_mem
     for name, scale in real_tables.SETS.items():
-        raw = json.loads((real_tables.ROOT / "benchmarks/real_tables" / f"{name}.json").read_text())
+        raw = json.loads((ROOT / "benchmarks/real_tables" / f"{name}.json").read_text())
         assert raw["name"] == name and len(raw["source"]) > 80, name
         tables = load_table_list(real_tables.scaled_table_list(name, scale, tmp_path / f"{name}.json"), max_mem)
         size_gb = tables.task.sizes_gb()

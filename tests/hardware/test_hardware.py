@@ -396,19 +396,6 @@ def test_interleaved_rounds_report_the_geometric_mean_of_the_rounds(small_datase
     assert got[("b", 0)].compute_ms[1] == 0.0                     # an empty device computes nothing
 
 
-def test_speed_probe_times_real_work_and_restores_the_thread_count():
-    from neuroshard.hardware.timing import speed_probe_ms
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        ms = speed_probe_ms(repeats=3)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-    assert np.isfinite(ms) and ms > 0  # how fast is this machine's business, not the test's
-
-
 STEP_TASK = ShardingTask(np.array([7, 8, 9]), np.array([16, 16, 8]),
                          np.column_stack([np.zeros(3), [1.0, 3.0, 20.0], np.zeros((3, 17))]))  # pooling 1, 3, 20
 STEP_SPLIT = Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 1, 0, 1], [0])

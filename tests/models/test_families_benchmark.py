@@ -1,14 +1,12 @@
 """benchmarks/families.py --repeat_dir: the Spearman between two collections of the same shards."""
-import sys
-
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import load_script
 from neuroshard.core.errors import UserError
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from families import repeat_spearman  # noqa: E402
+families = load_script("benchmarks/families.py")
+repeat_spearman = families.repeat_spearman
 
 
 def _samples(costs, fams):
@@ -36,8 +34,6 @@ def test_a_repeat_of_other_shards_is_refused():
 
 def test_a_damaged_cost_file_is_refused_with_a_salvage_the_script_takes(tmp_path):
     """The common damaged-file message names --salvage, so the script must take it and then read past it."""
-    import families
-
     from neuroshard.core.artifacts import RecordLog
     from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND
 

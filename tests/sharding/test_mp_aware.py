@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from neuroshard.core.config import (CommCollectConfig, EvalConfig, EvalSimConfig, ShardTablesConfig, SearchParams,
-                                    TrainCommConfig, check_mp_keep, comm_data_path, comm_model_paths)
+                                    TrainCommConfig, check_mp_keep)
 from neuroshard.core.errors import UserError
+from neuroshard.core.file_names import comm_data_path, comm_model_paths
 from neuroshard.core.types import Cluster
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.compression import mp_topk

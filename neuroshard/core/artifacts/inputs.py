@@ -1,6 +1,7 @@
 """Input files: a path checked to be a regular, readable file before it is read, with one line otherwise."""
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -60,8 +61,6 @@ def read_json(path: str | os.PathLike, label: str, what: str, fix: str = READ_FI
     """The JSON in `path` (`read_text`'s checks first), else one line: not valid JSON (the parser's message and
     line), a key given twice in one object, or not a usable `what` (nested too deeply, or an integer of thousands
     of digits). Reading JSON runs no code. `fix` ends the line."""
-    import json
-
     text = read_text(path, label, what, fix, max_bytes)
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ... import __version__
 
 FORMAT_VERSION = 3  # 3: record-log frames carry a length and a crc32
 
@@ -19,8 +21,6 @@ def versions() -> dict[str, str]:
         m = sys.modules.get(mod)
         if m is not None:
             out[mod] = str(getattr(m, "__version__", "unknown"))
-    from ... import __version__
-
     out["neuroshard"] = __version__
     return out
 
@@ -42,8 +42,6 @@ def cpu_name() -> str:
 def source_digest() -> str:
     """12 hex digits of SHA-256 over the neuroshard package's Python sources (relative paths and bytes,
     in path order): the same code gives the same digest, installed or in a checkout, git or not."""
-    import hashlib
-
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):

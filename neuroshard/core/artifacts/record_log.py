@@ -11,9 +11,11 @@ import fcntl
 import io
 import os
 import pickle
+import signal
 import stat
 import struct
 import sys
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +34,6 @@ class deferred_interrupts:
     another thread (torch's, a queue's), whose Python handler would still run in the main thread at once."""
 
     def __enter__(self):
-        import signal
-        import threading
-
         self._mask, self._handlers, self._pending = None, {}, []
         if threading.current_thread() is threading.main_thread():
             self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -43,8 +42,6 @@ class deferred_interrupts:
         return self
 
     def __exit__(self, *exc):
-        import signal
-
         for sig, handler in self._handlers.items():
             signal.signal(sig, handler)
         if self._mask is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from ..file_names import meta_path
 from .atomic import atomic_write_text
 from .provenance import provenance
 
@@ -76,7 +77,7 @@ def write_results(path: str | os.PathLike, rows=None, *, markdown: str | None = 
     path = Path(path)
     if rows is not None:
         atomic_write_text(path, _csv(rows))
-        write_json(path.with_name(path.name + ".meta.json"), provenance(**made_with), indent=2)
+        write_json(meta_path(path), provenance(**made_with), indent=2)
     if markdown is not None:
         atomic_write_text(path.with_suffix(".md"), markdown)
     if record is not None:

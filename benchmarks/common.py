@@ -1,0 +1,81 @@
+"""What several benchmarks share, imported as `common` (a script's own folder is first on its import path).
+
+- `SETS`: the cited table sets of benchmarks/real_tables/ and the row scale that fits each to the quick
+  preset's devices; `check_sets` refuses a name that is not one, `scaled_table_list` writes one scaled;
+- `speed_probe_ms`: how fast this machine is right now, taken before and after a long measurement;
+- `resolved_pairs`: of the pairs of plans a measurement tells apart, how many a prediction orders the same way.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from neuroshard.core.artifacts import write_json
+from neuroshard.core.errors import UserError
+from neuroshard.core.stats import paired_interval
+
+SETS_DIR = Path(__file__).resolve().parent / "real_tables"
+SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
+        "taobao_ad_x1_din": 0.5}
+
+
+def check_sets(names) -> None:
+    """--sets: every name one of `SETS`, else one line naming the first that is not."""
+    unknown = [s for s in names if s not in SETS]
+    if unknown:
+        raise UserError(f"--sets: unknown table set {unknown[0]!r}; choose from {', '.join(SETS)}")
+
+
+def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
+    """The cited set with rows x row_scale (tables of <= 100 rows unchanged), as a table-list JSON."""
+    obj = json.loads((SETS_DIR / f"{name}.json").read_text())
+    for t in obj["tables"]:
+        t["rows"] = t["rows"] if t["rows"] <= 100 else max(100, int(round(t["rows"] * row_scale)))
+    obj["row_scale"] = row_scale
+    write_json(out, obj, indent=None)
+    return out
+
+
+def speed_probe_ms(repeats: int = 15) -> float:
+    """Median ms of ten 512 x 512 float32 matmuls on one CPU thread: how fast this machine is right now.
+
+    Benchmarks take it before and after a long measurement, so that a run whose machine slowed down in
+    between (other tenants on a shared host) shows it; the thread count is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                a @ a
+            times.append(1000.0 * (time.perf_counter() - t0))
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def resolved_pairs(rounds: dict, *predicted: dict, level: float = 0.95) -> tuple[int, ...]:
+    """Of the pairs of plans a measurement tells apart, how many each prediction orders the same way.
+
+    rounds: {plan: per-round costs}, the same rounds for every plan (paired); each of `predicted`: {plan: cost}.
+    A pair is told apart when the paired interval of its round ratios (`core.stats.paired_interval`, Student-t
+    on the log ratio) excludes 1. Returns (pairs told apart, then per prediction those it orders as measured);
+    a predicted tie agrees with no order. Unlike a rank correlation, plans the measurement cannot order do not
+    count. Each pair's interval is computed once, whatever the number of predictions."""
+    keys = list(rounds)
+    told, agree = 0, [0] * len(predicted)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            st = paired_interval(rounds[a], rounds[b], level=level)
+            if not (st.lo > 1 or st.hi < 1):
+                continue
+            told += 1
+            for j, p in enumerate(predicted):
+                agree[j] += int((p[a] < p[b]) if st.hi < 1 else (p[a] > p[b]))
+    return (told, *agree)
