@@ -53,8 +53,8 @@ from neuroshard.core.file_names import MODELS_DIR, RESULTS_DIR  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.planning.calibrate import CalibrationConfig, calibrate  # noqa: E402
-from neuroshard.planning.measure import (MeasureConfig, candidate_plans, measure_candidates,  # noqa: E402
-                                            simulated_parts)
+from neuroshard.planning.measure import MeasureConfig, candidate_plans, measure_candidates  # noqa: E402
+from neuroshard.sharding.candidates import simulated_parts  # noqa: E402
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.models.loading import load_cost_models  # noqa: E402
@@ -128,7 +128,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
         sim1 = sim1.with_cost(a.cost)
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
-        res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, reference=cal["reference"])
+        res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, calibration=cal)
         drift = res["drift"]
         probe_end = speed_probe_ms()
         R = res["rounds"]

@@ -6,7 +6,7 @@
 For each cited table set of benchmarks/real_tables/ (scaled as benchmarks/real_tables.py scales it), the plans a
 user gets, with the pre-trained models of models/ (uncalibrated; and calibrated with `--calibrate K`):
 - `shard_tables`: `tools/shard_tables.py --alg neuroshard` (the step cost, then the plan its models rate fastest
-  among NeuroShard's, TorchRec's and the heuristics'), through `planning.plan_tables.shard_tables`;
+  among NeuroShard's, TorchRec's and the heuristics'), through `planning.shard_tables.shard_tables`;
 - `planner`: `NeuroShardPlanner.plan` on the set's EmbeddingBagCollection, as a TorchRec user calls it;
 - `search_step` and `search_paper`: NeuroShard's search alone under the step cost and under the paper's cost;
 - with `--calibrate K`, the same three with the models calibrated on K measured shards of the set's tables
@@ -30,7 +30,7 @@ rank correlation also counts plans the measurement cannot order, the pairs of pl
 (`common.resolved_pairs`: a paired 95% interval excluding 1) and how many of them each simulated cost
 orders as measured. With `--calibrate_dmp P` (default 16), P random plans of the set
 (`planning.step_fit.sample_user_plans`) are measured in the same interleaved rounds, the step cost is fitted to
-them (scale and per-step overhead, `fit_step_fit`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
+them (scale and per-step overhead, `fit_step`, as `shard_tables --calibrate --calibrate_dmp` fits it), and
 the fitted step cost is judged on the user's plans, none of which the fit saw; the step cost's Spearman over
 the random plans, whose costs spread wider, is reported beside it. Writes results/torchrec_step.{csv,md}
 (per plan), results/torchrec_step_rounds.csv (every plan's step time in every round, random plans included, so
@@ -124,7 +124,7 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     simulator, the batch, and with `--calibrate` the calibrated simulator (step cost; else None)."""
     from neuroshard.data.table_list import load_table_list
     from neuroshard.models.loading import load_cost_models
-    from neuroshard.planning.plan_tables import shard_tables
+    from neuroshard.planning.shard_tables import shard_tables
     from neuroshard.sharding.candidates import candidate_plans
     from neuroshard.sharding.search import neuroshard_search
 
@@ -188,9 +188,10 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
     (`--emulated_rounds` rounds; empty with 0)."""
     from neuroshard.data.tasks import ShardingTask
     from neuroshard.hardware.backends import resolve_hardware
-    from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
+    from neuroshard.hardware.dmp_step import DMPStep
     from neuroshard.hardware.engine import EngineSettings, measure_fixed, plan_device_tables
-    from neuroshard.planning.calibrate import user_tables_dataset
+    from neuroshard.planning.user_data import user_tables_dataset
+    from neuroshard.sharding.torchrec_export import plan_spec
     from neuroshard.sharding.search import plan_key
 
     distinct: dict = {}
@@ -200,7 +201,7 @@ def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
     first = {k: plans[distinct[k][0]] for k in keys}
     ds = user_tables_dataset(tl, batch, 0, tmp, None)
     task = ShardingTask.from_dataset(ds, np.arange(tl.task.num_tables), tl.task.dims)
-    items = [TorchRecItem.of_plan(tl, task, first[k]) for k in keys]
+    items = [DMPStep.item(task, first[k], plan_spec(tl.names, tl.rows, tl.task.dims, first[k])) for k in keys]
     hw = resolve_hardware("cpu", "auto")
     settings = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, a.num_iter, step=DMPStep,
                               rebuild_every=a.rebuild_every)
@@ -218,7 +219,7 @@ RANDOM = "random"  # the name prefix of the fit's random plans
 
 
 def run(a: TorchRecStepConfig) -> None:
-    from neuroshard.planning.step_fit import fit_step_fit, sample_user_plans
+    from neuroshard.planning.step_fit import fit_step, sample_user_plans
     from neuroshard.sharding.search import plan_key
 
     rows, sets, times = finished_sets(a)
@@ -262,7 +263,7 @@ def run(a: TorchRecStepConfig) -> None:
                     "fit_ratio_max": np.nan}
         fit_sim = [step_sim.plan_cost(tl.task, p).cost_ms for p in fit_plans]
         if fit_plans:
-            fit = fit_step_fit(fit_sim, fit_ms)
+            fit = fit_step(fit_sim, fit_ms)
             fitted = {k: sim_step[k] * fit.scale + fit.overhead_ms for k in ks}
             ratio = np.array([fitted[k] / meas[k] for k in ks])
             fit_cols = {"fit_scale": fit.scale, "fit_overhead_ms": fit.overhead_ms,

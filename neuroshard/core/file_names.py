@@ -88,3 +88,12 @@ def progress_path(results_csv: str | Path) -> Path:
     """Step 6's progress log of a results CSV: <csv>.progress.pkl beside it."""
     path = Path(results_csv)
     return path.with_name(path.name + ".progress.pkl")
+
+
+CALIBRATION_SUFFIX = ".calibration.pt"
+
+
+def calibration_path(plan_path: str | Path) -> Path:
+    """Where `shard_tables --calibrate` saves the calibrated models of a plan: beside it, `<plan>.calibration.pt`."""
+    plan_path = Path(plan_path)
+    return plan_path.with_name(plan_path.stem + CALIBRATION_SUFFIX)

@@ -20,6 +20,7 @@ import torch
 
 from ..core.artifacts import atomic_torch_save, load_torch
 from ..core.errors import UserError
+from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.types import Cluster, StepFit, implausible_ms
 from ..data.features import can_split, table_size_gb
 from ..models.cost_models import CommCostModel, ComputeCostModel
@@ -27,7 +28,6 @@ from ..sharding.simulator import Simulator
 from .fine_tune import compute_arrays
 
 CALIBRATION_KIND = "neuroshard.calibration"
-CALIBRATION_SUFFIX = ".calibration.pt"
 # How `calibrate` measures and fine-tunes; part of what a calibration is made for, so a calibration saved by an
 # earlier method is measured again rather than reused. Change it whenever the sampler or the fine-tuning changes.
 CALIBRATION_METHOD = ("v5: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
@@ -38,13 +38,6 @@ CALIBRATION_METHOD = ("v5: heaviest tables alone + random shards; relative squar
 INPUT_NAMES = {"tables": "tables", "ids": "ids", "hardware": "hardware", "batch_size": "batch",
                "num_devices": "device count", "max_mem_gb": "device memory", "models": "pre-trained cost models",
                "method": "calibration method"}
-
-
-def calibration_path(out) -> Path:
-    """Where the calibrated models of a plan are saved: beside it, `<plan>.calibration.pt`."""
-    out = Path(out)
-    return out.with_name(out.stem + CALIBRATION_SUFFIX)
-
 
 
 def _file_digest(path) -> str:
