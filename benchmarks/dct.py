@@ -38,7 +38,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa:
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
-from neuroshard.training.report import mean_ci, read_results, runs_done, step_part_cells  # noqa: E402
+from neuroshard.training.dct_results import mean_ci, read_results, runs_done, step_part_cells  # noqa: E402
 from neuroshard.training.data import load_data  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
@@ -252,7 +252,7 @@ def plot(df: pd.DataFrame) -> bytes:
         axes[2].legend()
         axes[2].set_title(f"test AUC during training (seed {df.seed.min()})")
     fig.tight_layout()
-    from neuroshard.experiments.report import figure_png
+    from neuroshard.experiments.summary_report import figure_png
 
     return figure_png(fig)
 

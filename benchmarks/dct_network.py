@@ -40,7 +40,7 @@ from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import ratio_ci, read_results, runs_done, step_part_cells, step_parts  # noqa: E402
+from neuroshard.training.dct_results import ratio_ci, read_results, runs_done, step_part_cells, step_parts  # noqa: E402
 from neuroshard.training.train import DCT_MODES, TrainConfig, append_result, train_runs  # noqa: E402
 
 SCRIPT = "benchmarks/dct_network.py"
@@ -193,7 +193,7 @@ def plot(speed: dict, order: dict) -> bytes:
     ax.set_title("DCT on a bandwidth-limited network (95% CI over reps)")
     ax.legend()
     fig.tight_layout()
-    from neuroshard.experiments.report import figure_png
+    from neuroshard.experiments.summary_report import figure_png
 
     return figure_png(fig)
 

@@ -35,7 +35,7 @@ from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster, check_max_mem_gb  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.data.tasks import load_tasks  # noqa: E402
-from neuroshard.experiments.stats import paired  # noqa: E402
+from neuroshard.experiments.paired import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402

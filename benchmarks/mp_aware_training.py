@@ -32,7 +32,7 @@ from neuroshard.core.config import CostModelFiles, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.hardware import netns  # noqa: E402
-from neuroshard.training.report import ratio_ci, runs_done, step_part_cells, step_parts  # noqa: E402
+from neuroshard.training.dct_results import ratio_ci, runs_done, step_part_cells, step_parts  # noqa: E402
 from neuroshard.training.train import TrainConfig, append_result, shard_training_tables, train_runs  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")

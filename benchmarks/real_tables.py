@@ -55,7 +55,7 @@ from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.planning.calibrate import CalibrationConfig, calibrate  # noqa: E402
 from neuroshard.planning.measure import MeasureConfig, candidate_plans, measure_candidates  # noqa: E402
 from neuroshard.sharding.candidates import simulated_parts  # noqa: E402
-from neuroshard.experiments.stats import paired  # noqa: E402
+from neuroshard.experiments.paired import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.models.loading import load_cost_models  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402

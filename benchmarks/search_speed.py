@@ -32,7 +32,7 @@ from neuroshard.core.file_names import comm_model_paths  # noqa: E402
 from neuroshard.core.errors import check_float, check_int  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.experiments.pipeline import PRESETS  # noqa: E402
-from neuroshard.experiments.stats import paired  # noqa: E402
+from neuroshard.experiments.paired import paired  # noqa: E402
 
 SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
 LARGE = (856, 16)

@@ -66,7 +66,7 @@ from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.types import Cluster  # noqa: E402
 from neuroshard.hardware.dmp_step import REBUILD_EVERY  # noqa: E402
-from neuroshard.training.report import read_results, runs_done  # noqa: E402
+from neuroshard.training.dct_results import read_results, runs_done  # noqa: E402
 
 
 @dataclass

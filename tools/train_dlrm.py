@@ -14,7 +14,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser
 from neuroshard.core.config import TrainDLRMConfig
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import default_ndevices
-from neuroshard.training.report import step_parts
+from neuroshard.training.dct_results import step_parts
 from neuroshard.training.train import train_dlrm
 
 

@@ -6,9 +6,9 @@ ours / theirs (`ratio=True`, reported back as a geometric-mean ratio) or on the 
 (`scipy.stats.t`, n - 1 degrees of freedom) or the percentile bootstrap (`scipy.stats.bootstrap`,
 `paired=True`, pairs resampled with replacement, seeded). One pair: the interval is that value; none: NaN.
 
-Used by the paired comparisons of the results (`experiments/stats.py`), the measurement engine's stop rule,
+Used by the paired comparisons of the results (`experiments/paired.py`), the measurement engine's stop rule,
 racing and ratio-to-best (`planning/measure.py`, `hardware/engine.py`) and the DCT benchmarks' tables
-(`training/report.py`).
+(`training/dct_results.py`).
 """
 from __future__ import annotations
 

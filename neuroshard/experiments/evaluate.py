@@ -33,7 +33,7 @@ from ..hardware.launch import rank_gpus
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
 from ..models.loading import load_cost_models
 from ..sharding.simulator import Simulator
-from .results import print_paired, print_summary, summarize
+from .task_summary import print_paired, print_summary, summarize
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
 ARRAY = (list, np.ndarray)

@@ -28,7 +28,7 @@ from ..hardware.collect import collect_comm, collect_compute
 from ..hardware.comm_bench import torchrec_available
 from ..models.fitting import train_comm_models, train_compute_model
 from .evaluate import eval_hardware, eval_simulator
-from .report import write_report
+from .summary_report import write_report
 
 
 @dataclass

@@ -34,7 +34,7 @@ from ..core.config import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_s
 from ..core.errors import UserError
 from .dct import DCTState, HookState, dct_hook, dense_hook
 from .frozen_adam import FrozenAdam
-from .report import STEP_PARTS
+from .dct_results import STEP_PARTS
 
 
 def dense_arch(cfg: TrainConfig, dense_dim: int, num_tables: int):

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from neuroshard.experiments.stats import paired, paired_table, strongest
+from neuroshard.experiments.paired import paired, paired_table, strongest
 
 
 def test_geometric_mean_ratio_wins_ties_losses_by_hand():

@@ -91,7 +91,7 @@ def test_runs_of_other_code_are_not_resumed(tmp_path, capsys):
     rows of other code, or rows that do not say, are refused in one line and the file is kept."""
     from neuroshard.core.artifacts import source_digest
     from neuroshard.core.errors import UserError
-    from neuroshard.training.report import runs_done
+    from neuroshard.training.dct_results import runs_done
 
     csv = tmp_path / "dct_movielens_tiny.csv"
     settings = {"dataset": "movielens", "steps": 1000}

@@ -12,7 +12,7 @@ from neuroshard.compression import mp_sign
 from neuroshard.core.errors import UserError
 from neuroshard.hardware.launch import run_processes
 from neuroshard.training.dlrm import DenseArch
-from neuroshard.training.report import STEP_PARTS, step_part_cells, step_parts
+from neuroshard.training.dct_results import STEP_PARTS, step_part_cells, step_parts
 from neuroshard.training.train import TrainConfig, dense_arch, train_dlrm, train_runs
 
 import dct_workers

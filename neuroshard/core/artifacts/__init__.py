@@ -8,7 +8,7 @@
   (`check_outputs`, `OutputLock`);
 - `record_log`: the append-only, checksummed `RecordLog` of the collectors and eval.py;
 - `provenance`: how an artifact was made (`provenance`, `source_digest`);
-- `results`: the one results writer (`write_results`), the one JSON writer (`write_json`, `json_text`: strict JSON,
+- `results_writer`: the one results writer (`write_results`), the one JSON writer (`write_json`, `json_text`: strict JSON,
   non-finite numbers as null) and the check of a results CSV (`check_results_csv`).
 """
 from .atomic import (OutputLock, atomic_torch_save, atomic_write_bytes, atomic_write_pickle, atomic_write_text,
@@ -19,7 +19,7 @@ from .pickles import (SafeUnpickler, decode, encode, load_pickle, load_torch, to
 from .provenance import FORMAT_VERSION, cpu_name, provenance, source_digest, versions
 from .record_log import (FRAME_MAGIC, ParsedLog, RecordLog, deferred_interrupts, frame, fresh_path, parse_record_log,
                          read_record_log)
-from .results import check_results_csv, json_text, write_json, write_results
+from .results_writer import check_results_csv, json_text, write_json, write_results
 
 __all__ = ["OutputLock", "cpu_name", "atomic_torch_save", "atomic_write_bytes", "atomic_write_pickle", "atomic_write_text",
            "check_output_dir", "check_output_file", "check_outputs", "check_writable_file", "MAX_TEXT_BYTES",

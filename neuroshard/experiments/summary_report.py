@@ -1,7 +1,7 @@
 """Results report: results/summary.md, summary.csv, a bar chart and a fidelity plot, from the eval CSVs.
 
 Headline: NeuroShard's paired measured cost ratio against the best other algorithm with its
-bootstrap 95% interval (`stats`), then the paired table against every algorithm (simulated and
+bootstrap 95% interval (`paired.py`), then the paired table against every algorithm (simulated and
 measured), valid counts, and the mean cost over the tasks every algorithm solved; the run-to-run
 spread of a plan (over the interleaved rounds); every plan's simulated vs measured cost with the
 ones more than 25% apart flagged; the simulator's fidelity (Spearman rank correlation of simulated vs measured
@@ -18,8 +18,8 @@ from scipy.stats import spearmanr
 
 from ..core.artifacts import atomic_write_bytes, atomic_write_text, load_torch, write_json
 from ..core.tables import format_table
-from .results import summarize
-from .stats import format_paired, paired_table, strongest
+from .task_summary import summarize
+from .paired import format_paired, paired_table, strongest
 
 
 def _rows(csv_path: Path) -> list[dict]:

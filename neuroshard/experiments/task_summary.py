@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.tables import format_table
-from .stats import paired_table, strongest
+from .paired import paired_table, strongest
 
 
 def summarize(rows: list[dict], cost_key: str) -> list[dict]:
