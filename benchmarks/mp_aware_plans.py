@@ -38,7 +38,7 @@ from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
-from neuroshard.models.loading import load_cost_models  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
 QUICK = PRESETS["quick"]
@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     tasks = load_tasks(a.task_path, ds)
     cluster = Cluster(N, a.max_mem)
     files = CostModelFiles()
-    sims = {"dense-comm": load_cost_models(files, N), "mp-aware": load_cost_models(files, N, mp)}
+    sims = {"dense-comm": Simulator.from_files(files, N), "mp-aware": Simulator.from_files(files, N, mp)}
     for s in sims.values():
         s.check_dataset(ds.fingerprint, batch)
     plans, todo, rows = {}, {}, []

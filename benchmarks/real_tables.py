@@ -58,8 +58,8 @@ from neuroshard.planning.measure import (MeasureConfig, candidate_plans, measure
 from neuroshard.experiments.stats import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.timing import speed_probe_ms  # noqa: E402
-from neuroshard.models.loading import load_cost_models  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
         "taobao_ad_x1_din": 0.5}
@@ -126,7 +126,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
                  cluster: Cluster) -> None:
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
-    sim0 = load_cost_models(a.models_dir, N).with_cost(a.cost)
+    sim0 = Simulator.from_files(a.models_dir, N).with_cost(a.cost)
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     search = SearchParams()

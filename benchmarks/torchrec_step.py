@@ -126,10 +126,10 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     """The table list, {plan name: Placement} a user gets for set `name` (module docstring), the pre-trained
     simulator, the batch, and with `--calibrate` the calibrated simulator (step cost; else None)."""
     from neuroshard.data.table_list import load_table_list
-    from neuroshard.models.loading import load_cost_models
     from neuroshard.planning.plan_tables import shard_tables
     from neuroshard.sharding.candidates import candidate_plans
     from neuroshard.sharding.search import neuroshard_search
+    from neuroshard.sharding.simulator import Simulator
 
     path = scaled_table_list(name, SCALES[name], tmp / f"{name}.json")
     tl = load_table_list(path, a.max_mem)
@@ -138,7 +138,7 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     if missing:  # the user's path reads the pre-trained models of models/ in the folder it runs in
         raise UserError(f"cost models not found: {', '.join(missing)}; run `make reproduce` in the repository "
                         f"root (it makes them for 4 ranks) and run this benchmark there")
-    sim = load_cost_models(CostModelFiles(), a.ndevices, None, required=True)
+    sim = Simulator.from_files(CostModelFiles(), a.ndevices, None, required=True)
     batch = int(sim.compute.meta.get("batch_size") or 4096)
     search = SearchParams()
     with contextlib.redirect_stdout(io.StringIO()):  # its plan report: the benchmark prints its own tables

@@ -27,7 +27,6 @@ from ..core.types import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
-from ..models.loading import load_cost_models
 from ..sharding.simulator import Simulator
 from .results import print_paired, print_summary, summarize
 
@@ -46,10 +45,10 @@ def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
 
 
 def _simulator(models, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
-    """The cost models (`load_cost_models`); when only baselines run they just add each plan's simulated cost, so
+    """The cost models (`Simulator.from_files`); when only baselines run they just add each plan's simulated cost, so
     models that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
     try:
-        sim = load_cost_models(models, N, mp_keep, required)
+        sim = Simulator.from_files(models, N, mp_keep, required)
         if sim is None:
             return None
         sim.check_dataset(ds.fingerprint, batch)

@@ -209,9 +209,9 @@ def measure_candidates(tl, cluster: Cluster, candidates: list[Candidate], hw, ba
     cfg.check()
     dmp = cfg.engine == "torchrec"
     if dmp:
-        from ..sharding.torchrec_baseline import _import
+        from ..core.optional_deps import require_torchrec
 
-        _import()  # one line when TorchRec is missing
+        require_torchrec()  # one line when TorchRec is missing
         reference = dmp_reference  # the step-fit plans, measured as TorchRec steps when calibrating
     if not dmp and cfg.cost == "step" and cluster.num_devices > 1:
         from ..hardware.comm_bench import torchrec_available
@@ -311,10 +311,10 @@ def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:
     on `num_devices` ranks; plans that are not these tables' or steps that cannot be true are a damaged calibration
     (one line, before anything is measured)."""
     from ..core.types import implausible_ms
-    from ..sharding.plan import plan_from_dict
+    from ..sharding.plan import Placement
 
     try:
-        plans = [plan_from_dict(d, task.dims, num_devices) for d in reference["plans"]]
+        plans = [Placement.from_dict(d, task.dims, num_devices) for d in reference["plans"]]
         step_ms = reference["step_ms"]
         why = implausible_ms(np.asarray(step_ms, np.float64), positive=True) if len(step_ms) == len(plans) > 0 \
             else "one measured step per plan"

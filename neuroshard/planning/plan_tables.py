@@ -29,7 +29,6 @@ from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
 from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
-from ..models.loading import load_cost_models
 from .calibrate import (CALIBRATION_SUFFIX, CalibrationConfig, calibrate, calibration_inputs, calibration_path,
                         find_calibration, save_calibration)
 from .measure import MeasureConfig, candidate_plans, check_batch_divides, measure_candidates
@@ -220,7 +219,8 @@ def _shard_tables(cfg: ShardTablesConfig, cluster: Cluster) -> dict:
         tl = load_table_list(cfg.tables, max_mem)
     else:
         tl = tables_from_ids(cfg.ids, list(cfg.dims), max_mem)
-    sim = load_cost_models(cfg.models, ndevices, cfg.mp_keep, required=alg == "neuroshard" or cfg.calibrate is not None)
+    sim = Simulator.from_files(cfg.models, ndevices, cfg.mp_keep,
+                               required=alg == "neuroshard" or cfg.calibrate is not None)
     # the model files a calibration depends on: the input-distribution model too where one is used
     paths = (*cfg.models.paths(ndevices, cfg.mp_keep),
              *([cfg.models.input_path(ndevices, cfg.mp_keep)[0]] if sim is not None and sim.inp is not None else []))

@@ -84,9 +84,9 @@ def measure_plans_dmp(tl, plans: list[Placement], ds, hw, batch_size: int, num_d
     from ..data.tasks import ShardingTask
     from ..hardware.dmp_step import REBUILD_EVERY, DMPStep, TorchRecItem
     from ..hardware.engine import EngineSettings, measure_fixed
-    from ..sharding.torchrec_baseline import _import
+    from ..core.optional_deps import require_torchrec
 
-    _import()  # one line when TorchRec is missing
+    require_torchrec()  # one line when TorchRec is missing
     log(f"calibrating the step cost: measuring {len(plans)} random plans of these tables as TorchRec training steps "
         f"(DistributedModelParallel) on {num_devices} ranks, {rounds} interleaved rounds of {warmup} warm-up + "
         f"{iters} timed steps")
