@@ -21,7 +21,7 @@ from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa:
 from neuroshard.core.config import PRESETS, flag  # noqa: E402
 from neuroshard.core.errors import check_int  # noqa: E402
 from neuroshard.core.file_names import DATASET_DIR  # noqa: E402
-from neuroshard.core.types import check_max_mem_gb  # noqa: E402
+from neuroshard.core.costs import check_max_mem_gb  # noqa: E402
 
 
 def rate(cmd: list[str]) -> float:

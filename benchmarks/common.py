@@ -16,7 +16,7 @@ import torch
 
 from neuroshard.core.artifacts import write_json
 from neuroshard.core.errors import UserError
-from neuroshard.core.stats import paired_interval
+from neuroshard.core.intervals import paired_interval
 
 SETS_DIR = Path(__file__).resolve().parent / "real_tables"
 SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
@@ -64,7 +64,7 @@ def resolved_pairs(rounds: dict, *predicted: dict, level: float = 0.95) -> tuple
     """Of the pairs of plans a measurement tells apart, how many each prediction orders the same way.
 
     rounds: {plan: per-round costs}, the same rounds for every plan (paired); each of `predicted`: {plan: cost}.
-    A pair is told apart when the paired interval of its round ratios (`core.stats.paired_interval`, Student-t
+    A pair is told apart when the paired interval of its round ratios (`core.intervals.paired_interval`, Student-t
     on the log ratio) excludes 1. Returns (pairs told apart, then per prediction those it orders as measured);
     a predicted tie agrees with no order. Unlike a rank correlation, plans the measurement cannot order do not
     count. Each pair's interval is computed once, whatever the number of predictions."""

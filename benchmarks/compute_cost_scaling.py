@@ -26,7 +26,7 @@ from neuroshard.core.artifacts import write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import check_int  # noqa: E402
-from neuroshard.core.stats import paired_interval  # noqa: E402
+from neuroshard.core.intervals import paired_interval  # noqa: E402
 from neuroshard.data.dataset import process_raw  # noqa: E402
 from neuroshard.data.synthetic import synthesize_tables  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402

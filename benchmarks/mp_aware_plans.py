@@ -12,7 +12,7 @@ compressed one ("mp-aware plan"). Where the two plans differ, both are measured 
 run with compression on (eval.py --mp_keep's measurement: each task's two plans alternate for
 --rounds rounds, cost = geometric mean over rounds, hardware/engine.py); identical plans count as ratio 1.
 Printed: the paired geometric-mean ratio mp-aware / dense-comm with its bootstrap 95% interval
-(core/stats.py), wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
+(core/intervals.py), wins/ties/losses, and how the plans differ (splits, spread of dim sums and of measured compute).
 Writes --out (JSON) with every task's numbers.
 """
 from __future__ import annotations
@@ -32,14 +32,14 @@ from neuroshard.core.config import PRESETS, CostModelFiles, SearchParams, check_
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.file_names import DATASET_DIR, TASKS_DIR, tasks_path  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
-from neuroshard.core.types import Cluster, check_max_mem_gb  # noqa: E402
+from neuroshard.core.costs import Cluster, check_max_mem_gb  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.experiments.paired import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
-from neuroshard.models.loading import load_cost_models  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 PLANS = ("dense-comm", "mp-aware")
 QUICK = PRESETS["quick"]
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     tasks = load_tasks(a.task_path, ds)
     cluster = Cluster(N, a.max_mem)
     files = CostModelFiles()
-    sims = {"dense-comm": load_cost_models(files, N), "mp-aware": load_cost_models(files, N, mp)}
+    sims = {"dense-comm": Simulator.from_files(files, N), "mp-aware": Simulator.from_files(files, N, mp)}
     for s in sims.values():
         s.check_dataset(ds.fingerprint, batch)
     plans, todo, rows = {}, {}, []

@@ -103,7 +103,7 @@ def run(a: MpAwareTrainingConfig) -> None:
     data = load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     plans = {}
     for name, mp in zip(PLANS, (None, a.mp_keep)):
-        sim = Simulator.load(*files.paths(a.ndevices, mp), num_devices=a.ndevices, mp_keep=mp)
+        sim = Simulator.from_files(files, a.ndevices, mp)
         plans[name] = shard_training_tables(data, cfg.resolved(), sim)
     desc = describe(plans, data)
     print("\n".join(desc))

@@ -50,15 +50,15 @@ from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
                                     MEASURE_WARMUP_ITER, PRESETS, SearchParams, flag)
 from neuroshard.core.file_names import MODELS_DIR, RESULTS_DIR  # noqa: E402
-from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.core.costs import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.planning.calibrate import CalibrationConfig, calibrate  # noqa: E402
 from neuroshard.planning.measure import MeasureConfig, candidate_plans, measure_candidates  # noqa: E402
 from neuroshard.sharding.candidates import simulated_parts  # noqa: E402
 from neuroshard.experiments.paired import paired  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
-from neuroshard.models.loading import load_cost_models  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 HEURISTICS = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
 
@@ -111,7 +111,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
                  cluster: Cluster) -> None:
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
-    sim0 = load_cost_models(a.models_dir, N).with_cost(a.cost)
+    sim0 = Simulator.from_files(a.models_dir, N).with_cost(a.cost)
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     search = SearchParams()

@@ -4,7 +4,7 @@ tables on 16 ranks; then the bare search (`neuroshard_search`) on the pipeline's
 
     python benchmarks/search_speed.py [--reps 7] [--reps_856 3] [--models_dir models] [--out_dir results]
 
-Small modules (as issue 36 measured them): dims 16-128, rows 1k-40k, pooling factors 1-30, 0.5 GB of DDR
+Small modules: dims 16-128, rows 1k-40k, pooling factors 1-30, 0.5 GB of DDR
 per rank, batch 512 per rank, CPU topology. The 856-table module: the synthetic DLRM generator's rows
 (x `--row_scale_856`) and pooling factors (the published dataset's statistics), dims 16-128, 4 GB of DDR
 per rank. Both planners see the same module and `ParameterConstraints` (pooling factors) and plan once
@@ -17,22 +17,34 @@ against table count).
 """
 from __future__ import annotations
 
+import io
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from neuroshard import NeuroShardPlanner  # noqa: E402
 from neuroshard.core.artifacts import atomic_write_bytes, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
-from neuroshard.core.file_names import comm_model_paths  # noqa: E402
 from neuroshard.core.errors import check_float, check_int  # noqa: E402
+from neuroshard.core.optional_deps import require_torchrec  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
+from neuroshard.core.costs import Cluster  # noqa: E402
+from neuroshard.data.dataset import DLRMDataset  # noqa: E402
+from neuroshard.data.synthetic import SyntheticConfig, synthetic_table_stats  # noqa: E402
+from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.experiments.pipeline import PRESETS  # noqa: E402
 from neuroshard.experiments.paired import paired  # noqa: E402
+from neuroshard.models.cost_models import CommCostModel, ComputeCostModel  # noqa: E402
+from neuroshard.models.loading import cost_model_paths  # noqa: E402
+from neuroshard.sharding.search import neuroshard_search  # noqa: E402
+from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
 LARGE = (856, 16)
@@ -66,14 +78,9 @@ class SearchSpeedConfig:
 
 def simulator(n: int, models_dir: Path):
     """The models for n ranks from `models_dir`, else the real shapes with random weights; and which it is."""
-    import torch
-
-    from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
-    from neuroshard.sharding.simulator import Simulator
-
-    fw, bw = comm_model_paths(models_dir, n)
-    if (models_dir / "compute.pt").is_file() and fw.is_file() and bw.is_file():
-        return Simulator.load(models_dir / "compute.pt", fw, bw, num_devices=n), "trained"
+    trained = Simulator.from_files(models_dir, n, required=False)
+    if trained is not None:
+        return trained, "trained"
     torch.manual_seed(n)
     compute = ComputeCostModel({"device": "cpu", "input_transform": "log"})
     return Simulator(compute, CommCostModel(n, "fw", {"device": "cpu"}), CommCostModel(n, "bw", {"device": "cpu"})), \
@@ -83,8 +90,8 @@ def simulator(n: int, models_dir: Path):
 def save_models(sim, folder: Path, n: int) -> Path:
     """The simulator's models as files, for NeuroShardPlanner (which loads them itself)."""
     folder.mkdir(parents=True, exist_ok=True)
-    fw, bw = comm_model_paths(folder, n)
-    sim.compute.save(folder / "compute.pt")
+    compute, fw, bw = cost_model_paths(folder, n)
+    sim.compute.save(compute)
     sim.fw.save(fw)
     sim.bw.save(bw)
     return folder
@@ -94,8 +101,6 @@ def module_tables(T: int, rng, cfg: SearchSpeedConfig) -> list[tuple[str, int, i
     """(name, rows, dim, pooling factor) of a benchmark module's tables."""
     dims = rng.choice(DIMS, T)
     if T == LARGE[0]:
-        from neuroshard.data.synthetic import SyntheticConfig, synthetic_table_stats
-
         rows, pooling = synthetic_table_stats(SyntheticConfig(num_tables=T, seed=cfg.seed,
                                                               row_scale=cfg.row_scale_856))
         rows = np.maximum(rows, 1)
@@ -106,20 +111,17 @@ def module_tables(T: int, rng, cfg: SearchSpeedConfig) -> list[tuple[str, int, i
 
 def planners(tables, n: int, models: Path):
     """NeuroShardPlanner and EmbeddingShardingPlanner for the same module, topology and constraints."""
-    import torch
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    from neuroshard import NeuroShardPlanner
 
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t, embedding_dim=d, num_embeddings=r,
                                                             feature_names=[t]) for t, r, d, _ in tables],
                                  device=torch.device("meta"))
     constraints = {t: ParameterConstraints(pooling_factors=[pf]) for t, _, _, pf in tables}
     topology = Topology(world_size=n, compute_device="cpu", ddr_cap=int((4 if len(tables) == LARGE[0] else 0.5) * 2**30))
-    # the search alone, on the paper's cost, as recorded; by default the planner also runs TorchRec's planner and
-    # the heuristics to compare their plans (issue 40), which TorchRec's planning time then includes
+    # the search alone, on the paper's cost: by default the planner also runs TorchRec's planner and the
+    # heuristics to compare their plans, which would add TorchRec's planning time to NeuroShard's
     ours = NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False,
                              cost="paper", compare=False)
     theirs = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints, debug=False)
@@ -128,7 +130,6 @@ def planners(tables, n: int, models: Path):
 
 def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from tqdm import tqdm
 
     sharders = [EmbeddingBagCollectionSharder()]
     rows, rng = [], np.random.default_rng(cfg.seed)
@@ -155,11 +156,6 @@ def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
 
 def bare_search(cfg) -> list[dict]:
     """neuroshard_search on each of the pipeline's tasks (its own cost models), one call per task."""
-    from neuroshard.core.types import Cluster
-    from neuroshard.data.dataset import DLRMDataset
-    from neuroshard.data.tasks import load_tasks
-    from neuroshard.sharding.search import neuroshard_search
-
     if not Path(cfg.tasks).is_file() or not Path(cfg.data_dir).is_dir():
         print(f"bare search skipped: no {cfg.tasks} (run the pipeline first: make reproduce)")
         return []
@@ -197,8 +193,6 @@ def report(rows: list[dict], bare: list[dict]) -> tuple[str, list[dict]]:
 
 
 def plot(summary: list[dict], path: Path) -> None:
-    import io
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -223,9 +217,7 @@ def main(argv=None) -> None:
     cfg = config_from_args(SearchSpeedConfig, p.parse_args(argv)).check()
     out = Path(cfg.out_dir)
     check_output_dir(out, "--out_dir")
-    from neuroshard.sharding.torchrec_baseline import _import
-
-    _import()  # one line when TorchRec is missing
+    require_torchrec()  # one line when TorchRec is missing
     cases = SMALL + ([] if cfg.skip_856 else [LARGE])
     rows = time_pairs(cases, lambda T: cfg.reps_856 if T == LARGE[0] else cfg.reps, out, cfg)
     bare = bare_search(cfg)

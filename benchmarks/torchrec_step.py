@@ -62,9 +62,9 @@ from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, CostModelFiles, Sear
                                     check_calibrate, flag)
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.file_names import RESULTS_DIR  # noqa: E402
-from neuroshard.core.stats import geo_mean, paired_interval  # noqa: E402
+from neuroshard.core.intervals import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
-from neuroshard.core.types import Cluster  # noqa: E402
+from neuroshard.core.costs import Cluster  # noqa: E402
 from neuroshard.hardware.dmp_step import REBUILD_EVERY  # noqa: E402
 from neuroshard.training.dct_results import read_results, runs_done  # noqa: E402
 
@@ -123,10 +123,10 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     """The table list, {plan name: Placement} a user gets for set `name` (module docstring), the pre-trained
     simulator, the batch, and with `--calibrate` the calibrated simulator (step cost; else None)."""
     from neuroshard.data.table_list import load_table_list
-    from neuroshard.models.loading import load_cost_models
     from neuroshard.planning.shard_tables import shard_tables
     from neuroshard.sharding.candidates import candidate_plans
     from neuroshard.sharding.search import neuroshard_search
+    from neuroshard.sharding.simulator import Simulator
 
     path = scaled_table_list(name, SCALES[name], tmp / f"{name}.json")
     tl = load_table_list(path, a.max_mem)
@@ -135,7 +135,7 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     if missing:  # the user's path reads the pre-trained models of models/ in the folder it runs in
         raise UserError(f"cost models not found: {', '.join(missing)}; run `make reproduce` in the repository "
                         f"root (it makes them for 4 ranks) and run this benchmark there")
-    sim = load_cost_models(CostModelFiles(), a.ndevices, None, required=True)
+    sim = Simulator.from_files(CostModelFiles(), a.ndevices, None, required=True)
     batch = int(sim.compute.meta.get("batch_size") or 4096)
     search = SearchParams()
     with contextlib.redirect_stdout(io.StringIO()):  # its plan report: the benchmark prints its own tables

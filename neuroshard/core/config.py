@@ -28,7 +28,7 @@ from .errors import UserError, check_float, check_int, check_range
 from .file_names import (COST_DATA_DIR, DATASET_DIR, MODELS_DIR, RESULTS_DIR, TASKS_DIR, comm_data_path,
                          comm_model_paths, compute_data_path, compute_model_path, eval_results_path,
                          input_model_path, sim_results_path, tasks_path)
-from .types import check_max_mem_gb
+from .costs import check_max_mem_gb
 
 
 def flag(default, help: str = "", parse: str | None = None, aliases: tuple[str, ...] = (), bare=None,
@@ -460,6 +460,12 @@ def check_measure_engine(engine: str, mp_keep: float | None = None) -> str:
     return engine
 
 
+# What the simulator scores plans by (sharding/simulator.py): the paper's three terms (compute, one forward and one
+# backward all-to-all) are the reproduction's default; TorchRec's step is that of a user's planning.
+COSTS = ("paper", "step")
+PAPER_COST, USER_COST = COSTS
+
+
 @dataclass
 class ShardTablesConfig:
     """tools/shard_tables.py: a user's table list (or real ids) in, a sharding plan out."""
@@ -489,9 +495,9 @@ class ShardTablesConfig:
                                            "at a time: GPU-shaped predictions) or torchrec (TorchRec's own training "
                                            "step, DistributedModelParallel, on these ranks)",
                                choices=MEASURE_ENGINES)
-    cost: str = flag("step", "what the simulator and search minimise: step (TorchRec's step: per sharding group the "
-                             "input distribution and both all-to-alls) or paper (compute + one forward and one "
-                             "backward all-to-all, as the paper)", choices=("step", "paper"))
+    cost: str = flag(USER_COST, "what the simulator and search minimise: step (TorchRec's step: per sharding group "
+                                "the input distribution and both all-to-alls) or paper (compute + one forward and one "
+                                "backward all-to-all, as the paper)", choices=(USER_COST, PAPER_COST))
     min_gain: float | None = flag(None, f"(default {MIN_GAIN:g}) with --alg neuroshard: hand out a plan other "
                                         "than TorchRec's only when the cost models rate it at least this share "
                                         "cheaper (0: the plan rated fastest; --measure writes the measured best "

@@ -40,7 +40,7 @@ import torch
 
 from ..core.errors import UserError, check_float, check_int
 from ..core.file_names import DATASET_TABLES
-from ..core.types import check_max_mem_gb
+from ..core.costs import check_max_mem_gb
 from .dataset import DLRMDataset, process_raw
 from .features import table_size_gb
 

@@ -24,14 +24,13 @@ from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenanc
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.file_names import RESULTS_DIR, eval_results_path, progress_path, sim_results_path
-from ..core.types import Cluster, Cost, implausible_ms
+from ..core.costs import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
 from ..hardware.backends import resolve_hardware
 from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
 from ..hardware.launch import rank_gpus
 from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
-from ..models.loading import load_cost_models
 from ..sharding.simulator import Simulator
 from .task_summary import print_paired, print_summary, summarize
 
@@ -50,10 +49,10 @@ def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
 
 
 def _simulator(models, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
-    """The cost models (`load_cost_models`); when only baselines run they just add each plan's simulated cost, so
+    """The cost models (`Simulator.from_files`); when only baselines run they just add each plan's simulated cost, so
     models that are missing or do not match this dataset/batch are skipped with a note instead of refused."""
     try:
-        sim = load_cost_models(models, N, mp_keep, required)
+        sim = Simulator.from_files(models, N, mp_keep, required)
         if sim is None:
             return None
         sim.check_dataset(ds.fingerprint, batch)

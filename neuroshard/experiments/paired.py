@@ -2,7 +2,7 @@
 
 For NeuroShard against another algorithm, per task both placed within memory: the cost ratio
 r_i = cost_neuroshard / cost_other. Reported: the geometric mean of r_i, a percentile bootstrap 95%
-confidence interval of it (`core.stats.paired_interval`: scipy's bootstrap, tasks resampled with replacement, seeded), wins / ties / losses (a tie is
+confidence interval of it (`core.intervals.paired_interval`: scipy's bootstrap, tasks resampled with replacement, seeded), wins / ties / losses (a tie is
 |r_i - 1| <= 1%), and the number of paired tasks. Valid counts are reported separately, since a task
 only one algorithm solved says nothing about relative cost.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.stats import paired_interval
+from ..core.intervals import paired_interval
 from ..core.tables import format_table
 
 TIE = 0.01

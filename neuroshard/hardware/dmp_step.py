@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import UserError
-from ..core.stats import paired_interval
-from ..core.types import implausible_ms
-from ..sharding.plan import plan_from_dict
+from ..core.optional_deps import require_torchrec
+from ..core.intervals import paired_interval
+from ..core.costs import implausible_ms
+from ..sharding.plan import Placement
 from .engine import EngineSettings, Step, round_cost
 
 LEARNING_RATE = 0.01
@@ -58,9 +59,7 @@ class DMPStep(Step):
 
     @classmethod
     def check_available(cls, num_devices: int) -> None:
-        from ..sharding.torchrec_baseline import _import
-
-        _import()  # one line when TorchRec is missing
+        require_torchrec()  # one line when TorchRec is missing
 
     @classmethod
     def item(cls, task, plan, spec: dict) -> TorchRecItem:
@@ -146,7 +145,7 @@ def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:
     on `num_devices` ranks; plans that are not these tables' or steps that cannot be true are a damaged calibration
     (one line, before anything is measured)."""
     try:
-        plans = [plan_from_dict(d, task.dims, num_devices) for d in reference["plans"]]
+        plans = [Placement.from_dict(d, task.dims, num_devices) for d in reference["plans"]]
         step_ms = reference["step_ms"]
         why = implausible_ms(np.asarray(step_ms, np.float64), positive=True) if len(step_ms) == len(plans) > 0 \
             else "one measured step per plan"

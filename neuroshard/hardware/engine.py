@@ -28,7 +28,7 @@ framework's own training step of the plan) plugs in by subclassing `Step`.
 
 **A plan's measured cost** (`Measured`): a round's cost is max_r (compute_r + fw_r + bw_r); the plan's cost
 is the geometric mean of its round costs, with a Student-t 95% interval of it over rounds
-(`core.stats.paired_interval`); its per-device parts are the median over rounds of each part.
+(`core.intervals.paired_interval`); its per-device parts are the median over rounds of each part.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core.stats import geo_mean, paired_interval
+from ..core.intervals import geo_mean, paired_interval
 from ..core.errors import UserError
-from ..core.types import Cost
+from ..core.costs import Cost
 from .backends import Hardware
 
 

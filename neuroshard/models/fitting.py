@@ -10,7 +10,7 @@ import numpy as np
 from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig, check_mp_keep, mp_text
 from ..core.artifacts import check_outputs
 from ..core.errors import UserError, check_int
-from ..core.types import implausible_ms
+from ..core.costs import implausible_ms
 from ..data.dataset import DLRMDataset
 from ..hardware.collect import load_cost_data
 from ..hardware.comm_bench import COMM_DATA_KIND

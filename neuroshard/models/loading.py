@@ -1,11 +1,10 @@
-"""The one cost-model loader: the three cost models for N devices (and DCT-MP's `mp_keep`) as a `Simulator`.
+"""Where a run's cost models are: the files its flags name (`CostModelFiles`) or a models folder's default files
+(`comm_model_paths`), for N devices and DCT-MP's `mp_keep`. `Simulator.from_files` loads what `locate_cost_models`
+finds; it is the one entry every caller loads cost models through.
 
-`load_cost_models` takes the files a step's flags name (`CostModelFiles`) or a models folder (its default
-file names, `comm_model_paths`). Missing files are named together in one line with the commands that make
-them (or, when the models are optional, give None); a folder, FIFO or device in a model's place is named as
-such; the models are then read by `Simulator.load` (which checks them against N and `mp_keep`). The
-input-distribution model of the step cost (`comm_<N>_input.pt`) is loaded where it exists; one a flag names
-must exist.
+Missing files are named together in one line with the commands that make them (or, when the models are optional,
+found as None); a folder, FIFO or device in a model's place is named as such. The input-distribution model of the
+step cost (`comm_<N>_input.pt`, beside the backward model) is found where it exists; one a flag names must exist.
 """
 from __future__ import annotations
 
@@ -13,8 +12,11 @@ import os
 from pathlib import Path
 
 from ..core.artifacts import check_input_file
-from ..core.config import CostModelFiles, comm_model_paths, input_model_path
+from ..core.config import CostModelFiles
+from ..core.file_names import input_model_path, model_files
 from ..core.errors import UserError
+
+ModelPaths = tuple[Path, Path, Path]  # compute, forward comm, backward comm
 
 
 def models_hint(N: int, mp_keep: float | None = None) -> str:
@@ -26,20 +28,17 @@ def models_hint(N: int, mp_keep: float | None = None) -> str:
             f"python train_comm_cost_model.py --ndevices {N}{mp}; or pass --compute_model/--fw_comm_model/--bw_comm_model")
 
 
-def cost_model_paths(models: CostModelFiles | str | os.PathLike, N: int, mp_keep: float | None = None
-                     ) -> tuple[Path, Path, Path]:
+def cost_model_paths(models: CostModelFiles | str | os.PathLike, N: int, mp_keep: float | None = None) -> ModelPaths:
     """(compute, fw comm, bw comm) files: those `models` names, or a models folder's default files."""
     if isinstance(models, CostModelFiles):
         return models.paths(N, mp_keep)
-    return (Path(models) / "compute.pt", *comm_model_paths(models, N, mp_keep))
+    return model_files(models, N, mp_keep)
 
 
-def load_cost_models(models: CostModelFiles | str | os.PathLike, N: int, mp_keep: float | None = None,
-                     required: bool = True):
-    """The `Simulator` of the cost models for `N` devices (module docstring); None when they are missing and not
-    `required`."""
-    from ..sharding.simulator import Simulator
-
+def locate_cost_models(models: CostModelFiles | str | os.PathLike, N: int, mp_keep: float | None = None,
+                       required: bool = True) -> tuple[ModelPaths, Path | None] | None:
+    """The three model files and the input-distribution model's (None without one), each checked to be a file
+    (module docstring); None when the three are missing and not `required`."""
     paths = cost_model_paths(models, N, mp_keep)
     missing = [str(p) for p in paths if not os.path.lexists(p)]
     if missing:
@@ -48,7 +47,7 @@ def load_cost_models(models: CostModelFiles | str | os.PathLike, N: int, mp_keep
         return None
     for p in paths:  # a folder, FIFO or device in a model's place: named as such
         check_input_file(p, "cost model", models_hint(N, mp_keep))
-    return Simulator.load(*paths, num_devices=N, mp_keep=mp_keep, input_path=input_model_file(models, N, mp_keep))
+    return paths, input_model_file(models, N, mp_keep)
 
 
 def input_model_file(models: CostModelFiles | str | os.PathLike, N: int, mp_keep: float | None = None) -> Path | None:

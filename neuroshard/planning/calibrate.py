@@ -29,7 +29,7 @@ from ..core.artifacts import provenance
 from ..core.config import (CALIBRATE_DMP_ROUNDS, CALIBRATE_NUM_ITER, CALIBRATE_WARMUP_ITER, DEFAULT_CALIBRATE_COMM,
                            DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER, MEASURE_WARMUP_ITER, check_calibrate, check_iters)
 from ..core.errors import UserError, check_int
-from ..core.types import Cluster, implausible_ms
+from ..core.costs import Cluster, implausible_ms
 from ..data.table_list import TableList
 from ..hardware.comm_bench import CommRankSettings, comm_rank, torchrec_available
 from ..hardware.engine import EngineSettings, Layout, measure_fixed

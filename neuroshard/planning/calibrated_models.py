@@ -11,7 +11,7 @@ from pathlib import Path
 from ..core.artifacts import fresh_path
 from ..core.config import ShardTablesConfig
 from ..core.errors import UserError
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.table_list import TableList
 from ..sharding.simulator import Simulator
 from .calibrate import CalibrationConfig, calibrate

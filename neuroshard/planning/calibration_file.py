@@ -21,7 +21,7 @@ import torch
 from ..core.artifacts import atomic_torch_save, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
-from ..core.types import Cluster, StepFit, implausible_ms
+from ..core.costs import Cluster, StepFit, implausible_ms
 from ..data.features import can_split, table_size_gb
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..sharding.simulator import Simulator

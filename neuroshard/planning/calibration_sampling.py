@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import UserError
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.features import can_split, table_size_gb
 
 HEAVY_ALONE = 5  # calibration shards that are one heavy table alone (see sample_user_shards)

@@ -8,7 +8,7 @@ synthesised from rows, pooling and reuse histogram: `user_data.user_tables_datas
 (`stop_rule.py`) tells the best from the runner-up, the budget is spent, or racing has dropped the rest.
 The chosen plan is the best by geometric mean, so it never measured worse than another candidate; when the
 best cannot be told apart the result says so plainly. Every candidate's ratio to the best also gets a
-bootstrap 95% interval (`core.stats.paired_interval`, rounds as pairs).
+bootstrap 95% interval (`core.intervals.paired_interval`, rounds as pairs).
 
 What one round of a candidate is comes from the engine's step (`MeasureConfig.step`): the emulated devices
 of the paper cost or of the step cost (`hardware.engine.EmulatedStep`, `EmulatedStepCost`), or TorchRec's own
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import (MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, check_measure,
+from ..core.config import (MEASURE_BUDGET_S, MEASURE_NUM_ITER, MEASURE_TOP, MEASURE_WARMUP_ITER, PAPER_COST, check_measure,
                            check_measure_engine)
 from ..core.errors import check_int
-from ..core.stats import paired_interval
+from ..core.intervals import paired_interval
 from ..core.tables import format_table
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.table_list import TableList
 from ..data.tasks import ShardingTask
 from ..hardware.dmp_step import DMPStep
@@ -68,7 +68,7 @@ class MeasureConfig:
     mp_keep: float | None = None  # measure DCT-MP's compressed all-to-alls (None: uncompressed)
     race: bool = True            # drop a candidate measured slower than the best (stop_rule.py)
     engine: str = "emulated"     # "emulated": independent devices emulated; "torchrec": TorchRec's training step
-    cost: str = "paper"          # what the emulated engine measures: "paper" (compute + one forward and one
+    cost: str = PAPER_COST       # what the emulated engine measures: "paper" (compute + one forward and one
                                  # backward all-to-all) or "step" (per sharding group present, the input
                                  # distribution and both all-to-alls: `engine.StepPlan`), as the simulator prices it
 

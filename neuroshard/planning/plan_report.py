@@ -3,7 +3,7 @@ shards' column ranges and devices), and how a plan's name and record are formed 
 from __future__ import annotations
 
 from ..core.tables import format_table
-from ..core.types import Cluster, Cost
+from ..core.costs import Cluster, Cost
 from ..data.table_list import TableList
 from ..sharding.plan import Placement
 from ..sharding.simulator import Simulator

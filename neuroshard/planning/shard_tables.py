@@ -23,11 +23,10 @@ from ..core.artifacts import OutputLock, check_outputs, provenance, read_json, w
 from ..core.config import MIN_GAIN, ShardTablesConfig
 from ..core.errors import UserError
 from ..core.tables import format_table
-from ..core.types import Cluster, Cost, ImplausibleCost, implausible_ms
+from ..core.costs import Cluster, Cost, ImplausibleCost, implausible_ms
 from ..data.table_list import TableList, load_table_list, tables_from_ids
 from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
-from ..models.loading import load_cost_models
 from ..sharding.candidates import against_baselines, handout_verdict
 from ..sharding.plan import Placement
 from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX
@@ -126,8 +125,8 @@ def load_inputs(cfg: ShardTablesConfig) -> PlanInputs:
     --calibrate cannot build on this machine."""
     tl = load_table_list(cfg.tables, cfg.max_mem) if cfg.tables is not None else \
         tables_from_ids(cfg.ids, list(cfg.dims), cfg.max_mem)
-    sim = load_cost_models(cfg.models, cfg.ndevices, cfg.mp_keep,
-                           required=cfg.alg == "neuroshard" or cfg.calibrate is not None)
+    sim = Simulator.from_files(cfg.models, cfg.ndevices, cfg.mp_keep,
+                               required=cfg.alg == "neuroshard" or cfg.calibrate is not None)
     # the model files a calibration depends on: the input-distribution model too where one is used
     paths = (*cfg.models.paths(cfg.ndevices, cfg.mp_keep),
              *([cfg.models.input_path(cfg.ndevices, cfg.mp_keep)[0]] if sim is not None and sim.inp is not None

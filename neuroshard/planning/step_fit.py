@@ -25,7 +25,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from ..core.errors import UserError
-from ..core.types import Cluster, StepFit, implausible_ms
+from ..core.costs import Cluster, StepFit, implausible_ms
 from ..data.features import can_split
 from ..data.table_list import TableList
 from ..data.tasks import ShardingTask

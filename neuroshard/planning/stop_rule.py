@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.stats import geo_mean, paired_interval
+from ..core.intervals import geo_mean, paired_interval
 
 
 def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.tasks import ShardingTask
 from .greedy import greedy_place, largest_first
 from .plan import Placement, apply_splits

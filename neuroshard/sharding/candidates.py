@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from ..core.types import Cluster
+from ..core.costs import Cluster, Cost
+from ..data.tasks import ShardingTask
 from .plan import Placement
-from .search import plan_key
+from . import registry
+from .search import neuroshard_top_plans, plan_key
 
 logger = logging.getLogger(__name__)
 
@@ -31,42 +34,65 @@ class Candidate:
     round_parts_ms: list[np.ndarray] = field(default_factory=list)  # per round, per rank [compute, fw, bw]
 
 
-def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
-                    extra: dict | None = None) -> list[Candidate]:
-    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (and `extra`),
-    deduplicated; a simulated cost that cannot be true is `ImplausibleCost` (`Cost.check`)."""
-    from .registry import BASELINES, make_sharder, shard_task
-    from .search import neuroshard_top_plans
+# the predicted cost of one plan of a task (None: not rated, e.g. out of memory)
+RatePlan = Callable[[ShardingTask, Placement], "Cost | None"]
 
+
+def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
+                    extra: dict | None = None, rate: RatePlan | None = None) -> list[Candidate]:
+    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (and `extra`),
+    deduplicated, each rated by `rate` (default: the simulator's cost within the cluster's memory; no rating
+    without a simulator); a cost that cannot be true is `ImplausibleCost` (`Cost.check`)."""
     named: list[tuple[str, Placement]] = []
     if sim is not None and top_k > 0:
         top = neuroshard_top_plans(sim, task, cluster, top_k, search)
         named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]
-    algs = [a for a in BASELINES if a != "random"]
-    try:
-        import torchrec  # noqa: F401
-        algs.append("torchrec")
-    except ImportError:
-        pass
-    for alg in algs:
-        r = shard_task(make_sharder(alg, seed, sim, search, batch_size), task, cluster)
+    named += baseline_plans(task, cluster, sim, search, batch_size, seed)
+    named += list((extra or {}).items())
+    if rate is None and sim is not None:
+        def rate(task, plan):
+            return sim.plan_cost(task, plan, cluster)
+    return rated_candidates(task, named, rate)
+
+
+def baseline_plans(task, cluster: Cluster, sim, search, batch_size: int, seed: int = 0) -> list[tuple[str, Placement]]:
+    """(name, plan) of every greedy heuristic and, where TorchRec is installed, TorchRec's planner that finds a
+    plan within memory; a TorchRec that finds none is a warning (without it, no plan is kept for a gain under
+    min_gain)."""
+    algs = [a for a in registry.BASELINES if a != "random"] + ([INCUMBENT] if _torchrec_installed() else [])
+    named = []
+    for alg in algs:  # the registry's sharders, as the registry holds them when called
+        r = registry.shard_task(registry.make_sharder(alg, seed, sim, search, batch_size), task, cluster)
         if r.plan is not None and not r.oom:
             named.append((alg, r.plan))
-        elif alg == INCUMBENT:  # without it, no plan is kept for a gain under min_gain: say so
+        elif alg == INCUMBENT:
             logger.warning("TorchRec's planner found no plan of these tables within %d x %g GB: the plans are "
                            "compared without it", cluster.num_devices, cluster.max_mem_gb)
-    named += list((extra or {}).items())
+    return named
+
+
+def _torchrec_installed() -> bool:
+    try:
+        import torchrec  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def rated_candidates(task, named: list[tuple[str, Placement]], rate: RatePlan | None) -> list[Candidate]:
+    """The named plans deduplicated (identical plans are one candidate under all their names), each with its
+    rated cost (none without `rate`); a cost that cannot be true is never printed, compared or handed out."""
     out: dict[tuple, Candidate] = {}
     for name, plan in named:
         key = plan_key(plan)
         if key in out:
             out[key].names.append(name)
-        else:
-            cost = sim.plan_cost(task, plan, cluster) if sim is not None else None
-            if cost is not None:  # a cost that cannot be true is never printed, compared or handed out
-                cost.check(f"{name}'s plan", negative_parts=True)
-            out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms,
-                                 simulated_parts_ms=None if cost is None else simulated_parts(cost))
+            continue
+        cost = rate(task, plan) if rate is not None else None
+        if cost is not None:
+            cost.check(f"{name}'s plan", negative_parts=True)
+        out[key] = Candidate([name], plan, None if cost is None else cost.cost_ms,
+                             simulated_parts_ms=None if cost is None else simulated_parts(cost))
     return list(out.values())
 
 
@@ -94,11 +120,13 @@ def best_simulated(candidates: list[Candidate], min_gain: float = 0.0) -> Candid
 
 
 def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement, seed: int = 0,
-                      no_split: frozenset[int] = frozenset(), min_gain: float = 0.0) -> tuple[Candidate, list[Candidate]]:
-    """NeuroShard's `plan` scored beside TorchRec's and each greedy heuristic's plan of the same tables (a plan that
-    splits a table in `no_split` is not a candidate): the one handed out (`best_simulated` with `min_gain`) and all
-    of them, fastest first."""
-    cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra={"neuroshard": plan})
+                      no_split: frozenset[int] = frozenset(), min_gain: float = 0.0,
+                      rate: RatePlan | None = None) -> tuple[Candidate, list[Candidate]]:
+    """NeuroShard's `plan` rated beside TorchRec's and each greedy heuristic's plan of the same tables (`rate`, as
+    `candidate_plans`; a plan that splits a table in `no_split` is not a candidate): the one handed out
+    (`best_simulated` with `min_gain`) and all of them, fastest first."""
+    cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra={"neuroshard": plan},
+                                        rate=rate)
              if not any(c.plan.shards[i].table in no_split for i in c.plan.splits)]
     return best_simulated(cands, min_gain), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))
 

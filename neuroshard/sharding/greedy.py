@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.types import MEM_TOL_GB
+from ..core.costs import MEM_TOL_GB
 
 
 def greedy_place(order: Sequence[int], sizes_gb: np.ndarray, num_devices: int, max_mem_gb: float,

@@ -3,6 +3,10 @@
 A task's tables start as one shard each, `Shard(table, col_start=0, dim)`. A column split of shard
 i halves it in place and appends its twin (same table, rows and ids; the other half of the
 columns), so `splits` — the shard positions split, in order — reproduce the shard list.
+
+A plan's plain-data form is `Placement.to_dict`, read back by `Placement.from_dict` (evaluation rows and a
+calibration's step-fit plans store it). Per-rank shard lists without column offsets (a calibration's drift
+reference) are checked by `check_rank_shards`.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.errors import PlanError
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.features import can_split, table_size_gb
 from ..data.tasks import ShardingTask
 
@@ -67,25 +71,25 @@ class Placement:
         return {"num_devices": int(self.num_devices), "splits": [int(i) for i in self.splits],
                 "devices": [[(int(s.table), int(s.col_start), int(s.dim)) for s in dev] for dev in self.per_device()]}
 
-
-def plan_from_dict(d: dict, dims, num_devices: int) -> Placement:
-    """The inverse of `Placement.to_dict` for a task of these table `dims` on `num_devices` devices, checked
-    (every column of every table once, on a real device); anything else is a `PlanError`."""
-    try:
-        if int(d["num_devices"]) != num_devices or len(d["devices"]) != num_devices:
-            raise PlanError(f"a plan for {d['num_devices']} devices, not {num_devices}")
-        slices: dict[int, list[tuple[int, int, int]]] = {}
-        for dev, shards in enumerate(d["devices"]):
-            for t, c, w in shards:
-                if not 0 <= int(t) < len(dims):
-                    raise PlanError(f"table {t} outside 0..{len(dims) - 1}")
-                slices.setdefault(int(t), []).append((int(c), int(w), dev))
-    except (TypeError, KeyError, ValueError) as e:
-        raise PlanError(f"not a plan ({type(e).__name__}: {e})") from None
-    plan = plan_from_slices(dims, num_devices, slices)  # raises unless halvings reach exactly the slices given
-    if len(plan.shards) != sum(len(pieces) for pieces in slices.values()):  # a slice given twice is merged there
-        raise PlanError("columns not placed exactly once")
-    return plan
+    @classmethod
+    def from_dict(cls, d: dict, dims, num_devices: int) -> "Placement":
+        """The inverse of `to_dict` for a task of these table `dims` on `num_devices` devices, checked (every
+        column of every table once, on a real device); anything else is a `PlanError`."""
+        try:
+            if int(d["num_devices"]) != num_devices or len(d["devices"]) != num_devices:
+                raise PlanError(f"a plan for {d['num_devices']} devices, not {num_devices}")
+            slices: dict[int, list[tuple[int, int, int]]] = {}
+            for dev, shards in enumerate(d["devices"]):
+                for t, c, w in shards:
+                    if not 0 <= int(t) < len(dims):
+                        raise PlanError(f"table {t} outside 0..{len(dims) - 1}")
+                    slices.setdefault(int(t), []).append((int(c), int(w), dev))
+        except (TypeError, KeyError, ValueError) as e:
+            raise PlanError(f"not a plan ({type(e).__name__}: {e})") from None
+        plan = plan_from_slices(dims, num_devices, slices)  # raises unless halvings reach exactly the slices given
+        if len(plan.shards) != sum(len(pieces) for pieces in slices.values()):  # a slice given twice is merged
+            raise PlanError("columns not placed exactly once")
+        return plan
 
 
 def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, int, int]]]) -> Placement:
@@ -131,3 +135,37 @@ def check_complete(task: ShardingTask, plan: Placement) -> None:
 
 def fits_memory(task: ShardingTask, plan: Placement, cluster: Cluster) -> bool:
     return bool(np.all(cluster.fits(plan.device_mem_gb(task))))
+
+
+MAX_SHARD_DIM = 1 << 16  # the widest shard a stored shard list may name
+
+
+def check_rank_shards(devices, rows, cluster: Cluster, dims=None) -> None:
+    """Per-rank shard lists read from a file (e.g. a calibration's drift reference group): one list per rank of
+    `cluster`, each of one or more [table, dim] pairs of whole numbers with table < len(rows) and dim a multiple
+    of 4 up to `MAX_SHARD_DIM` (with the tables' `dims`, a halving of its table's dim), within a rank's memory.
+    Anything else is a `PlanError`."""
+    rows = np.asarray(rows, np.int64)
+    try:
+        if len(devices) != cluster.num_devices:
+            raise PlanError(f"{len(devices)} ranks, not {cluster.num_devices}")
+        for dev in devices:
+            if len(dev) < 1 or not all(_is_shard(x, rows, dims) for x in dev):
+                raise PlanError(f"not a list of [table, dim] shards of these tables: {str(dev)[:80]}")
+            if table_size_gb(rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum() > \
+                    cluster.max_mem_gb * (1 + 1e-9):
+                raise PlanError("shards over a rank's memory")
+    except (TypeError, KeyError, ValueError, IndexError) as e:
+        raise PlanError(f"not shard lists ({type(e).__name__}: {e})") from None
+
+
+def _is_shard(x, rows: np.ndarray, dims) -> bool:
+    """[table, dim]: whole numbers, a table of the task, a dim `check_rank_shards` takes."""
+    if len(x) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in x) or not 0 <= x[0] < len(rows):
+        return False
+    d, table_dim = x[1], None if dims is None else int(dims[x[0]])
+    if not (4 <= d <= MAX_SHARD_DIM and d % 4 == 0):
+        return False
+    while table_dim is not None and table_dim > d and can_split(table_dim):
+        table_dim //= 2
+    return table_dim is None or table_dim == d

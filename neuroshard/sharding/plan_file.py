@@ -1,36 +1,52 @@
 """A plan a user already has, as a sharding algorithm: `--alg plan:FILE`.
 
-FILE is a `plan.json` written by tools/shard_tables.py (kind `neuroshard.plan`) or a TorchRec plan
-spec written by `--torchrec_plan` (kind `neuroshard.torchrec_plan`). Both list, table by table, the
-table's name, rows and dim and its column shards (offset, width, rank). The plan is applied to a task
-whose tables match it one for one (same count, rows and dims, in order) on as many devices as the
-plan has ranks; it is then measured and scored like any algorithm's plan, beside them, so a user
-compares the plan they run today with NeuroShard's in one interleaved run. Reading a plan file runs
-no code (JSON), and a file that is not a complete plan is refused with one line.
+FILE is a `plan.json` written by tools/shard_tables.py (kind `neuroshard.plan`, `plan_record` here) or a
+TorchRec plan spec written by `--torchrec_plan` (kind `neuroshard.torchrec_plan`, `torchrec_export`). Both
+list, table by table, the table's name, rows and dim and its column shards (offset, width, rank), and both
+are checked by the spec's one check (`check_spec`). The plan is applied to a task whose tables match it one
+for one (same count, rows and dims, in order) on as many devices as the plan has ranks; it is then measured
+and scored like any algorithm's plan, beside them, so a user compares the plan they run today with
+NeuroShard's in one interleaved run. Reading a plan file runs no code (JSON), and a file that is not a
+complete plan is refused with one line.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.artifacts import read_json
 from ..core.errors import PlanError, UserError
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.tasks import ShardingTask
 from .plan import Placement, plan_from_slices
-from .torchrec_export import SPEC_KIND, check_spec
+from .torchrec_export import SPEC_KIND, spec_from_json
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
 
 
-def read_plan_file(path: str | Path) -> dict:
-    """The plan in FILE as a TorchRec plan spec (checked: every column placed once on a real rank)."""
-    from ..core.artifacts import read_json
+def plan_record(spec: dict, pooling_factors, **fields) -> dict:
+    """plan.json's content: its kind, then `fields` in their order (alg, chosen, cost, max_mem_gb, predicted, ...),
+    with `ndevices` and `tables` taken from the spec (a table: its spec entry and its pooling factor; a key of
+    `fields` of these names only fixes where they stand). `read_plan_file` reads the spec back."""
+    tables = [{**t, "pooling_factor": float(pf)} for t, pf in zip(spec["tables"], pooling_factors)]
+    return {"kind": PLAN_KIND, **fields, "ndevices": spec["world_size"], "tables": tables}
 
+
+def read_plan_file(path: str | Path) -> dict:
+    """The plan in FILE (a plan.json, or a --torchrec_plan file) as a TorchRec plan spec, checked: every column
+    placed once on a real rank."""
     obj = read_json(path, "plan file", "plan file",
                     "pass a plan.json or a --torchrec_plan file (tools/shard_tables.py --out or --torchrec_plan)")
-    if isinstance(obj, dict) and obj.get("kind") == PLAN_KIND:
-        obj = {"kind": SPEC_KIND, "world_size": obj.get("ndevices"), "tables": obj.get("tables")}
-    return check_spec(obj, str(path))
+    is_record = isinstance(obj, dict) and obj.get("kind") == PLAN_KIND
+    return spec_from_json(_record_spec(obj) if is_record else obj, str(path))
+
+
+def _record_spec(record: dict) -> dict:
+    """The spec in plan.json's content (`plan_record`'s inverse), unchecked."""
+    tables = record.get("tables")
+    if isinstance(tables, list):  # a table's pooling factor is plan.json's, not the spec's
+        tables = [{k: v for k, v in t.items() if k != "pooling_factor"} if isinstance(t, dict) else t for t in tables]
+    return {"kind": SPEC_KIND, "world_size": record.get("ndevices"), "tables": tables}
 
 
 class PlanFileSharder:

@@ -1,17 +1,23 @@
 """Registry of sharding algorithms behind their `--alg` names, and sharding many tasks."""
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from tqdm import tqdm
 
+from ..core.config import SearchParams
 from ..core.errors import UserError
-from ..core.types import Cluster
+from ..core.costs import Cluster
 from ..data.tasks import ShardingTask
 from .baselines import GREEDY_KEYS, GreedySharder, RandomSharder
 from .plan import Placement, check_complete, fits_memory
+from .plan_file import PlanFileSharder
+from .search import NeuroShardSharder
+from .torchrec_baseline import TorchRecSharder
 
 BASELINES = ["random", *GREEDY_KEYS]
 ALGORITHMS = [*BASELINES, "neuroshard", "torchrec"]
@@ -40,9 +46,6 @@ def expand_algs(algs) -> list[str]:
 
 def algs_file_tag(algs: list[str]) -> str:
     """`algs` as part of a file name: `a+b`, a plan:FILE as plan-<file stem>, nothing but [A-Za-z0-9_.+-]."""
-    import re
-    from pathlib import Path
-
     tag = "+".join(f"plan-{Path(a[5:]).stem}" if a.startswith("plan:") else a for a in algs)
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", tag)
 
@@ -54,20 +57,13 @@ def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, ba
     if alg in GREEDY_KEYS:
         return GreedySharder(alg)
     if alg == "neuroshard":
-        from ..core.config import SearchParams
-        from .search import NeuroShardSharder
-
         if simulator is None:
             raise UserError("--alg neuroshard needs the pre-trained cost models; run train_compute_cost_model.py "
                             "and train_comm_cost_model.py, or pass --compute_model/--fw_comm_model/--bw_comm_model")
         return NeuroShardSharder(simulator, search_params or SearchParams())
     if alg == "torchrec":
-        from .torchrec_baseline import TorchRecSharder
-
         return TorchRecSharder(batch_size)
     if alg.startswith("plan:") and len(alg) > 5:
-        from .plan_file import PlanFileSharder
-
         return PlanFileSharder(alg[5:])
     raise UserError(f"unknown --alg {alg!r}; choose one of {', '.join(ALGORITHMS)} or plan:FILE")
 

@@ -15,23 +15,30 @@ table-wise placements, every candidate scored by the simulator.
 `neuroshard_top_plans` also returns the next best distinct plans the search scored (for measuring
 several candidates, DESIGN.md §8); its first plan is always `neuroshard_search`'s.
 
+Roles, as in TorchRec's planner: the beam proposes shard lists, the grid search (the partitioner) places each
+on the devices by predicted compute, and a rating of complete placements (`Rate`; by default the simulator's,
+`simulated_costs`) ranks them: which threshold wins, which states go on in the beam, which plan is the best.
+The dim-sum thresholds are widened once per entry point where a block that must stay whole would fit no rank
+(`fitting_thresholds`).
+
 Speed: every (state, candidate, threshold) greedy of one depth runs in lockstep on numpy arrays, a
 device's prediction is updated incrementally (its embedding sum plus the new shard's, then the small
-head network), rows whose next shard fits no device leave the batch, and BLAS runs on one thread.
-tests/oracle_search.py is the direct, one-at-a-time implementation; both return exactly the same plan,
-and tests/sharding/search_golden.json holds the plans of the search before these speed-ups.
+head network), rows whose next shard fits no device leave the batch, and BLAS runs on one thread (the
+search multiplies thousands of small matrices, and a multi-threaded BLAS on a busy machine waits for its
+threads on every one of them). tests/oracle_search.py is the direct, one-at-a-time implementation; both
+return exactly the same plan (tests/sharding/search_golden.json holds the plans the search must give).
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..core.config import SearchParams
-from ..core.types import MEM_TOL_GB, Cluster, round_ms
+from ..core.costs import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import can_split, input_words, smallest_shard_dim, table_size_gb, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, apply_splits
@@ -60,8 +67,31 @@ class ShardTable:
         self.input_words = input_words(task.pooling_factors[tables])
 
 
+@dataclass
+class Placements:
+    """Complete placements of shard lists of one length, batched: each shard's ShardTable row and device [P, L],
+    and per device the compute the grid search predicted and the dim sum [P, N]."""
+
+    items: np.ndarray
+    devices: np.ndarray
+    compute: np.ndarray
+    dim_sums: np.ndarray
+
+
 # places shard lists of one length: (ShardTable, lists, cluster, params) -> (costs [E], assignments [E, L])
-Partition = Callable[["ShardTable", list, Cluster, SearchParams], tuple[np.ndarray, np.ndarray]]
+Partition = Callable[[ShardTable, list, Cluster, SearchParams], tuple[np.ndarray, np.ndarray]]
+# rates complete placements: (ShardTable, Placements) -> predicted cost (ms) [P]; the search keeps the lowest
+Rate = Callable[[ShardTable, Placements], np.ndarray]
+
+
+def simulated_costs(sim: Simulator, st: ShardTable, p: Placements) -> np.ndarray:
+    """The simulator's cost of each complete placement: its step cost (`Simulator.step_total_cost`) or the
+    paper's (`Simulator.total_cost`), as `sim.cost` says."""
+    if sim.cost == "step":
+        dims, words = group_sums(st.column_wise[p.items], p.devices, st.dim[p.items], st.input_words[p.items],
+                                 p.compute.shape[1])
+        return sim.step_total_cost(p.compute, dims, words)[0]
+    return sim.total_cost(p.compute, p.dim_sums)[0]
 
 
 def candidate_shards(shard_keys: list[tuple[int, int]], st: ShardTable, num_candidates: int,
@@ -85,8 +115,9 @@ def split_keys(shard_keys: list[tuple[int, int]], i: int) -> list[tuple[int, int
 
 
 def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[int, int]]], cluster: Cluster,
-                      params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
-    """Best grid-search placement of each shard list (all of one length).
+                      params: SearchParams, rate: Rate | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Best grid-search placement of each shard list (all of one length): devices chosen by the simulator's
+    predicted compute, complete placements ranked by `rate` (default: `simulated_costs`).
 
     Returns costs [E] (inf where no threshold gives a complete placement) and assignments [E, L].
     """
@@ -130,36 +161,23 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
         cost.reshape(-1)[cell] = sim.set_cost(flat_emb[cell], count.reshape(-1)[cell])
         assign[live, pos] = dev
     total = np.full(R, np.inf)
-    if len(live) and sim.cost == "step":
-        total[live] = step_costs(sim, st, item[exp_of], assign[live], cost)
-    elif len(live):
-        total[live] = sim.total_cost(cost, dsum)[0]
+    if len(live):
+        placed = Placements(item[exp_of], assign[live], cost, dsum)
+        total[live] = rate(st, placed) if rate is not None else simulated_costs(sim, st, placed)
     total = total.reshape(E, G)
     best_g = total.argmin(axis=1)  # first threshold among equals
     best = total[np.arange(E), best_g]
     return best, assign.reshape(E, G, L)[np.arange(E), best_g]
 
 
-def step_costs(sim: Simulator, st: ShardTable, items: np.ndarray, assign: np.ndarray, compute: np.ndarray):
-    """Step costs (`Simulator.step_total_cost`) of complete placements: ShardTable rows [P, L], devices [P, L]
-    and per-device compute [P, N]."""
-    dims, words = group_sums(st.column_wise[items], assign, st.dim[items], st.input_words[items], compute.shape[1])
-    return sim.step_total_cost(compute, dims, words)[0]
-
-
 def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams,
             seen: list | None = None, no_split: frozenset[int] = frozenset(),
             partition: Partition | None = None) -> tuple:
-    """The beam search; returns (cost, splits, assignment) of the best plan; tables in `no_split` stay
-    whole (table-wise). With `seen`, every scored expansion's (cost, splits, assignment) is appended to
-    it in generation order. `partition` places each depth's shard lists (default: `grid_search_batch`).
-
-    BLAS runs on one thread here: the search multiplies thousands of small matrices, and a multi-threaded
-    BLAS on a busy machine waits for its threads on every one of them (a 60-table plan took 3-4 s instead
-    of 0.3 s under load). The dim-sum thresholds are first widened where a block that must stay whole would
-    fit no rank (`fitting_thresholds`; a no-op for every other task), so every entry point plans such tables."""
+    """The beam search with `params` as given (thresholds already widened), BLAS on one thread; returns (cost,
+    splits, assignment) of the best plan; tables in `no_split` stay whole (table-wise). With `seen`, every scored
+    expansion's (cost, splits, assignment) is appended to it in generation order. `partition` places and rates
+    each depth's shard lists (default: `grid_search_batch`)."""
     sim.check_devices(cluster.num_devices)
-    params = fitting_thresholds(task, cluster.num_devices, params, no_split)[0]
     if partition is None:
         def partition(st, states, cluster, params):
             return grid_search_batch(sim, st, states, cluster, params)
@@ -169,7 +187,7 @@ def _search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: Search
 
 @functools.lru_cache(maxsize=1)
 def _blas_threads() -> ThreadpoolController:
-    """The process's thread pools, found once (finding them reads every loaded library: ~50 ms)."""
+    """The process's thread pools, found once (finding them reads every loaded library)."""
     return ThreadpoolController()
 
 
@@ -211,7 +229,15 @@ def plan_key(plan: Placement) -> tuple:
 def neuroshard_search(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams = SearchParams(),
                       no_split: frozenset[int] = frozenset(), partition: Partition | None = None) -> Placement | None:
     """The best plan found, or None if none fits memory; tables in `no_split` stay whole (table-wise);
-    `partition` replaces the grid search (`grid_search_batch`'s arguments and results, less the simulator)."""
+    `partition` replaces the grid search (`grid_search_batch`'s arguments and results, less the simulator). The
+    thresholds are widened first (`fitting_thresholds`)."""
+    return search_plan(sim, task, cluster, fitting_thresholds(task, cluster.num_devices, params, no_split)[0],
+                       no_split, partition)
+
+
+def search_plan(sim: Simulator, task: ShardingTask, cluster: Cluster, params: SearchParams,
+                no_split: frozenset[int] = frozenset(), partition: Partition | None = None) -> Placement | None:
+    """`neuroshard_search` with `params` as given: for a caller that has widened the thresholds itself."""
     best = _search(sim, task, cluster, params, no_split=no_split, partition=partition)
     return _plan(task, cluster, best) if np.isfinite(best[0]) else None
 
@@ -223,7 +249,7 @@ def neuroshard_top_plans(sim: Simulator, task: ShardingTask, cluster: Cluster, k
     The first is exactly `neuroshard_search`'s plan; the others are the cheapest other complete
     placements seen during the beam search (any depth), one per distinct `plan_key`."""
     seen: list = []
-    best = _search(sim, task, cluster, params, seen)
+    best = _search(sim, task, cluster, fitting_thresholds(task, cluster.num_devices, params)[0], seen)
     if not np.isfinite(best[0]):
         return []
     first = _plan(task, cluster, best)
@@ -272,5 +298,5 @@ class NeuroShardSharder:
         self.note: str | None = None  # the last call's threshold note (`fitting_thresholds`), if any
 
     def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
-        self.note = fitting_thresholds(task, cluster.num_devices, self.params)[1]  # the search widens them itself
-        return neuroshard_search(self.sim, task, cluster, self.params)
+        params, self.note = fitting_thresholds(task, cluster.num_devices, self.params)
+        return search_plan(self.sim, task, cluster, params)

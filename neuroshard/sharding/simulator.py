@@ -19,10 +19,10 @@ collectives (docs/findings.md); the backward all-to-all of g's dim sums; and the
 all-to-all of g's dim sums. A device's step is compute + sum_g (input_g + bw_g) + sum_g fw_g, with the
 forward delays taken from compute + sum_g (input_g + bw_g) as in the paper's cost; the first group's forward
 (table-wise when present) waits for the last-ready rank, and the groups after it start together, so the wait
-is paid once. With one group (no
-column split) the step cost is the paper's cost plus the input distribution; a column split adds the
-second group's three collectives. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
-forward all-to-alls. The paper's cost (`cost="paper"`, the default) is unchanged.
+is paid once. With one group (no column split) the step cost is the paper's cost plus the input distribution; a
+column split adds the second group's three collectives. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
+forward all-to-alls. The paper's cost (`cost="paper"`) is the default (`PAPER_COST`); a user's planning
+defaults to the step cost (`USER_COST`).
 
 **A step fit** (`step_fit`, a `StepFit` made by `--calibrate_dmp`): the step cost's total times its scale plus its
 per-step overhead, fitted to TorchRec training steps measured on the user's ranks. It moves every plan's step cost
@@ -30,18 +30,23 @@ the same increasing way, so it never reorders plans; it makes the totals (and th
 judges) those of the measured step. The paper's cost ignores it.
 
 The three models must agree (forward and backward direction, device count, hardware, batch) and,
-for tasks drawn from a dataset, come from that dataset and batch (`check_dataset`).
+for tasks drawn from a dataset, come from that dataset and batch (`check_dataset`). Every caller loads them
+through `Simulator.from_files` (the files a run's flags name, or a models folder's).
 """
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import numpy as np
 
+from ..core.config import COSTS, PAPER_COST, CostModelFiles, mp_text
 from ..core.errors import UserError
-from ..core.types import Cluster, Cost, StepFit, round_ms
+from ..core.costs import Cluster, Cost, StepFit, round_ms
 from ..data.features import input_words, with_dim
 from ..data.tasks import ShardingTask
+from ..models.cost_models import CommCostModel, ComputeCostModel
+from ..models.loading import locate_cost_models
 from .plan import Placement, fits_memory
 
 
@@ -60,7 +65,6 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
-COSTS = ("paper", "step")
 GROUPS = ("table_wise", "column_wise")
 
 
@@ -72,7 +76,7 @@ def check_cost(cost: str, name: str = "--cost") -> str:
 
 
 class Simulator:
-    def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = "paper",
+    def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = PAPER_COST,
                  step_fit: StepFit | None = None, inp: DeviceCostModel | None = None):
         for m, want in ((fw, "fw"), (bw, "bw"), (inp, "input")):
             if m is None:
@@ -121,13 +125,23 @@ class Simulator:
                 f"train_comm_cost_model.py --input_dist --ndevices {self.num_devices}")
 
     @classmethod
+    def from_files(cls, models: CostModelFiles | str | os.PathLike, num_devices: int, mp_keep: float | None = None,
+                   required: bool = True) -> "Simulator | None":
+        """The cost models a run's flags name (`CostModelFiles`) or a models folder holds, for `num_devices` devices
+        and DCT-MP's `mp_keep`, with the input-distribution model where there is one (`models.loading`): the one
+        entry through which the package loads cost models. None when they are missing and not `required`."""
+        found = locate_cost_models(models, num_devices, mp_keep, required)
+        if found is None:
+            return None
+        paths, input_path = found
+        return cls.load(*paths, num_devices=num_devices, mp_keep=mp_keep, input_path=input_path)
+
+    @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
              mp_keep: float | None = None, input_path=None) -> "Simulator":
-        """The three models (and, with `input_path`, the input-distribution model) from disk; with `num_devices`,
+        """The models in exactly these files (no defaults: `from_files` finds a run's); with `num_devices`,
         refused unless trained for that many devices; refused unless the comm models were trained on the
         all-to-all of `mp_keep` (None: uncompressed, else DCT-MP's keep fraction)."""
-        from ..models.cost_models import CommCostModel, ComputeCostModel
-
         sim = cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
                   CommCostModel.load_direction(bw_path, "bw"),
                   inp=None if input_path is None else CommCostModel.load_direction(input_path, "input"))
@@ -154,8 +168,6 @@ class Simulator:
     def check_mp_keep(self, mp_keep: float | None) -> None:
         """Refuse comm models made for another all-to-all (compressed vs uncompressed, or another mp_keep)."""
         if self.mp_keep != mp_keep:
-            from ..core.config import mp_text
-
             fix = "drop --mp_keep" if self.mp_keep is None else f"pass --mp_keep {self.mp_keep:g}"
             raise UserError(f"the comm cost models were trained on the {mp_text(self.mp_keep)} all-to-all, this run "
                             f"is {mp_text(mp_keep)}; {fix}, or train comm models with train_comm_cost_model.py"

@@ -1,7 +1,8 @@
 """Export a plan to TorchRec: a real `ShardingPlan` for an `EmbeddingBagCollection` of the tables.
 
 `plan_spec` describes a plan table by table (name, rows, dim, and each column shard's offset,
-width and rank); it is what `--torchrec_plan FILE` writes (JSON, so loading it runs no code).
+width and rank); it is what `--torchrec_plan FILE` writes (`write_torchrec_plan`, JSON, so reading it runs no
+code) and what `read_torchrec_plan`, the file's one reader, gives back.
 `to_torchrec_plan(spec)` builds the TorchRec plan with TorchRec's own helpers: `table_wise(rank)`
 for a table in one piece, `column_wise(ranks=...)` for a split one, and the per-table step of
 `construct_module_sharding_plan` on each table's shape (no module is built). A NeuroShard table may be
@@ -16,8 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ..core.artifacts import provenance, read_json, write_json
 from ..core.errors import UserError
+from ..core.optional_deps import require_torchrec
+from ..data.table_list import MAX_DIM, MAX_NAME_CHARS, MAX_ROWS, MAX_TABLES
 from .plan import Placement
 
 SPEC_KIND = "neuroshard.torchrec_plan"
@@ -59,8 +64,6 @@ def _whole(where: str, key: str, v, lo: int, hi: int) -> int:
 def check_spec(spec: dict, where: str = "plan") -> dict:
     """Every entry well-formed and every table's columns covered exactly once by shards on ranks
     0..world_size-1, in widths TorchRec can cut (multiples of the narrowest); adds `module_name`s."""
-    from ..data.table_list import MAX_DIM, MAX_NAME_CHARS, MAX_ROWS, MAX_TABLES
-
     if not isinstance(spec, dict) or spec.get("kind") != SPEC_KIND or not isinstance(spec.get("tables"), list):
         raise UserError(f"{where} is not a neuroshard TorchRec plan; write one with tools/shard_tables.py "
                         "--torchrec_plan FILE")
@@ -122,7 +125,6 @@ def _blocks(table: dict) -> tuple[int, list[int]]:
 
 def make_ebc(spec: dict, device: str = "meta"):
     """The `EmbeddingBagCollection` the plan is for (one feature per table, named like it)."""
-    import torch
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -138,10 +140,7 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     A table in one shard goes table-wise unless its entry says `"sharding_type": "column_wise"` (one
     column block); `compute_kernel` (e.g. "fused") is passed to TorchRec, None lets TorchRec choose;
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
-    from .torchrec_baseline import _import
-
-    _import()  # a clear message when TorchRec is missing
-    import torch
+    require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.sharding_plan import column_wise, table_wise
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan as TorchRecShardingPlan
@@ -156,7 +155,7 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
             per_param[t["module_name"]] = column_wise(ranks=ranks, compute_kernel=compute_kernel)
     world = spec["world_size"]
     # what TorchRec's construct_module_sharding_plan does, on each table's shape alone: building the
-    # EmbeddingBagCollection, even on the meta device, initialises every table (1.2 s for 856 tables)
+    # EmbeddingBagCollection, even on the meta device, initialises every table
     sharder = EmbeddingBagCollectionSharder()
     module_plan = EmbeddingModuleShardingPlan()
     for t in spec["tables"]:
@@ -167,14 +166,26 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
 
 
 def write_torchrec_plan(path: str | Path, spec: dict, **made_with) -> Path:
+    """The `--torchrec_plan` file: the spec (checked) and the provenance of what made it (`made_with`)."""
     check_spec(spec)
     return write_json(path, {**spec, "provenance": provenance(**made_with)})
 
 
+def read_torchrec_plan(path: str | Path) -> dict:
+    """The spec in a `--torchrec_plan` file: the inverse of `write_torchrec_plan`."""
+    obj = read_json(path, "TorchRec plan", "plan", "rewrite it with tools/shard_tables.py --torchrec_plan")
+    return spec_from_json(obj, str(path))
+
+
+def spec_from_json(obj, where: str) -> dict:
+    """The spec a plan file's JSON holds, checked (`check_spec`), without what only the file carries (provenance)."""
+    spec = check_spec(obj, where)
+    return {k: spec[k] for k in ("kind", "world_size", "tables")}
+
+
 def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda"):
-    """Read a `--torchrec_plan` file and build the TorchRec `ShardingPlan` from it."""
+    """The TorchRec `ShardingPlan` of a `--torchrec_plan` file (`read_torchrec_plan`, then `to_torchrec_plan`)."""
     if device_type not in ("cpu", "cuda"):
         raise UserError(f"load_torchrec_plan: device_type must be 'cpu' or 'cuda' (the ranks' devices), got "
                         f"{device_type!r}"[:200])
-    spec = read_json(path, "TorchRec plan", "plan", "rewrite it with tools/shard_tables.py --torchrec_plan")
-    return to_torchrec_plan(check_spec(spec, str(path)), module_path, device_type)
+    return to_torchrec_plan(read_torchrec_plan(path), module_path, device_type)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.stats import paired_interval
+from ..core.intervals import paired_interval
 
 
 def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, lo, hi) of `values` with a Student-t interval (`core.stats.paired_interval`); lo = hi = mean for one value."""
+    """(mean, lo, hi) of `values` with a Student-t interval (`core.intervals.paired_interval`); lo = hi = mean for one value."""
     return tuple(paired_interval(values, level=level, ratio=False))[:3]
 
 

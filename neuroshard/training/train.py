@@ -50,7 +50,7 @@ def dense_arch(cfg: TrainConfig, dense_dim: int, num_tables: int):
 
 def shard_training_tables(data, cfg: TrainConfig, simulator=None) -> list[list[tuple[int, int, int]]]:
     """Per rank, its (table, col_start, width) shards, from `--alg` on the training tables."""
-    from ..core.types import Cluster
+    from ..core.costs import Cluster
     from ..data.features import table_data_features
     from ..data.tasks import ShardingTask
     from ..sharding.registry import make_sharder, shard_task
@@ -259,7 +259,7 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
                       f"for the uncompressed all-to-all; make them with collect_comm_cost_data.py and "
                       f"train_comm_cost_model.py --ndevices {cfg.ndevices} --mp_keep {mp:g}", file=sys.stderr)
             mp = None
-        simulator = Simulator.load(*files.paths(cfg.ndevices, mp), num_devices=cfg.ndevices, mp_keep=mp)
+        simulator = Simulator.from_files(files, cfg.ndevices, mp)
     data = data if data is not None else load_data(cfg.dataset, cfg.seed, cfg.num_samples, cfg.max_rows)
     data.check_batch(cfg.batch_size)
     rank_shards = shard_training_tables(data, cfg, simulator)

@@ -321,3 +321,33 @@ def test_a_cost_model_path_that_is_not_a_file_is_named_as_such(tmp_path):
         ComputeCostModel.load(tmp_path / "compute.pt")
     with pytest.raises(UserError, match="cost model /dev/zero is a character device"):
         CommCostModel.load("/dev/zero")
+
+
+def test_from_files_is_the_one_loader(tmp_path):
+    """`Simulator.from_files` takes a models folder or the files a run's flags name: the default names for N
+    devices, the input-distribution model where one lies beside the backward model, all missing files in one line
+    (or None when the models are optional), a folder in a model's place named as such."""
+    from neuroshard.core.config import CostModelFiles
+    from neuroshard.sharding.simulator import Simulator
+
+    meta = {"device": "cpu", "batch_size": 256}
+    ComputeCostModel(dict(meta)).save(tmp_path / "compute.pt")
+    CommCostModel(2, "fw", dict(meta)).save(tmp_path / "comm_2_fw.pt")
+    CommCostModel(2, "bw", dict(meta)).save(tmp_path / "comm_2_bw.pt")
+    sim = Simulator.from_files(tmp_path, 2)
+    assert sim.num_devices == 2 and sim.inp is None and sim.cost == "paper"
+    CommCostModel(2, "input", dict(meta)).save(tmp_path / "comm_2_input.pt")
+    named = CostModelFiles(str(tmp_path / "compute.pt"), str(tmp_path / "comm_2_fw.pt"), str(tmp_path / "comm_2_bw.pt"))
+    assert Simulator.from_files(named, 2).inp is not None  # found beside the backward model
+    assert Simulator.from_files(tmp_path / "none", 2, required=False) is None
+    with pytest.raises(UserError, match=r"^cost models not found: .*none/compute.pt, .*none/comm_2_fw.pt, "
+                                        r".*none/comm_2_bw.pt; train them with"):
+        Simulator.from_files(tmp_path / "none", 2)
+    with pytest.raises(UserError, match="trained for 2 devices, the task asks for 4"):
+        Simulator.from_files(named, 4)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "compute.pt").mkdir()
+    for name in ("comm_2_fw.pt", "comm_2_bw.pt"):
+        (tmp_path / "dir" / name).write_bytes((tmp_path / name).read_bytes())
+    with pytest.raises(UserError, match="compute.pt is a folder, not a file"):
+        Simulator.from_files(tmp_path / "dir", 2)

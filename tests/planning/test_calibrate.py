@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from neuroshard.core.errors import UserError
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.planning.calibrate import CalibrationConfig, calibrate
 from neuroshard.planning.calibration_file import (calibration_inputs, calibration_path, check_reference,

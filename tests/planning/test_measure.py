@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from neuroshard.core.errors import UserError
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.hardware.engine import machine_drift
 from neuroshard.planning.measure import (Candidate, MeasureConfig, candidate_plans, drift_corrected_ms,

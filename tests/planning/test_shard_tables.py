@@ -7,7 +7,7 @@ import numpy as np
 
 import pytest
 
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.sharding.plan import Placement, Shard, check_complete, fits_memory
 

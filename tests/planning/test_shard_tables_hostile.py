@@ -19,7 +19,7 @@ import neuroshard.planning.calibration_file as cal_file
 import neuroshard.planning.shard_tables as pt
 from neuroshard.core.artifacts import OutputLock
 from neuroshard.core.errors import UserError, write_error
-from neuroshard.core.types import Cluster, Cost
+from neuroshard.core.costs import Cluster, Cost
 from neuroshard.data.table_list import load_table_list
 from neuroshard.planning.calibration_file import (calibration_inputs, check_reference, find_calibration,
                                                   save_calibration)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from neuroshard.core.errors import UserError
-from neuroshard.core.types import Cluster, Cost, StepFit
+from neuroshard.core.costs import Cluster, Cost, StepFit
 from neuroshard.data.table_list import load_table_list
 from neuroshard.hardware.backends import resolve_hardware
 from neuroshard.hardware.dmp_step import dmp_reference_plans

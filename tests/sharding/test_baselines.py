@@ -6,7 +6,7 @@ import pytest
 
 from neuroshard.sharding.baselines import GREEDY_KEYS
 from neuroshard.core.errors import PlanError
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.sharding.greedy import greedy_place, largest_first
 from neuroshard.sharding.plan import Placement, apply_splits, check_complete, fits_memory
 from neuroshard.sharding.registry import BASELINES, make_sharder, shard_task

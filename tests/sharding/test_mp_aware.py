@@ -16,7 +16,7 @@ from neuroshard.core.config import (CommCollectConfig, EvalConfig, EvalSimConfig
                                     TrainCommConfig, check_mp_keep)
 from neuroshard.core.errors import UserError
 from neuroshard.core.file_names import comm_data_path, comm_model_paths
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.compression import mp_topk
 from neuroshard.sharding.plan import Placement, apply_splits

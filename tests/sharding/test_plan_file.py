@@ -8,7 +8,7 @@ import pytest
 
 from neuroshard.core.config import ShardTablesConfig
 from neuroshard.core.errors import UserError
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.data.table_list import load_table_list
 from neuroshard.planning.shard_tables import shard_tables
 from neuroshard.sharding.plan import Placement, apply_splits, check_complete
@@ -122,3 +122,46 @@ def test_alg_names_expand_and_plan_files_make_safe_file_names():
             expand_algs(bad)
     assert algs_file_tag(["neuroshard", "plan:../a b/cur.json"]) == "neuroshard+plan-cur"
     assert np.all([c.isalnum() or c in "_.+-" for c in algs_file_tag(["plan:/tmp/x;rm -rf.json"])])
+
+
+def test_each_plan_format_is_read_back_by_its_one_reader(tables, tmp_path):
+    """Every plan format's reader is the inverse of its writer: plan.json (`plan_record`, `read_plan_file`), the
+    TorchRec spec file (`write_torchrec_plan`, `read_torchrec_plan`) and a plan's plain data (`to_dict`,
+    `Placement.from_dict`, as evaluation rows and a calibration's step-fit plans store it)."""
+    from neuroshard.core.artifacts import write_json
+    from neuroshard.sharding.plan_file import plan_record
+    from neuroshard.sharding.torchrec_export import read_torchrec_plan, write_torchrec_plan
+
+    _, tl = tables
+    plan = Placement(3, apply_splits(tl.task.dims, [1, 6]), [0, 1, 2, 0, 1, 2, 2, 0], [1, 6])
+    spec = plan_spec(tl.names, tl.rows, tl.task.dims, plan)
+    record = plan_record(spec, tl.task.pooling_factors, alg="mine", chosen="mine", ndevices=None, max_mem_gb=1.0)
+    assert list(record)[:5] == ["kind", "alg", "chosen", "ndevices", "max_mem_gb"] and record["ndevices"] == 3
+    assert [t["pooling_factor"] for t in record["tables"]] == [float(x) for x in tl.task.pooling_factors]
+    write_json(tmp_path / "plan.json", record)
+    assert read_plan_file(tmp_path / "plan.json") == spec
+    write_torchrec_plan(tmp_path / "tr.json", spec, alg="mine")
+    assert read_torchrec_plan(tmp_path / "tr.json") == spec == read_plan_file(tmp_path / "tr.json")
+    again = Placement.from_dict(json.loads(json.dumps(plan.to_dict())), tl.task.dims, 3)
+    assert _placed(again) == _placed(plan) and again.to_dict() == plan.to_dict()
+
+
+def test_rank_shard_lists_are_checked_as_the_drift_reference_needs():
+    from neuroshard.core.errors import PlanError
+    from neuroshard.sharding.plan import check_rank_shards
+
+    rows, dims, cluster = [1000, 2000], [64, 12], Cluster(2, 1.0)
+    check_rank_shards([[[0, 64], [1, 12]], [[0, 32]]], rows, cluster, dims)
+    check_rank_shards([[[0, 48]], [[1, 8]]], rows, cluster)  # without the tables' dims: any multiple of 4
+    for bad in ([[[0, 64]]],                       # one rank of two
+                [[[0, 64]], []],                  # a rank without shards
+                [[[0, 48]], [[1, 12]]],           # 48 is no halving of 64
+                [[[0, 64]], [[2, 8]]],            # no table 2
+                [[[0, 64]], [[True, 8]]],         # not whole numbers
+                [[[0, 64]], [[1, 12, 0]]],        # not [table, dim]
+                [[[0, 64]], 5],                   # not a list
+                [[[0, 64]], [[1, 6]]]):           # not a multiple of 4
+        with pytest.raises(PlanError):
+            check_rank_shards(bad, rows, cluster, dims)
+    with pytest.raises(PlanError, match="over a rank's memory"):
+        check_rank_shards([[[0, 64]], [[1, 12]]], [10**7, 10], Cluster(2, 1.0), dims)

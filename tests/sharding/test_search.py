@@ -3,7 +3,7 @@ import itertools
 
 import numpy as np
 
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 import pytest
 import torch
 

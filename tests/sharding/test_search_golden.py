@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.sharding.search import neuroshard_search, neuroshard_top_plans
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from neuroshard.core.errors import UserError
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.sharding.plan import Placement, apply_splits
 from neuroshard.sharding.simulator import Simulator

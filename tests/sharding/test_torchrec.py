@@ -2,7 +2,7 @@
 import numpy as np
 
 from neuroshard.core.errors import PlanError
-from neuroshard.core.types import Cluster
+from neuroshard.core.costs import Cluster
 import pytest
 
 from neuroshard.sharding.plan import apply_splits, check_complete, fits_memory, plan_from_slices

@@ -136,7 +136,7 @@ def test_planner_takes_models_already_loaded(models, tmp_path):
     assert p.simulator.compute is sim.compute and p.simulator.cost == "step"
     assert any("the simulator given" in n for n in p.last_result.notes)
     assert not any("fitted to TorchRec steps" in n for n in p.last_result.notes)
-    from neuroshard.core.types import StepFit
+    from neuroshard.core.costs import StepFit
 
     fitted = planner(tmp_path / "no_models_here", simulator=sim.with_step_fit(StepFit(1.5, 20.0)), debug=False)
     fitted.plan(w.ebc(WIDE), sharders())  # a calibration's step fit (--calibrate_dmp) is named, and plans the same
@@ -243,8 +243,9 @@ def test_bad_construction_is_one_line(models, tmp_path):
     from neuroshard import NeuroShardPlanner
 
     topo = Topology(world_size=2, compute_device="cuda", hbm_cap=10**6)
-    with pytest.raises(UserError, match="cost model not found: .*compute.pt; train it with train_compute_cost_model"):
-        NeuroShardPlanner(topo, models_dir=tmp_path / "none")
+    with pytest.raises(UserError, match=r"^NeuroShardPlanner: cost models not found: .*none/compute.pt, .*none/comm_2_fw"
+                                        r".pt, .*none/comm_2_bw.pt; train them with .*train_compute_cost_model.py"):
+        NeuroShardPlanner(topo, models_dir=tmp_path / "none")  # one line for all, as shard_tables says it
     four = save_hand_models(tmp_path / "four", 4)
     with pytest.raises(UserError, match="trained for 4 devices, the task asks for 2"):
         NeuroShardPlanner(topo, compute_model=four / "compute.pt", fw_comm_model=four / "comm_4_fw.pt",
@@ -391,3 +392,39 @@ def test_the_planner_refuses_costs_that_cannot_be_true(models, tmp_path):
     with pytest.raises(UserError, match=r"^NeuroShardPlanner: the calibration given \(fingerprint .*\) predict a "
                                         r"compute cost that cannot be true .*calibrate them again"):
         planner(models, simulator=read_calibration(path), debug=False).plan(w.ebc(WIDE), sharders())
+
+
+def test_the_perf_model_ranks_the_proposals(models):
+    """The perf model rates every placement the search makes and every plan compared, so another perf model makes
+    other decisions: one that takes 1 s off for each column split splits more than the default."""
+    from neuroshard.sharding.planner import NeuralPerfModel
+
+    class SplitsPay(NeuralPerfModel):
+        def rate_placements(self, shards, placements):
+            splits = placements.items.shape[1] - len(WIDE)  # shards beyond one a table
+            return super().rate_placements(shards, placements) - 1000.0 * splits
+
+    default = planner(models, debug=False, cost="paper", compare=False)
+    default.plan(w.ebc(WIDE), sharders())
+    assert default.last_result.plan.splits, "the default perf model splits the wide table"
+    custom = planner(models, debug=False, cost="paper", compare=False, perf_model=SplitsPay(default.simulator))
+    custom.plan(w.ebc(WIDE), sharders())
+    assert len(custom.last_result.plan.splits) > len(default.last_result.plan.splits)
+
+
+def test_the_thresholds_are_widened_once_per_plan(models, monkeypatch):
+    """`fitting_thresholds` runs once on the planner's path: the proposer searches the thresholds it is given."""
+    from neuroshard.sharding import search
+    from neuroshard.sharding.planner import planners
+
+    calls, widen = [], search.fitting_thresholds
+
+    def counted(*args, **kw):
+        calls.append(args)
+        return widen(*args, **kw)
+
+    monkeypatch.setattr(planners, "fitting_thresholds", counted)
+    monkeypatch.setattr(search, "fitting_thresholds", counted)
+    p = planner(models, kinds={"wide": ["table_wise"]}, debug=False)
+    p.plan(w.ebc(WIDE), sharders())
+    assert len(calls) == 1 and any("thresholds widened" in n for n in p.last_result.notes)

@@ -1,4 +1,5 @@
 """`NeuroShardPlanner` and its components, in the shape of TorchRec's planner (`torchrec/distributed/planner/`)."""
+from ..search import Placements, ShardTable
 from .enumerators import EmbeddingBagEnumerator
 from .estimators import NeuralPerfModel
 from .partitioners import GridSearchPartitioner
@@ -10,4 +11,4 @@ from .types import (Enumeration, Enumerator, Partitioner, PerfModel, PlannedTabl
 
 __all__ = ["NeuroShardPlanner", "EmbeddingBagEnumerator", "NeuralPerfModel", "BeamSplitProposer",
            "GridSearchPartitioner", "NeuroShardStats", "Enumeration", "Enumerator", "Partitioner", "PerfModel",
-           "PlannedTable", "PlannerResult", "Proposer", "Stats"]
+           "PlannedTable", "PlannerResult", "Proposer", "Stats", "Placements", "ShardTable"]

@@ -19,9 +19,10 @@ import math
 from dataclasses import replace
 
 import numpy as np
+from torch import nn
 
 from ...core.errors import UserError
-from ...core.types import Cluster
+from ...core.costs import Cluster
 from ...data.features import smallest_shard_dim, table_size_gb
 from ...data.table_list import parse_table_rows
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
@@ -101,7 +102,6 @@ class EmbeddingBagEnumerator(Enumerator):
 
 def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:
     """(module path, EBC, its sharder) for every EBC a sharder shards, in TorchRec's walk order."""
-    from torch import nn
     from torchrec.distributed.planner.utils import sharder_name
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 

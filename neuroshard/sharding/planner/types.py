@@ -1,23 +1,21 @@
 """What flows between `NeuroShardPlanner`'s components, and the interface of each (TorchRec's
 `planner/types.py` in small): an `Enumerator` turns a TorchRec module into tables and a task, a
 `Proposer` chooses column splits and asks a `Partitioner` to place each candidate list of shards, a
-`PerfModel` rates a plan, and `Stats` reports the result. `NeuroShardPlanner` only composes them; each
-can be replaced by the caller."""
+`PerfModel` rates every complete placement (so it decides which placement, which split and which plan
+win) and the plan handed out, and `Stats` reports the result. `NeuroShardPlanner` only composes them;
+each can be replaced by the caller."""
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...core.config import SearchParams
-from ...core.types import Cluster, Cost
+from ...core.costs import Cluster, Cost
 from ...data.tasks import ShardingTask
 from ..plan import Placement
-
-if TYPE_CHECKING:
-    from ..search import ShardTable
+from ..search import Placements, ShardTable
 
 TABLE_WISE, COLUMN_WISE, FUSED = "table_wise", "column_wise", "fused"
 
@@ -81,19 +79,25 @@ class PerfModel(abc.ABC):
     def rate(self, task: ShardingTask, plan: Placement) -> Cost:
         """The plan's predicted cost per rank."""
 
+    @abc.abstractmethod
+    def rate_placements(self, shards: ShardTable, placements: Placements) -> np.ndarray:
+        """The predicted cost (ms) of each complete placement [P]: what the partitioner and proposer rank by."""
+
 
 class Partitioner(abc.ABC):
     @abc.abstractmethod
-    def partition(self, shards: "ShardTable", states: list[list[tuple[int, int]]], cluster: Cluster,
-                  params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
-        """Best placement of each shard list (all of one length): costs [E] (inf: none fits), ranks [E, L]."""
+    def partition(self, shards: ShardTable, states: list[list[tuple[int, int]]], cluster: Cluster,
+                  params: SearchParams, perf_model: PerfModel) -> tuple[np.ndarray, np.ndarray]:
+        """Best placement of each shard list (all of one length) as `perf_model` rates them: costs [E] (inf: none
+        fits), ranks [E, L]."""
 
 
 class Proposer(abc.ABC):
     @abc.abstractmethod
     def propose(self, task: ShardingTask, cluster: Cluster, no_split: frozenset[int], params: SearchParams,
-                partitioner: Partitioner) -> Placement | None:
-        """The best plan over the column splits it tries, each placed by `partitioner`; None if none fits."""
+                partitioner: Partitioner, perf_model: PerfModel) -> Placement | None:
+        """The best plan over the column splits it tries, each placed by `partitioner` and rated by `perf_model`;
+        None if none fits."""
 
 
 class Stats(abc.ABC):
