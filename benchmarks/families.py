@@ -36,7 +36,7 @@ from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables  # noqa: E402
 from neuroshard.models.cost_models import (INPUT_TRANSFORMS, ComputeCostModel, compute_training_arrays,  # noqa: E402
                                           model_meta)
-from neuroshard.models.trainer import regression_metrics, split_indices  # noqa: E402
+from neuroshard.models.training_loops import regression_metrics, split_indices  # noqa: E402
 
 
 def per_family_metrics(model, feats: np.ndarray, mask: np.ndarray, y: np.ndarray, families: np.ndarray,

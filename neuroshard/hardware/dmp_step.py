@@ -24,12 +24,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import UserError
-from ..core.optional_deps import require_torchrec
-from ..core.intervals import paired_interval
 from ..core.costs import implausible_ms
+from ..core.errors import UserError
+from ..core.intervals import paired_interval
+from ..core.optional_deps import require_torchrec
+from ..data.dataset import DLRMDataset
 from ..sharding.plan import Placement
+from ..sharding.torchrec_export import make_ebc, to_torchrec_plan
+from .comm_bench import gather_floats
 from .engine import EngineSettings, Step, round_cost
+from .launch import quiet_torchrec_logs
+from .timing import median_ms
 
 LEARNING_RATE = 0.01
 REBUILD_EVERY = 1  # `--measure`, `--calibrate_dmp` and the benchmark build each plan again every round (see above)
@@ -75,8 +80,6 @@ class DMPStep(Step):
 
     def __init__(self, settings: EngineSettings, rank: int, world: int):
         super().__init__(settings, rank, world)
-        from ..data.dataset import DLRMDataset
-
         if settings.batch_size % world:
             raise UserError(f"batch {settings.batch_size} is not divisible by {world} ranks; TorchRec's step splits "
                             "the global batch evenly")
@@ -106,9 +109,6 @@ class DMPStep(Step):
         from torchrec.distributed.model_parallel import DistributedModelParallel
         from torchrec.distributed.types import ShardingEnv
 
-        from ..sharding.torchrec_export import make_ebc, to_torchrec_plan
-        from .launch import quiet_torchrec_logs
-
         quiet_torchrec_logs()
         spec = json.loads(item.spec_json)
         device = torch.device(self.settings.hw.device)
@@ -125,9 +125,6 @@ class DMPStep(Step):
         out.values().sum().backward()
 
     def measure(self, item) -> list[list[float]]:
-        from .comm_bench import gather_floats
-        from .timing import median_ms
-
         seen = self.measured.get(item, 0)
         every = self.settings.rebuild_every
         if item not in self.built or (every and seen % every == 0):

@@ -38,10 +38,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core.intervals import geo_mean, paired_interval
-from ..core.errors import UserError
 from ..core.costs import Cost
+from ..core.errors import UserError
+from ..core.intervals import geo_mean, paired_interval
+from ..data.dataset import DLRMDataset
 from .backends import Hardware
+from .comm_bench import InputDist, gather_floats, make_all_to_all, timed_collective, torchrec_available
+from .compute_bench import ComputeBenchmark
+from .launch import run_processes
 
 
 # ----------------------------------------------------------------------------- settings and items
@@ -170,9 +174,6 @@ class EmulatedStep(Step):
         super().__init__(settings, rank, world)
         self.bench = None  # built before the first round, so that round's time is measuring only
         if settings.dataset_dir is not None:
-            from ..data.dataset import DLRMDataset
-            from .compute_bench import ComputeBenchmark
-
             s = settings
             self.bench = ComputeBenchmark(DLRMDataset.load(s.dataset_dir), s.hw, s.batch_size, s.warmup, s.iters)
 
@@ -189,8 +190,6 @@ class EmulatedStep(Step):
         return compute
 
     def measure(self, item) -> list[list[float]]:
-        from .comm_bench import gather_floats, make_all_to_all, timed_collective
-
         s, rank, grouped = self.settings, self.rank, _grouped()
         compute = 0.0
         if isinstance(item, StepPlan):
@@ -219,8 +218,6 @@ class EmulatedStep(Step):
         (TorchRec's KJTAllToAll of the ids the group's shards read) and backward all-to-all, then the forward
         all-to-alls, the first group's after each rank's delay, the others' together. Parts: [compute, the
         forwards, the input distributions + backwards], as the simulated step cost's."""
-        from .comm_bench import InputDist, gather_floats, make_all_to_all, timed_collective
-
         s, rank, device = self.settings, self.rank, self.settings.hw.device
         a2as, before = [], 0.0
         for dims, pooling in (item.group(g) for g in (0, 1)):
@@ -246,8 +243,6 @@ class EmulatedStepCost(EmulatedStep):
 
     @classmethod
     def check_available(cls, num_devices: int) -> None:
-        from .comm_bench import torchrec_available
-
         if num_devices > 1 and not torchrec_available():
             raise UserError("--measure of the step cost times TorchRec's input distribution (its KJTAllToAll), and "
                             "torchrec is not installed; install it (make setup installs torchrec 1.9.2) or pass "
@@ -398,8 +393,6 @@ def rounds_rank(rank: int, world: int, emit, job: Job) -> None:
 def run(job: Job, world: int, on_round: Callable[[int, int, np.ndarray], None], gpu_ids=None) -> None:
     """Run `job` on `world` ranks (one process group; one rank of a job without all-to-alls runs as a worker with
     no group); `on_round(group, round, costs)` gets each round as rank 0 emits it."""
-    from .launch import run_processes
-
     if not any(job.groups):
         return
     group_device = job.settings.hw.device if world > 1 or any(isinstance(i, Layout) for g in job.groups for i in g) \

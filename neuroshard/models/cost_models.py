@@ -32,7 +32,7 @@ from torch import nn
 from ..core.artifacts import atomic_torch_save, check_input_file, load_torch, provenance
 from ..core.errors import UserError
 from ..data.features import FEATURE_NAMES, NUM_FEATURES, with_dim
-from .trainer import fine_tune_relative, train
+from .training_loops import fine_tune_relative, train_cost_model
 
 NORM_EPS = 1e-6
 INPUT_TRANSFORMS = ("raw", "log")
@@ -108,7 +108,7 @@ class CostModel:
         return (x - self.net.x_mean) / self.net.x_std
 
     def fit(self, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int = 100, **kw) -> dict:
-        report = train(self, inputs, targets, epochs, **kw)
+        report = train_cost_model(self, inputs, targets, epochs, **kw)
         self.meta["metrics"] = report["test"]
         self.meta["training"] = {k: v for k, v in report.items() if k != "history"}
         self._np = None

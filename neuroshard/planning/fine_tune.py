@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.features import with_dim
-from ..models.trainer import regression_metrics
+from ..models.training_loops import regression_metrics
 
 MIN_HELD_OUT = 5
 

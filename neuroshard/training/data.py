@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..core.errors import UserError
+from .dlrm import DenseArch
 
 ML_FILES = ("ml-100k.inter", "ml-100k.user", "ml-100k.item")
 ML_TABLES = ["user_id", "item_id", "age_bucket", "gender", "occupation", "zip_prefix", "genres", "release_year"]
@@ -265,8 +266,6 @@ def make_synthetic(num_samples: int = 200_000, num_tables: int = 8, dense_dim: i
 def synthetic_teacher(rows: list[int], dense_dim: int, emb_dim: int = 16, teacher_seed: int = 1234):
     """The synthetic data's fixed random teacher: a DLRM (bottom 32, top 32, dim `emb_dim`) and its
     tables (N(0, 0.25) entries)."""
-    from .dlrm import DenseArch
-
     g = torch.Generator().manual_seed(teacher_seed)
     tables = [torch.randn(int(r), emb_dim, generator=g) * 0.5 for r in rows]
     torch.manual_seed(teacher_seed)

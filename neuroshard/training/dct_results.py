@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.artifacts import check_output_file, check_results_csv, source_digest
+from ..core.errors import UserError
 from ..core.intervals import paired_interval
 
 
@@ -52,9 +54,6 @@ def runs_done(csv, fresh: bool, settings: dict, keys: tuple[str, ...]) -> set[tu
     Refused unless every row was made with `settings` (column -> value) and by the same neuroshard code
     (the rows' `code` column, the source digest), so one table never mixes runs of different settings or
     of code before and after a change."""
-    from ..core.artifacts import check_output_file, source_digest
-    from ..core.errors import UserError
-
     check_output_file(csv, "--out_dir:")  # a folder there would fail the run's first write, after its work
     if fresh:
         csv.unlink(missing_ok=True)
@@ -86,8 +85,6 @@ def read_results(csv, columns: tuple[str, ...]):
 
     import pandas as pd
 
-    from ..core.artifacts import check_results_csv
-    from ..core.errors import UserError
 
     if not csv.is_file():
         raise UserError(f"no results in {csv} yet; run without --report_only first")

@@ -30,17 +30,25 @@ import numpy as np
 import torch
 
 # TrainConfig and its constants live with the other step configs; imported from here too
-from ..core.config import ARCHS, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_sizes  # noqa: F401
+from ..core.artifacts import (atomic_write_text, check_output_file, check_results_csv, cpu_name, provenance,
+                              source_digest, write_json)
+from ..core.config import ARCHS, CostModelFiles, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_sizes  # noqa: F401
+from ..core.costs import Cluster
 from ..core.errors import UserError
+from ..data.features import table_data_features
+from ..data.tasks import ShardingTask
+from ..hardware.launch import in_torchrun, join_torchrun_group, run_processes, torchrun_ranks
+from ..sharding.registry import make_sharder, shard_task
+from ..sharding.simulator import Simulator
+from .data import CTRData, load_data
 from .dct import DCTState, HookState, dct_hook, dense_hook
-from .frozen_adam import FrozenAdam
 from .dct_results import STEP_PARTS
+from .dlrm import CommStats, DenseArch, ShardedEmbeddings, assemble, pooled_all_to_all
+from .frozen_adam import FrozenAdam
 
 
 def dense_arch(cfg: TrainConfig, dense_dim: int, num_tables: int):
     """The MLPs (bottom, interaction, top) of `cfg`'s --arch, --bottom_mlp, --top_mlp and --emb_dim."""
-    from .dlrm import DenseArch
-
     c = cfg.resolved()
     return DenseArch(dense_dim, num_tables, c.emb_dim, mlp_sizes(c.bottom_mlp, "--bottom_mlp"),
                      mlp_sizes(c.top_mlp, "--top_mlp"))
@@ -50,11 +58,6 @@ def dense_arch(cfg: TrainConfig, dense_dim: int, num_tables: int):
 
 def shard_training_tables(data, cfg: TrainConfig, simulator=None) -> list[list[tuple[int, int, int]]]:
     """Per rank, its (table, col_start, width) shards, from `--alg` on the training tables."""
-    from ..core.costs import Cluster
-    from ..data.features import table_data_features
-    from ..data.tasks import ShardingTask
-    from ..sharding.registry import make_sharder, shard_task
-
     feats = np.stack([table_data_features(ids, lens) for ids, lens in data.table_stats()])
     rows = np.array(data.num_rows, dtype=np.int64)
     task = ShardingTask(np.arange(len(rows)), np.full(len(rows), cfg.emb_dim), feats, rows)
@@ -70,9 +73,6 @@ def shard_training_tables(data, cfg: TrainConfig, simulator=None) -> list[list[t
 
 def train_rank(rank: int, world: int, emit, data_path: str, cfg_dict: dict, rank_shards) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .data import CTRData
-    from .dlrm import CommStats, ShardedEmbeddings, assemble, pooled_all_to_all
 
     cfg = TrainConfig(**cfg_dict)
     data = CTRData(**torch.load(data_path, weights_only=True))
@@ -228,10 +228,6 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
     `data` (a `CTRData`) replaces `cfg.dataset` when given (tests plant problems this way)."""
     from tqdm import tqdm
 
-    from ..core.artifacts import check_output_file, check_results_csv
-    from ..hardware.launch import in_torchrun, join_torchrun_group, torchrun_ranks
-    from .data import load_data
-
     torchrun = in_torchrun()
     rank0 = True
     if torchrun:
@@ -246,9 +242,6 @@ def train_dlrm(cfg: TrainConfig, results_csv: str | Path | None = None, models=N
         join_torchrun_group("cpu", cfg.rendezvous_timeout_s, timeout_flag="--rendezvous_timeout_s")
     simulator = None
     if cfg.alg == "neuroshard":
-        from ..core.config import CostModelFiles
-        from ..sharding.simulator import Simulator
-
         compute, fw, bw = models or (None, None, None)
         files = CostModelFiles(compute or CostModelFiles.compute_model, fw, bw)
         mp = cfg.mp_keep if cfg.uses_mp and cfg.mp_keep < 1 else None  # plan for DCT-MP's all-to-all when its
@@ -293,8 +286,6 @@ def _run_group(data, runs: list[tuple[dict, list]], on_message, before_run=None)
     """Write the data once, then run `runs` ((config dict, rank shards) each) one after another on
     one group of ranks (spawned here, or this process's rank under torchrun). Every message reaches
     `on_message` as (run index, message)."""
-    from ..hardware.launch import run_processes
-
     with tempfile.TemporaryDirectory(prefix="neuroshard-train-") as tmp:
         path = Path(tmp) / "data.pt"
         torch.save({k: getattr(data, k) for k in ("name", "table_names", "num_rows", "dense", "ids", "offsets",
@@ -342,8 +333,6 @@ def train_runs(cfgs: list[TrainConfig], data, before_run=None, shards: list | No
 def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
     """Rank 0's report of a run -> the result row (plus `_`-prefixed details for callers). `code` is the
     digest of the neuroshard sources that trained it (benchmarks resume only rows of the same code)."""
-    from ..core.artifacts import source_digest
-
     preds, labels, steps, refreshed_at, rank_losses, evals = done  # steps: [ranks, steps, STEP_RECORD]
     per = steps.mean(axis=0)                                     # averaged over ranks
     skip = min(len(per) - 1, max(1, len(per) // 10))           # the first steps warm up
@@ -384,8 +373,6 @@ def summarize(cfg: TrainConfig, data, done: tuple, wall: float) -> dict:
 def append_result(path, row: dict) -> None:
     """Add one row to a results CSV (rewritten atomically) with a provenance sidecar."""
     import pandas as pd
-
-    from ..core.artifacts import atomic_write_text, cpu_name, provenance, write_json
 
     path = Path(path)
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()

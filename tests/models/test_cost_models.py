@@ -7,7 +7,7 @@ import torch
 
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
 from neuroshard.core.errors import UserError
-from neuroshard.models.trainer import regression_metrics, split_indices
+from neuroshard.models.training_loops import regression_metrics, split_indices
 
 from conftest import refused, run_script
 
@@ -197,7 +197,7 @@ def test_metrics_by_hand():
 def test_metrics_line_says_when_the_test_split_cannot_rank(capsys):
     """A test split too small to rank (train_*_cost_model.py --num_samples 10) prints n/a and says why, not nan."""
     from neuroshard.models.fitting import _print_metrics
-    from neuroshard.models.trainer import regression_metrics
+    from neuroshard.models.training_loops import regression_metrics
 
     def report(pred, target):
         return {"test": regression_metrics(pred, target), "best_valid_mse": 0.5,

@@ -1,6 +1,6 @@
 """The training loops of the cost models (DESIGN.md §3.3, §8).
 
-`train` (pre-training, the paper's): split 80/10/10 (train/valid/test, seeded), z-normalise inputs
+`train_cost_model` (pre-training, the paper's): split 80/10/10 (train/valid/test, seeded), z-normalise inputs
 with training statistics (set on the model by `model.set_normalization`), MSE loss, Adam,
 mini-batches, and keep the weights of the best validation epoch. Ends with test-split metrics: MSE,
 MAPE, R² and Spearman rank correlation.
@@ -39,7 +39,7 @@ def split_indices(n: int, train_ratio: float, valid_ratio: float, seed: int):
     return perm[:n_train], perm[n_train:n_train + n_valid], perm[n_train + n_valid:]
 
 
-def train(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int, batch_size: int = 512,
+def train_cost_model(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int, batch_size: int = 512,
           lr: float = 1e-3, train_ratio: float = 0.8, valid_ratio: float = 0.1, seed: int = 0,
           progress: bool = True) -> dict:
     """Fit `model.net` on (inputs, targets); returns history and test metrics."""
