@@ -31,7 +31,7 @@ def emulated_step_collectives(rank, world, emit, items, compute_ms, batch):
     """`EmulatedStep._step` of each item with this rank's compute ms, the real comm_bench collectives spied on
     (recorded, then called through): emits (rank, per item its result, and its calls in order: ("input",
     pooling), ("bw" | "fw", dim sums), ("delay", ms, the timed median), ("ready", the gathered values))."""
-    from neuroshard.hardware import comm_bench
+    from neuroshard.hardware import engine as comm_bench  # the collectives as the engine calls them
     from neuroshard.hardware.backends import resolve_hardware
     from neuroshard.hardware.engine import EmulatedStep, EngineSettings
 

@@ -25,7 +25,7 @@ def _cfg(tmp_path, text, **kw):
 
 
 def test_the_issue_table_is_refused_before_any_id_is_made(tmp_path, monkeypatch):
-    import neuroshard.data.synthetic as synthetic
+    import neuroshard.planning.user_data as synthetic  # where the user's tables are synthesised
 
     monkeypatch.setattr(synthetic, "synthesize_tables", lambda *a, **k: pytest.fail("ids were synthesised"))
     cfg = _cfg(tmp_path, "small,1000,64,100000\nother,10,8,1\n", measure=True)

@@ -18,7 +18,7 @@ from conftest import refused
     (["--dp_keep", 0.1], "--dp_keep sets DCT-DP, which --dct none does not run"),
     (["--dct", "dp", "--mp_keep", 0.3], "--mp_keep sets DCT-MP, which --dct dp does not run")])
 def test_a_flag_the_run_would_ignore_is_refused(tmp_path, capsys, monkeypatch, argv, words):
-    import neuroshard.training.data as data_mod
+    import neuroshard.training.train as data_mod  # where training loads its data
 
     monkeypatch.setattr(data_mod, "load_data", lambda *a, **k: pytest.fail("data loaded before the flags were checked"))
     refused(capsys, "tools/train_dlrm.py", "--results_csv", tmp_path / "r.csv", *argv, untouched=[tmp_path],
