@@ -75,15 +75,27 @@ def process_raw(indices: torch.Tensor, offsets: torch.Tensor, lengths: torch.Ten
     return DLRMDataset.load(out_dir)
 
 
-def _replace_folder(out_dir: Path, write) -> None:
-    """Write a dataset into a staging folder beside `out_dir`, then put it in place of `out_dir`."""
+def check_out_dir(out_dir: Path) -> None:
+    """Before any work: `out_dir` holds nothing but a dataset (which writing replaces) and its folder can be
+    written (a staging folder is made there and removed)."""
+    _staging_folder(Path(out_dir)).rmdir()
+
+
+def _staging_folder(out_dir: Path) -> Path:
+    """A new empty folder beside `out_dir` to write a dataset into; one line where `out_dir` holds other files or
+    its folder cannot be written."""
     if out_dir.exists() and (not out_dir.is_dir() or any(p.name not in DATASET_FILES for p in out_dir.iterdir())):
         raise UserError(f"{out_dir} exists and holds other files than a neuroshard dataset; choose another --out_dir")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.new-"))
+        return Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.new-"))
     except OSError as e:
         raise UserError(f"cannot write to {out_dir.parent}: {e.strerror}; choose a writable output folder") from None
+
+
+def _replace_folder(out_dir: Path, write) -> None:
+    """Write a dataset into a staging folder beside `out_dir`, then put it in place of `out_dir`."""
+    stage = _staging_folder(out_dir)
     old = None
     try:
         write(stage)
@@ -231,6 +243,7 @@ def build_dataset(cfg: DatasetConfig, progress: bool = True) -> DLRMDataset:
     if cfg.data is None and not cfg.synthetic:
         raise UserError("pass exactly one of --data PATH (a raw DLRM dataset) or --synthetic")
     data, seed = cfg.data, cfg.seed
+    check_out_dir(Path(cfg.out_dir))  # a folder it cannot write fails here, not after minutes of generating
     t0 = time.perf_counter()
     if cfg.synthetic:
         syn = SyntheticConfig(num_tables=cfg.num_tables, batch_size=cfg.batch_size, seed=seed,

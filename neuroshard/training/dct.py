@@ -139,7 +139,7 @@ def dense_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """The uncompressed baseline: divide by the world size, all_reduce (as DDP's default hook).
     `state` is a `HookState`, or a bare `CommStats` (then it runs blocking)."""
     if isinstance(state, CommStats):
-        state = HookState(state, sync=True)
+        state = HookState(stats=state, sync=True)
     if bucket.is_last():
         state.mark_compute_done()
     t = bucket.buffer()

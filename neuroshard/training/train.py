@@ -34,6 +34,7 @@ from ..core.artifacts import (atomic_write_text, check_output_file, check_result
                               source_digest, write_json)
 from ..core.config import ARCHS, CostModelFiles, DCT_MODES, DENSE_OPTIMIZERS, TrainConfig, mlp_sizes  # noqa: F401
 from ..core.costs import Cluster
+from ..core.file_names import meta_path
 from ..core.errors import UserError
 from ..data.features import table_data_features
 from ..data.tasks import ShardingTask
@@ -378,5 +379,4 @@ def append_result(path, row: dict) -> None:
     old = pd.read_csv(path) if path.is_file() else pd.DataFrame()
     df = pd.concat([old, pd.DataFrame([row])], ignore_index=True)
     atomic_write_text(path, df.to_csv(index=False))
-    write_json(path.with_name(path.name + ".meta.json"), provenance(device="cpu", backend="gloo",
-                                                                    device_name=cpu_name()), indent=2)
+    write_json(meta_path(path), provenance(device="cpu", backend="gloo", device_name=cpu_name()), indent=2)

@@ -248,3 +248,18 @@ def test_decoder_refuses_positions_past_the_bucket():
     for parts, m, o in (([bad], 2, out), ([bad.view(torch.int8)], 3, out), ([bad[::2]], 3, out),
                         ([bad], 3, out.double()), ([bad], 3, out.reshape(10, 10)), ([bad], -1, out)):
         assert ss.decode(o, parts, m) is False
+
+
+def test_the_dense_hook_takes_a_bare_comm_stats_and_runs_blocking(one_rank_group):
+    """`dense_hook` with a bare `CommStats` (as its docstring offers) on a one-rank DDP: the gradients arrive
+    unchanged (one rank: divided by 1) and the bytes and seconds of the all_reduce are counted."""
+    from neuroshard.training.dlrm import CommStats
+
+    model = _Two()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=100)
+    stats = CommStats()
+    ddp.register_comm_hook(stats, dct.dense_hook)
+    ga, gb = torch.randn(300_000), torch.randn(40_003)
+    ddp(ga, gb).backward()
+    assert torch.equal(model.a.grad, ga) and torch.equal(model.b.grad, gb)
+    assert stats.bytes["dp"] == 4 * 340_003 and stats.seconds["dp"] > 0, stats  # blocking: the seconds are timed

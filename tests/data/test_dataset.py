@@ -138,13 +138,15 @@ def test_regenerating_replaces_the_dataset_whole(small_raw, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
 
-def test_unwritable_output_folder(small_raw, tmp_path, capsys):
+@pytest.mark.parametrize("source", ["raw", "synthetic"])
+def test_unwritable_output_folder_is_refused_before_any_work(small_raw, tmp_path, capsys, source):
+    """Before the raw file is loaded or any synthetic id made: nothing printed but the one line."""
     raw = save_raw(tmp_path / "raw.pt", *small_raw)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    refused(capsys, "tools/gen_dlrm_data.py", "--data", raw, "--out_dir", blocker / "sub", untouched=[tmp_path],
-            quiet=False, match=re.escape(f"error: cannot write to {blocker}: File exists; choose a writable output "
-                                         "folder"))
+    args = ["--data", raw] if source == "raw" else ["--synthetic", "--num_tables", "4", "--batch_size", "64"]
+    refused(capsys, "tools/gen_dlrm_data.py", *args, "--out_dir", blocker / "sub", untouched=[tmp_path],
+            match=re.escape(f"error: cannot write to {blocker}: File exists; choose a writable output folder"))
 
 
 def test_processed_folder_check(tmp_path):
