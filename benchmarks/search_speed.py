@@ -9,7 +9,7 @@ per rank, batch 512 per rank, CPU topology. The 856-table module: the synthetic 
 (x `--row_scale_856`) and pooling factors (the published dataset's statistics), dims 16-128, 4 GB of DDR
 per rank. Both planners see the same module and `ParameterConstraints` (pooling factors) and plan once
 per round, in alternating order; the paired ratio is NeuroShard / TorchRec per round, with the geometric
-mean and a 95% bootstrap interval (`experiments.stats.paired`). Cost models: `--models_dir`'s for N ranks
+mean and a 95% bootstrap interval (`experiments.paired.paired`). Cost models: `--models_dir`'s for N ranks
 when present, else the real network shapes with random weights (the planning time depends on the shapes,
 not the weights; the output says which). Writes `<out_dir>/search_speed.csv` (one row per planner and
 round), `search_speed.md`, `search_speed.json` (summary), provenance in `.meta.json` and `search_speed.png` (planning time

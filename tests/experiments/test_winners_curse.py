@@ -57,9 +57,16 @@ def test_a_run_measures_every_kind_of_plan_and_pairs_them(tiny_pipeline, capsys,
                                        "--warmup_iter", 0, "--out_csv", out)
     assert code == 0, err
     rows = list(csv.DictReader(out.open()))
-    kinds = {r["plan"] for r in rows}
-    assert {"selected", "neighbour0", "greedy"} <= kinds
+    # the tiny run's models may extrapolate below 0 for some plans: those are left out, with a note, never written
+    assert rows or "plans left out" in stdout, stdout
+    by_task = {}
     for r in rows:
+        by_task.setdefault(r["task"], set()).add(r["plan"])
         assert float(r["measured_ms"]) > 0 and float(r["simulated_ms"]) > 0
         assert np.isclose(float(r["sim_over_meas"]), float(r["simulated_ms"]) / float(r["measured_ms"]))
-    assert re.search(r"selected / neighbours .*paired over \d+ tasks\): \d\.\d{3} \[", stdout), stdout
+    assert all("selected" in kinds for kinds in by_task.values())  # a task is measured only with its selected plan
+    paired = [t for t, kinds in by_task.items() if "neighbour0" in kinds]
+    if len(paired) >= 2:
+        assert re.search(r"selected / neighbours .*paired over \d+ tasks\): \d\.\d{3} \[", stdout), stdout
+    else:
+        assert "too few to pair" in stdout, stdout
