@@ -22,8 +22,8 @@ from ..core.artifacts import atomic_torch_save, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.costs import Cluster, StepFit, implausible_ms
-from ..data.features import can_split, table_size_gb
 from ..models.cost_models import CommCostModel, ComputeCostModel
+from ..sharding.plan import check_rank_shards
 from ..sharding.simulator import Simulator
 from .fine_tune import compute_arrays
 
@@ -218,12 +218,9 @@ def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
     try:
         shards, ms = measured["shards"], np.asarray(measured["compute_ms"], np.float64)
         ok = isinstance(shards, list) and 1 <= len(shards) == len(ms) and implausible_ms(ms, positive=True) is None
-        for dev in shards if ok else []:
-            ok = ok and isinstance(dev, list) and len(dev) >= 1 and all(
-                len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
-                and 0 <= x[0] < task.num_tables and _shard_dim_ok(x[1], int(task.dims[x[0]])) for x in dev)
-            ok = ok and table_size_gb(task.rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum() \
-                <= cluster.max_mem_gb * (1 + 1e-9)
+        for dev in shards if ok else []:  # each measured shard: one device's shard list
+            ok = ok and isinstance(dev, list)
+            check_rank_shards([dev], task.rows, Cluster(1, cluster.max_mem_gb), task.dims)
         for key in ("fw_ms", "bw_ms") + (("input_ms",) if "input_ms" in measured else ()):
             v = np.asarray(measured[key], np.float64)
             ok = ok and v.ndim == 2 and v.shape[1] == cluster.num_devices and implausible_ms(v) is None
@@ -235,18 +232,6 @@ def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
 
 
 
-def _shard_dim_ok(d: int, table_dim: int | None) -> bool:
-    """A shard's dim: a multiple of 4 up to 65536 and, with its table's dim, that dim halved 0 or more times."""
-    if not (4 <= d <= 1 << 16 and d % 4 == 0):
-        return False
-    if table_dim is None:
-        return True
-    while table_dim > d and can_split(table_dim):
-        table_dim //= 2
-    return table_dim == d
-
-
-
 def check_reference(ref, rows, cluster: Cluster, where: str, dims=None, measured: dict | None = None) -> list[dict]:
     """A drift reference read from a file: groups of one shard per rank of `cluster`, each a list of
     [table < len(rows), dim] pairs (dim a multiple of 4 up to 65536, and with the tables' `dims` a column shard of
@@ -254,18 +239,11 @@ def check_reference(ref, rows, cluster: Cluster, where: str, dims=None, measured
     calibration's `measured` shards, every reference shard must be one of them with the compute measured for it
     (the reference is what calibration measured, not a number edited in). One line naming the file otherwise
     (`--measure` builds what it names)."""
-    rows = np.asarray(rows, np.int64)
     N = cluster.num_devices
-    table_dim = (lambda t: int(dims[t])) if dims is not None else (lambda t: None)
     try:
         ok = isinstance(ref, list) and 1 <= len(ref) <= 100_000
         for g in ref if ok else []:
-            devs = g["devices"]
-            ok = ok and len(devs) == N and all(len(dev) >= 1 and all(
-                len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
-                and 0 <= x[0] < len(rows) and _shard_dim_ok(x[1], table_dim(x[0])) for x in dev) for dev in devs)
-            ok = ok and all(table_size_gb(rows[[t for t, _ in dev]], np.array([d for _, d in dev])).sum()
-                            <= cluster.max_mem_gb * (1 + 1e-9) for dev in devs)
+            check_rank_shards(g["devices"], rows, cluster, dims)
             for key in ("compute_ms", "bw_ms"):
                 v = np.asarray(g[key], np.float64)
                 ok = ok and v.shape == (N,) and implausible_ms(v, positive=True) is None
