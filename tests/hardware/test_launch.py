@@ -68,22 +68,23 @@ def test_killed_parent_leaves_no_worker_alive():
 
 
 STOPPED_WHILE_STARTING = """
-import multiprocessing.util as util, os, signal, sys
+import multiprocessing.forkserver as forkserver, multiprocessing.popen_forkserver as popen, os, signal, sys
 sys.path.insert(0, {here!r})
 import launch_workers as w
 from neuroshard.core.cli import run_main
 from neuroshard.hardware.launch import run_processes
 
-spawn, spawned = util.spawnv_passfds, []
-def spawn_then_sigterm(path, args, fds):  # SIGTERM lands after the second worker is forked, before it has its
-    pid = spawn(path, args, fds)           # start data (the resource tracker is spawned this way too: not counted)
-    if any("spawn_main" in str(x) for x in args):
-        spawned.append(pid)
-        print(pid, flush=True)
-        if len(spawned) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-    return pid
-util.spawnv_passfds = spawn_then_sigterm
+connect, launch, asked = forkserver.connect_to_new_process, popen.Popen._launch, []
+def connect_then_sigterm(fds):  # SIGTERM lands once the server is asked to fork the second worker, before
+    asked.append(1)              # that worker has its start data
+    answer = connect(fds)
+    if len(asked) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return answer
+def launch_and_say(self, process_obj):
+    launch(self, process_obj)
+    print(self.pid, flush=True)
+forkserver.connect_to_new_process, popen.Popen._launch = connect_then_sigterm, launch_and_say
 run_main(lambda argv: run_processes(w.report_pid_and_sleep, 3, (), lambda pid: None, what="worker"), [])
 """
 
