@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v3
+STAMP := $(VENV)/.installed-v4
 
 .PHONY: reproduce test setup clean
 
@@ -26,8 +26,9 @@ setup: $(STAMP)
 reproduce: $(STAMP)
 	$(PY) tools/run_pipeline.py --preset quick
 
+# two pytest-xdist workers, each test module's tests on one of them (its module fixtures built once)
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadscope tests
 
 clean:
 	rm -rf $(VENV) data models results

@@ -31,6 +31,18 @@ ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
+def pytest_configure(config):
+    """TorchRec imported once, before any run starts its processes' server: the server then has it loaded for every
+    rank that builds a TorchRec step (neuroshard.hardware.launch), rather than each rank importing it (5-6 s). Not in
+    pytest-xdist's controller, which runs no test."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    try:
+        import torchrec  # noqa: F401
+    except ImportError:  # the tests that need it skip
+        pass
+
+
 @pytest.fixture(scope="session")
 def small_raw():
     """A small synthetic dataset in the real raw format: 24 tables, batch 256."""
@@ -237,6 +249,13 @@ def run_in_process(capsys, script, *argv, cwd=None) -> tuple[int, str, str]:
         signal.signal(signal.SIGTERM, sigterm)  # run_main set its own
     out = capsys.readouterr()
     return e.value.code or 0, out.out, out.err
+
+
+def run_here(capsys, script, *argv, cwd=None) -> subprocess.CompletedProcess:
+    """`run_script` in this process (run_in_process), for a test of what the run does rather than of its process:
+    its ranks fork from this process's warm server instead of a new one (neuroshard.hardware.launch)."""
+    code, out, err = run_in_process(capsys, script, *argv, cwd=cwd)
+    return subprocess.CompletedProcess([str(script), *map(str, argv)], code, out, err)
 
 
 def tree(*folders) -> dict:

@@ -22,7 +22,8 @@ Start-up: the processes are forked from one server process per parent (multiproc
 rank then starts in well under a second instead of importing torch (2-3 s of CPU on a 2-core
 machine, 5-6 s with TorchRec) itself, and a parent that launches ranks many times (a pipeline, a
 measuring run's rounds) pays the imports once. Each process gets the parent's environment and
-working folder as they are when it starts, as a spawned one would.
+working folder as they are when it starts, as a spawned one would. Where the server cannot start (its
+socket's path in a $TMPDIR too long), each process is spawned instead.
 """
 from __future__ import annotations
 
@@ -340,8 +341,14 @@ _PRELOAD_IF_LOADED = ("fbgemm_gpu", "torchrec")  # what it needs when the parent
 def _context():
     """The processes' start method: forked from a server that has the heavy imports done (module
     docstring). The server starts with the first process and lives as long as this one."""
+    from multiprocessing import forkserver
+
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([*_PRELOAD, *(m for m in _PRELOAD_IF_LOADED if m in sys.modules)])
+    try:
+        forkserver.ensure_running()
+    except OSError:  # its socket cannot be made (a $TMPDIR too long for a socket path): spawn each one instead
+        return mp.get_context("spawn")
     return ctx
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import inspect
 import json
 import re
@@ -74,15 +73,12 @@ def _grab(parser, *args, **kwargs):
 
 
 @lru_cache(maxsize=None)
-def script_options(path: Path) -> dict[str, argparse.Action | None]:
-    """Option string -> its argparse action, from the script's own parser: the script is imported (not as
-    __main__) and its main() is called with parse_args replaced by a function that hands back the parser, so
-    nothing runs. A script whose main() cannot give its parser that way is asked for --help in a subprocess."""
-    spec = importlib.util.spec_from_file_location(f"_docs_{path.parent.name}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
+def script_options(script: str) -> dict[str, argparse.Action | None]:
+    """Option string -> its argparse action, from the script's own parser: the script is imported (load_script,
+    not as __main__) and its main() is called with parse_args replaced by a function that hands back the parser,
+    so nothing runs. A script whose main() cannot give its parser that way is asked for --help in a subprocess."""
     try:
-        spec.loader.exec_module(module)
-        main = module.main
+        main = load_script(script).main
         with mock.patch.object(argparse.ArgumentParser, "parse_args", _grab), \
                 mock.patch.object(argparse.ArgumentParser, "parse_known_args", _grab):
             main([]) if inspect.signature(main).parameters else main()
@@ -90,14 +86,14 @@ def script_options(path: Path) -> dict[str, argparse.Action | None]:
         return {o: a for a in got.parser._actions for o in a.option_strings}
     except BaseException:  # noqa: BLE001 - any other way out: fall back to --help
         pass
-    r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 0, f"{path.name} --help failed: {r.stderr[-500:]}"
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, f"{script} --help failed: {r.stderr[-500:]}"
     return {o: None for o in re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", r.stdout)}
 
 
 def bad_flags(script: str, args: list[str]) -> list[str]:
     """What in `args` the script's parser would refuse: unknown flags, and values outside an option's choices."""
-    options = script_options((ROOT / script).resolve())
+    options = script_options(script)
     wrong = []
     for i, word in enumerate(args):
         if not word.startswith("--"):

@@ -39,3 +39,8 @@ if __name__ == "__main__":  # a parent that prints its workers' pids, then waits
     from neuroshard.hardware.launch import run_processes
 
     run_processes(report_pid_and_sleep, int(sys.argv[1]), (), lambda pid: print(pid, flush=True), what="worker")
+
+
+def report_env(rank, world, emit, name):
+    """Send (rank, $name, working folder, the parent's pid)."""
+    emit((rank, os.environ.get(name), os.getcwd(), os.getppid()))

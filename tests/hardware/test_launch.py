@@ -104,3 +104,38 @@ def test_sigterm_while_workers_start_stops_them_without_a_traceback():
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids), "workers outlived their parent"
+
+
+def test_each_run_gets_the_environment_and_folder_of_its_parent_at_that_moment(tmp_path, monkeypatch):
+    """Processes fork from a server started with the first run; a variable set and a folder entered after it
+    started still reach the next run's processes, as they would reach spawned ones."""
+    run_processes(w.report_env, 1, ("NEUROSHARD_TEST_VALUE",), lambda m: None, what="worker")  # the server runs
+    monkeypatch.setenv("NEUROSHARD_TEST_VALUE", "set later")
+    monkeypatch.chdir(tmp_path)
+    got = []
+    run_processes(w.report_env, 2, ("NEUROSHARD_TEST_VALUE",), got.append, group_device="cpu")
+    assert sorted(m[:3] for m in got) == [(r, "set later", str(tmp_path)) for r in range(2)]
+
+
+FROM_A_LONG_TMPDIR = """
+import sys
+sys.path.insert(0, {here!r})
+import launch_workers as w
+from neuroshard.hardware.launch import run_processes
+
+got = []
+run_processes(w.report_env, 2, ("TMPDIR",), got.append, group_device="cpu")
+print(sorted(m[:2] for m in got))
+"""
+
+
+def test_a_tmpdir_too_long_for_the_servers_socket_still_runs(tmp_path):
+    """The fork server listens on a socket in $TMPDIR; where its path is longer than a socket path may be
+    (108 bytes), each process is spawned instead, and the run does what it would."""
+    long_tmp = tmp_path / ("d" * 120)
+    long_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(long_tmp), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", FROM_A_LONG_TMPDIR.format(here=str(Path(w.__file__).parent))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == str([(0, str(long_tmp)), (1, str(long_tmp))])

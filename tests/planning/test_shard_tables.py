@@ -12,8 +12,9 @@ from neuroshard.data.table_list import load_table_list
 from neuroshard.sharding.plan import Placement, Shard, check_complete, fits_memory
 
 from analytic_models import save_hand_models
-from conftest import refused, run_script
+from conftest import refused, run_here
 
+SCRIPT = "tools/shard_tables.py"
 TABLES = """name,rows,dim,pooling_factor
 user_id,20000,64,1
 item_id,50000,128,1
@@ -34,13 +35,13 @@ def _plan_from_record(rec, tl):
 
 
 @pytest.mark.parametrize("alg", ["neuroshard", "size_lookup_greedy", "torchrec"])
-def test_plan_is_complete_fits_memory_and_is_reported(tmp_path, alg):
+def test_plan_is_complete_fits_memory_and_is_reported(tmp_path, alg, capsys):
     if alg == "torchrec":
         pytest.importorskip("torchrec")
     (tmp_path / "t.csv").write_text(TABLES)
     models = save_hand_models(tmp_path / "models", 2)
     mem = 0.025
-    proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", mem,
+    proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", mem,
                       "--alg", alg, "--out", tmp_path / "plan.json", "--torchrec_plan", tmp_path / "tr.json",
                       "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
                       "--bw_comm_model", models / "comm_2_bw.pt")
@@ -63,7 +64,7 @@ def test_plan_is_complete_fits_memory_and_is_reported(tmp_path, alg):
         fw = CommCostModel.load(models / "comm_2_fw.pt")
         fw.meta["training_input_max"] = [1.0, 1.0, 1e6, 1e6]
         fw.save(models / "fw_small.pt")
-        proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", mem,
+        proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", mem,
                           "--out", tmp_path / "plan2.json", "--compute_model", models / "compute.pt",
                           "--fw_comm_model", models / "fw_small.pt", "--bw_comm_model", models / "comm_2_bw.pt")
         assert proc.returncode == 0, proc.stderr
@@ -82,16 +83,16 @@ def test_input_distribution_model_beside_the_backward_one_prices_the_step(tmp_pa
     base = ["tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
             "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
             "--bw_comm_model", models / "comm_2_bw.pt"]
-    without = run_script(*base, "--out", tmp_path / "a.json")
+    without = run_here(capsys, *base, "--out", tmp_path / "a.json")
     assert without.returncode == 0, without.stderr
     assert "no input-distribution model" in without.stdout
     hand_comm_model(2, "input").save(models / "comm_2_input.pt")  # 5 ms fixed + 0.01 ms per own word
-    beside = run_script(*base, "--out", tmp_path / "b.json")
+    beside = run_here(capsys, *base, "--out", tmp_path / "b.json")
     assert beside.returncode == 0, beside.stderr
     assert "no input-distribution model" not in beside.stdout
     cost = [json.loads((tmp_path / f"{n}.json").read_text())["predicted"]["cost_ms"] for n in "ab"]
     assert cost[1] > cost[0] + 4.0  # the 5 ms fixed part, less the backward model's price of the same words
-    paper = run_script(*base, "--out", tmp_path / "c.json", "--cost", "paper")
+    paper = run_here(capsys, *base, "--out", tmp_path / "c.json", "--cost", "paper")
     assert paper.returncode == 0, paper.stderr
     assert "no input-distribution model" not in paper.stdout  # the paper's cost has no input distribution
     # a plan written over the input-distribution model it reads: refused, the model kept
@@ -122,12 +123,12 @@ def test_no_plan_within_memory_is_one_line(tmp_path, capsys):
                             "--max_mem or add devices, or try --alg neuroshard"))
 
 
-def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path):
+def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path, capsys):
     (tmp_path / "t.csv").write_text(TABLES)
     models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
     model_args = ["--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
                   "--bw_comm_model", models / "comm_2_bw.pt"]
-    proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+    proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
                       "--out", tmp_path / "plan.json", "--calibrate", 15, "--calibrate_comm", 15, "--measure",
                       "--measure_budget_s", 6, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu", *model_args)
     assert proc.returncode == 0, proc.stderr
@@ -170,11 +171,11 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path)
     check_complete(tl.task, plan)
     assert fits_memory(tl.task, plan, Cluster(2, 0.025))
     # a later run on the same tables and hardware reuses the calibration without measuring
-    again = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+    again = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
                        "--out", tmp_path / "plan.json", "--device", "cpu", *model_args)
     assert again.returncode == 0, again.stderr
     assert "reusing the calibrated cost models" in again.stdout
-    other = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.05,
+    other = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.05,
                        "--out", tmp_path / "plan.json", "--device", "cpu", *model_args)
     assert other.returncode == 0 and "calibrated for other tables" in other.stdout
 
@@ -198,13 +199,13 @@ def test_calibrate_alone_takes_the_default_k_and_a_given_k_wins():
         parsed("--calibrate", "many")
 
 
-def test_measure_in_torchrecs_own_step_writes_its_measured_best(tmp_path):
+def test_measure_in_torchrecs_own_step_writes_its_measured_best(tmp_path, capsys):
     """--measure_engine torchrec: every candidate measured as DistributedModelParallel training steps on 2 gloo
     ranks; the written plan is the one measured fastest there, and the record says which engine measured it."""
     pytest.importorskip("torchrec")
     (tmp_path / "t.csv").write_text(TABLES)
     models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
-    proc = run_script("tools/shard_tables.py", "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
+    proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
                       "--out", tmp_path / "plan.json", "--measure", "--measure_engine", "torchrec",
                       "--measure_budget_s", 6, "--warmup_iter", 1, "--num_iter", 2, "--device", "cpu",
                       "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
@@ -233,7 +234,7 @@ def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path, cap
             "--bw_comm_model", models / "comm_2_bw.pt"]
     for min_gain in (None, 0.0):
         extra = [] if min_gain is None else ["--min_gain", min_gain]
-        proc = run_script(*args, "--out", tmp_path / f"plan{min_gain}.json", *extra)
+        proc = run_here(capsys, *args, "--out", tmp_path / f"plan{min_gain}.json", *extra)
         assert proc.returncode == 0, proc.stderr
         table = proc.stdout.split("(simulated step cost, ms):")[1].strip().split("\n\n")[0].splitlines()[2:]
         rated = {row.rsplit(None, 1)[0].strip(): float(row.rsplit(None, 1)[1]) for row in table if row.strip()}
@@ -247,7 +248,7 @@ def test_alg_neuroshard_hands_out_the_plan_its_models_rate_fastest(tmp_path, cap
         assert "plan handed out: " in proc.stdout
         assert (f"cost models: {models / 'compute.pt'}, {models / 'comm_2_fw.pt'}, {models / 'comm_2_bw.pt'}; "
                 "plans scored by the simulated step cost") in proc.stdout
-    paper = run_script(*args, "--out", tmp_path / "paper.json", "--cost", "paper")
+    paper = run_here(capsys, *args, "--out", tmp_path / "paper.json", "--cost", "paper")
     assert paper.returncode == 0 and json.loads((tmp_path / "paper.json").read_text())["cost"] == "paper"
     refused(capsys, *args, "--out", tmp_path / "bad.json", "--measure", "--measure_engine", "torchrec",
             "--mp_keep", "0.05", untouched=[tmp_path],

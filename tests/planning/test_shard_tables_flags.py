@@ -148,3 +148,32 @@ def test_calibrate_dmp_fit_is_saved_reused_replaced_and_is_the_drift_reference(s
     with pytest.raises(Stop):
         run(capsys, *cmd, "--calibrate_dmp", 13, "--measure", "--measure_engine", "torchrec")
     assert got["engine"] == "torchrec" and len(got["dmp_reference"]["step_ms"]) == 13
+
+
+def test_mp_keep_plans_and_measures_with_dct_mps_compressed_all_to_all(setup, capsys, monkeypatch):
+    """--mp_keep 0.25 with comm models trained on DCT-MP's compressed all-to-all at that keep: the plan is priced by
+    them, a real --measure on 2 gloo ranks runs the compressed exchange, and plan.json records the keep."""
+    tmp, args = setup
+    meta = {"batch_size": 256, "device": "cpu", "mp_keep": 0.25}
+    paths = {d: tmp / "models" / f"comm_2_mp0.25_{d}.pt" for d in ("fw", "bw")}
+    for d, path in paths.items():
+        hand_comm_model(2, d, dim_scale=0.25, meta=meta).save(path)
+    args = args[:args.index("--fw_comm_model")]  # setup's uncompressed comm models are not for this keep
+    seen, real = [], pt.measure_candidates
+
+    def spy(tl, cluster, cands, hw, batch, mcfg, ids=None, **kw):
+        seen.append(mcfg.mp_keep)
+        return real(tl, cluster, cands, hw, batch, mcfg, ids, **kw)
+
+    monkeypatch.setattr(pt, "measure_candidates", spy)
+    code, out, err = run(capsys, *args, "--fw_comm_model", paths["fw"], "--bw_comm_model", paths["bw"],
+                         "--mp_keep", 0.25, "--measure", "--measure_budget_s", 4, "--warmup_iter", 1, "--num_iter", 2,
+                         "--out", tmp / "plan.json")
+    assert code == 0, err
+    assert seen == [0.25]
+    rec = json.loads((tmp / "plan.json").read_text())
+    assert rec["provenance"]["mp_keep"] == 0.25 and rec["measured"]["rounds"] >= 1
+    # the uncompressed models refused for this keep: a model trained for another all-to-all never prices it
+    code, out, err = run(capsys, *args, "--fw_comm_model", tmp / "models/comm_2_fw.pt", "--bw_comm_model",
+                         tmp / "models/comm_2_bw.pt", "--mp_keep", 0.25, "--out", tmp / "other.json")
+    assert code == 2 and "mp_keep" in err and not (tmp / "other.json").exists()
