@@ -65,21 +65,33 @@ TINY = Preset(num_tables=24, batch_size=256, row_scale=1e-3, task_max_mem=0.02, 
 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> SimpleNamespace:
-    """The whole pipeline (`run_pipeline`, preset TINY) run once for the test session: `work` (its
-    folder: data/dlrm_datasets, data/cost_data, models, results; read it, copy it to change it),
-    `report` (the summary's path) and `stdout` (what the run printed)."""
+    """The whole pipeline (`run_pipeline`, preset TINY) run once for the test run: `work` (its folder:
+    data/dlrm_datasets, data/cost_data, models, results; read it, copy it to change it), `report` (the summary's
+    path) and `stdout` (what the run printed). Under pytest-xdist the first worker to need it runs it, holding a
+    lock in the run's shared temporary folder, and the others read what it left there."""
+    import fcntl
+
     from neuroshard.core.config import PipelineConfig
     from neuroshard.experiments.pipeline import PRESETS, run_pipeline
 
-    work = tmp_path_factory.mktemp("tiny_pipeline")
-    out = io.StringIO()
-    PRESETS["tiny"] = TINY
-    try:
-        with contextlib.redirect_stdout(out):
-            report = run_pipeline(PipelineConfig("tiny", str(work)))
-    finally:
-        del PRESETS["tiny"]
-    return SimpleNamespace(work=work, report=report, stdout=out.getvalue())
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    work, done = shared / "tiny_pipeline", shared / "tiny_pipeline.json"
+    with open(shared / "tiny_pipeline.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(work, ignore_errors=True)  # what a worker killed while running it left
+            work.mkdir()
+            out = io.StringIO()
+            PRESETS["tiny"] = TINY
+            try:
+                with contextlib.redirect_stdout(out):
+                    report = run_pipeline(PipelineConfig("tiny", str(work)))
+            finally:
+                del PRESETS["tiny"]
+            done.write_text(json.dumps({"report": str(report), "stdout": out.getvalue()}))
+    got = json.loads(done.read_text())
+    return SimpleNamespace(work=work, report=Path(got["report"]), stdout=got["stdout"])
 
 
 def _sigint_as_in_a_terminal() -> None:
