@@ -84,19 +84,19 @@ def test_the_simulator_applies_the_fit_to_the_step_cost_only_and_keeps_the_order
 def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited_fit(tables, monkeypatch):
     """A real calibration with --calibrate_dmp 12 on 2 gloo ranks: 12 random plans measured as TorchRec training
     steps, fitted on 7, judged on 5; the fit goes into the calibration file and comes back with it. The steps
-    handed to the fit are planted (growing with the plan's widest device): whether 2 measured rounds of real steps
+    handed to the fit are planted (2 x the calibrated step cost + 5 ms): whether 2 measured rounds of real steps
     grow with the hand models' cost depends on how busy this machine is, which is not what is tested here."""
     import neuroshard.planning.calibrate as cal_mod
-    import neuroshard.planning.step_fit as sf
 
-    real, measured = sf.measure_plans_dmp, []
+    real, measured = cal_mod.fit_to_steps, []
 
-    def real_then_planted(tl, plans, ds, hw, batch, N, rounds, warmup, iters, log=print):
-        measured.append(np.asarray(real(tl, plans, ds, hw, batch, N, rounds, warmup, iters, log=log)))
-        return np.array([1.0 + 0.1 * max(p.device_dim_sums()) for p in plans])
+    def planted(calibrated, task, plans, step_ms, split, seed, log=print):
+        measured.append(np.asarray(step_ms))  # the real TorchRec steps
+        step = calibrated.with_cost("step").with_step_fit(None)
+        ms = np.array([2.0 * step.plan_cost(task, p).cost_ms + 5.0 for p in plans])  # what the fit should find
+        return real(calibrated, task, plans, ms, split, seed, log)
 
-    monkeypatch.setattr(cal_mod, "measure_plans_dmp", real_then_planted)
-    monkeypatch.setattr(sf, "measure_plans_dmp", real_then_planted)
+    monkeypatch.setattr(cal_mod, "fit_to_steps", planted)
     tmp, tl, sim, paths = tables
     cluster, hw = Cluster(2, 0.02), resolve_hardware("cpu", "auto")
     cfg = CalibrationConfig(num_shards=15, comm_layouts=15, warmup_iter=1, num_iter=2, steps=50, dmp_plans=12,
