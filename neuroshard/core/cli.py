@@ -101,6 +101,16 @@ def int_list(text, name: str) -> tuple[int, ...]:
         raise UserError(f"{name} must be comma-separated integers such as 0,1,2,3, got {_short(text)}") from None
 
 
+def float_list(text, name: str) -> tuple[float, ...]:
+    """Parse '0,1.5' into (0.0, 1.5) (a benchmark's --lambdas); non-numbers are refused in one line."""
+    if isinstance(text, (tuple, list)):
+        return tuple(float(v) for v in text)
+    try:
+        return tuple(float(p) for p in str(text).split(","))
+    except ValueError:
+        raise UserError(f"{name} must be comma-separated numbers such as 0,1,2, got {_short(text)}") from None
+
+
 def str_list(text, name: str) -> tuple[str, ...]:
     """Parse 'a,b' into ('a', 'b') (--alg); empty entries are refused."""
     if isinstance(text, (tuple, list)):
@@ -142,7 +152,8 @@ def _on_off_arg(text: str) -> bool:
         raise argparse.ArgumentTypeError(str(e).strip()) from None
 
 
-PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "str_list": str_list,
+PARSERS = {"int_range": int_range, "float_range": float_range, "int_list": int_list, "float_list": float_list,
+           "str_list": str_list,
            "shares": shares, "on_off": on_off}
 
 

@@ -143,6 +143,8 @@ class SearchParams:
     grid_steps: int = flag(11)
     threshold_range: tuple[float, float] = flag((1.0, 1.5), "dim-sum caps of the grid search: lo,hi",
                                                 parse="float_range")
+    risk_lambda: float = flag(1.0, "--alg neuroshard_risk ranks plans by the ensemble's mean cost + this many "
+                                   "standard deviations")
 
     def check(self) -> "SearchParams":
         check_range("--threshold_range", self.threshold_range, 0.0, strict=False)
@@ -150,6 +152,7 @@ class SearchParams:
         check_int("--num_candidates", self.num_candidates, 1, 1000)
         check_int("--max_splits", self.max_splits, 0, 1000)
         check_int("--grid_steps", self.grid_steps, 1, 1000)
+        check_float("--risk_lambda", self.risk_lambda, 0.0, 10.0)
         lo, hi = self.threshold_range
         if lo < 1.0:
             raise UserError(f"--threshold_range must start at >= 1.0 (a dim-sum cap below the mean cannot place "
@@ -172,6 +175,8 @@ class FitConfig:
     num_samples: int | None = flag(None, "use the first N samples (default all)")
     lr: float = flag(1e-3)
     seed: int = flag(0)
+    bootstrap: int = flag(0, "train on a resample (with replacement, drawn with this seed) of the training split: "
+                             "one member of an ensemble (0: the samples as they are)")
 
     def check(self, min_samples: int = 10) -> "FitConfig":
         check_int("--epochs", self.epochs, 1, 1_000_000)
@@ -182,6 +187,7 @@ class FitConfig:
         if self.train_ratio + self.valid_ratio >= 1:
             raise UserError("--train_ratio + --valid_ratio must be < 1 (the rest is the test split)")
         check_int("--seed", self.seed, 0)
+        check_int("--bootstrap", self.bootstrap, 0)
         if self.num_samples is not None:
             check_int("--num_samples", self.num_samples, min_samples)
         return self
@@ -323,6 +329,25 @@ class TrainComputeConfig:
     @property
     def data_path(self) -> Path:
         return compute_data_path(self.data_dir)
+
+
+@dataclass
+class EnsembleConfig:
+    """train_ensemble.py: the cost models' ensemble members (<models_dir>/ensemble/b<k>/), each trained on a
+    resample of the cost data the models in --models_dir were trained on; `--alg neuroshard_risk` and the
+    predicted intervals read them."""
+    data_dir: str = flag(COST_DATA_DIR, "folder with the cost data (compute_cost_data.pkl, comm_cost_data_<N>.pkl)")
+    dataset_dir: str = flag(DATASET_DIR, "processed dataset the samples came from")
+    models_dir: str = flag(MODELS_DIR, "the pre-trained models; the members go to its ensemble/ folder")
+    ndevices: int = flag(4)
+    members: int = flag(5, "ensemble members (2-100)")
+    fit: FitConfig = field(default_factory=FitConfig)
+
+    def check(self) -> "EnsembleConfig":
+        check_int("--ndevices", self.ndevices, 2, 4096)
+        check_int("--members", self.members, 2, 100)
+        self.fit.check()
+        return self
 
 
 @dataclass

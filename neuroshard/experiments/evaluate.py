@@ -30,7 +30,8 @@ from ..data.tasks import ShardingTask, load_tasks
 from ..hardware.backends import resolve_hardware
 from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
 from ..hardware.launch import rank_gpus
-from ..sharding.registry import algs_file_tag, expand_algs, make_sharders, shard_rows
+from ..sharding.registry import SEARCHES, algs_file_tag, expand_algs, make_sharders, shard_rows
+from ..sharding.risk import predicted_interval
 from ..sharding.simulator import Simulator
 from .task_summary import print_paired, print_summary, summarize
 
@@ -189,11 +190,14 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
     paths = cfg.models.paths(N, cfg.mp_keep)
-    sim = _simulator(cfg.models, ds, batch, N, required="neuroshard" in algs, mp_keep=cfg.mp_keep)  # also fidelity
+    sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity
     rows, plans, negative = [], {}, []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
             if sim is not None and not res.oom else float("nan")
+        interval = (predicted_interval(sim, task, res.plan, row["sim_cost_ms"])
+                    if sim is not None and not res.oom and np.isfinite(row["sim_cost_ms"]) else None)
+        row["pred_lo_ms"], row["pred_hi_ms"] = interval or (float("nan"), float("nan"))
         rows.append(row)
         if not res.oom:
             plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..core.artifacts import check_results_csv
 from ..core.config import (PRESETS, CommCollectConfig, ComputeCollectConfig, CostModelFiles, DatasetConfig,
-                           EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig, TasksConfig,
+                           EnsembleConfig, EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig, TasksConfig,
                            TrainCommConfig, TrainComputeConfig)
 from ..core.errors import UserError
 from ..core.file_names import (COST_DATA_DIR, DATASET_DIR, DATASET_TABLES, FAMILY_TABLES_DIR, MODELS_DIR, RESULTS_DIR,
@@ -26,6 +26,7 @@ from ..data.dataset import build_dataset
 from ..data.tasks import make_task_file
 from ..hardware.collect import collect_comm, collect_compute
 from ..hardware.comm_bench import torchrec_available
+from ..models.ensemble import member_files, train_members
 from ..models.fitting import train_comm_models, train_compute_model
 from .evaluate import eval_hardware, eval_simulator
 from .summary_report import write_report
@@ -111,12 +112,22 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
             Step(f"4 comm cost models ({N} devices)", _cmd("train_comm_cost_model.py", tm),
                  lambda tm=tm: train_comm_models(tm), [fw, bw]),
             *_input_steps(cost, models, N, P, gpus, fit),
+            _ensemble_step(cost, data, models, N, fit),
             Step(f"5 simulate all algorithms ({N} devices)", _cmd("eval_simulator.py", sim),
                  lambda sim=sim: eval_simulator(sim), [sim_csv]),
             Step(f"6 measure all algorithms ({N} devices)", _cmd("eval.py", ev),
                  lambda ev=ev: eval_hardware(ev), [eval_csv]),
         ]
     return steps
+
+
+def _ensemble_step(cost: Path, data: Path, models: Path, N: int, fit: FitConfig) -> Step:
+    """The cost models' ensemble members (`models/ensemble.py`), for neuroshard_risk: after every model they
+    resample (the input-distribution model's members where TorchRec made its data)."""
+    cfg = EnsembleConfig(data_dir=str(cost), dataset_dir=str(data), models_dir=str(models), ndevices=N, fit=fit)
+    files = [f for k in range(1, cfg.members + 1) for f in member_files(models, N, k, torchrec_available())]
+    return Step(f"4 ensemble members ({N} devices)", _cmd("train_ensemble.py", cfg), lambda: train_members(cfg),
+                files)
 
 
 def _input_steps(cost: Path, models: Path, N: int, P, gpus, fit: FitConfig) -> list[Step]:

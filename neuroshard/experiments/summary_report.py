@@ -1,10 +1,11 @@
-"""Results report: results/summary.md, summary.csv, a bar chart and a fidelity plot, from the eval CSVs.
+"""Results report: results/summary.md, summary.csv, a chart of paired ratios and a fidelity plot, from the eval CSVs.
 
-Headline: NeuroShard's paired measured cost ratio against the best other algorithm with its
-bootstrap 95% interval (`paired.py`), then the paired table against every algorithm (simulated and
-measured), valid counts, and the mean cost over the tasks every algorithm solved; the run-to-run
-spread of a plan (over the interleaved rounds); every plan's simulated vs measured cost with the
-ones more than 25% apart flagged; the simulator's fidelity (Spearman rank correlation of simulated vs measured
+Headline, for each search run (the paper's NeuroShard, and neuroshard_risk where it ran): its paired measured cost
+ratio against the best other algorithm (searches left out) with its bootstrap 95% interval (`paired.py`), then the
+paired table against every algorithm (simulated and measured; summary.png draws both), valid counts, and the mean
+cost over the tasks every algorithm solved; the run-to-run spread of a plan (over the interleaved rounds); each
+algorithm's median simulated / measured cost; every plan's simulated vs measured cost with the ones more than 25%
+apart flagged; the simulator's fidelity (Spearman rank correlation of simulated vs measured
 cost over every plan measured) and the cost models' test errors.
 """
 from __future__ import annotations
@@ -20,6 +21,9 @@ from ..core.artifacts import atomic_write_bytes, atomic_write_text, load_torch, 
 from ..core.tables import format_table
 from .task_summary import summarize
 from .paired import format_paired, paired_table, strongest
+
+
+OURS = ("neuroshard", "neuroshard_risk")  # the paper's search, and the search ranking by the ensemble's risk
 
 
 def _rows(csv_path: Path) -> list[dict]:
@@ -39,7 +43,7 @@ def algorithm_table(sim_csv: Path, eval_csv: Path) -> tuple[pd.DataFrame, dict]:
         "valid": f"{ev_s[alg]['valid']} / {ev_s[alg]['total']}",
         "search_s": sim_s[alg]["mean_search_s"] if alg in sim_s else ev_s[alg]["mean_search_s"],
     } for alg in ev_s])
-    others = table[table.algorithm != "neuroshard"]
+    others = table[~table.algorithm.isin(OURS)]
     best_other = others.loc[others.measured_ms.idxmin()] if len(others) else None
     table["vs_best_other_pct"] = (100 * (1 - table.measured_ms / best_other.measured_ms)
                                   if best_other is not None else np.nan)
@@ -55,27 +59,31 @@ def algorithm_table(sim_csv: Path, eval_csv: Path) -> tuple[pd.DataFrame, dict]:
 FIDELITY_FLAG = 0.25
 
 
-def paired_section(sim_csv: Path, eval_csv: Path) -> tuple[list[str], dict]:
-    """Markdown of NeuroShard's paired comparisons (measured and simulated) and the headline numbers."""
-    measured = paired_table(_rows(eval_csv), "cost_ms")
-    simulated = paired_table(_rows(sim_csv), "cost_ms")
-    best = strongest(measured)
-    head = {"best_other": best["vs"] if best else None}
-    md = []
-    if best:
+def paired_section(sim_csv: Path, eval_csv: Path) -> tuple[list[str], dict, dict]:
+    """Markdown of each search's paired comparisons (measured and simulated) against every other algorithm, the
+    headline numbers, and the tables the paired chart draws ({ours: (measured, simulated)})."""
+    eval_rows, sim_rows = _rows(eval_csv), _rows(sim_csv)
+    head, md, charts = {}, [], {}
+    for ours in (o for o in OURS if any(r["alg"] == o for r in eval_rows)):
+        measured = paired_table(eval_rows, "cost_ms", ours)
+        simulated = paired_table(sim_rows, "cost_ms", ours)
+        charts[ours] = (measured, simulated)
+        best = strongest([t for t in measured if t["vs"] not in OURS])
+        if not best:
+            continue
         tr = next((t for t in measured if t["vs"] == "torchrec"), None)
-        head.update(ratio=best["ratio"], ci=(best["ci_lo"], best["ci_hi"]), n=best["n"],
-                    torchrec=None if tr is None else (tr["ratio"], tr["ci_lo"], tr["ci_hi"], tr["n"]))
-        md += [f"**Headline: NeuroShard's measured cost is {best['ratio']:.3f}x that of the best other algorithm "
-               f"({best['vs']}), 95% CI [{best['ci_lo']:.3f}, {best['ci_hi']:.3f}], paired over the {best['n']} "
-               f"tasks both placed within memory.**"
-               + (f" Against TorchRec: {tr['ratio']:.3f}x [{tr['ci_lo']:.3f}, {tr['ci_hi']:.3f}] over {tr['n']} tasks."
-                  if tr else ""), "",
-               "Paired comparison on measured cost (geometric mean of per-task ratios; < 1: NeuroShard cheaper; "
-               "the best other algorithm is the one against which NeuroShard's ratio is highest):", ""]
-        md += format_paired(measured) + [""]
-        md += ["The same on simulated cost:", ""] + format_paired(simulated) + [""]
-    return md, head
+        key = "headline" if ours == "neuroshard" else f"headline_{ours}"
+        head[key] = {"best_other": best["vs"], "ratio": best["ratio"], "ci": (best["ci_lo"], best["ci_hi"]),
+                     "n": best["n"], "torchrec": None if tr is None else (tr["ratio"], tr["ci_lo"], tr["ci_hi"], tr["n"])}
+        md += [f"**{ours}: measured cost {best['ratio']:.3f}x that of the best other algorithm ({best['vs']}), 95% "
+               f"CI [{best['ci_lo']:.3f}, {best['ci_hi']:.3f}], paired over the {best['n']} tasks both placed within "
+               "memory.**" + (f" Against TorchRec: {tr['ratio']:.3f}x [{tr['ci_lo']:.3f}, {tr['ci_hi']:.3f}] over "
+                              f"{tr['n']} tasks." if tr else ""), "",
+               f"Paired comparison on measured cost (geometric mean of per-task ratios; < 1: {ours} cheaper; the best "
+               f"other algorithm is the one against which {ours}'s ratio is highest, searches left out):", ""]
+        md += format_paired(measured, ours) + [""]
+        md += ["The same on simulated cost:", ""] + format_paired(simulated, ours) + [""]
+    return md, head, charts
 
 
 def fidelity_section(eval_csv: Path) -> tuple[list[str], list[dict]]:
@@ -91,6 +99,10 @@ def fidelity_section(eval_csv: Path) -> tuple[list[str], list[dict]]:
     if len(spread):
         md += [f"Run-to-run spread of a plan (max - min over the interleaved rounds, relative to the median): median "
                f"{np.median(spread):.1f}%, 90th percentile {np.percentile(spread, 90):.1f}% over {len(spread)} plans.", ""]
+    ratio = {alg: [p["sim"] / p["meas"] for p in plans if p["alg"] == alg] for alg in dict.fromkeys(p["alg"] for p in plans)}
+    md += ["Median simulated / measured cost of each algorithm's plans (below 1: predicted cheaper than measured): "
+           + ", ".join(f"{alg} {np.median(v):.3f} ({len(v)})" for alg, v in ratio.items()) + ".", ""]
+    md += coverage_lines(rows)
     md += [f"Simulated vs measured cost of every measured plan ({len(off)} of {len(plans)} disagree by more than "
            f"{FIDELITY_FLAG:.0%}, flagged): see summary_fidelity.png.", "",
            "<details><summary>every plan</summary>", ""]
@@ -101,6 +113,19 @@ def fidelity_section(eval_csv: Path) -> tuple[list[str], list[dict]]:
                        cells, align="rlrrrrl")
     md += ["", "</details>", ""]
     return md, plans
+
+
+def coverage_lines(rows: list[dict]) -> list[str]:
+    """How often each plan's stated 90% interval (`sharding/risk.predicted_interval`) held its measured cost."""
+    ok = [r for r in rows if np.isfinite(r.get("pred_lo_ms", np.nan)) and np.isfinite(r.get("pred_hi_ms", np.nan))]
+    if not ok:
+        return []
+    inside = {alg: [r["pred_lo_ms"] <= r["cost_ms"] <= r["pred_hi_ms"] for r in ok if r["alg"] == alg]
+              for alg in dict.fromkeys(r["alg"] for r in ok)}
+    every = [x for v in inside.values() for x in v]
+    return [f"The stated 90% intervals of the predicted costs (the models' cost x the ensemble members' spread) hold "
+            f"{np.mean(every):.0%} of the {len(every)} measured plans: "
+            + ", ".join(f"{alg} {np.mean(v):.0%}" for alg, v in inside.items()) + ".", ""]
 
 
 def model_errors(model_paths: dict[str, Path]) -> pd.DataFrame:
@@ -125,10 +150,10 @@ def write_report(out_dir: Path, sections: list[dict], command: str, meta: dict) 
         table, info = algorithm_table(Path(sec["sim_csv"]), Path(sec["eval_csv"]))
         table.insert(0, "ndevices", sec["ndevices"])
         all_tables.append(table)
-        charts.append((sec["ndevices"], table))
-        paired_md, head = paired_section(Path(sec["sim_csv"]), Path(sec["eval_csv"]))
+        paired_md, head, paired_charts = paired_section(Path(sec["sim_csv"]), Path(sec["eval_csv"]))
         fid_md, plans = fidelity_section(Path(sec["eval_csv"]))
-        meta = {**meta, f"headline_{sec['ndevices']}": head}
+        meta = {**meta, **{f"{k}_{sec['ndevices']}": v for k, v in head.items()}}
+        charts.append((sec["ndevices"], paired_charts))
         scatter.append((sec["ndevices"], plans))
         md += [f"## {sec['ndevices']} devices", ""] + paired_md + fid_md + [
                f"Mean cost over the {info['num_common']} of {info['num_tasks']} test tasks that every algorithm "
@@ -147,29 +172,43 @@ def write_report(out_dir: Path, sections: list[dict], command: str, meta: dict) 
                    *format_table(["model", "MSE", "MAPE", "R²", "Spearman"],
                                  [[e.model, f"{e.MSE:.4g}", f"{e.MAPE_pct:.1f}%", f"{e.R2:.3f}", f"{e.Spearman:.3f}"]
                                   for _, e in errs.iterrows()], align="lrrrr"), ""]
-    md += ["![measured cost per algorithm](summary.png)", "", "![simulated vs measured cost of every plan](summary_fidelity.png)", ""]
+    md += ["![paired cost ratios, simulated and measured](summary.png)", "", "![simulated vs measured cost of every plan](summary_fidelity.png)", ""]
     summary = pd.concat(all_tables, ignore_index=True)
     atomic_write_text(out_dir / "summary.csv", summary.to_csv(index=False))
-    atomic_write_bytes(out_dir / "summary.png", _bar_chart(charts))
+    atomic_write_bytes(out_dir / "summary.png", _paired_chart(charts))
     atomic_write_bytes(out_dir / "summary_fidelity.png", _fidelity_plot(scatter))
     atomic_write_text(out_dir / "summary.md", "\n".join(md))
     write_json(out_dir / "summary.meta.json", {"command": command, **meta}, indent=2)
     return out_dir / "summary.md"
 
 
-def _bar_chart(charts) -> bytes:
+def _paired_chart(charts) -> bytes:
+    """Per device count and search, one row per other algorithm: the paired cost ratio (geometric mean over the
+    tasks both placed) with its 95% interval, simulated and measured side by side; < 1: the search cheaper."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(charts), figsize=(6 * len(charts), 4), squeeze=False)
-    for ax, (n, table) in zip(axes[0], charts):
-        colors = ["tab:red" if a == "neuroshard" else "tab:gray" for a in table.algorithm]
-        ax.bar(table.algorithm, table.measured_ms, color=colors)
-        ax.set_title(f"measured embedding cost, {n} devices")
-        ax.set_ylabel("ms per iteration (max over devices)")
-        ax.tick_params(axis="x", rotation=35)
+    panels = [(n, ours, tables) for n, per in charts for ours, tables in per.items()]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4), squeeze=False)
+    for ax, (n, ours, (measured, simulated)) in zip(axes[0], panels):
+        names = [t["vs"] for t in measured]
+        sims = {t["vs"]: t for t in simulated}
+        for shift, what, table, color in ((-0.15, "simulated", [sims.get(v) for v in names], "tab:gray"),
+                                          (0.15, "measured", measured, "tab:red")):
+            rows = [(i + shift, t) for i, t in enumerate(table) if t is not None and t["n"] > 0]
+            if rows:
+                y, ts = zip(*rows)
+                x = [t["ratio"] for t in ts]
+                err = [[t["ratio"] - t["ci_lo"] for t in ts], [t["ci_hi"] - t["ratio"] for t in ts]]
+                ax.errorbar(x, y, xerr=err, fmt="o", color=color, capsize=3, label=what)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_yticks(range(len(names)), names)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{ours} cost / the algorithm's (paired, 95% interval)")
+        ax.set_title(f"{ours}, {n} devices")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return figure_png(fig)
 
@@ -195,7 +234,7 @@ def _fidelity_plot(scatter) -> bytes:
         algs = sorted({p["alg"] for p in plans})
         for alg in algs:
             pts = [(p["meas"], p["sim"]) for p in plans if p["alg"] == alg]
-            ax.scatter(*zip(*pts), s=18, label=alg, marker="*" if alg == "neuroshard" else "o")
+            ax.scatter(*zip(*pts), s=18, label=alg, marker="*" if alg in OURS else "o")
         if plans:
             hi = max(max(p["meas"], p["sim"]) for p in plans) * 1.05
             ax.plot([0, hi], [0, hi], "k-", lw=0.8)

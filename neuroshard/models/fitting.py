@@ -141,4 +141,4 @@ def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
 
 def _fit_kwargs(fit: FitConfig) -> dict:
     return {"batch_size": fit.batch_size, "lr": fit.lr, "train_ratio": fit.train_ratio,
-            "valid_ratio": fit.valid_ratio, "seed": fit.seed}
+            "valid_ratio": fit.valid_ratio, "seed": fit.seed, "bootstrap": fit.bootstrap}

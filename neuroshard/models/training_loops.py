@@ -3,7 +3,9 @@
 `train_cost_model` (pre-training, the paper's): split 80/10/10 (train/valid/test, seeded), z-normalise inputs
 with training statistics (set on the model by `model.set_normalization`), MSE loss, Adam,
 mini-batches, and keep the weights of the best validation epoch. Ends with test-split metrics: MSE,
-MAPE, R² and Spearman rank correlation.
+MAPE, R² and Spearman rank correlation. With `bootstrap` (a seed > 0), the training split is resampled with
+replacement first (the validation and test splits stay as they are): one member of an ensemble whose spread
+says how much a prediction depends on which samples were collected (`models/ensemble.py`).
 
 `fine_tune_relative` (calibration to a user's tables): a few dozen new samples, so no split of its
 own (the caller holds samples out); the pre-training normalisation is kept; relative squared error
@@ -41,13 +43,15 @@ def split_indices(n: int, train_ratio: float, valid_ratio: float, seed: int):
 
 def train_cost_model(model, inputs: tuple[np.ndarray, ...], targets: np.ndarray, epochs: int, batch_size: int = 512,
           lr: float = 1e-3, train_ratio: float = 0.8, valid_ratio: float = 0.1, seed: int = 0,
-          progress: bool = True) -> dict:
+          progress: bool = True, bootstrap: int = 0) -> dict:
     """Fit `model.net` on (inputs, targets); returns history and test metrics."""
     torch.manual_seed(seed)
     n = len(targets)
     if n < 10:
         raise ValueError(f"need at least 10 samples to train, got {n}")
     tr, va, te = split_indices(n, train_ratio, valid_ratio, seed)
+    if bootstrap:
+        tr = np.random.default_rng([bootstrap, n]).choice(tr, len(tr), replace=True)
     X = [torch.as_tensor(x) for x in inputs]
     y = torch.as_tensor(np.asarray(targets, dtype=np.float32))
     model.set_normalization(*(x[tr] for x in X))

@@ -252,6 +252,7 @@ def candidate_row(c: Candidate, costs: np.ndarray, best_costs: np.ndarray, R: in
             "round_ms": [float(x) if ok else None for x, ok in zip(costs, measured)],
             "measured_parts_ms": parts, "simulated_parts_ms": reported_parts(c.simulated_parts_ms),
             "simulated_ms": c.simulated_ms,
+            "predicted_90_ms": None if c.predicted_interval_ms is None else list(c.predicted_interval_ms),
             "simulated_drift_ms": simulated_drift_ms(c, drift),
             "ratio_to_best": st.estimate if st else float("nan"), "ci_lo": st.lo if st else float("nan"),
             "ci_hi": st.hi if st else float("nan")}
@@ -293,15 +294,17 @@ def format_candidates(rows: list[dict]) -> list[str]:
     """The candidates as a text table, the best measured first (those measured in every round before those
     dropped earlier)."""
     drift = any(r.get("simulated_drift_ms") is not None for r in rows)
+    spread = any(r.get("predicted_90_ms") is not None for r in rows)
     R = max((r.get("rounds", 0) for r in rows), default=0)
     cells = []
     for r in sorted(rows, key=lambda r: (-r.get("rounds", 0), r["measured_ms"])):
-        sim, meas, d = r["simulated_ms"], r["measured_ms"], r.get("simulated_drift_ms")
+        sim, meas, d, pi = r["simulated_ms"], r["measured_ms"], r.get("simulated_drift_ms"), r.get("predicted_90_ms")
         cells.append(["/".join(r["names"])[:34], f"{meas:.3f}", "-" if sim is None else f"{sim:.3f}",
+                      *(["-" if pi is None else f"[{pi[0]:.3f}, {pi[1]:.3f}]"] if spread else []),
                       "-" if sim is None else f"{sim / meas:.2f}",
                       *(["-" if sim is None or d is None else f"{d / meas:.2f}"] if drift else []),
                       f"{r['ratio_to_best']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]"
                       + (f"  (dropped after {r['rounds']} rounds)" if r.get("rounds", R) < R else "")])
-    header = ["candidate", "measured ms", "simulated ms", "sim/meas", *(["drift-corrected"] if drift else []),
-              "ratio to best [95% CI]"]
-    return format_table(header, cells, style="text", align="lrrr" + "r" * drift + "l")
+    header = ["candidate", "measured ms", "simulated ms", *(["predicted 90%"] if spread else []), "sim/meas",
+              *(["drift-corrected"] if drift else []), "ratio to best [95% CI]"]
+    return format_table(header, cells, style="text", align="lrr" + "r" * spread + "r" + "r" * drift + "l")

@@ -155,6 +155,7 @@ def build_simulator(cfg: ShardTablesConfig, cluster: Cluster, inputs: PlanInputs
     if sim is not None and hw is not None:
         sim, calibration = calibrated_simulator(sim, inputs.tables, cluster, hw, inputs.batch, inputs.model_paths,
                                                 cfg)
+        sim = sim.with_members(inputs.sim.members)
     if sim is not None:
         sim = sim.with_cost(cfg.cost)
         calibrated = f" (calibrated on these tables: {calibration_path(cfg.out)})" if calibration is not None else ""

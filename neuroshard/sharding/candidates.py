@@ -19,6 +19,7 @@ from ..core.costs import Cluster, Cost
 from ..data.tasks import ShardingTask
 from .plan import Placement
 from . import registry
+from .risk import predicted_interval
 from .search import neuroshard_top_plans, plan_key
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Candidate:
     round_ms: list[float] = field(default_factory=list)
     simulated_parts_ms: list[list[float]] | None = None  # per device [compute, fw, bw] as simulated
     round_parts_ms: list[np.ndarray] = field(default_factory=list)  # per round, per rank [compute, fw, bw]
+    predicted_interval_ms: tuple[float, float] | None = None  # the stated 90% interval (`risk.predicted_interval`)
 
 
 # the predicted cost of one plan of a task (None: not rated, e.g. out of memory)
@@ -52,7 +54,12 @@ def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k:
     if rate is None and sim is not None:
         def rate(task, plan):
             return sim.plan_cost(task, plan, cluster)
-    return rated_candidates(task, named, rate)
+    out = rated_candidates(task, named, rate)
+    if sim is not None:  # with ensemble members: each rated plan's stated interval
+        for c in out:
+            if c.simulated_ms is not None:
+                c.predicted_interval_ms = predicted_interval(sim, task, c.plan, c.simulated_ms)
+    return out
 
 
 def baseline_plans(task, cluster: Cluster, sim, search, batch_size: int, seed: int = 0) -> list[tuple[str, Placement]]:

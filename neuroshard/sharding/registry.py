@@ -16,11 +16,13 @@ from ..data.tasks import ShardingTask
 from .baselines import GREEDY_KEYS, GreedySharder, RandomSharder
 from .plan import Placement, check_complete, fits_memory
 from .plan_file import PlanFileSharder
+from .risk import RiskAwareSharder
 from .search import NeuroShardSharder
 from .torchrec_baseline import TorchRecSharder
 
 BASELINES = ["random", *GREEDY_KEYS]
-ALGORITHMS = [*BASELINES, "neuroshard", "torchrec"]
+SEARCHES = {"neuroshard", "neuroshard_risk"}  # the algorithms that plan with the cost models
+ALGORITHMS = [*BASELINES, "neuroshard", "neuroshard_risk", "torchrec"]
 
 
 class Sharder(Protocol):
@@ -61,6 +63,11 @@ def make_sharder(alg: str, seed: int = 0, simulator=None, search_params=None, ba
             raise UserError("--alg neuroshard needs the pre-trained cost models; run train_compute_cost_model.py "
                             "and train_comm_cost_model.py, or pass --compute_model/--fw_comm_model/--bw_comm_model")
         return NeuroShardSharder(simulator, search_params or SearchParams())
+    if alg == "neuroshard_risk":
+        if simulator is None:
+            raise UserError("--alg neuroshard_risk needs the pre-trained cost models and their ensemble members; "
+                            "run tools/run_pipeline.py, or train_ensemble.py beside your models")
+        return RiskAwareSharder(simulator, search_params or SearchParams())
     if alg == "torchrec":
         return TorchRecSharder(batch_size)
     if alg.startswith("plan:") and len(alg) > 5:

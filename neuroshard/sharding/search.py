@@ -59,12 +59,20 @@ class ShardTable:
         self.index = {k: i for i, k in enumerate(keys)}
         tables = np.array([k[0] for k in keys])
         dims = np.array([k[1] for k in keys])
-        self.emb = sim.compute.embed(with_dim(task.data_features[tables], dims))
+        self.features = with_dim(task.data_features[tables], dims)
+        self.emb = sim.compute.embed(self.features)
         self.single_cost = round_ms(sim.compute.head(self.emb))
         self.size = table_size_gb(task.rows[tables], dims)
         self.dim = dims.astype(np.float64)
         self.column_wise = task.column_wise_shards(tables, dims)  # the shard's sharding group
         self.input_words = input_words(task.pooling_factors[tables])
+        self._member_emb: dict[int, np.ndarray] = {}
+
+    def member_emb(self, k: int, member: Simulator) -> np.ndarray:
+        """Ensemble member k's embeddings of these shards (`sharding/risk.py`), computed once."""
+        if k not in self._member_emb:
+            self._member_emb[k] = member.compute.embed(self.features)
+        return self._member_emb[k]
 
 
 @dataclass

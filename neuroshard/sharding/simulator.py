@@ -36,6 +36,7 @@ through `Simulator.from_files` (the files a run's flags name, or a models folder
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -46,6 +47,7 @@ from ..core.costs import Cluster, Cost, StepFit, round_ms
 from ..data.features import input_words, with_dim
 from ..data.tasks import ShardingTask
 from ..models.cost_models import CommCostModel, ComputeCostModel
+from ..models.ensemble import member_dirs
 from ..models.loading import locate_cost_models
 from .plan import Placement, fits_memory
 
@@ -77,7 +79,8 @@ def check_cost(cost: str, name: str = "--cost") -> str:
 
 class Simulator:
     def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = PAPER_COST,
-                 step_fit: StepFit | None = None, inp: DeviceCostModel | None = None):
+                 step_fit: StepFit | None = None, inp: DeviceCostModel | None = None,
+                 members: tuple["Simulator", ...] = ()):
         for m, want in ((fw, "fw"), (bw, "bw"), (inp, "input")):
             if m is None:
                 continue
@@ -106,14 +109,22 @@ class Simulator:
         self.step_fit = step_fit
         self.num_devices = fw.num_devices
         self.mp_keep = fw.meta.get("mp_keep")  # DCT-MP's keep fraction the comm models know; None: uncompressed
+        # the ensemble members (`models/ensemble.py`), scoring plans the same way; () without them
+        self.members = tuple(m if (m.cost, m.step_fit) == (cost, step_fit) else
+                             Simulator(m.compute, m.fw, m.bw, cost, step_fit, m.inp) for m in members)
 
     def with_cost(self, cost: str) -> "Simulator":
         """This simulator scoring plans by `cost` ("paper" or "step"; module docstring)."""
-        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit, self.inp)
+        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit, self.inp, self.members)
 
     def with_step_fit(self, step_fit: StepFit | None) -> "Simulator":
         """This simulator with `step_fit` (None: without one) for its step cost."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp)
+        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp, self.members)
+
+    def with_members(self, members: tuple["Simulator", ...]) -> "Simulator":
+        """This simulator with these ensemble members (a calibrated simulator keeps its pre-trained models'
+        members: `sharding/risk.py` uses their relative spread around its own cost)."""
+        return Simulator(self.compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, members)
 
     def input_model_note(self) -> str | None:
         """One line when the step cost prices the input distribution without its own model; else None."""
@@ -134,7 +145,15 @@ class Simulator:
         if found is None:
             return None
         paths, input_path = found
-        return cls.load(*paths, num_devices=num_devices, mp_keep=mp_keep, input_path=input_path)
+        sim = cls.load(*paths, num_devices=num_devices, mp_keep=mp_keep, input_path=input_path)
+        members = []
+        for d in member_dirs(paths[0].parent):
+            got = locate_cost_models(d, num_devices, mp_keep, required=False)
+            if got is None:  # members without models for these devices or this mp_keep: no ensemble here
+                return sim
+            members.append(cls.load(*got[0], num_devices=num_devices, mp_keep=mp_keep, input_path=got[1]))
+            _check_member(sim, members[-1], d)
+        return Simulator(sim.compute, sim.fw, sim.bw, sim.cost, sim.step_fit, sim.inp, tuple(members))
 
     @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
@@ -254,6 +273,20 @@ class Simulator:
         else:
             _, fw, bw = self.total_cost(compute, plan.device_dim_sums()[None])
         return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0])
+
+
+def _check_member(sim: Simulator, member: Simulator, folder) -> None:
+    """Refuse an ensemble member trained on other cost data than the pre-trained models (another dataset,
+    batch, hardware or input-distribution model), naming its folder."""
+    for key in ("dataset_fingerprint", "batch_size", "device", "device_name"):
+        if member.compute.meta.get(key) != sim.compute.meta.get(key) or member.fw.meta.get(key) != sim.fw.meta.get(key):
+            raise UserError(f"the ensemble member in {folder} was trained on other cost data than the models beside "
+                            f"it (its {key} differs); delete {Path(folder).parent} and train the members again "
+                            "(tools/run_pipeline.py, or train_ensemble.py)")
+    if (member.inp is None) != (sim.inp is None):
+        raise UserError(f"the ensemble member in {folder} {'lacks' if member.inp is None else 'has'} an "
+                        f"input-distribution model and the models beside it {'do not' if sim.inp is None else 'do'}; "
+                        f"delete {Path(folder).parent} and train the members again")
 
 
 def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np.ndarray]:

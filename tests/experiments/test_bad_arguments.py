@@ -67,9 +67,9 @@ CASES = {
         ("--seed", "-1", "--seed must be >= 0, got -1"),
         ("--alg", "a,,b", "--alg has an empty entry: 'a,,b'"),
         ("--alg", "nope", "unknown --alg 'nope'; choose one of random, dim_greedy, size_greedy, lookup_greedy, "
-                          "size_lookup_greedy, neuroshard, torchrec, all, or plan:FILE"),
+                          "size_lookup_greedy, neuroshard, neuroshard_risk, torchrec, all, or plan:FILE"),
         ("--alg", "plan:", "unknown --alg 'plan:'; choose one of random, dim_greedy, size_greedy, lookup_greedy, "
-                           "size_lookup_greedy, neuroshard, torchrec, all, or plan:FILE"),
+                           "size_lookup_greedy, neuroshard, neuroshard_risk, torchrec, all, or plan:FILE"),
         ("--threshold_range", "1,inf", "--threshold_range must be finite numbers with 0 <= lo <= hi, got 1.0,inf "
                                        "(not finite)"),
         ("--mp_keep", "-1", "--mp_keep must be a finite number > 0 and <= 1, got -1"),

@@ -25,10 +25,12 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     assert "skipped" not in first and "measured 15 samples" in first  # the mix: 1.5 x the preset's 10
     summary = pd.read_csv(done / "results/summary.csv")
     assert set(summary.algorithm) == {"random", "dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy",
-                                      "neuroshard", "torchrec"}
+                                      "neuroshard", "neuroshard_risk", "torchrec"}
     assert (summary.measured_ms > 0).all()
     text = tiny_pipeline.report.read_text()
     assert "Simulator fidelity" in text and "neuroshard" in text and (done / "results/summary.png").stat().st_size
+    assert "**neuroshard: measured cost" in text and "**neuroshard_risk: measured cost" in text
+    assert sorted(p.name for p in (done / "models/ensemble").iterdir()) == ["b1", "b2", "b3", "b4", "b5"]
     # with the family mix the compute model takes log inputs, and the logged command says so
     assert ComputeCostModel.load(done / "models/compute.pt").input_transform == "log"
     assert "--input_transform log" in first
@@ -36,14 +38,14 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     shutil.copytree(done, tmp_path, dirs_exist_ok=True)
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out
-    assert second.count("skipped") == 8  # every step with outputs; the three collectors always run
+    assert second.count("skipped") == 9  # every step with outputs; the three collectors always run
     assert (done / "models/comm_2_input.pt").is_file()  # the step cost's input-distribution model
     assert "measured 0 samples" in second
     # an interrupted run (the measured results missing) resumes at that step only
     (tmp_path / "results/eval_2.csv").unlink()
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     third = capsys.readouterr().out
-    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 7
+    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 8
     # --force redoes every step, collections included: each step starts with its outputs and the data it would
     # continue removed, as the first run started (what a step then does from nothing is the first run's). Here each
     # step checks that, then puts back the first run's files for the report.

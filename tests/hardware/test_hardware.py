@@ -136,7 +136,7 @@ def test_eval_bad_input(small_dataset, tmp_path, capsys):
     base = ["--data_dir", small_dataset.path, "--task_path", tmp_path / "t.pkl", "--num_iter", "1",
             "--results_csv", tmp_path / "r.csv"]
     cases = [(["--alg", "nope"], "unknown --alg 'nope'; choose one of random, dim_greedy, size_greedy, lookup_greedy, "
-                                 "size_lookup_greedy, neuroshard, torchrec, all, or plan:FILE"),
+                                 "size_lookup_greedy, neuroshard, neuroshard_risk, torchrec, all, or plan:FILE"),
              (["--alg", "random", "--ndevices", "4"],
               f"4 devices but a task in {tmp_path}/t.pkl has only 3 tables; use fewer --ndevices or larger tasks"),
              (["--alg", "random", "--batch_size", "100000"], "--batch_size must be >= 1 and <= 256, got 100000")]

@@ -126,6 +126,8 @@ def test_no_plan_within_memory_is_one_line(tmp_path, capsys):
 def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path, capsys):
     (tmp_path / "t.csv").write_text(TABLES)
     models = save_hand_models(tmp_path / "models", 2, {"batch_size": 256, "device": "cpu"})
+    for k in (1, 2):  # ensemble members that agree with the models: each candidate's stated interval is its cost
+        save_hand_models(tmp_path / f"models/ensemble/b{k}", 2, {"batch_size": 256, "device": "cpu"})
     model_args = ["--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
                   "--bw_comm_model", models / "comm_2_bw.pt"]
     proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.025,
@@ -138,6 +140,9 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path,
     names = [n for c in m["candidates"] for n in c["names"]]
     assert {"neuroshard#1", "neuroshard#2", "neuroshard#3", "size_lookup_greedy"} <= set(names)
     assert m["rounds"] >= 1 and all(c["measured_ms"] > 0 for c in m["candidates"])
+    rated = [c for c in m["candidates"] if c["simulated_ms"] is not None]
+    assert rated and all(np.allclose(c["predicted_90_ms"], c["simulated_ms"]) for c in rated)
+    assert "predicted 90%" in proc.stdout
     # racing (the default) may drop slower candidates; the best is among those measured in every round
     assert m["race"] is True
     # the step cost (the default) is measured as it prices plans: per group, input distribution and both all-to-alls
