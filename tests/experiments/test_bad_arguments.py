@@ -64,6 +64,8 @@ CASES = {
         ("--threshold_range", "0.5,1", "--threshold_range must start at >= 1.0 (a dim-sum cap below the mean cannot "
                                        "place every table), got 0.5,1"),
         ("--num_candidates", "0", "--num_candidates must be >= 1 and <= 1000, got 0"),
+        ("--risk_lambda", "-1", "--risk_lambda must be a finite number >= 0 and <= 10, got -1"),
+        ("--risk_lambda", "nan", "--risk_lambda must be a finite number >= 0 and <= 10, got nan"),
         ("--seed", "-1", "--seed must be >= 0, got -1"),
         ("--alg", "a,,b", "--alg has an empty entry: 'a,,b'"),
         ("--alg", "nope", "unknown --alg 'nope'; choose one of random, dim_greedy, size_greedy, lookup_greedy, "
