@@ -30,7 +30,7 @@ from ..data.tasks import ShardingTask, load_tasks
 from ..hardware.backends import resolve_hardware
 from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
 from ..hardware.launch import rank_gpus
-from ..sharding.registry import SEARCHES, algs_file_tag, expand_algs, make_sharders, shard_rows
+from ..sharding.registry import SEARCHES, algs_file_tag, expand_algs, make_sharders, shard_rows, without_unavailable
 from ..sharding.risk import predicted_interval
 from ..sharding.simulator import Simulator
 from .task_summary import print_paired, print_summary, summarize
@@ -152,6 +152,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, None)
     paths = cfg.models.paths(ndevices, cfg.mp_keep)
     sim = _simulator(cfg.models, ds, batch, ndevices, required=True, mp_keep=cfg.mp_keep)
+    algs = without_unavailable(algs, cfg.alg, sim)
     rows, negative = [], []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         cost = None if res.oom else checked_cost(sim.plan_cost(task, res.plan, cluster), paths, row, negative)
@@ -191,6 +192,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
     paths = cfg.models.paths(N, cfg.mp_keep)
     sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity
+    algs = without_unavailable(algs, cfg.alg, sim)
     rows, plans, negative = [], {}, []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \

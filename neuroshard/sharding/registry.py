@@ -46,6 +46,16 @@ def expand_algs(algs) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def without_unavailable(algs: list[str], asked, simulator) -> list[str]:
+    """`algs` less neuroshard_risk where `all` brought it in (`asked`: the names given) and the cost models have no
+    ensemble members, with a note saying so; named by itself it stays, and `make_sharder` says what is missing."""
+    if "neuroshard_risk" not in algs or "neuroshard_risk" in asked or (simulator is not None and simulator.members):
+        return algs
+    print("note: --alg all leaves out neuroshard_risk: the cost models have no ensemble members (models/ensemble/); "
+          "train them with train_ensemble.py")
+    return [a for a in algs if a != "neuroshard_risk"]
+
+
 def algs_file_tag(algs: list[str]) -> str:
     """`algs` as part of a file name: `a+b`, a plan:FILE as plan-<file stem>, nothing but [A-Za-z0-9_.+-]."""
     tag = "+".join(f"plan-{Path(a[5:]).stem}" if a.startswith("plan:") else a for a in algs)

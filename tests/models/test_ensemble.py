@@ -95,3 +95,15 @@ def test_bad_arguments_are_refused_in_one_line(work, capsys, tmp_path_factory):
             "--results_csv", str(work / "r.csv"), cwd=work,
             match=r"error: --alg neuroshard_risk needs the cost models' ensemble members .*train_ensemble\.py "
                   r"--ndevices 2.*", untouched=[work])
+
+
+def test_alg_all_without_members_leaves_the_risk_search_out_and_says_so(work, capsys):
+    """Models trained before the ensemble existed still run `--alg all`; named by itself, the risk search is refused
+    (test_bad_arguments_are_refused_in_one_line)."""
+    done = run_here(capsys, "eval_simulator.py", "--data_dir", str(work / "data/dlrm_datasets"), "--task_path",
+                    str(work / "data/tasks/test.pkl"), "--ndevices", "2", "--max_mem", "0.01", "--alg", "all",
+                    "--results_csv", str(work / "r.csv"), cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert "note: --alg all leaves out neuroshard_risk" in done.stdout
+    algs = {line.split(",")[1] for line in (work / "r.csv").read_text().splitlines()[1:]}
+    assert "neuroshard" in algs and "neuroshard_risk" not in algs
