@@ -15,7 +15,11 @@ the comm models price them (docs/findings.md). This probe, on a finished pipelin
 It prints each plan kind's paired measured cost ratios (95% interval) and its median simulated / measured cost,
 each search's plans simulated by its own models.
 
+With `--extra_comm_data FILE` (a comm cost-data file of the same devices and batch, e.g. collected with another
+`--sleep_range`), its samples are added instead of the engine's, and no training task is measured.
+
 python benchmarks/engine_comm_data.py --work_dir WORK
+python benchmarks/engine_comm_data.py --work_dir WORK --extra_comm_data WORK/extra/comm_cost_data_4.pkl
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from neuroshard.core.artifacts import check_output_file, write_results  # noqa: 
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, SearchParams, flag  # noqa: E402
 from neuroshard.core.costs import Cluster, check_max_mem_gb  # noqa: E402
-from neuroshard.core.errors import check_int  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.file_names import COST_DATA_DIR, DATASET_DIR, MODELS_DIR, TASKS_DIR, comm_data_path, tasks_path  # noqa: E402
 from neuroshard.core.intervals import paired_interval  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
@@ -60,6 +64,7 @@ class EngineCommConfig:
     num_iter: int = flag(PRESETS["quick"].eval_iters, "timed iterations of each plan over all rounds")
     rounds: int = flag(PRESETS["quick"].eval_rounds, "interleaved rounds of each task's plans")
     epochs: int = flag(PRESETS["quick"].epochs, "comm models' training epochs (the quick preset's)")
+    extra_comm_data: str | None = flag(None, "add this comm cost-data file's samples instead of the engine's")
     out_csv: str = flag("results/bench_engine_comm_data.csv")
 
     def check(self) -> "EngineCommConfig":
@@ -116,11 +121,18 @@ def main(argv=None) -> None:
             return {k: r.plan for k, r in res.items() if not r.oom}
         return of
 
-    train = measure(settings, load_tasks(tasks_path(work / TASKS_DIR, "train"), ds),
-                    plans({alg: make_sharder(alg, 0, sim, SearchParams(), batch) for alg in a.train_algs}),
-                    a.ndevices, a.rounds, "measuring (train)")
-    new = engine_samples(train)
-    _, old = load_cost_data(comm_data_path(work / COST_DATA_DIR, a.ndevices), COMM_DATA_KIND)
+    meta, old = load_cost_data(comm_data_path(work / COST_DATA_DIR, a.ndevices), COMM_DATA_KIND)
+    if a.extra_comm_data:
+        extra_meta, new = load_cost_data(a.extra_comm_data, COMM_DATA_KIND)
+        if any(extra_meta.get(k) != meta.get(k) for k in ("ndevices", "batch_size", "mp_keep", "input_dist")):
+            raise UserError(f"{a.extra_comm_data} holds other all-to-all samples than the run's comm cost data "
+                            "(devices, batch, mp_keep or input distribution); collect them with "
+                            "collect_comm_cost_data.py and the run's --ndevices and batch")
+    else:
+        train = measure(settings, load_tasks(tasks_path(work / TASKS_DIR, "train"), ds),
+                        plans({alg: make_sharder(alg, 0, sim, SearchParams(), batch) for alg in a.train_algs}),
+                        a.ndevices, a.rounds, "measuring (train)")
+        new = engine_samples(train)
     models = []
     for direction, base in (("fw", sim.fw), ("bw", sim.bw)):
         x, y = comm_training_arrays(old + new, direction)
@@ -147,14 +159,14 @@ def report(rows: list[dict], new: int, old: int) -> None:
     by = {(r["task"], r["plan"]): r for r in rows}
     kinds = ("neuroshard", "neuroshard_engine_comm", "size_lookup_greedy")
     tasks = sorted(t for t in {r["task"] for r in rows} if all((t, k) in by for k in kinds))
-    print(f"comm models retrained on {old} collected + {new} engine samples; {len(tasks)} test tasks")
+    print(f"comm models retrained on {old} collected + {new} added samples; {len(tasks)} test tasks")
     for ours, theirs in ((kinds[1], kinds[0]), (kinds[1], kinds[2]), (kinds[0], kinds[2])):
         st = paired_interval([by[(t, ours)]["measured_ms"] for t in tasks], [by[(t, theirs)]["measured_ms"] for t in tasks])
         print(f"{ours} / {theirs}: measured {st.estimate:.3f} [{st.lo:.3f}, {st.hi:.3f}]")
     for k in kinds:
         r = [by[(t, k)] for t in tasks]
         print(f"{k:<24} median simulated / measured: pipeline models {np.median([x['simulated_ms'] / x['measured_ms'] for x in r]):.3f}, "
-              f"with the engine's comm samples {np.median([x['engine_comm_simulated_ms'] / x['measured_ms'] for x in r]):.3f}")
+              f"with the added comm samples {np.median([x['engine_comm_simulated_ms'] / x['measured_ms'] for x in r]):.3f}")
 
 
 if __name__ == "__main__":
