@@ -3,7 +3,8 @@
 - `SETS`: the cited table sets of benchmarks/real_tables/ and the row scale that fits each to the quick
   preset's devices; `check_sets` refuses a name that is not one, `scaled_table_list` writes one scaled;
 - `speed_probe_ms`: how fast this machine is right now, taken before and after a long measurement;
-- `resolved_pairs`: of the pairs of plans a measurement tells apart, how many a prediction orders the same way.
+- `resolved_pairs`: of the pairs of plans a measurement tells apart, how many a prediction orders the same way;
+- `measure_task_plans`: each task's plans measured interleaved on the engine, each distinct plan once.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import torch
 from neuroshard.core.artifacts import write_json
 from neuroshard.core.errors import UserError
 from neuroshard.core.intervals import paired_interval
+from neuroshard.hardware.engine import measure_plans, plan_device_tables
+from neuroshard.sharding.search import plan_key
 
 SETS_DIR = Path(__file__).resolve().parent / "real_tables"
 SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
@@ -79,3 +82,21 @@ def resolved_pairs(rounds: dict, *predicted: dict, level: float = 0.95) -> tuple
             for j, p in enumerate(predicted):
                 agree[j] += int((p[a] < p[b]) if st.hi < 1 else (p[a] > p[b]))
     return (told, *agree)
+
+
+def measure_task_plans(settings, tasks, plans_of, num_devices: int, rounds: int, desc: str) -> dict:
+    """Each task's plans (`plans_of(task)` -> {kind: plan}; {} leaves the task out) measured in `rounds` rounds on
+    the engine `settings` name, a task's plans interleaved and each distinct plan of a task measured once under all
+    its kinds: {(task index, kind): (plan, Measured)}."""
+    from tqdm import tqdm
+
+    items, kinds = {}, {}
+    for t, task in enumerate(tqdm(tasks, desc=f"planning ({desc})", leave=False)):
+        for kind, plan in plans_of(task).items():
+            key = (t, plan_key(plan))
+            items[key] = plan_device_tables(task, plan)
+            kinds[(t, kind)] = (key, plan)
+    with tqdm(total=len(items), desc=f"measuring ({desc})") as bar:
+        got = measure_plans(settings, items, num_devices, rounds, on_result=lambda *_: bar.update(),
+                            group_of=lambda key: key[0])
+    return {k: (plan, got[key]) for k, (key, plan) in kinds.items()}

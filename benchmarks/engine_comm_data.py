@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,11 +43,11 @@ from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.collect import load_cost_data  # noqa: E402
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND  # noqa: E402
-from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
+from neuroshard.hardware.engine import EngineSettings  # noqa: E402
 from neuroshard.models.cost_models import CommCostModel, comm_training_arrays  # noqa: E402
 from neuroshard.sharding.registry import expand_algs, make_sharder, shard_task  # noqa: E402
-from neuroshard.sharding.search import plan_key  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
+from common import measure_task_plans  # noqa: E402
 
 
 @dataclass
@@ -77,20 +76,6 @@ class EngineCommConfig:
         check_max_mem_gb(self.max_mem)
         check_output_file(self.out_csv, "--out_csv")
         return self
-
-
-def measure(settings, tasks, plans_of, ndevices, rounds, desc):
-    """{(task, kind): (plan, Measured)} for the plans `plans_of(task)` gives ({kind: plan}), interleaved per task."""
-    items, kinds = {}, {}
-    for t, task in enumerate(tasks):
-        for kind, plan in plans_of(task).items():
-            key = (t, plan_key(plan))
-            items[key] = plan_device_tables(task, plan)
-            kinds[(t, kind)] = (key, plan)
-    with tqdm(total=len(items), desc=desc) as bar:
-        got = measure_plans(settings, items, ndevices, rounds, on_result=lambda *_: bar.update(),
-                            group_of=lambda key: key[0])
-    return {k: (plan, got[key]) for k, (key, plan) in kinds.items()}
 
 
 def engine_samples(measured) -> list[dict]:
@@ -129,9 +114,9 @@ def main(argv=None) -> None:
                             "(devices, batch, mp_keep or input distribution); collect them with "
                             "collect_comm_cost_data.py and the run's --ndevices and batch")
     else:
-        train = measure(settings, load_tasks(tasks_path(work / TASKS_DIR, "train"), ds),
-                        plans({alg: make_sharder(alg, 0, sim, SearchParams(), batch) for alg in a.train_algs}),
-                        a.ndevices, a.rounds, "measuring (train)")
+        train = measure_task_plans(settings, load_tasks(tasks_path(work / TASKS_DIR, "train"), ds),
+                                   plans({alg: make_sharder(alg, 0, sim, SearchParams(), batch) for alg in a.train_algs}),
+                                   a.ndevices, a.rounds, "train")
         new = engine_samples(train)
     models = []
     for direction, base in (("fw", sim.fw), ("bw", sim.bw)):
@@ -141,11 +126,11 @@ def main(argv=None) -> None:
         models.append(m)
     engine_sim = Simulator(sim.compute, *models)
     test_tasks = load_tasks(tasks_path(work / TASKS_DIR, "test"), ds)
-    test = measure(settings, test_tasks,
+    test = measure_task_plans(settings, test_tasks,
                    plans({"neuroshard": make_sharder("neuroshard", 0, sim, SearchParams(), batch),
                           "neuroshard_engine_comm": make_sharder("neuroshard", 0, engine_sim, SearchParams(), batch),
                           "size_lookup_greedy": make_sharder("size_lookup_greedy")}),
-                   a.ndevices, a.rounds, "measuring (test)")
+                   a.ndevices, a.rounds, "test")
     rows = []
     for (t, kind), (plan, m) in test.items():
         rows.append({"task": t, "plan": kind, "measured_ms": m.cost_ms,

@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,11 +37,11 @@ from neuroshard.core.intervals import paired_interval  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
 from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
-from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
+from neuroshard.hardware.engine import EngineSettings  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 from neuroshard.sharding.risk import check_members, plan_spread  # noqa: E402
-from neuroshard.sharding.search import plan_key  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
+from common import measure_task_plans  # noqa: E402
 
 Z90 = 1.6448536269514722
 
@@ -99,27 +98,19 @@ def main(argv=None) -> None:
     algs = {"neuroshard": ("neuroshard", SearchParams()), "size_lookup_greedy": ("size_lookup_greedy", None),
             **{risk_alg(v): ("neuroshard_risk", replace(SearchParams(), risk_lambda=v)) for v in a.lambdas},
             **({"torchrec": ("torchrec", None)} if a.torchrec else {})}
-    plans, info = {}, {}
-    for t, task in enumerate(tqdm(tasks, desc=f"planning ({a.split})")):
-        found = {}
-        for name, (alg, params) in algs.items():
-            res = shard_task(make_sharder(alg, 0, sim, params, batch), task, cluster)
-            if not res.oom:
-                found[name] = res.plan
-        if len(found) < len(algs):
-            continue  # a task some algorithm cannot fit: nothing to pair
-        for name, p in found.items():
-            key = (t, plan_key(p))
-            plans[key] = plan_device_tables(task, p)
-            sp = plan_spread(sim, task, p)
-            info[(t, name)] = (key, sim.plan_cost(task, p).cost_ms, sp.mean_ms, sp.sd_ms)
+
+    def plans_of(task):
+        res = {name: shard_task(make_sharder(alg, 0, sim, params, batch), task, cluster)
+               for name, (alg, params) in algs.items()}
+        return {} if any(r.oom for r in res.values()) else {name: r.plan for name, r in res.items()}  # {}: unpaired
+
     hw = resolve_hardware("cpu", "auto")
     settings = EngineSettings(str(ds.path), hw, batch, a.warmup_iter, max(1, a.num_iter // a.rounds), shuffle=True)
-    with tqdm(total=len(plans), desc="measuring") as bar:
-        measured = measure_plans(settings, plans, a.ndevices, a.rounds, on_result=lambda *_: bar.update(),
-                                 group_of=lambda key: key[0])
-    rows = [{"split": a.split, "task": t, "alg": name, "simulated_ms": s, "members_mean_ms": m, "members_sd_ms": sd,
-             "measured_ms": measured[key].cost_ms} for (t, name), (key, s, m, sd) in info.items()]
+    rows = []
+    for (t, name), (plan, m) in measure_task_plans(settings, tasks, plans_of, a.ndevices, a.rounds, a.split).items():
+        sp = plan_spread(sim, tasks[t], plan)
+        rows.append({"split": a.split, "task": t, "alg": name, "simulated_ms": sim.plan_cost(tasks[t], plan).cost_ms,
+                     "members_mean_ms": sp.mean_ms, "members_sd_ms": sp.sd_ms, "measured_ms": m.cost_ms})
     write_results(a.out_csv, rows, **asdict(a))
     report(rows, a.width)
 

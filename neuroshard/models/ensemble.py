@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..core.config import EnsembleConfig, TrainCommConfig, TrainComputeConfig
 from ..core.errors import UserError
-from ..core.file_names import comm_data_path, compute_model_path, comm_model_paths, input_model_path
+from ..core.file_names import comm_data_path, compute_model_path, input_model_path, model_files
 from .cost_models import ComputeCostModel
 from .fitting import train_comm_models, train_compute_model
 from .loading import models_hint
@@ -43,8 +43,7 @@ def member_dirs(models_dir: str | Path) -> list[Path]:
 def member_files(models_dir: str | Path, num_devices: int, k: int, input_dist: bool) -> list[Path]:
     """The files member k holds once trained."""
     d = member_dir(models_dir, k)
-    return [compute_model_path(d), *comm_model_paths(d, num_devices)] + ([input_model_path(d, num_devices)]
-                                                                       if input_dist else [])
+    return [*model_files(d, num_devices), *([input_model_path(d, num_devices)] if input_dist else [])]
 
 
 def train_members(cfg: EnsembleConfig) -> list[Path]:

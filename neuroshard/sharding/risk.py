@@ -18,7 +18,7 @@ cost data are thin, which is where such errors live.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.stats import norm
@@ -28,8 +28,8 @@ from ..core.costs import Cluster, round_ms
 from ..core.errors import UserError
 from ..data.tasks import ShardingTask
 from .plan import Placement
-from .search import Placements, ShardTable, fitting_thresholds, grid_search_batch, search_plan
-from .simulator import Simulator, group_sums
+from .search import Placements, ShardTable, fitting_thresholds, grid_search_batch, search_plan, simulated_costs
+from .simulator import Simulator
 
 
 def check_members(sim: Simulator, what: str = "--alg neuroshard_risk") -> tuple[Simulator, ...]:
@@ -41,22 +41,19 @@ def check_members(sim: Simulator, what: str = "--alg neuroshard_risk") -> tuple[
 
 
 def member_costs(sim: Simulator, st: ShardTable, p: Placements) -> np.ndarray:
-    """Each member's cost of each complete placement, [K, P] (module docstring)."""
+    """Each member's cost of each complete placement, [K, P] (module docstring): its own set cost of each device's
+    shards, then `simulated_costs` with its own comm models."""
     members = check_members(sim)
     P, L = p.items.shape
-    N = p.compute.shape[1]
-    count = np.zeros((P, N), np.int64)
-    np.add.at(count, (np.repeat(np.arange(P), L), p.devices.ravel()), 1)
-    if sim.cost == "step":
-        dims, words = group_sums(st.column_wise[p.items], p.devices, st.dim[p.items], st.input_words[p.items], N)
+    at = (np.repeat(np.arange(P), L), p.devices.ravel())
+    count = np.zeros(p.compute.shape, np.int64)
+    np.add.at(count, at, 1)
     out = np.empty((len(members), P))
     for k, m in enumerate(members):
         emb = st.member_emb(k, m)
-        sums = np.zeros((P, N, emb.shape[1]))
-        np.add.at(sums, (np.repeat(np.arange(P), L), p.devices.ravel()), emb[p.items.ravel()])
-        compute = np.where(count > 0, round_ms(m.compute.head(sums)), 0.0)
-        out[k] = (m.step_total_cost(compute, dims, words) if sim.cost == "step" else
-                  m.total_cost(compute, p.dim_sums))[0]
+        sums = np.zeros((*count.shape, emb.shape[1]))
+        np.add.at(sums, at, emb[p.items.ravel()])
+        out[k] = simulated_costs(m, st, replace(p, compute=m.set_cost(sums, count)))
     return out
 
 
@@ -89,11 +86,7 @@ def predicted_interval(sim: Simulator, task: ShardingTask, plan: Placement, cost
 def plan_spread(sim: Simulator, task: ShardingTask, plan: Placement) -> PlanSpread:
     """One plan's `PlanSpread` (its devices' shards as the plan places them)."""
     members = check_members(sim, "a predicted interval")
-    costs = []
-    for m in members:
-        c = m.plan_cost(task, plan)
-        costs.append(c.cost_ms)
-    costs = np.asarray(costs)
+    costs = np.array([m.plan_cost(task, plan).cost_ms for m in members])
     return PlanSpread(float(costs.mean()), float(costs.std(ddof=1)), len(costs))
 
 

@@ -153,7 +153,7 @@ class Simulator:
                 return sim
             members.append(cls.load(*got[0], num_devices=num_devices, mp_keep=mp_keep, input_path=got[1]))
             _check_member(sim, members[-1], d)
-        return Simulator(sim.compute, sim.fw, sim.bw, sim.cost, sim.step_fit, sim.inp, tuple(members))
+        return sim.with_members(tuple(members))
 
     @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
