@@ -1,5 +1,7 @@
 """Planning speed: `NeuroShardPlanner.plan` against TorchRec's `EmbeddingShardingPlanner.plan`, paired and
-interleaved, on TorchRec modules of 10, 30 and 60 tables on 4 and 8 ranks and of the DLRM dataset's 856
+interleaved, NeuroShardPlanner twice: its search alone (`cost="paper", compare=False`: `neuroshard`) and as a user
+calls it, with its defaults (the step cost, TorchRec's storage reservation, TorchRec's own plan and the heuristics'
+compared: `neuroshard_as_called`), on TorchRec modules of 10, 30 and 60 tables on 4 and 8 ranks and of the DLRM dataset's 856
 tables on 16 ranks; then the bare search (`neuroshard_search`) on the pipeline's tasks. Run by hand:
 
     python benchmarks/search_speed.py [--reps 7] [--reps_856 3] [--models_dir models] [--out_dir results]
@@ -47,6 +49,7 @@ from neuroshard.sharding.search import neuroshard_search  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
 SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
+PLANNERS = ("neuroshard", "neuroshard_as_called", "torchrec")
 LARGE = (856, 16)
 DIMS = (16, 32, 64, 128)
 
@@ -124,8 +127,9 @@ def planners(tables, n: int, models: Path):
     # heuristics to compare their plans, which would add TorchRec's planning time to NeuroShard's
     ours = NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False,
                              cost="paper", compare=False)
+    as_called = NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False)
     theirs = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints, debug=False)
-    return ebc, ours, theirs
+    return ebc, {"neuroshard": ours, "neuroshard_as_called": as_called, "torchrec": theirs}
 
 
 def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
@@ -139,12 +143,12 @@ def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
         models = Path(cfg.models_dir) if kind == "trained" else save_models(sim, out / "search_speed_models" / str(n), n)
         built.append((T, n, kind, *planners(module_tables(T, rng, cfg), n, models)))
     rounds = max(reps_of(T) for T, _ in cases)
-    with tqdm(total=sum(2 * reps_of(T) for T, _ in cases), desc="plan (interleaved)") as bar:
+    with tqdm(total=sum(len(PLANNERS) * reps_of(T) for T, _ in cases), desc="plan (interleaved)") as bar:
         for rep in range(rounds):
-            for T, n, kind, ebc, ours, theirs in built:
+            for T, n, kind, ebc, planned in built:
                 if rep >= reps_of(T):
                     continue
-                order = [("neuroshard", ours), ("torchrec", theirs)][:: 1 if rep % 2 == 0 else -1]
+                order = list(planned.items())[:: 1 if rep % 2 == 0 else -1]
                 for name, planner in order:
                     t0 = time.perf_counter()
                     planner.plan(ebc, sharders)
@@ -174,16 +178,19 @@ def report(rows: list[dict], bare: list[dict]) -> tuple[str, list[dict]]:
     summary = []
     for T, n in sorted({(r["tables"], r["ranks"]) for r in rows}):
         times = {p: {r["round"]: r["seconds"] for r in rows if (r["tables"], r["ranks"], r["planner"]) == (T, n, p)}
-                 for p in ("neuroshard", "torchrec")}
-        s = paired(times["neuroshard"], times["torchrec"])
+                 for p in PLANNERS}
+        s, c = paired(times["neuroshard"], times["torchrec"]), paired(times["neuroshard_as_called"], times["torchrec"])
         summary.append({"tables": T, "ranks": n, "rounds": s["n"],
-                        "neuroshard_s": float(np.median(list(times["neuroshard"].values()))),
-                        "torchrec_s": float(np.median(list(times["torchrec"].values()))),
-                        "ratio": s["ratio"], "ci_lo": s["ci_lo"], "ci_hi": s["ci_hi"]})
-    lines = format_table(["tables", "ranks", "rounds", "NeuroShardPlanner (s, median)", "TorchRec (s, median)",
-                          "ratio [95% CI]"],
-                         [[s["tables"], s["ranks"], s["rounds"], f"{s['neuroshard_s']:.3f}", f"{s['torchrec_s']:.3f}",
-                           f"{s['ratio']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]"] for s in summary])
+                        **{f"{p}_s": float(np.median(list(times[p].values()))) for p in PLANNERS},
+                        "ratio": s["ratio"], "ci_lo": s["ci_lo"], "ci_hi": s["ci_hi"],
+                        "as_called_ratio": c["ratio"], "as_called_ci_lo": c["ci_lo"], "as_called_ci_hi": c["ci_hi"]})
+    lines = format_table(["tables", "ranks", "rounds", "search alone (s, median)", "as called (s, median)",
+                          "TorchRec (s, median)", "search alone / TorchRec [95% CI]", "as called / TorchRec [95% CI]"],
+                         [[s["tables"], s["ranks"], s["rounds"], f"{s['neuroshard_s']:.3f}",
+                           f"{s['neuroshard_as_called_s']:.3f}", f"{s['torchrec_s']:.3f}",
+                           f"{s['ratio']:.3f} [{s['ci_lo']:.3f}, {s['ci_hi']:.3f}]",
+                           f"{s['as_called_ratio']:.3f} [{s['as_called_ci_lo']:.3f}, {s['as_called_ci_hi']:.3f}]"]
+                          for s in summary])
     if bare:
         secs = np.array([b["seconds"] for b in bare])
         lines += ["", f"bare search on the pipeline's {len(bare)} tasks ({bare[0]['tables']}-"
@@ -200,9 +207,11 @@ def plot(summary: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, marker in zip(sorted({s["ranks"] for s in summary}), "osd^"):
         pts = [s for s in summary if s["ranks"] == n]
-        for key, color in (("neuroshard_s", "C0"), ("torchrec_s", "C1")):
+        for key, color, label in (("neuroshard_s", "C0", "NeuroShardPlanner's search"),
+                                  ("neuroshard_as_called_s", "C2", "NeuroShardPlanner as called"),
+                                  ("torchrec_s", "C1", "TorchRec")):
             ax.plot([s["tables"] for s in pts], [s[key] for s in pts], marker=marker, color=color,
-                    label=f"{'NeuroShardPlanner' if key == 'neuroshard_s' else 'TorchRec'} ({n} ranks)")
+                    label=f"{label} ({n} ranks)")
     ax.set(xscale="log", yscale="log", xlabel="tables", ylabel="planning time (s, median)")
     ax.legend(fontsize=7)
     fig.tight_layout()

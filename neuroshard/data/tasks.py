@@ -13,12 +13,36 @@ from tqdm import tqdm
 
 from ..core.artifacts import atomic_write_pickle, load_pickle, provenance
 from ..core.config import TasksConfig
-from ..core.errors import UserError
+from ..core.errors import PlanError, UserError
 from ..core.file_names import tasks_path
 from .dataset import DLRMDataset
 from .features import DIM_CHOICES, check_max_dim, dim_choices, table_size_gb, with_dim
 
 TASKS_KIND = "neuroshard.tasks"
+
+
+@dataclass(frozen=True)
+class ShardStorage:
+    """What each shard the search can cut occupies on its rank, as a planner outside this project counts it
+    (`sharding/planner/storage.py`: TorchRec's storage estimator, optimizer state and I/O buffers included):
+    `gb[t, k]` is the storage (GB, 2**30 bytes) of a shard of table t that is `dims[t] >> k` columns wide: inf
+    where the table may not be cut that wide (it fits no rank), NaN past the narrowest halving."""
+
+    dims: np.ndarray  # [T] int, the tables' dims
+    gb: np.ndarray    # [T, K] float
+
+    def shard_gb(self, tables, dims) -> np.ndarray:
+        """Storage (GB) of each shard (its table index and dim)."""
+        tables, dims = np.asarray(tables, np.int64), np.asarray(dims, np.int64)
+        ratio = self.dims[tables] // np.maximum(dims, 1)
+        k = np.log2(np.maximum(ratio, 1)).round().astype(np.int64)
+        held = (dims > 0) & (self.dims[tables] == dims << k) & (k < self.gb.shape[1])
+        out = self.gb[tables, np.minimum(k, self.gb.shape[1] - 1)] if len(tables) else np.zeros(0)
+        if not np.all(held & ~np.isnan(out)):
+            bad = int(np.flatnonzero(~(held & ~np.isnan(out)))[0])
+            raise PlanError(f"no storage for a shard of {dims[bad]} columns of table {tables[bad]} "
+                             f"(dim {self.dims[tables[bad]]}): not a column halving")
+        return out
 
 
 @dataclass(frozen=True)
@@ -31,6 +55,7 @@ class ShardingTask:
     num_rows: np.ndarray | None = None  # real row counts, where they differ from the feature max(100, rows)
     column_wise: np.ndarray | None = None  # [T] bool: TorchRec shards the table column-wise even when whole
                                            # (`NeuroShardPlanner`'s column_wise-only tables); None: none
+    storage: ShardStorage | None = None  # what a shard occupies; None: its fp32 weights (rows x dim x 4 bytes)
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -60,8 +85,15 @@ class ShardingTask:
             out = out | np.asarray(self.column_wise, bool)[tables]
         return out.astype(np.int64)
 
+    def shard_sizes_gb(self, tables, dims) -> np.ndarray:
+        """The memory (GB) each shard (its table index and dim) occupies on its rank: its fp32 weights, or what
+        `storage` counts."""
+        if self.storage is None:
+            return table_size_gb(self.rows[np.asarray(tables, np.int64)], dims)
+        return self.storage.shard_gb(tables, dims)
+
     def sizes_gb(self) -> np.ndarray:
-        return table_size_gb(self.rows, self.dims)
+        return self.shard_sizes_gb(np.arange(self.num_tables), self.dims)
 
     def features(self) -> np.ndarray:
         """[T, 20] feature vectors (dim first)."""

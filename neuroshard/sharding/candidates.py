@@ -16,8 +16,9 @@ from typing import Callable
 import numpy as np
 
 from ..core.costs import Cluster, Cost
+from ..core.errors import PlanError
 from ..data.tasks import ShardingTask
-from .plan import Placement
+from .plan import Placement, fits_memory
 from . import registry
 from .risk import predicted_interval
 from .search import neuroshard_top_plans, plan_key
@@ -41,15 +42,16 @@ RatePlan = Callable[[ShardingTask, Placement], "Cost | None"]
 
 
 def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
-                    extra: dict | None = None, rate: RatePlan | None = None) -> list[Candidate]:
-    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (and `extra`),
-    deduplicated, each rated by `rate` (default: the simulator's cost within the cluster's memory; no rating
-    without a simulator); a cost that cannot be true is `ImplausibleCost` (`Cost.check`)."""
+                    extra: dict | None = None, rate: RatePlan | None = None, torchrec: bool = True) -> list[Candidate]:
+    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (`--alg torchrec`'s
+    unless `torchrec` is False: then one in `extra` may stand for it) and `extra`'s, deduplicated, each rated by
+    `rate` (default: the simulator's cost within the cluster's memory; no rating without a simulator); a cost that
+    cannot be true is `ImplausibleCost` (`Cost.check`)."""
     named: list[tuple[str, Placement]] = []
     if sim is not None and top_k > 0:
         top = neuroshard_top_plans(sim, task, cluster, top_k, search)
         named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]
-    named += baseline_plans(task, cluster, sim, search, batch_size, seed)
+    named += baseline_plans(task, cluster, sim, search, batch_size, seed, torchrec)
     named += list((extra or {}).items())
     if rate is None and sim is not None:
         def rate(task, plan):
@@ -62,11 +64,12 @@ def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k:
     return out
 
 
-def baseline_plans(task, cluster: Cluster, sim, search, batch_size: int, seed: int = 0) -> list[tuple[str, Placement]]:
-    """(name, plan) of every greedy heuristic and, where TorchRec is installed, TorchRec's planner that finds a
-    plan within memory; a TorchRec that finds none is a warning (without it, no plan is kept for a gain under
-    min_gain)."""
-    algs = [a for a in registry.BASELINES if a != "random"] + ([INCUMBENT] if _torchrec_installed() else [])
+def baseline_plans(task, cluster: Cluster, sim, search, batch_size: int, seed: int = 0,
+                   torchrec: bool = True) -> list[tuple[str, Placement]]:
+    """(name, plan) of every greedy heuristic and, where TorchRec is installed (and `torchrec`), TorchRec's planner
+    that finds a plan within memory; a TorchRec that finds none is a warning (without it, no plan is kept for a gain
+    under min_gain)."""
+    algs = [a for a in registry.BASELINES if a != "random"] + ([INCUMBENT] if torchrec and _torchrec_installed() else [])
     named = []
     for alg in algs:  # the registry's sharders, as the registry holds them when called
         r = registry.shard_task(registry.make_sharder(alg, seed, sim, search, batch_size), task, cluster)
@@ -126,15 +129,22 @@ def best_simulated(candidates: list[Candidate], min_gain: float = 0.0) -> Candid
     return best
 
 
-def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement, seed: int = 0,
+def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement | None, seed: int = 0,
                       no_split: frozenset[int] = frozenset(), min_gain: float = 0.0,
-                      rate: RatePlan | None = None) -> tuple[Candidate, list[Candidate]]:
+                      rate: RatePlan | None = None, torchrec_plan: Placement | None | bool = True,
+                      ) -> tuple[Candidate, list[Candidate]]:
     """NeuroShard's `plan` rated beside TorchRec's and each greedy heuristic's plan of the same tables (`rate`, as
-    `candidate_plans`; a plan that splits a table in `no_split` is not a candidate): the one handed out
-    (`best_simulated` with `min_gain`) and all of them, fastest first."""
-    cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra={"neuroshard": plan},
-                                        rate=rate)
-             if not any(c.plan.shards[i].table in no_split for i in c.plan.splits)]
+    `candidate_plans`; a plan that splits a table in `no_split` or is over a rank's memory is not a candidate): the
+    one handed out (`best_simulated` with `min_gain`) and all of them, fastest first; none at all is a `PlanError`.
+    TorchRec's plan: `--alg torchrec`'s (True), the one given, or none (None). NeuroShard's `plan` may be None (its
+    search found none within memory)."""
+    extra = ({"neuroshard": plan} if plan is not None else {}) | (
+        {INCUMBENT: torchrec_plan} if isinstance(torchrec_plan, Placement) else {})
+    cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra=extra, rate=rate,
+                                        torchrec=torchrec_plan is True)
+             if not any(c.plan.shards[i].table in no_split for i in c.plan.splits) and fits_memory(task, c.plan, cluster)]
+    if not cands:
+        raise PlanError("no candidate plan within memory")
     return best_simulated(cands, min_gain), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))
 
 

@@ -57,8 +57,8 @@ class Placement:
 
     def device_mem_gb(self, task: ShardingTask) -> np.ndarray:
         mem = np.zeros(self.num_devices)
-        for s, d in zip(self.shards, self.device_of):
-            mem[d] += table_size_gb(task.rows[s.table], s.dim)
+        sizes = task.shard_sizes_gb([s.table for s in self.shards], [s.dim for s in self.shards])
+        np.add.at(mem, np.asarray(self.device_of, np.int64), sizes)
         return mem
 
     def device_dim_sums(self) -> np.ndarray:

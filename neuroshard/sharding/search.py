@@ -39,7 +39,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.config import SearchParams
 from ..core.costs import MEM_TOL_GB, Cluster, round_ms
-from ..data.features import can_split, input_words, smallest_shard_dim, table_size_gb, with_dim
+from ..data.features import can_split, input_words, smallest_shard_dim, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, apply_splits
 from .simulator import Simulator, group_sums
@@ -62,7 +62,7 @@ class ShardTable:
         self.features = with_dim(task.data_features[tables], dims)
         self.emb = sim.compute.embed(self.features)
         self.single_cost = round_ms(sim.compute.head(self.emb))
-        self.size = table_size_gb(task.rows[tables], dims)
+        self.size = task.shard_sizes_gb(tables, dims)
         self.dim = dims.astype(np.float64)
         self.column_wise = task.column_wise_shards(tables, dims)  # the shard's sharding group
         self.input_words = input_words(task.pooling_factors[tables])

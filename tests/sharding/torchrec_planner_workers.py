@@ -53,6 +53,13 @@ def kjt(tables, batch, g):
     return KeyedJaggedTensor(keys=[t[0] for t in tables], values=values, lengths=lengths)
 
 
+def no_reservation():
+    """A storage reservation that keeps nothing back, so a test's cap is the tables' budget to the byte."""
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+
+    return FixedPercentageStorageReservation(percentage=0.0)
+
+
 def make_planner(models_dir, world, mem_bytes, kinds):
     """A planner for the CPU ranks; `kinds` maps table names to their allowed sharding types."""
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -62,7 +69,8 @@ def make_planner(models_dir, world, mem_bytes, kinds):
     constraints = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=kinds.get(n))
                    for n, _, _, pf in TOP + TOWER}
     topology = Topology(world_size=world, compute_device="cpu", ddr_cap=mem_bytes)
-    return NeuroShardPlanner(topology=topology, constraints=constraints, models_dir=models_dir)
+    return NeuroShardPlanner(topology=topology, constraints=constraints, models_dir=models_dir,
+                             storage_reservation=no_reservation())
 
 
 def dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, kinds, bad_kinds, batch):

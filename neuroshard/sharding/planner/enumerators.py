@@ -9,8 +9,9 @@
   table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows neither is refused. The
   sharder's own sharding types count as well. Kernel: `fused`; a table excluding it is refused.
-- Storage: a shard costs rows x cols x 4 bytes (fp32 weights); a table whose narrowest allowed shard fits
-  no rank is refused here, before any search.
+- Storage: each shard the search can cut is counted as TorchRec counts it (`storage.torchrec_storage`: weights,
+  optimizer state, input and output buffers, on the planner's topology and batch); `check_fits` refuses a table
+  whose narrowest allowed shard fits no rank's budget, before any search.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from torch import nn
 
 from ...core.errors import UserError
 from ...core.costs import Cluster
-from ...data.features import smallest_shard_dim, table_size_gb
+from ...data.features import smallest_shard_dim
 from ...data.table_list import parse_table_rows
+from .storage import planned_constraints, torchrec_storage
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
@@ -32,9 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 class EmbeddingBagEnumerator(Enumerator):
-    def __init__(self, constraints: dict, device_type: str, cluster: Cluster, memory_kind: str):
+    def __init__(self, constraints: dict, device_type: str, topology, batch_size: int, memory_kind: str):
         self.constraints, self.device_type = constraints, device_type
-        self.cluster, self.memory_kind = cluster, memory_kind
+        self.topology, self.batch_size, self.memory_kind = topology, batch_size, memory_kind
 
     def enumerate(self, module, sharders) -> Enumeration:
         tables, rows, defaulted, ignored = [], [], [], []
@@ -53,13 +55,9 @@ class EmbeddingBagEnumerator(Enumerator):
                            "unused: %s; use the names of the EmbeddingBagConfigs", _names(unknown))
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
         task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
-        for t, table in enumerate(tables):  # the narrowest shard a table can have must fit one rank
-            dim = smallest_shard_dim(task.dims[t]) if table.splittable else int(task.dims[t])
-            if not self.cluster.fits(table_size_gb(task.rows[t], dim)):
-                raise UserError(f"{table.where} ({size_text(task.sizes_gb()[t])}) does not fit one rank's "
-                                f"{size_text(self.cluster.max_mem_gb)} of {self.memory_kind}"
-                                + (f" even in column shards of {dim}; raise the topology's memory" if table.splittable
-                                   else " table-wise; raise the topology's memory, or allow column_wise sharding of it"))
+        storage = torchrec_storage(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
+                                   module, sharders, tables, task.dims, self.memory_kind)
+        task = replace(task, storage=storage)
         return Enumeration(tables, [row for _, row in rows], task,
                            frozenset(t for t, table in enumerate(tables) if not table.splittable),
                            _notes(defaulted, ignored, unknown))
@@ -98,6 +96,23 @@ class EmbeddingBagEnumerator(Enumerator):
         rows, dim = (int(x) for x in param.shape)
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
+
+
+def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved: str) -> None:
+    """Every table's narrowest allowed shard fits one rank's budget (`reserved`: what the budget is after), else one
+    line naming the table, its storage, the budget and what would make it fit."""
+    task = found.task
+    for t, table in enumerate(found.tables):
+        dim = smallest_shard_dim(task.dims[t]) if table.splittable else int(task.dims[t])
+        need = float(task.shard_sizes_gb([t], [dim])[0])
+        if not cluster.fits(need):
+            how = f"even in column shards of {dim}" if table.splittable else "table-wise"
+            weights = size_text(float(task.rows[t]) * dim * 4 / 2**30)
+            raise UserError(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
+                            f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
+                            f"{reserved}; " + ("" if table.splittable else "allow column_wise sharding of it, ")
+                            + "raise the topology's memory, or plan it with TorchRec's EmbeddingShardingPlanner, which "
+                            "can place it row_wise or on UVM caching (NeuroShardPlanner does not price those yet)")
 
 
 def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:

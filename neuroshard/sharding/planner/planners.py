@@ -17,9 +17,11 @@ process: enumerate, widen the dim-sum thresholds once where a whole block needs 
 `collective_plan` plans on rank 0 and sends the result to every rank. Both return a TorchRec `ShardingPlan`
 built by `torchrec_export.to_torchrec_plan`.
 
-- Memory: a shard costs rows x cols x 4 bytes (fp32 weights) and nothing else, as for the TorchRec
-  baseline; each rank's budget is its HBM in the topology (its DDR when `compute_device="cpu"`), the
-  smallest rank's where they differ. Nothing is reserved for dense parameters or activations.
+- Memory, as TorchRec counts it (`storage.py`): each shard's storage from TorchRec's own storage estimator
+  (weights, optimizer state, input and output buffers) against each rank's HBM (its DDR when
+  `compute_device="cpu"`) after the storage reservation TorchRec's planner makes (`storage_reservation=`,
+  default TorchRec's `HeuristicalStorageReservation(percentage=0.15)`), the smallest rank's where they differ.
+  No plan over that budget is handed out; a table that fits no rank is refused in one line.
 - Cost models: loaded once at construction (`Simulator.from_files`), refused with one line when missing or
   trained for another device count than `topology.world_size`; the stats name the files. `batch_size` is
   per rank, as in TorchRec; when `batch_size x world_size` differs from the batch the models were trained
@@ -30,9 +32,10 @@ built by `torchrec_export.to_torchrec_plan`.
   distribution in the step cost; without one the stats say that the backward model prices it.
 - Cost: `cost="step"` (default) scores plans by the simulated step TorchRec runs (per sharding group the
   input distribution and both all-to-alls, `simulator.py`); `cost="paper"` by the paper's three terms.
-- Never slower than TorchRec's planner by its own models: with `compare` (default), TorchRec's own
-  `EmbeddingShardingPlanner` plan and each greedy heuristic's plan of the same tables are rated too (by the
-  perf model), and the plan rated fastest is handed out, unless it is rated less than `min_gain` (default 5%) cheaper
+- Never slower than TorchRec's planner by its own models: with `compare` (default), the plan the caller's own
+  `EmbeddingShardingPlanner` call returns for the module (same topology, batch, reservation and constraints, the
+  sharding types and kernel cut to those NeuroShard places: `incumbent.py`) and each greedy heuristic's plan of
+  the same tables are rated too (by the perf model), and the plan rated fastest is handed out, unless it is rated less than `min_gain` (default 5%) cheaper
   than TorchRec's plan: then TorchRec's (a gain the models cannot resolve is not worth a change of plan). The
   stats list the scores and say which plan won and why.
 """
@@ -53,10 +56,13 @@ from ...core.optional_deps import require_torchrec
 from ...core.costs import ImplausibleCost
 from ..candidates import against_baselines, handout_verdict
 from ..plan import Placement, check_complete, fits_memory
+from ...core.costs import Cluster
 from ..search import fitting_thresholds
 from ..simulator import Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
-from .enumerators import EmbeddingBagEnumerator, find_ebcs, size_text
+from .enumerators import EmbeddingBagEnumerator, check_fits, find_ebcs, size_text
+from .incumbent import torchrec_plan
+from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
 from .arguments import (ModelArguments, checked_constraints, checked_search, planner_batch_size, planner_simulator,
                      topology_ranks)
@@ -81,7 +87,8 @@ class NeuroShardPlanner:
                  search: SearchParams = SearchParams(), debug: bool = True, enumerator: Enumerator | None = None,
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
                  partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = USER_COST,
-                 simulator: Simulator | tuple | None = None, compare: bool = True, min_gain: float = MIN_GAIN):
+                 simulator: Simulator | tuple | None = None, compare: bool = True, min_gain: float = MIN_GAIN,
+                 storage_reservation=None):
         require_torchrec()
         ranks = topology_ranks(topology)
         self.topology, self.cluster = topology, ranks.cluster
@@ -94,8 +101,9 @@ class NeuroShardPlanner:
         self.min_gain = check_min_gain(min_gain, "NeuroShardPlanner: min_gain=")
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         self.batch_size = planner_batch_size(batch_size, self.model_batch, self.cluster.num_devices)
-        self.enumerator = enumerator or EmbeddingBagEnumerator(self.constraints, self.device_type, self.cluster,
-                                                               self.memory_kind)
+        self.storage_reservation = checked_reservation(storage_reservation)
+        self.enumerator = enumerator or EmbeddingBagEnumerator(self.constraints, self.device_type, topology,
+                                                               self.batch_size, self.memory_kind)
         self.perf_model = perf_model or NeuralPerfModel(self.simulator)
         self.proposer = proposer or BeamSplitProposer(self.simulator)
         self.partitioner = partitioner or GridSearchPartitioner(self.simulator)
@@ -149,55 +157,77 @@ class NeuroShardPlanner:
         that predicted it, and no plan is handed out."""
         try:
             found = self.enumerator.enumerate(module, sharders)
-            params, widened = fitting_thresholds(found.task, self.cluster.num_devices, self.search, found.no_split,
+            cluster = Cluster(self.cluster.num_devices, reserved_budget(
+                self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,
+                self.memory_kind))
+            check_fits(found, cluster, self.memory_kind, self._reserved_words())
+            params, widened = fitting_thresholds(found.task, cluster.num_devices, self.search, found.no_split,
                                                  [t.qualified_name for t in found.tables])
             t0 = time.perf_counter()
-            plan = self.proposer.propose(found.task, self.cluster, found.no_split, params, self.partitioner,
+            plan = self.proposer.propose(found.task, cluster, found.no_split, params, self.partitioner,
                                          self.perf_model)
             search_s = time.perf_counter() - t0
-            self._check_proposed(found, plan)
-            compared = self._best_of(found, plan) if self.compare else None
+            compared = self._best_of(found, plan, cluster, module, sharders) if self.compare else None
             plan = compared[0] if compared else plan
+            self._check_proposed(found, plan, cluster)
             cost = self.perf_model.rate(found.task, plan).check()
         except ImplausibleCost as e:
             raise UserError(e.line(*self._models_words())) from None
         kinds = sharding_types(found, plan)
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, plan, cost, kinds, module_specs(found, plan, kinds), search_s,
-                             self._notes(found, compared[1] if compared else None, widened), self.cluster,
+                             self._notes(found, compared[1:] if compared else (), widened, cluster), cluster,
                              self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?")
 
-    def _check_proposed(self, found: Enumeration, plan: Placement | None) -> None:
+    def _reserved_words(self) -> str:
+        """What the ranks' budget is left after, as the refusals and stats say it."""
+        r = self.storage_reservation
+        pct = getattr(r, "_percentage", None)
+        return f"left after TorchRec's {type(r).__name__}" + (f" ({pct:.0%})" if isinstance(pct, float) else "")
+
+    def _check_proposed(self, found: Enumeration, plan: Placement | None, cluster: Cluster) -> None:
         """A plan, complete, within memory and splitting no table-wise-only table."""
         task = found.task
         if plan is None:
-            raise UserError(f"NeuroShardPlanner found no plan for {size_text(task.total_size_gb())} of tables within "
-                            f"{self.cluster.num_devices} ranks x {size_text(self.cluster.max_mem_gb)} of "
-                            f"{self.memory_kind}; raise the topology's memory, add ranks, or allow column_wise "
-                            "sharding of large tables")
+            raise UserError(f"NeuroShardPlanner found no plan for {size_text(task.total_size_gb())} of tables (as "
+                            f"TorchRec counts them) within {cluster.num_devices} ranks x {size_text(cluster.max_mem_gb)} "
+                            f"of {self.memory_kind} {self._reserved_words()}; raise the topology's memory, add ranks, "
+                            "or allow column_wise sharding of large tables")
         check_complete(task, plan)
-        if not fits_memory(task, plan, self.cluster) or any(plan.shards[i].table in found.no_split
-                                                            for i in plan.splits):
+        if not fits_memory(task, plan, cluster) or any(plan.shards[i].table in found.no_split
+                                                       for i in plan.splits):
             raise PlanError("the search returned a plan over memory or splitting a table-wise-only table")
 
-    def _best_of(self, found: Enumeration, plan: Placement) -> tuple[Placement, str]:
-        """(plan, note): the plan handed out among NeuroShard's, TorchRec's own planner's and each greedy heuristic's
-        of the same tables, as the perf model rates them (`candidates.best_simulated` with `min_gain`; a plan that
-        splits a table-wise-only table is not a candidate)."""
+    def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders
+                 ) -> tuple[Placement, str, ...]:
+        """(plan, notes...): the plan handed out among NeuroShard's, the caller's own TorchRec planner's
+        (`incumbent.torchrec_plan`) and each greedy heuristic's of the same tables, as the perf model rates them
+        (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only table or is over a rank's
+        budget is not a candidate)."""
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
-        best, ranked = against_baselines(found.task, self.cluster, self.simulator, self.search, batch, plan,
-                                         no_split=found.no_split, min_gain=self.min_gain, rate=self.perf_model.rate)
+        theirs, missing = torchrec_plan(self.topology, self.batch_size, planned_constraints(self.constraints,
+                                        found.tables), self.storage_reservation, module, sharders, found)
+        try:
+            best, ranked = against_baselines(found.task, cluster, self.simulator, self.search, batch, plan,
+                                             no_split=found.no_split, min_gain=self.min_gain,
+                                             rate=self.perf_model.rate, torchrec_plan=theirs)
+        except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
+            return (None,)
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
-        return best.plan, (f"note: simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
-                           f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}")
+        searched = "" if plan is not None else "NeuroShard's search found no plan within memory; "
+        return (best.plan, f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
+                           f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}") + ((missing,) if missing else ())
 
-    def _notes(self, found: Enumeration, compared: str | None, widened: str | None) -> list[str]:
-        """The enumerator's notes, then what the stats say of the cost models, the comparison, the batch, the
-        hardware and the widened thresholds."""
+    def _notes(self, found: Enumeration, compared: tuple[str, ...], widened: str | None, cluster: Cluster) -> list[str]:
+        """The enumerator's notes, then what the stats say of the memory, the cost models, the comparison, the batch,
+        the hardware and the widened thresholds."""
         fit = self.simulator.step_fit if self.simulator.cost == "step" else None
         fitted = "" if fit is None else f", fitted to TorchRec steps (x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms)"
-        notes = found.notes + [f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored by the "
-                               f"simulated {self.simulator.cost} cost{fitted}"] + ([compared] if compared else [])
+        memory = (f"note: memory as TorchRec's storage estimator counts it (weights, optimizer state, input and output "
+                  f"buffers), within each rank's {size_text(cluster.max_mem_gb)} of {self.memory_kind} of "
+                  f"{size_text(self.cluster.max_mem_gb)} {self._reserved_words()}")
+        notes = found.notes + [memory, f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored "
+                               f"by the simulated {self.simulator.cost} cost{fitted}"] + list(compared)
         notes += [n for n in [self.simulator.input_model_note()] if n]
         batch = self.batch_size * self.cluster.num_devices
         if self.model_batch and int(self.model_batch) != batch:

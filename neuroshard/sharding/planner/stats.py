@@ -44,7 +44,8 @@ class NeuroShardStats(Stats):
                           " ".join(f"{c}:{c + w}@{d}" for c, w, d in pieces)])
         lines = [f"NeuroShard planner: {len(result.specs)} EmbeddingBagCollection(s), {task.num_tables} tables, "
                  f"{len(plan.splits)} column split(s), searched in {result.search_s:.2f} s",
-                 f"{N} ranks x {cap_gb * scale:.3f} {unit} {result.memory_kind} (weights only, fp32)",
+                 f"{N} ranks x {cap_gb * scale:.3f} {unit} {result.memory_kind} for tables (storage as TorchRec counts it, "
+                 "after its reservation)",
                  f"predicted embedding cost {cost.cost_ms:.3f} ms per step at global batch {result.model_batch or '?'} "
                  f"on {result.hardware} (* the slowest rank)",
                  "", *_columns(head, body), "",

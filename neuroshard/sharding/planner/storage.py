@@ -1,0 +1,124 @@
+"""Memory as TorchRec counts it (`torchrec/distributed/planner/storage_reservations.py` and
+`shard_estimators.EmbeddingStorageEstimator`), for `NeuroShardPlanner`:
+
+- `reserved_budget`: each rank's budget after the topology's storage reservation, the one TorchRec's
+  `EmbeddingShardingPlanner` makes (by default `HeuristicalStorageReservation(percentage=0.15)`: 15% of HBM, the
+  dense model's parameters x 6 and the input KJTs), the smallest rank's where they differ.
+- `torchrec_storage`: the storage of every shard the search can cut (each table whole, and its column halvings),
+  from TorchRec's own enumerator and storage estimator on the planner's topology, batch and constraints: weights,
+  optimizer state where the sharder's fused parameters or the table's optimizer ask for it, and the input and
+  output buffers. Nothing is re-derived here: the sharding options TorchRec enumerates for the table (on the
+  `fused` kernel) are given the halvings as their shards and estimated again.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import numpy as np
+
+from ...core.errors import UserError
+from ...data.features import can_split
+from ...data.tasks import ShardStorage
+from .types import COLUMN_WISE, FUSED, TABLE_WISE, PlannedTable
+
+DEFAULT_RESERVATION = 0.15  # TorchRec's EmbeddingShardingPlanner(heuristical_storage_reservation_percentage=)
+
+
+def default_reservation():
+    """The storage reservation `EmbeddingShardingPlanner` makes when given none."""
+    import warnings
+
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    with warnings.catch_warnings():  # TorchRec's own default warns that it is a heuristic; so is the planner's
+        warnings.simplefilter("ignore", FutureWarning)
+        return HeuristicalStorageReservation(percentage=DEFAULT_RESERVATION)
+
+
+def checked_reservation(reservation):
+    """The caller's `storage_reservation=` (None: TorchRec's default), refused in one line unless it reserves."""
+    if reservation is None:
+        return default_reservation()
+    if not callable(getattr(reservation, "reserve", None)):
+        raise UserError(f"storage_reservation must be a TorchRec StorageReservation (e.g. torchrec.distributed.planner."
+                        f"storage_reservations.HeuristicalStorageReservation(percentage=0.15)), got "
+                        f"{type(reservation).__name__}")
+    return reservation
+
+
+def memory_field(memory_kind: str) -> str:
+    return "ddr" if memory_kind == "DDR" else "hbm"
+
+
+def reserved_budget(reservation, topology, batch_size: int, module, sharders, constraints: dict,
+                    memory_kind: str) -> float:
+    """The smallest rank's `memory_kind` (GB) left for embedding tables after `reservation`."""
+    try:
+        reserved = reservation.reserve(topology, batch_size, module, sharders, constraints)
+        left = [int(getattr(d.storage, memory_field(memory_kind))) for d in reserved.devices]
+    except Exception as e:  # TorchRec's PlannerError: the reservation is more than a rank has
+        if "PlannerError" not in type(e).__name__:
+            raise
+        left = [0]
+    if min(left) <= 0:
+        raise UserError(f"TorchRec's {type(reservation).__name__} leaves rank {int(np.argmin(left))} no {memory_kind} "
+                        "for embedding tables (the dense model and input buffers take it all); raise the topology's "
+                        "memory or pass a smaller storage_reservation=")
+    return min(left) / 2**30
+
+
+def planned_constraints(constraints: dict, tables: list[PlannedTable]) -> dict:
+    """The caller's constraints with each table's sharding types cut to those NeuroShard places (table_wise and/or
+    column_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as given."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    out = dict(constraints)
+    for table in tables:
+        kinds = ([] if table.column_wise_only else [TABLE_WISE]) + ([COLUMN_WISE] if table.splittable else [])
+        given = constraints.get(table.name)
+        out[table.name] = (dataclasses.replace(given, sharding_types=kinds, compute_kernels=[FUSED]) if given is not None
+                           else ParameterConstraints(sharding_types=kinds, compute_kernels=[FUSED]))
+    return out
+
+
+def halvings(dim: int) -> list[int]:
+    """A table's dim and every column width halving reaches."""
+    out = [int(dim)]
+    while can_split(out[-1]):
+        out.append(out[-1] // 2)
+    return out
+
+
+def torchrec_storage(topology, batch_size: int, constraints: dict, module, sharders, tables: list[PlannedTable],
+                     dims, memory_kind: str) -> ShardStorage:
+    """Every table's storage whole and at each column halving, as TorchRec's storage estimator counts it."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner.types import Shard
+    from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
+
+    estimator = EmbeddingStorageEstimator(topology=topology, constraints=constraints)
+    options = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints,
+                                  estimator=[estimator]).enumerate(module, sharders)
+    by_table = {(o.path, o.name, o.sharding_type): o for o in options if o.compute_kernel == FUSED}
+    sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
+    field = memory_field(memory_kind)
+    widths = [halvings(d) for d in dims]
+    gb = np.full((len(tables), max(map(len, widths))), np.nan)
+    for t, table in enumerate(tables):
+        gb[t, :len(widths[t])] = np.inf
+        for k, width in enumerate(widths[t]):
+            kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
+            option = by_table.get((table.module_path, table.name, kind))
+            if option is None:
+                continue  # a width the table cannot take (table-wise only): fits no rank
+            option = copy.copy(option)
+            option.shards = [Shard(size=[int(option.tensor.shape[0]), width], offset=[0, 0])]
+            estimator.estimate([option], sharder_data)
+            gb[t, k] = getattr(option.shards[0].storage, field) / 2**30
+        if not math.isfinite(gb[t, 0]):
+            raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in its "
+                            "ParameterConstraints.compute_kernels")
+    return ShardStorage(np.asarray(dims, np.int64), gb)
