@@ -48,7 +48,7 @@ from neuroshard.models.loading import cost_model_paths  # noqa: E402
 from neuroshard.sharding.search import neuroshard_search  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
 
-SMALL = [(T, n) for n in (4, 8) for T in (10, 30, 60)]
+SMALL_TABLES = (10, 30, 60)
 PLANNERS = ("neuroshard", "neuroshard_as_called", "torchrec")
 LARGE = (856, 16)
 DIMS = (16, 32, 64, 128)
@@ -61,6 +61,9 @@ class SearchSpeedConfig:
     reps: int = flag(7, "paired rounds of each small module (10-60 tables)")
     reps_856: int = flag(3, "paired rounds of the 856-table module (TorchRec's planner takes minutes a round)")
     skip_856: bool = flag(False, "leave out the 856-table module")
+    small_ranks: tuple[int, ...] = flag((4, 8), "rank counts of the 10-60 table modules (the planner as called needs "
+                                        "trained models for each: random weights may predict negative costs)",
+                                        parse="int_list")
     row_scale_856: float = flag(0.01, "rows of the 856 synthetic DLRM tables x this (the quick preset's scale)")
     models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt; random weights where missing")
     data_dir: str = flag("data/dlrm_datasets", "the pipeline's dataset, for the bare search on its tasks")
@@ -73,6 +76,8 @@ class SearchSpeedConfig:
     def check(self) -> "SearchSpeedConfig":
         check_int("--reps", self.reps, 2, 1000)
         check_int("--reps_856", self.reps_856, 2, 1000)
+        for n in self.small_ranks:
+            check_int("--small_ranks", n, 2, 64)
         check_float("--row_scale_856", self.row_scale_856, 1e-6, 1.0)
         check_int("--ndevices", self.ndevices, 2, 1024)
         check_float("--max_mem", self.max_mem, 0.0, 1e6, lo_open=True)
@@ -227,7 +232,7 @@ def main(argv=None) -> None:
     out = Path(cfg.out_dir)
     check_output_dir(out, "--out_dir")
     require_torchrec()  # one line when TorchRec is missing
-    cases = SMALL + ([] if cfg.skip_856 else [LARGE])
+    cases = [(T, n) for n in cfg.small_ranks for T in SMALL_TABLES] + ([] if cfg.skip_856 else [LARGE])
     rows = time_pairs(cases, lambda T: cfg.reps_856 if T == LARGE[0] else cfg.reps, out, cfg)
     bare = bare_search(cfg)
     table, summary = report(rows, bare)
