@@ -28,14 +28,15 @@ def models(tmp_path_factory):
     return save_hand_models(tmp_path_factory.mktemp("models"), 2, {"batch_size": 64})
 
 
-def planner(models, mem_bytes=10**6, kinds=None, pooling=None, device="cuda", reserve=False, **kw):
+def planner(models, mem_bytes=10**6, kinds=None, pooling=None, device="cuda", reserve=False, min_partition=None,
+            **kw):
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
     from neuroshard import NeuroShardPlanner
 
     kinds, pooling = kinds or {}, pooling or {}
-    constraints = {n: ParameterConstraints(pooling_factors=[pooling.get(n, pf)], sharding_types=kinds.get(n))
-                   for n, _, _, pf in ALL + WIDE}
+    constraints = {n: ParameterConstraints(pooling_factors=[pooling.get(n, pf)], sharding_types=kinds.get(n),
+                                           min_partition=(min_partition or {}).get(n)) for n, _, _, pf in ALL + WIDE}
     cap = {"hbm_cap": mem_bytes} if device == "cuda" else {"ddr_cap": mem_bytes}
     if not reserve:
         kw.setdefault("storage_reservation", w.no_reservation())
@@ -172,6 +173,46 @@ def test_sharding_types_are_honoured(models):
     assert any("thresholds widened to 1-1.83" in note for note in tw_only.last_result.notes)
 
 
+def test_every_constraint_field_is_honoured_or_refused(models):
+    """min_partition bounds the column shards; the fields TorchRec's planner copies into each ParameterSharding are
+    copied as given (and the notes say which the cost models do not price); a device group, an SSD or virtual table
+    and per-feature batch sizes the planner cannot honour are one line each, naming the field."""
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import BoundsCheckMode, CacheParams, DataType, KeyValueParams
+
+    model = w.ebc(WIDE)
+    free = placements(planner(models, debug=False, cost="paper", compare=False).plan(model, sharders()))[0]
+    assert [width for _, width, _ in free[("", "wide")]] == [128, 128]
+    bounded = planner(models, debug=False, cost="paper", compare=False)
+    bounded.constraints["wide"] = ParameterConstraints(pooling_factors=[1.0], min_partition=160)
+    got = placements(bounded.plan(model, sharders()))[0][("", "wide")]
+    assert [width for _, width, _ in got] == [256], got  # no halving is 160 wide or more
+    with pytest.raises(UserError, match=r"^table 'user' .* needs 129,024 bytes whole .*; lower its min_partition \(64\), "
+                                        "raise the topology's memory"):
+        planner(models, TIGHT, debug=False, min_partition={"user": 64}).plan(w.TwoTowerModel(), sharders())
+
+    given = dict(cache_params=CacheParams(load_factor=0.3), enforce_hbm=True, stochastic_rounding=False,
+                 bounds_check_mode=BoundsCheckMode.NONE, output_dtype=DataType.FP16)
+    p = planner(models, debug=False)
+    p.constraints["wide"] = ParameterConstraints(pooling_factors=[1.0], is_weighted=True, **given)
+    ps = p.plan(model, sharders()).plan[""]
+    assert {f: getattr(ps["wide"], f) for f in given} == given
+    assert ps["small"].stochastic_rounding is None and ps["small"].output_dtype is None
+    assert any("carries wide (is_weighted, output_dtype) as given" in n for n in p.last_result.notes)
+
+    for bad, fragment in [(dict(device_group="cpu"), r"device_group='cpu' differs from the topology's compute_device"),
+                          (dict(key_value_params=KeyValueParams()), "key_value_params / use_virtual_table ask for an SSD"),
+                          (dict(use_virtual_table=True), "key_value_params / use_virtual_table ask for an SSD"),
+                          (dict(batch_sizes=[7]), r"batch_sizes=\[7\] differ from the planner's batch_size 32"),
+                          (dict(min_partition=0), "min_partition must be a whole number >= 1"),
+                          (dict(min_partition="8"), "min_partition must be a whole number >= 1")]:
+        p = planner(models, debug=False)
+        p.constraints["wide"] = ParameterConstraints(pooling_factors=[1.0], **bad)
+        with pytest.raises(UserError, match=f"^table 'wide' of EmbeddingBagCollection '<root>': ParameterConstraints.*"
+                                            f"{fragment}"):
+            p.plan(model, sharders())
+
+
 def test_a_whole_column_wise_only_table_is_priced_in_the_group_torchrec_runs_it_in(models):
     """TorchRec runs a column_wise-only table in its column-wise sharding group even when it stays whole, so the
     step cost charges that group's collectives (one rule, `ShardingTask.column_wise_shards`, for the search, the
@@ -195,7 +236,7 @@ def test_a_whole_column_wise_only_table_is_priced_in_the_group_torchrec_runs_it_
 def test_no_room_is_one_line(models):
     """Storage as TorchRec's estimator counts it (129,024 bytes for "user", of which 102,400 are weights) against the
     budget left after the reservation; each refusal names the table, both counts, the budget and the fixes."""
-    with pytest.raises(UserError, match="^table 'user' of EmbeddingBagCollection 'top' needs 129,024 bytes table-wise "
+    with pytest.raises(UserError, match="^table 'user' of EmbeddingBagCollection 'top' needs 129,024 bytes whole "
                                         r"as TorchRec counts its storage \(weights 102,400 bytes\), more than one rank's "
                                         "116,000 bytes of HBM left after TorchRec's FixedPercentageStorageReservation "
                                         r"\(0%\); allow column_wise sharding of it, raise the topology's memory, or plan "

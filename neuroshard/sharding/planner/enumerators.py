@@ -24,7 +24,7 @@ from torch import nn
 
 from ...core.errors import UserError
 from ...core.costs import Cluster
-from ...data.features import smallest_shard_dim
+from ...data.features import can_split
 from ...data.table_list import parse_table_rows
 from .storage import planned_constraints, torchrec_storage
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
@@ -39,14 +39,14 @@ class EmbeddingBagEnumerator(Enumerator):
         self.topology, self.batch_size, self.memory_kind = topology, batch_size, memory_kind
 
     def enumerate(self, module, sharders) -> Enumeration:
-        tables, rows, defaulted, ignored = [], [], [], []
+        tables, rows, defaulted, unpriced = [], [], [], []
         for path, ebc, sharder in find_ebcs(module, sharders):
             for name, param in sharder.shardable_parameters(ebc).items():
                 table, row, default = self._table(path, name, param, sharder)
                 tables.append(table)
                 rows.append((table.where, row))
                 defaulted += [table.qualified_name] if default else []
-                ignored += [table.qualified_name] if getattr(self.constraints.get(name), "min_partition", None) else []
+                unpriced += unpriced_fields(self.constraints.get(name), table.qualified_name)
         if not rows:
             raise UserError("the module's EmbeddingBagCollections hold no tables; give them EmbeddingBagConfigs")
         unknown = sorted(set(self.constraints) - {t.name for t in tables})
@@ -59,8 +59,8 @@ class EmbeddingBagEnumerator(Enumerator):
                                    module, sharders, tables, task.dims, self.memory_kind)
         task = replace(task, storage=storage)
         return Enumeration(tables, [row for _, row in rows], task,
-                           frozenset(t for t, table in enumerate(tables) if not table.splittable),
-                           _notes(defaulted, ignored, unknown))
+                           frozenset(t for t, table in enumerate(tables) if table.narrowest(task.dims[t]) == task.dims[t]),
+                           _notes(defaulted, unpriced, unknown))
 
     def _table(self, path: str, name: str, param, sharder) -> tuple[PlannedTable, dict, bool]:
         """The table, its row for the table list, and whether its pooling factor is TorchRec's default."""
@@ -79,6 +79,7 @@ class EmbeddingBagEnumerator(Enumerator):
         if kernels is not None and FUSED not in kernels:
             raise UserError(f"{where}: compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's cost "
                             f"models measure; allow {FUSED!r} or plan the model with EmbeddingShardingPlanner")
+        refuse_unplanned_fields(c, where, self.device_type, self.batch_size)
         pooling = DEFAULT_POOLING_FACTOR
         if c is not None:
             factors, counts = getattr(c, "pooling_factors", None), getattr(c, "num_poolings", None)
@@ -94,8 +95,56 @@ class EmbeddingBagEnumerator(Enumerator):
                                 f"feature; num_poolings the same length), got {factors!r}")
             pooling = sum(f * n for f, n in zip(factors, counts))
         rows, dim = (int(x) for x in param.shape)
-        table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed)
+        table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
+                             min_width(c, where))
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
+
+
+# ParameterConstraints fields each ParameterSharding of the plan carries as the caller set them (as TorchRec's planner
+# copies them from its sharding options); the fused kernel's cost does not depend on them
+PASSED_TO_PLAN = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
+
+
+def refuse_unplanned_fields(c, where: str, device_type: str, batch_size: int) -> None:
+    """One line for a ParameterConstraints field NeuroShardPlanner cannot honour: another device group, an SSD or
+    virtual table, per-feature batch sizes other than the planner's batch."""
+    if c is None:
+        return
+    group = getattr(c, "device_group", None)
+    if group is not None and group != device_type:
+        raise UserError(f"{where}: ParameterConstraints.device_group={group!r} differs from the topology's compute_device "
+                        f"{device_type!r}; NeuroShardPlanner plans one device group: leave device_group out, or plan "
+                        "the model with EmbeddingShardingPlanner")
+    if getattr(c, "key_value_params", None) is not None or getattr(c, "use_virtual_table", False):
+        raise UserError(f"{where}: ParameterConstraints.key_value_params / use_virtual_table ask for an SSD or virtual "
+                        f"table, which NeuroShardPlanner does not place (it places {FUSED!r} tables); leave them out, or "
+                        "plan the model with EmbeddingShardingPlanner")
+    sizes = getattr(c, "batch_sizes", None)
+    if sizes is not None and any(b != batch_size for b in sizes):
+        raise UserError(f"{where}: ParameterConstraints.batch_sizes={list(sizes)} differ from the planner's batch_size "
+                        f"{batch_size}; NeuroShard's cost models price one batch for every feature: leave batch_sizes "
+                        "out, or plan the model with EmbeddingShardingPlanner")
+
+
+def min_width(c, where: str) -> int:
+    """`min_partition` (TorchRec: the narrowest column-wise shard), checked; 4 where not given."""
+    value = getattr(c, "min_partition", None)
+    if value is None:
+        return 4
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{where}: ParameterConstraints.min_partition must be a whole number >= 1 (the narrowest "
+                        f"column shard), got {value!r}")
+    return max(4, value)
+
+
+def unpriced_fields(c, name: str) -> list[str]:
+    """'name (field)' for each field set that the plan carries but the cost models do not price."""
+    if c is None:
+        return []
+    dtype = getattr(c, "output_dtype", None)
+    fields = (["is_weighted"] if getattr(c, "is_weighted", False) else []) + (
+        ["output_dtype"] if dtype is not None and getattr(dtype, "name", str(dtype)) != "FP32" else [])
+    return [f"{name} ({', '.join(fields)})"] if fields else []
 
 
 def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved: str) -> None:
@@ -103,14 +152,14 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
     line naming the table, its storage, the budget and what would make it fit."""
     task = found.task
     for t, table in enumerate(found.tables):
-        dim = smallest_shard_dim(task.dims[t]) if table.splittable else int(task.dims[t])
+        dim = table.narrowest(task.dims[t])
         need = float(task.shard_sizes_gb([t], [dim])[0])
         if not cluster.fits(need):
-            how = f"even in column shards of {dim}" if table.splittable else "table-wise"
+            how = f"even in column shards of {dim}" if dim < task.dims[t] else "whole"
             weights = size_text(float(task.rows[t]) * dim * 4 / 2**30)
             raise UserError(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
                             f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
-                            f"{reserved}; " + ("" if table.splittable else "allow column_wise sharding of it, ")
+                            f"{reserved}; " + _narrower(table, dim)
                             + "raise the topology's memory, or plan it with TorchRec's EmbeddingShardingPlanner, which "
                             "can place it row_wise or on UVM caching (NeuroShardPlanner does not price those yet)")
 
@@ -147,6 +196,15 @@ def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:
     return found
 
 
+def _narrower(table: PlannedTable, narrowest: int) -> str:
+    """How the caller could let the table be cut narrower than `narrowest` columns, if they can."""
+    if not table.splittable:
+        return "allow column_wise sharding of it, "
+    if narrowest > 4 and can_split(narrowest):  # min_partition stops the halving
+        return f"lower its min_partition ({table.min_width}), "
+    return ""
+
+
 def size_text(gb: float) -> str:
     return f"{gb:.3f} GB" if gb >= 0.1 else f"{round(gb * 2**30):,} bytes"
 
@@ -155,7 +213,7 @@ def _names(x: list[str]) -> str:
     return ", ".join(x[:5]) + (", ..." if len(x) > 5 else "")
 
 
-def _notes(defaulted: list[str], ignored: list[str], unknown: list[str]) -> list[str]:
+def _notes(defaulted: list[str], unpriced: list[str], unknown: list[str]) -> list[str]:
     notes = ["note: reuse histograms are the published DLRM dataset's (the planner sees no ids)"]
     if defaulted:
         notes.append(f"note: no ParameterConstraints for {len(defaulted)} table(s) ({_names(defaulted)}): pooling "
@@ -163,6 +221,7 @@ def _notes(defaulted: list[str], ignored: list[str], unknown: list[str]) -> list
                      "depend on them")
     if unknown:
         notes.append(f"note: constraints name table(s) no planned EmbeddingBagCollection has, unused: {_names(unknown)}")
-    if ignored:
-        notes.append(f"note: min_partition ignored for {_names(ignored)} (NeuroShard halves columns down to 4)")
+    if unpriced:
+        notes.append(f"note: the plan carries {_names(unpriced)} as given, but the cost models price fp32 outputs of "
+                     "unweighted lookups")
     return notes

@@ -60,7 +60,7 @@ from ...core.costs import Cluster
 from ..search import fitting_thresholds
 from ..simulator import Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
-from .enumerators import EmbeddingBagEnumerator, check_fits, find_ebcs, size_text
+from .enumerators import PASSED_TO_PLAN, EmbeddingBagEnumerator, check_fits, find_ebcs, size_text
 from .incumbent import torchrec_plan
 from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
@@ -288,6 +288,12 @@ class NeuroShardPlanner:
         for path, spec in specs.items():
             plan.update(to_torchrec_plan(spec, path, self.device_type, FUSED,
                                          getattr(self.topology, "local_world_size", None)).plan)
+        for module_plan in plan.values():  # the fields TorchRec's planner copies from the constraints, as given
+            for name, ps in module_plan.items():
+                c = self.constraints.get(name)
+                for field in PASSED_TO_PLAN if c is not None else ():
+                    if getattr(c, field, None) is not None:
+                        setattr(ps, field, getattr(c, field))
         return TorchRecShardingPlan(plan)
 
 

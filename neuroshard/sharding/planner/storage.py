@@ -8,7 +8,8 @@
   from TorchRec's own enumerator and storage estimator on the planner's topology, batch and constraints: weights,
   optimizer state where the sharder's fused parameters or the table's optimizer ask for it, and the input and
   output buffers. Nothing is re-derived here: the sharding options TorchRec enumerates for the table (on the
-  `fused` kernel) are given the halvings as their shards and estimated again.
+  `fused` kernel) are given the halvings as their shards and estimated again. A width the table may not take
+  (table-wise only, or narrower than its `min_partition`) is infinite: it fits no rank.
 """
 from __future__ import annotations
 
@@ -112,8 +113,8 @@ def torchrec_storage(topology, batch_size: int, constraints: dict, module, shard
         for k, width in enumerate(widths[t]):
             kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
             option = by_table.get((table.module_path, table.name, kind))
-            if option is None:
-                continue  # a width the table cannot take (table-wise only): fits no rank
+            if option is None or width < table.narrowest(dims[t]):
+                continue  # a width the table may not take (table-wise only, min_partition): fits no rank
             option = copy.copy(option)
             option.shards = [Shard(size=[int(option.tensor.shape[0]), width], offset=[0, 0])]
             estimator.estimate([option], sharder_data)

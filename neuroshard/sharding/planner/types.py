@@ -13,6 +13,7 @@ import numpy as np
 
 from ...core.config import SearchParams
 from ...core.costs import Cluster, Cost
+from ...data.features import can_split
 from ...data.tasks import ShardingTask
 from ..plan import Placement
 from ..search import Placements, ShardTable
@@ -28,6 +29,15 @@ class PlannedTable:
     name: str                 # the table's name in its EBC (TorchRec's parameter name)
     column_wise_only: bool    # table-wise forbidden: hand it out column-wise even when whole
     splittable: bool          # column-wise allowed (by the constraints and the sharder)
+    min_width: int = 4        # the narrowest column shard allowed (ParameterConstraints.min_partition)
+
+    def narrowest(self, dim: int) -> int:
+        """The narrowest shard of this table (of `dim` columns) the search may cut: the smallest column halving of at
+        least `min_width` columns, or the whole table where column-wise is not allowed."""
+        dim = int(dim)
+        while self.splittable and can_split(dim) and dim // 2 >= self.min_width:
+            dim //= 2
+        return dim
 
     @property
     def qualified_name(self) -> str:
