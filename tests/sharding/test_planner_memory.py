@@ -47,16 +47,14 @@ def setting(tables, world, device, cap):
 
 
 def torchrec_plans(tables, world, device, cap, batch):
-    """TorchRec's EmbeddingShardingPlanner with the sharding types and kernel NeuroShardPlanner places (None: it
-    finds no plan), and the budget its default reservation leaves a rank."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+    """TorchRec's EmbeddingShardingPlanner as the user calls it (every sharding type and kernel; None: it finds no
+    plan), and the budget its default reservation leaves a rank."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 
     topology, constraints, sharders = setting(tables, world, device, cap)
-    kinds = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=["table_wise", "column_wise"],
-                                     compute_kernels=["fused"]) for n, _, _, pf in tables}
     try:
-        plan = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=kinds,
+        plan = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
                                         debug=False).plan(module(tables), sharders)
     except Exception as e:
         assert "PlannerError" in type(e).__name__, e
@@ -97,12 +95,19 @@ def storage_per_rank(tables, world, device, cap, batch, plan):
     return used
 
 
-def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
+def kinds(plan) -> dict[str, tuple[str, str]]:
+    return {name: (ps.sharding_type, ps.compute_kernel) for name, ps in plan.plan[""].items()}
+
+
+def check_cases(models, cases: int, seed: int) -> dict[str, int]:
+    """Random tables, topologies and caps; per case: NeuroShardPlanner refuses only where TorchRec's planner (as the
+    user calls it) does; a plan of its own is within the budget by TorchRec's estimator; where it hands out TorchRec's
+    plan, that plan is TorchRec's. Counts of each outcome."""
     from neuroshard import NeuroShardPlanner
 
-    rng = np.random.default_rng(7)
-    planned = tight = 0
-    for case in range(14):
+    rng = np.random.default_rng(seed)
+    seen = {"own": 0, "tight": 0, "torchrec's": 0, "both refused": 0}
+    for case in range(cases):
         world, device = (2, 4)[case % 2], ("cuda", "cpu")[(case // 2) % 2]
         tables = random_tables(rng, int(rng.integers(3, 9)))
         weights = sum(r * d * 4 for _, r, d, _ in tables)
@@ -110,32 +115,57 @@ def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
         batch = 128 // world
         theirs, budget = torchrec_plans(tables, world, device, cap, batch)
         topology, constraints, sharders = setting(tables, world, device, cap)
+        planner = NeuroShardPlanner(topology, constraints=constraints, models_dir=models[world], debug=False)
         try:
-            plan = NeuroShardPlanner(topology, constraints=constraints, models_dir=models[world],
-                                     debug=False).plan(module(tables), sharders)
+            plan = planner.plan(module(tables), sharders)
         except UserError as e:
             assert theirs is None, f"case {case}: refused where TorchRec plans: {e}"
+            seen["both refused"] += 1
+            continue
+        if planner.last_result.plan is None:  # TorchRec's, unchanged
+            assert theirs is not None and kinds(plan) == kinds(theirs), case
+            seen["torchrec's"] += 1
             continue
         used = storage_per_rank(tables, world, device, cap, batch, plan)
         assert used.max() <= budget, (case, used, budget)
-        planned += 1
-        tight += used.max() > 0.8 * budget
-    assert planned >= 5 and tight >= 2, (planned, tight)  # cases where the budget binds were drawn
+        seen["own"] += 1
+        seen["tight"] += used.max() > 0.8 * budget
+    return seen
 
 
-def test_a_model_filling_hbm_with_weights_is_refused_not_handed_out(models):
+def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
+    seen = check_cases(models, 14, 7)
+    assert seen["own"] >= 5 and seen["tight"] >= 2, seen  # plans where the budget binds were drawn
+
+
+def test_a_model_filling_hbm_with_weights_gets_torchrecs_plan(models):
     """The issue's case: 26 tables x dim 64 whose fp32 weights are 95% of 4 ranks' 1 GiB. Counting weights alone
-    it fits; with TorchRec's reservation and I/O buffers no table_wise/column_wise plan does (TorchRec's planner
-    places such tables row_wise or on UVM caching), so NeuroShardPlanner refuses in one line."""
+    it fits; with TorchRec's reservation and I/O buffers no table_wise/column_wise plan does. TorchRec's planner
+    places the tables row_wise and on UVM caching: that plan is handed out unchanged, and the stats say why; with
+    compare=False (NeuroShard's search alone) it is one line."""
     from neuroshard import NeuroShardPlanner
 
     rows = math.floor(0.95 * 4 * 2**30 / (26 * 64 * 4))
     tables = [(f"t{i}", rows, 64, 4.0) for i in range(26)]
     topology, constraints, sharders = setting(tables, 4, "cuda", 2**30)
+    planner = NeuroShardPlanner(topology, constraints=constraints, models_dir=models[4], debug=False)
+    plan = planner.plan(module(tables), sharders)
+    theirs, _ = torchrec_plans(tables, 4, "cuda", 2**30, planner.batch_size)
+    assert kinds(plan) == kinds(theirs) and {k for k, _ in kinds(plan).values()} >= {"row_wise"}
+    assert plan.plan[""]["t0"].sharding_spec.shards == theirs.plan[""]["t0"].sharding_spec.shards
+    from neuroshard.sharding.planner.incumbent import from_parameter_specs
+
+    spec = planner.last_result.specs[""]  # what collective_plan sends the other ranks, as JSON
+    for damage in ({"tables": [{"name": "t0"}]}, {"tables": [{**spec["tables"][0], "shards": [{"offsets": "x"}]}]},
+                   {"tables": None}):
+        with pytest.raises(UserError, match="^the TorchRec plan received from rank 0 is damaged"):
+            from_parameter_specs(damage)
+    stats = planner.stats.format(planner.last_result)
+    assert "TorchRec's plan, unchanged" in stats and "handed out TorchRec's EmbeddingShardingPlanner plan" in stats
     with pytest.raises(UserError, match=r"^NeuroShardPlanner found no plan for .* of tables \(as TorchRec counts them\) "
                                         r"within 4 ranks x 0\.8\d\d GB of HBM left after TorchRec's "
                                         r"HeuristicalStorageReservation \(15%\)"):
-        NeuroShardPlanner(topology, constraints=constraints, models_dir=models[4], debug=False).plan(
+        NeuroShardPlanner(topology, constraints=constraints, models_dir=models[4], debug=False, compare=False).plan(
             module(tables), sharders)
 
 

@@ -157,7 +157,7 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
         if not cluster.fits(need):
             how = f"even in column shards of {dim}" if dim < task.dims[t] else "whole"
             weights = size_text(float(task.rows[t]) * dim * 4 / 2**30)
-            raise UserError(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
+            raise NoRoom(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
                             f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
                             f"{reserved}; " + _narrower(table, dim)
                             + "raise the topology's memory, or plan it with TorchRec's EmbeddingShardingPlanner, which "
@@ -194,6 +194,11 @@ def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:
                 "a TorchRec model keeps its tables in torchrec.EmbeddingBagCollection modules")
         raise UserError(f"no EmbeddingBagCollection to plan in the {type(module).__name__}; {hint}")
     return found
+
+
+class NoRoom(UserError):
+    """No table-wise/column-wise plan of NeuroShard's fits the ranks' memory (TorchRec's planner may still place the
+    tables in other ways)."""
 
 
 def _narrower(table: PlannedTable, narrowest: int) -> str:

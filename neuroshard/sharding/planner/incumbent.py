@@ -3,7 +3,7 @@ module, topology, batch, storage reservation and constraints, with the sharding 
 places (`storage.planned_constraints`), read back as a `Placement` of the enumerated tables."""
 from __future__ import annotations
 
-from ...core.errors import PlanError
+from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from .types import COLUMN_WISE, TABLE_WISE, Enumeration
 
@@ -37,3 +37,57 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
     except PlanError as e:
         return None, (f"note: TorchRec's plan cuts column shards NeuroShard's cost models do not price ({e}); the plans "
                       "are compared without it")
+
+
+def torchrec_full_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders):
+    """The plan the caller's own `EmbeddingShardingPlanner` call returns, every sharding type and kernel its
+    constraints and sharders allow (row_wise, UVM caching, ...), or None where it finds none within memory."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    try:
+        return EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, constraints=constraints,
+                                        storage_reservation=reservation, debug=False).plan(module, sharders)
+    except Exception as e:
+        if "PlannerError" not in type(e).__name__:
+            raise
+        return None
+
+
+def parameter_specs(plan, shapes: dict[tuple[str, str], tuple[int, int]]) -> dict[str, dict]:
+    """A TorchRec `ShardingPlan` of tables of `shapes` ((module path, name) -> rows, dim) as JSON-able specs, one per
+    module path, in the shape `collective_plan` sends and `NeuroShardPlanner._check_module` reads:
+    {"torchrec": True, "tables": [{name, rows, dim, sharding_type, compute_kernel, ranks, shards: [{offsets,
+    sizes, placement}]}]}."""
+    specs = {}
+    for path, module_plan in plan.plan.items():
+        tables = []
+        for name, ps in module_plan.items():
+            shards = [{"offsets": [int(x) for x in m.shard_offsets], "sizes": [int(x) for x in m.shard_sizes],
+                       "placement": str(m.placement)} for m in (ps.sharding_spec.shards if ps.sharding_spec else [])]
+            rows, dim = shapes[(path, name)]
+            tables.append({"name": name, "rows": rows, "dim": dim, "sharding_type": ps.sharding_type,
+                           "compute_kernel": ps.compute_kernel, "ranks": [int(r) for r in ps.ranks or []],
+                           "shards": shards})
+        specs[path] = {"torchrec": True, "tables": tables}
+    return specs
+
+
+def from_parameter_specs(spec: dict):
+    """The `EmbeddingModuleShardingPlan` of one module's `parameter_specs` entry; a damaged one is one `UserError`."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
+
+    out = EmbeddingModuleShardingPlan()
+    try:
+        for t in spec["tables"]:
+            shards = [ShardMetadata(shard_offsets=[int(x) for x in s["offsets"]],
+                                    shard_sizes=[int(x) for x in s["sizes"]], placement=str(s["placement"]))
+                      for s in t["shards"]]
+            out[str(t["name"])] = ParameterSharding(
+                sharding_type=str(t["sharding_type"]), compute_kernel=str(t["compute_kernel"]),
+                ranks=[int(r) for r in t["ranks"]] or None,
+                sharding_spec=EnumerableShardingSpec(shards) if shards else None)
+    except (KeyError, TypeError, ValueError, RuntimeError, AssertionError) as e:
+        raise UserError(f"the TorchRec plan received from rank 0 is damaged ({type(e).__name__}); run collective_plan "
+                        "again") from None
+    return out

@@ -60,8 +60,8 @@ from ...core.costs import Cluster
 from ..search import fitting_thresholds
 from ..simulator import Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
-from .enumerators import PASSED_TO_PLAN, EmbeddingBagEnumerator, check_fits, find_ebcs, size_text
-from .incumbent import torchrec_plan
+from .enumerators import PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text
+from .incumbent import from_parameter_specs, parameter_specs, torchrec_full_plan, torchrec_plan
 from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
 from .arguments import (ModelArguments, checked_constraints, checked_search, planner_batch_size, planner_simulator,
@@ -154,12 +154,25 @@ class NeuroShardPlanner:
         """Enumerate the tables, widen the thresholds once, propose (the partitioner places every proposal, the
         perf model rates every placement), compare with TorchRec's and the heuristics' plans, rate the plan handed
         out. A predicted cost that cannot be true (any candidate's or the plan's) is one line naming the models
-        that predicted it, and no plan is handed out."""
+        that predicted it, and no plan is handed out. Where no table-wise/column-wise plan fits, TorchRec's planner's
+        plan (every sharding type and kernel allowed) is handed out unchanged, or, where it has none either, the one
+        line that says why NeuroShard's does not fit."""
+        found = self.enumerator.enumerate(module, sharders)
+        cluster = Cluster(self.cluster.num_devices, reserved_budget(
+            self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,
+            self.memory_kind))
         try:
-            found = self.enumerator.enumerate(module, sharders)
-            cluster = Cluster(self.cluster.num_devices, reserved_budget(
-                self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,
-                self.memory_kind))
+            return self._search(found, cluster, module, sharders)
+        except NoRoom as e:
+            theirs = torchrec_full_plan(self.topology, self.batch_size, self.constraints, self.storage_reservation,
+                                        module, sharders) if self.compare else None
+            if theirs is None:
+                raise UserError(f"{e}" + ("; TorchRec's EmbeddingShardingPlanner finds no plan either"
+                                          if self.compare else "")) from None
+            return self._torchrec_result(found, cluster, theirs, str(e))
+
+    def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
+        try:
             check_fits(found, cluster, self.memory_kind, self._reserved_words())
             params, widened = fitting_thresholds(found.task, cluster.num_devices, self.search, found.no_split,
                                                  [t.qualified_name for t in found.tables])
@@ -185,11 +198,25 @@ class NeuroShardPlanner:
         pct = getattr(r, "_percentage", None)
         return f"left after TorchRec's {type(r).__name__}" + (f" ({pct:.0%})" if isinstance(pct, float) else "")
 
+    def _torchrec_result(self, found: Enumeration, cluster: Cluster, theirs, why: str) -> PlannerResult:
+        """TorchRec's plan, handed out unchanged, and the notes that say why."""
+        shapes = {(t.module_path, t.name): (int(r), int(d)) for t, r, d in zip(found.tables, found.task.rows,
+                                                                                found.task.dims)}
+        specs = parameter_specs(theirs, shapes)
+        kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
+                 for t in spec["tables"]}
+        note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
+                f"do not price (row_wise, data_parallel and UVM kernels are not in its search yet): {why}")
+        meta = self.simulator.compute.meta
+        return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
+                             specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,
+                             self.model_batch, meta.get("device_name") or meta.get("device") or "?")
+
     def _check_proposed(self, found: Enumeration, plan: Placement | None, cluster: Cluster) -> None:
         """A plan, complete, within memory and splitting no table-wise-only table."""
         task = found.task
         if plan is None:
-            raise UserError(f"NeuroShardPlanner found no plan for {size_text(task.total_size_gb())} of tables (as "
+            raise NoRoom(f"NeuroShardPlanner found no plan for {size_text(task.total_size_gb())} of tables (as "
                             f"TorchRec counts them) within {cluster.num_devices} ranks x {size_text(cluster.max_mem_gb)} "
                             f"of {self.memory_kind} {self._reserved_words()}; raise the topology's memory, add ranks, "
                             "or allow column_wise sharding of large tables")
@@ -223,10 +250,7 @@ class NeuroShardPlanner:
         the hardware and the widened thresholds."""
         fit = self.simulator.step_fit if self.simulator.cost == "step" else None
         fitted = "" if fit is None else f", fitted to TorchRec steps (x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms)"
-        memory = (f"note: memory as TorchRec's storage estimator counts it (weights, optimizer state, input and output "
-                  f"buffers), within each rank's {size_text(cluster.max_mem_gb)} of {self.memory_kind} of "
-                  f"{size_text(self.cluster.max_mem_gb)} {self._reserved_words()}")
-        notes = found.notes + [memory, f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored "
+        notes = found.notes + [self._memory_note(cluster), f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored "
                                f"by the simulated {self.simulator.cost} cost{fitted}"] + list(compared)
         notes += [n for n in [self.simulator.input_model_note()] if n]
         batch = self.batch_size * self.cluster.num_devices
@@ -238,6 +262,11 @@ class NeuroShardPlanner:
             notes.append(f"note: the cost models were measured on {device}, this topology is {self.device_type}: "
                          "predicted ms are for the models' hardware")
         return notes + ([widened] if widened else [])
+
+    def _memory_note(self, cluster: Cluster) -> str:
+        return (f"note: memory as TorchRec's storage estimator counts it (weights, optimizer state, input and output "
+                f"buffers), within each rank's {size_text(cluster.max_mem_gb)} of {self.memory_kind} of "
+                f"{size_text(self.cluster.max_mem_gb)} {self._reserved_words()}")
 
     def _models_words(self) -> tuple[str, str]:
         """(the models that predict, how to fix them) for the line of a predicted cost that cannot be true."""
@@ -286,6 +315,9 @@ class NeuroShardPlanner:
 
         plan = {}
         for path, spec in specs.items():
+            if spec.get("torchrec"):
+                plan[path] = from_parameter_specs(spec)
+                continue
             plan.update(to_torchrec_plan(spec, path, self.device_type, FUSED,
                                          getattr(self.topology, "local_world_size", None)).plan)
         for module_plan in plan.values():  # the fields TorchRec's planner copies from the constraints, as given

@@ -21,6 +21,8 @@ class NeuroShardStats(Stats):
     @staticmethod
     def format(result: PlannerResult) -> str:
         """The statistics as a box of text."""
+        if result.plan is None:
+            return _box(_torchrec_lines(result))
         plan, cost, task, N = result.plan, result.cost, result.task, result.cluster.num_devices
         cap_gb = result.cluster.max_mem_gb
         mem = plan.device_mem_gb(task)
@@ -51,9 +53,26 @@ class NeuroShardStats(Stats):
                  "", *_columns(head, body), "",
                  *_columns(["table", "rows x dim", "pooling", "sharding", "columns@rank"], tbody),
                  "", *(part for note in result.notes for part in textwrap.wrap(note, NOTE_WIDTH, subsequent_indent="  "))]
-        width = max(map(len, lines)) + 4
-        bar = "#" * width
-        return "\n".join([bar, *(f"# {line.ljust(width - 4)} #" for line in lines), bar])
+        return _box(lines)
+
+
+def _torchrec_lines(result: PlannerResult) -> list[str]:
+    """The stats of a TorchRec plan handed out unchanged: per table its sharding, kernel and ranks, then the notes."""
+    task, rows = result.task, []
+    by_name = {(path, t["name"]): t for path, spec in result.specs.items() for t in spec["tables"]}
+    for t, table in enumerate(result.tables):
+        entry = by_name[(table.module_path, table.name)]
+        rows.append([table.qualified_name, f"{int(task.rows[t])} x {int(task.dims[t])}", f"{task.pooling_factors[t]:g}",
+                     result.sharding_types[t], " ".join(map(str, entry["ranks"]))])
+    return [f"NeuroShard planner: {len(result.specs)} EmbeddingBagCollection(s), {task.num_tables} tables: TorchRec's "
+            "plan, unchanged", "", *_columns(["table", "rows x dim", "pooling", "sharding (kernel)", "ranks"], rows), "",
+            *(part for note in result.notes for part in textwrap.wrap(note, NOTE_WIDTH, subsequent_indent="  "))]
+
+
+def _box(lines: list[str]) -> str:
+    width = max(map(len, lines)) + 4
+    bar = "#" * width
+    return "\n".join([bar, *(f"# {line.ljust(width - 4)} #" for line in lines), bar])
 
 
 def _columns(head: list[str], body: list[list[str]]) -> list[str]:

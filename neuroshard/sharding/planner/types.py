@@ -62,14 +62,16 @@ class Enumeration:
 @dataclass
 class PlannerResult:
     """What `plan` decided: the tables and their task, NeuroShard's plan and predicted cost, one spec per EBC,
-    and what the statistics show about where it was planned."""
+    and what the statistics show about where it was planned. Where NeuroShard's table-wise/column-wise plans do not
+    fit and TorchRec's planner's does, that plan is handed out unchanged: `plan` and `cost` are None and the specs
+    are `incumbent.parameter_specs`."""
 
     tables: list[PlannedTable]
     task: ShardingTask
-    plan: Placement
-    cost: Cost
-    sharding_types: list[str]  # per table: table_wise or column_wise, as handed to TorchRec
-    specs: dict[str, dict]     # module path -> torchrec_export plan spec
+    plan: Placement | None
+    cost: Cost | None
+    sharding_types: list[str]  # per table, as handed to TorchRec
+    specs: dict[str, dict]     # module path -> torchrec_export plan spec (or incumbent.parameter_specs)
     search_s: float
     notes: list[str]
     cluster: Cluster
