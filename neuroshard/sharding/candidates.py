@@ -132,9 +132,10 @@ def best_simulated(candidates: list[Candidate], min_gain: float = 0.0) -> Candid
 def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement | None, seed: int = 0,
                       no_split: frozenset[int] = frozenset(), min_gain: float = 0.0,
                       rate: RatePlan | None = None, torchrec_plan: Placement | None | bool = True,
-                      ) -> tuple[Candidate, list[Candidate]]:
+                      fits: Callable[[Placement], bool] | None = None) -> tuple[Candidate, list[Candidate]]:
     """NeuroShard's `plan` rated beside TorchRec's and each greedy heuristic's plan of the same tables (`rate`, as
-    `candidate_plans`; a plan that splits a table in `no_split` or is over a rank's memory is not a candidate): the
+    `candidate_plans`; a plan that splits a table in `no_split`, is over a rank's memory or fails `fits` is not a
+    candidate): the
     one handed out (`best_simulated` with `min_gain`) and all of them, fastest first; none at all is a `PlanError`.
     TorchRec's plan: `--alg torchrec`'s (True), the one given, or none (None). NeuroShard's `plan` may be None (its
     search found none within memory)."""
@@ -142,7 +143,8 @@ def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan
         {INCUMBENT: torchrec_plan} if isinstance(torchrec_plan, Placement) else {})
     cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra=extra, rate=rate,
                                         torchrec=torchrec_plan is True)
-             if not any(c.plan.shards[i].table in no_split for i in c.plan.splits) and fits_memory(task, c.plan, cluster)]
+             if not any(c.plan.shards[i].table in no_split for i in c.plan.splits) and fits_memory(task, c.plan, cluster)
+             and (fits is None or fits(c.plan))]
     if not cands:
         raise PlanError("no candidate plan within memory")
     return best_simulated(cands, min_gain), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))

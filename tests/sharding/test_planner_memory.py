@@ -70,72 +70,21 @@ def torchrec_plans(tables, world, device, cap, batch):
     return plan, budget
 
 
-def storage_per_rank(tables, world, device, cap, batch, plan):
-    """Bytes per rank of the handed-out plan's shards, each estimated by TorchRec's EmbeddingStorageEstimator."""
-    import copy
-
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
-    from torchrec.distributed.planner.types import Shard
-    from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
-
-    topology, constraints, sharders = setting(tables, world, device, cap)
-    estimator = EmbeddingStorageEstimator(topology=topology, constraints=constraints)
-    options = {(o.name, o.sharding_type): o for o in EmbeddingEnumerator(
-        topology=topology, batch_size=batch, constraints=constraints, estimator=[estimator]).enumerate(
-        module(tables), sharders) if o.compute_kernel == "fused"}
-    data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
-    used = np.zeros(world)
-    for name, ps in plan.plan[""].items():
-        option = copy.copy(options[(name, ps.sharding_type)])
-        option.shards = [Shard(size=list(m.shard_sizes), offset=list(m.shard_offsets)) for m in ps.sharding_spec.shards]
-        estimator.estimate([option], data)
-        for shard, m in zip(option.shards, ps.sharding_spec.shards):
-            used[m.placement.rank()] += getattr(shard.storage, "hbm" if device == "cuda" else "ddr")
-    return used
-
-
 def kinds(plan) -> dict[str, tuple[str, str]]:
     return {name: (ps.sharding_type, ps.compute_kernel) for name, ps in plan.plan[""].items()}
 
 
-def check_cases(models, cases: int, seed: int) -> dict[str, int]:
-    """Random tables, topologies and caps; per case: NeuroShardPlanner refuses only where TorchRec's planner (as the
-    user calls it) does; a plan of its own is within the budget by TorchRec's estimator; where it hands out TorchRec's
-    plan, that plan is TorchRec's. Counts of each outcome."""
-    from neuroshard import NeuroShardPlanner
-
-    rng = np.random.default_rng(seed)
-    seen = {"own": 0, "tight": 0, "torchrec's": 0, "both refused": 0}
-    for case in range(cases):
-        world, device = (2, 4)[case % 2], ("cuda", "cpu")[(case // 2) % 2]
-        tables = random_tables(rng, int(rng.integers(3, 9)))
-        weights = sum(r * d * 4 for _, r, d, _ in tables)
-        cap = int(weights / world * rng.uniform(0.3, 3.0) + 1_000_000)  # around what TorchRec's count needs
-        batch = 128 // world
-        theirs, budget = torchrec_plans(tables, world, device, cap, batch)
-        topology, constraints, sharders = setting(tables, world, device, cap)
-        planner = NeuroShardPlanner(topology, constraints=constraints, models_dir=models[world], debug=False)
-        try:
-            plan = planner.plan(module(tables), sharders)
-        except UserError as e:
-            assert theirs is None, f"case {case}: refused where TorchRec plans: {e}"
-            seen["both refused"] += 1
-            continue
-        if planner.last_result.plan is None:  # TorchRec's, unchanged
-            assert theirs is not None and kinds(plan) == kinds(theirs), case
-            seen["torchrec's"] += 1
-            continue
-        used = storage_per_rank(tables, world, device, cap, batch, plan)
-        assert used.max() <= budget, (case, used, budget)
-        seen["own"] += 1
-        seen["tight"] += used.max() > 0.8 * budget
-    return seen
-
-
 def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
-    seen = check_cases(models, 14, 7)
-    assert seen["own"] >= 5 and seen["tight"] >= 2, seen  # plans where the budget binds were drawn
+    """14 random cases (`coverage.random_case`: cpu and cuda, 2 and 4 ranks, optimizers in backward): no violation,
+    and cases where the budget binds were drawn."""
+    from neuroshard.sharding.planner.coverage import check_case, random_case
+
+    rng = np.random.default_rng(7)
+    results = [check_case(random_case(rng, (2, 4)[i % 2], ("cuda", "cpu")[(i // 2) % 2]), models[(2, 4)[i % 2]])
+               for i in range(14)]
+    assert [r.violation for r in results if r.violation] == []
+    own = [r for r in results if r.outcome == "own"]
+    assert len(own) >= 5 and sum(r.used_share > 0.8 for r in own) >= 2, [(r.outcome, r.used_share) for r in results]
 
 
 def test_a_model_filling_hbm_with_weights_gets_torchrecs_plan(models):

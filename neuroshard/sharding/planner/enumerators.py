@@ -9,7 +9,7 @@
   table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows neither is refused. The
   sharder's own sharding types count as well. Kernel: `fused`; a table excluding it is refused.
-- Storage: each shard the search can cut is counted as TorchRec counts it (`storage.torchrec_storage`: weights,
+- Storage: each shard the search can cut is counted as TorchRec counts it (`storage.StorageCounter`: weights,
   optimizer state, input and output buffers, on the planner's topology and batch); `check_fits` refuses a table
   whose narrowest allowed shard fits no rank's budget, before any search.
 """
@@ -26,7 +26,7 @@ from ...core.errors import UserError
 from ...core.costs import Cluster
 from ...data.features import can_split
 from ...data.table_list import parse_table_rows
-from .storage import planned_constraints, torchrec_storage
+from .storage import StorageCounter, planned_constraints
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
@@ -55,12 +55,12 @@ class EmbeddingBagEnumerator(Enumerator):
                            "unused: %s; use the names of the EmbeddingBagConfigs", _names(unknown))
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
         task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
-        storage = torchrec_storage(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
-                                   module, sharders, tables, task.dims, self.memory_kind)
-        task = replace(task, storage=storage)
+        counter = StorageCounter(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
+                                 module, sharders)
+        task = replace(task, storage=counter.halvings(tables, task.dims, self.memory_kind))
         return Enumeration(tables, [row for _, row in rows], task,
                            frozenset(t for t, table in enumerate(tables) if table.narrowest(task.dims[t]) == task.dims[t]),
-                           _notes(defaulted, unpriced, unknown))
+                           _notes(defaulted, unpriced, unknown), counter)
 
     def _table(self, path: str, name: str, param, sharder) -> tuple[PlannedTable, dict, bool]:
         """The table, its row for the table list, and whether its pooling factor is TorchRec's default."""

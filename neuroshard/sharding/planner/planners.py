@@ -192,6 +192,14 @@ class NeuroShardPlanner:
                              self._notes(found, compared[1:] if compared else (), widened, cluster), cluster,
                              self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?")
 
+    def _fits_exported(self, found: Enumeration, plan: Placement, cluster: Cluster) -> bool:
+        """Whether `plan`, as exported to TorchRec, is within each rank's budget by TorchRec's storage estimator."""
+        if found.storage is None:  # a caller's enumerator without a storage counter: its own count stands
+            return True
+        exported = self._to_torchrec(module_specs(found, plan, sharding_types(found, plan)))
+        used = found.storage.plan_bytes(exported)[:, 1 if self.memory_kind == "DDR" else 0]
+        return bool(cluster.fits(used.max() / 2**30))
+
     def _reserved_words(self) -> str:
         """What the ranks' budget is left after, as the refusals and stats say it."""
         r = self.storage_reservation
@@ -224,6 +232,10 @@ class NeuroShardPlanner:
         if not fits_memory(task, plan, cluster) or any(plan.shards[i].table in found.no_split
                                                        for i in plan.splits):
             raise PlanError("the search returned a plan over memory or splitting a table-wise-only table")
+        if not self._fits_exported(found, plan, cluster):
+            raise NoRoom("NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split table "
+                         "as equal column blocks of its narrowest shard, each with its own input buffers); raise the "
+                         "topology's memory, or leave compare on to consider the other plans")
 
     def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders
                  ) -> tuple[Placement, str, ...]:
@@ -234,16 +246,25 @@ class NeuroShardPlanner:
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
         theirs, missing = torchrec_plan(self.topology, self.batch_size, planned_constraints(self.constraints,
                                         found.tables), self.storage_reservation, module, sharders, found)
+
+        def fits(candidate: Placement) -> bool:
+            return self._fits_exported(found, candidate, cluster)
+
         try:
             best, ranked = against_baselines(found.task, cluster, self.simulator, self.search, batch, plan,
                                              no_split=found.no_split, min_gain=self.min_gain,
-                                             rate=self.perf_model.rate, torchrec_plan=theirs)
+                                             rate=self.perf_model.rate, torchrec_plan=theirs, fits=fits)
         except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
             return (None,)
+        notes = [missing] if missing else []
+        if plan is not None and not fits(plan):
+            notes.append("note: NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split "
+                         "table as equal column blocks of its narrowest shard, each with its own input buffers): not a "
+                         "candidate")
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         searched = "" if plan is not None else "NeuroShard's search found no plan within memory; "
         return (best.plan, f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
-                           f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}") + ((missing,) if missing else ())
+                           f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}", *notes)
 
     def _notes(self, found: Enumeration, compared: tuple[str, ...], widened: str | None, cluster: Cluster) -> list[str]:
         """The enumerator's notes, then what the stats say of the memory, the cost models, the comparison, the batch,

@@ -4,11 +4,12 @@
 - `reserved_budget`: each rank's budget after the topology's storage reservation, the one TorchRec's
   `EmbeddingShardingPlanner` makes (by default `HeuristicalStorageReservation(percentage=0.15)`: 15% of HBM, the
   dense model's parameters x 6 and the input KJTs), the smallest rank's where they differ.
-- `torchrec_storage`: the storage of every shard the search can cut (each table whole, and its column halvings),
-  from TorchRec's own enumerator and storage estimator on the planner's topology, batch and constraints: weights,
-  optimizer state where the sharder's fused parameters or the table's optimizer ask for it, and the input and
-  output buffers. Nothing is re-derived here: the sharding options TorchRec enumerates for the table (on the
-  `fused` kernel) are given the halvings as their shards and estimated again. A width the table may not take
+- `StorageCounter`: TorchRec's own enumerator and storage estimator on the planner's topology, batch and
+  constraints, which count weights, optimizer state where the sharder's fused parameters or the table's optimizer
+  ask for it, and the input and output buffers. `halvings` gives the storage of every shard the search can cut
+  (each table whole, and its column halvings); `plan_bytes` counts a TorchRec plan as exported (a split table in
+  equal column blocks, each with its own buffers). Nothing is re-derived here: the sharding options TorchRec
+  enumerates for the table are given the shards as theirs and estimated again. A width the table may not take
   (table-wise only, or narrower than its `min_partition`) is infinite: it fits no rank.
 """
 from __future__ import annotations
@@ -92,34 +93,85 @@ def halvings(dim: int) -> list[int]:
     return out
 
 
-def torchrec_storage(topology, batch_size: int, constraints: dict, module, sharders, tables: list[PlannedTable],
-                     dims, memory_kind: str) -> ShardStorage:
-    """Every table's storage whole and at each column halving, as TorchRec's storage estimator counts it."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
-    from torchrec.distributed.planner.types import Shard
-    from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
+class StorageCounter:
+    """TorchRec's storage estimator on one module, topology, batch and constraints: the sharding options TorchRec's
+    enumerator makes for the module's tables (every type and kernel the constraints allow), enumerated once, then
+    given any shards to count."""
 
-    estimator = EmbeddingStorageEstimator(topology=topology, constraints=constraints)
-    options = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints,
-                                  estimator=[estimator]).enumerate(module, sharders)
-    by_table = {(o.path, o.name, o.sharding_type): o for o in options if o.compute_kernel == FUSED}
-    sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
-    field = memory_field(memory_kind)
-    widths = [halvings(d) for d in dims]
-    gb = np.full((len(tables), max(map(len, widths))), np.nan)
-    for t, table in enumerate(tables):
-        gb[t, :len(widths[t])] = np.inf
-        for k, width in enumerate(widths[t]):
-            kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
-            option = by_table.get((table.module_path, table.name, kind))
-            if option is None or width < table.narrowest(dims[t]):
-                continue  # a width the table may not take (table-wise only, min_partition): fits no rank
-            option = copy.copy(option)
-            option.shards = [Shard(size=[int(option.tensor.shape[0]), width], offset=[0, 0])]
-            estimator.estimate([option], sharder_data)
-            gb[t, k] = getattr(option.shards[0].storage, field) / 2**30
-        if not math.isfinite(gb[t, 0]):
-            raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in its "
-                            "ParameterConstraints.compute_kernels")
-    return ShardStorage(np.asarray(dims, np.int64), gb)
+    def __init__(self, topology, batch_size: int, constraints: dict, module, sharders):
+        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+        from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+        from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
+
+        self.world = topology.world_size
+        self.estimator = EmbeddingStorageEstimator(topology=topology, constraints=constraints)
+        self.options = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in EmbeddingEnumerator(
+            topology=topology, batch_size=batch_size, constraints=constraints, estimator=[self.estimator]).enumerate(
+            module, sharders)}
+        self.sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
+
+    def shards(self, path: str, name: str, sharding_type: str, kernel: str, sizes) -> list | None:
+        """The `Storage` (hbm, ddr bytes) of each shard of the given [rows, cols] sizes (None: the option's own
+        shards, e.g. a data-parallel table's one per rank); None where the constraints allow no such option."""
+        from torchrec.distributed.planner.types import Shard
+
+        option = self.options.get((path, name, sharding_type, kernel))
+        if option is None:
+            return None
+        option = copy.copy(option)
+        if sizes is not None:
+            option.shards = [Shard(size=[int(r), int(c)], offset=[0, 0]) for r, c in sizes]
+        self.estimator.estimate([option], self.sharder_data)
+        return [shard.storage for shard in option.shards]
+
+    def halvings(self, tables: list[PlannedTable], dims, memory_kind: str) -> ShardStorage:
+        """Every table's storage (`memory_kind`) whole and at each column halving the search may cut, on `fused`."""
+        field = memory_field(memory_kind)
+        widths = [halvings(d) for d in dims]
+        gb = np.full((len(tables), max(map(len, widths))), np.nan)
+        for t, table in enumerate(tables):
+            gb[t, :len(widths[t])] = np.inf
+            rows = int(self.options_rows(table))
+            for k, width in enumerate(widths[t]):
+                kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
+                if width < table.narrowest(dims[t]):
+                    continue  # narrower than min_partition: fits no rank
+                counted = self.shards(table.module_path, table.name, kind, FUSED, [(rows, width)])
+                if counted is not None:  # else a width the table may not take (table-wise only): fits no rank
+                    gb[t, k] = getattr(counted[0], field) / 2**30
+            if not math.isfinite(gb[t, 0]):
+                raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in "
+                                "its ParameterConstraints.compute_kernels")
+        return ShardStorage(np.asarray(dims, np.int64), gb)
+
+    def options_rows(self, table: PlannedTable) -> int:
+        option = next((o for (path, name, _, _), o in self.options.items()
+                       if (path, name) == (table.module_path, table.name)), None)
+        if option is None:
+            raise UserError(f"{table.where}: TorchRec's enumerator gives it no sharding option; check its "
+                            "ParameterConstraints (sharding_types, compute_kernels, device_group)")
+        return int(option.tensor.shape[0])
+
+    def plan_bytes(self, plan) -> np.ndarray:
+        """Bytes of every rank's [HBM, DDR] a TorchRec `ShardingPlan` of the module's tables takes. [world, 2]"""
+        used = np.zeros((self.world, 2))
+        for path, module_plan in plan.plan.items():
+            for name, ps in module_plan.items():
+                shards = ps.sharding_spec.shards if ps.sharding_spec is not None else None
+                counted = self.shards(path, name, ps.sharding_type, ps.compute_kernel,
+                                      None if shards is None else [m.shard_sizes for m in shards])
+                if counted is None:
+                    raise UserError(f"the plan places {path}.{name} {ps.sharding_type} on {ps.compute_kernel}, which "
+                                    "its constraints and sharder do not allow")
+                ranks = [m.placement.rank() for m in shards] if shards is not None else list(ps.ranks or
+                                                                                          range(len(counted)))
+                for storage, rank in zip(counted, ranks):
+                    used[rank] += (storage.hbm, storage.ddr)
+        return used
+
+
+def plan_storage(plan, topology, batch_size: int, constraints: dict, module, sharders) -> np.ndarray:
+    """Bytes of every rank's [HBM, DDR] that a TorchRec `ShardingPlan` of `module`'s tables takes, each shard counted by
+    TorchRec's storage estimator on the same topology, batch and constraints (any sharding type and kernel the
+    constraints allow; a data-parallel table on every rank it names). [world, 2]."""
+    return StorageCounter(topology, batch_size, constraints, module, sharders).plan_bytes(plan)

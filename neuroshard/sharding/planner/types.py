@@ -55,8 +55,9 @@ class Enumeration:
     tables: list[PlannedTable]
     rows: list[dict]          # name (qualified), rows, dim, pooling_factor: what plan_spec takes
     task: ShardingTask
-    no_split: frozenset[int]  # tables that stay whole (table-wise only)
-    notes: list[str]          # defaulted pooling factors, ignored constraints
+    no_split: frozenset[int]  # tables that stay whole (table-wise only, or min_partition)
+    notes: list[str]          # defaulted pooling factors, fields the cost models do not price
+    storage: object = None    # a `storage.StorageCounter` of the tables, to count an exported plan; None: none
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""Does `NeuroShardPlanner` plan wherever TorchRec's planner does, within memory as TorchRec counts it?
+
+One random case is a module of random tables (rows, dims, pooling factors, and an optimizer applied in backward
+or none, so the storage estimator counts optimizer state), a topology (cpu or cuda, a rank count, a memory cap
+around what the tables need) and a batch. `check_case` plans it with `NeuroShardPlanner` (its defaults) and with
+TorchRec's `EmbeddingShardingPlanner` as the user calls it, and says what happened:
+
+- `own`: NeuroShard's plan, each shard counted by TorchRec's storage estimator (`storage.plan_storage`) against the
+  budget TorchRec's default reservation leaves a rank (`used_share` of it on the fullest rank);
+- `torchrec's`: TorchRec's plan handed out unchanged (no table-wise/column-wise plan fits);
+- `both refused`: TorchRec's planner finds no plan either.
+
+A `violation` names what must never happen: a refusal where TorchRec plans, a plan over the budget, a handed-out
+"TorchRec plan" that is not TorchRec's. `benchmarks/planner_coverage.py` runs many cases; the tests run a few.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...core.errors import UserError
+
+DIMS = (8, 16, 32, 64, 128)
+OPTIMIZERS = (None, "sgd", "adam", "adagrad")
+STATE_PER_WEIGHT = {None: 0, "sgd": 0, "adam": 2, "adagrad": 1}  # about what each keeps per weight
+
+
+@dataclass
+class CoverageCase:
+    tables: list[tuple[str, int, int, float]]  # name, rows, dim, pooling factor
+    world: int
+    device: str                                 # "cpu" or "cuda"
+    cap_bytes: int                              # each rank's DDR (cpu) or HBM (cuda)
+    batch_size: int                             # per rank
+    optimizer: str | None = None                # applied in backward to every table (optimizer state is stored)
+
+
+@dataclass
+class CoverageResult:
+    outcome: str                     # own, torchrec's, both refused
+    used_share: float = float("nan")  # own: the fullest rank's storage / the budget
+    violation: str | None = None
+    detail: dict = field(default_factory=dict)
+
+
+def random_case(rng: np.random.Generator, world: int, device: str, max_tables: int = 9) -> CoverageCase:
+    tables = [(f"t{i}", int(rng.integers(50, 20_000)), int(rng.choice(DIMS)), float(rng.uniform(0.5, 20)))
+              for i in range(int(rng.integers(3, max_tables)))]
+    optimizer = OPTIMIZERS[int(rng.integers(len(OPTIMIZERS)))]
+    stored = sum(r * d * 4 for _, r, d, _ in tables) * (1 + STATE_PER_WEIGHT[optimizer])
+    cap = int(stored / world * rng.uniform(0.3, 3.0) + 1_000_000)  # around what TorchRec's count needs
+    return CoverageCase(tables, world, device, cap, int(rng.choice([16, 32, 64])), optimizer)
+
+
+def build(case: CoverageCase):
+    """(module, topology, constraints, sharders) of a case, the module on the meta device."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    module = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r,
+                                                               feature_names=[n]) for n, r, d, _ in case.tables],
+                                    device=torch.device("meta"))
+    if case.optimizer is not None:
+        from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+        optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad}[case.optimizer]
+        apply_optimizer_in_backward(optimizer, module.embedding_bags.parameters(), {"lr": 0.01})
+    memory = {"hbm_cap": case.cap_bytes} if case.device == "cuda" else {"ddr_cap": case.cap_bytes}
+    topology = Topology(world_size=case.world, compute_device=case.device, **memory)
+    constraints = {n: ParameterConstraints(pooling_factors=[pf]) for n, _, _, pf in case.tables}
+    return module, topology, constraints, [EmbeddingBagCollectionSharder()]
+
+
+def check_case(case: CoverageCase, models_dir) -> CoverageResult:
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from .planners import NeuroShardPlanner
+    from .storage import default_reservation, plan_storage
+
+    module, topology, constraints, sharders = build(case)
+    try:
+        theirs = EmbeddingShardingPlanner(topology=topology, batch_size=case.batch_size, constraints=constraints,
+                                          debug=False).plan(module, sharders)
+    except Exception as e:
+        if "PlannerError" not in type(e).__name__:
+            raise
+        theirs = None
+    planner = NeuroShardPlanner(topology, batch_size=case.batch_size, constraints=constraints, models_dir=models_dir,
+                                debug=False)
+    try:
+        ours = planner.plan(module, sharders)
+    except UserError as e:
+        return CoverageResult("both refused", violation=None if theirs is None else f"refused where TorchRec plans: {e}")
+    if planner.last_result.plan is None:
+        same = theirs is not None and _kinds(ours) == _kinds(theirs)
+        return CoverageResult("torchrec's", violation=None if same else "handed out a plan that is not TorchRec's")
+    kind = int(case.device == "cpu")  # HBM on cuda, DDR on cpu
+    reserved = default_reservation().reserve(topology, case.batch_size, module, sharders, constraints)
+    budget = min((d.storage.hbm, d.storage.ddr)[kind] for d in reserved.devices)
+    used = float(plan_storage(ours, topology, case.batch_size, constraints, module, sharders)[:, kind].max())
+    return CoverageResult("own", used / budget,
+                          None if used <= budget else f"a rank holds {used:,.0f} bytes, over its {budget:,.0f}",
+                          {"used_bytes": used, "budget_bytes": budget})
+
+
+def _kinds(plan) -> dict:
+    return {(path, name): (ps.sharding_type, ps.compute_kernel, tuple(ps.ranks or ()))
+            for path, module_plan in plan.plan.items() for name, ps in module_plan.items()}
