@@ -44,18 +44,23 @@ class PlannerCoverageConfig:
         check_int("--cases", self.cases, 1, 100_000)
         for n in self.ranks:
             check_int("--ranks", n, 2, 64)
+        check_output_file(self.out, "--out")
+        return self
+
+    def check_models(self) -> None:
+        """Cost models for every --ranks, before any case is planned."""
+        for n in self.ranks:
             missing = [p for p in cost_model_paths(self.models_dir, n) if not Path(p).is_file()]
             if missing:
                 raise UserError(f"--models_dir {self.models_dir} has no cost models for {n} ranks ({missing[0]}); "
                                 "train them (make reproduce) or pass --ranks of the models you have")
-        check_output_file(self.out, "--out")
-        return self
 
 
 def main(argv=None) -> None:
     cfg = config_from_args(PlannerCoverageConfig, step_parser(PlannerCoverageConfig, __doc__.split("\n\n")[0])
                            .parse_args(argv)).check()
     require_torchrec()
+    cfg.check_models()
     from neuroshard.sharding.planner.coverage import check_case, random_case
 
     rng, rows = np.random.default_rng(cfg.seed), []
