@@ -60,7 +60,7 @@ from neuroshard.core.artifacts import (OutputLock, check_output_dir, check_outpu
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, CostModelFiles, SearchParams, ShardTablesConfig,  # noqa: E402
                                     check_calibrate, flag)
-from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
 from neuroshard.core.file_names import RESULTS_DIR  # noqa: E402
 from neuroshard.core.intervals import geo_mean, paired_interval  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
@@ -76,7 +76,9 @@ class TorchRecStepConfig:
     sets: tuple[str, ...] = flag(tuple(SCALES), "table sets of benchmarks/real_tables/, comma-separated",
                                  parse="str_list")
     ndevices: int = flag(4, "gloo ranks (the models of models/ must be for this many)")
-    max_mem: float = flag(0.04, "GB per rank")
+    max_mem: float = flag(0.04, "GB of fp32 weights per rank (every plan but the planner's)")
+    planner_ddr_gb: float = flag(1.0, "DDR per rank of NeuroShardPlanner's Topology, which counts it as TorchRec "
+                                      "does (weights, buffers, its storage reservation)")
     rounds: int = flag(20, "interleaved rounds of every plan")
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
@@ -108,6 +110,7 @@ class TorchRecStepConfig:
         if self.calibrate_dmp:
             check_int("--calibrate_dmp", self.calibrate_dmp, 2, 1000)
         Cluster(self.ndevices, self.max_mem).need_peers()
+        check_float("--planner_ddr_gb", self.planner_ddr_gb, 0.0, 1024.0, lo_open=True)
         return self
 
 
@@ -162,8 +165,8 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
 
 def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
     """`NeuroShardPlanner.plan` of the set's EmbeddingBagCollection (one feature per table, the tables' pooling
-    factors as constraints, each rank's DDR = --max_mem), as the Placement it chose; with `simulator`, planned
-    with those (calibrated) models instead of the files in models/."""
+    factors as constraints, each rank's DDR = --planner_ddr_gb, counted as TorchRec counts it), as the Placement it
+    chose; with `simulator`, planned with those (calibrated) models instead of the files in models/."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -177,9 +180,13 @@ def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
                                          for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
                                  device=torch.device("meta"))
     constraints = {n: ParameterConstraints(pooling_factors=[float(p)]) for n, p in zip(tl.names, tl.task.pooling_factors)}
-    p = NeuroShardPlanner(Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.max_mem * 2**30)),
+    p = NeuroShardPlanner(Topology(world_size=a.ndevices, compute_device="cpu",
+                                   ddr_cap=int(a.planner_ddr_gb * 2**30)),
                           constraints=constraints, debug=False, simulator=simulator)
     p.plan(ebc, [EmbeddingBagCollectionSharder()])
+    if p.last_result.plan is None:
+        raise UserError(f"NeuroShardPlanner handed out TorchRec's plan unchanged (no table-wise/column-wise plan fits "
+                        f"{a.planner_ddr_gb:g} GB of DDR a rank); raise --planner_ddr_gb")
     return p.last_result.plan
 
 
