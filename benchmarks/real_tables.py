@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from common import SETS, check_sets, scaled_table_list, speed_probe_ms  # noqa: E402
 from neuroshard.core.artifacts import OutputLock, atomic_write_text, check_output_dir, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.errors import UserError  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.core.config import (DEFAULT_CALIBRATE_COMM, DEFAULT_CALIBRATE_K, MEASURE_NUM_ITER,  # noqa: E402
                                     MEASURE_WARMUP_ITER, PRESETS, SearchParams, flag)
@@ -81,6 +82,8 @@ class RealTablesConfig:
     cost: str = flag("step", "what the search minimises and the emulated engine measures, as in shard_tables: step "
                              "(TorchRec's step: per sharding group the input distribution and both all-to-alls) or "
                              "paper (compute + one forward and one backward all-to-all)", choices=("step", "paper"))
+    risk: bool = flag(False, "also measure --alg neuroshard_risk's plan, searched with the calibrated models and the "
+                             "pre-trained models' ensemble members (models_dir/ensemble/, train_ensemble.py)")
     out_dir: str = flag(RESULTS_DIR)
 
     def calibration(self) -> CalibrationConfig:
@@ -112,6 +115,9 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
     """Every set through pre-train, calibrate, search, verify (module docstring); the tables after each set."""
     N = cluster.num_devices
     sim0 = Simulator.from_files(a.models_dir, N).with_cost(a.cost)
+    if a.risk and not sim0.members:
+        raise UserError(f"--risk: {a.models_dir} has no ensemble members (models/ensemble/b<k>/); train them with "
+                        "train_ensemble.py, or leave --risk out")
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     search = SearchParams()
@@ -126,8 +132,12 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         probe_start = speed_probe_ms()  # the machine's speed before calibrating and after measuring: drift
         pre = shard_task(make_sharder("neuroshard", 0, sim0, search, batch), tl.task, cluster).plan
         sim1, cal = calibrate(sim0, tl, cluster, hw, batch, ccfg)
-        sim1 = sim1.with_cost(a.cost)
-        cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra={"neuroshard_precalibration": pre})
+        sim1 = sim1.with_cost(a.cost).with_members(sim0.members)  # the calibration keeps the members' spread
+        extra = {"neuroshard_precalibration": pre}
+        if a.risk:
+            extra["neuroshard_risk"] = shard_task(make_sharder("neuroshard_risk", 0, sim1, search, batch), tl.task,
+                                                  cluster).plan
+        cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra=extra)
         res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, calibration=cal)
         drift = res["drift"]
         probe_end = speed_probe_ms()
@@ -166,7 +176,13 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         ns_h = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx[best_h]])))
         ns_tr = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx["torchrec"]]))) \
             if "torchrec" in idx else nan
-        summary.append({"set": name, "cost": a.cost, "written": "/".join(cands[best].names), "rounds": R,
+        risk = {}
+        if "neuroshard_risk" in idx:  # issue 63: the risk-aware search against the paper's and the best heuristic's
+            rk = idx["neuroshard_risk"]
+            for key, other in (("risk_vs_ns", ns), ("risk_vs_heuristic", idx[best_h])):
+                r = paired(dict(enumerate(round_ms[rk])), dict(enumerate(round_ms[other])))
+                risk.update({key: r["ratio"], f"{key}_lo": r["ci_lo"], f"{key}_hi": r["ci_hi"]})
+        summary.append({"set": name, "cost": a.cost, **risk, "written": "/".join(cands[best].names), "rounds": R,
                         "separated": res["separated"],
                         "best_heuristic": best_h, "vs_heuristic": vs_h["ratio"], "vs_heuristic_lo": vs_h["ci_lo"],
                         "vs_heuristic_hi": vs_h["ci_hi"], "vs_torchrec": vs_tr["ratio"],
@@ -236,6 +252,12 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: Re
           f"{100 * s['written_comm_share']:.0f}% / {100 * s['written_balance_headroom']:.1f}%",
           f"{s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f}", f"{s['seconds']:.0f}"] for s in summary],
         align="llrlrrrrrrrr")
+    risky = [s for s in summary if "risk_vs_ns" in s]
+    if risky:  # --risk (issue 63): measured cost of the risk-aware search's plan, paired over rounds
+        lines += ["", *format_table(["set", "neuroshard_risk vs neuroshard#1 (95% CI)",
+                                     "neuroshard_risk vs best heuristic (95% CI)"],
+                                    [[s["set"], _ci(s, "risk_vs_ns"), f"{_ci(s, 'risk_vs_heuristic')} "
+                                      f"({s['best_heuristic']})"] for s in risky], align="lrr")]
     text = "\n".join(lines) + "\n"
     write_results(out / "real_tables.json", markdown=text,
                   record={"config": asdict(a), "spearman_before": rho0, "spearman_after": rho1,
