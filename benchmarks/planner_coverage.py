@@ -42,6 +42,9 @@ class PlannerCoverageConfig:
 
     def check(self) -> "PlannerCoverageConfig":
         check_int("--cases", self.cases, 1, 100_000)
+        check_int("--seed", self.seed, 0, 2**32 - 1)
+        if not str(self.out).strip() or Path(self.out).parent.is_file():
+            raise UserError(f"--out {self.out!r} must name a CSV file in a folder")
         for n in self.ranks:
             check_int("--ranks", n, 2, 64)
         check_output_file(self.out, "--out")

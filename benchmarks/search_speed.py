@@ -76,6 +76,7 @@ class SearchSpeedConfig:
     def check(self) -> "SearchSpeedConfig":
         check_int("--reps", self.reps, 2, 1000)
         check_int("--reps_856", self.reps_856, 2, 1000)
+        check_int("--seed", self.seed, 0, 2**32 - 1)
         for n in self.small_ranks:
             check_int("--small_ranks", n, 2, 64)
         check_float("--row_scale_856", self.row_scale_856, 1e-6, 1.0)

@@ -110,7 +110,7 @@ class TorchRecStepConfig:
         if self.calibrate_dmp:
             check_int("--calibrate_dmp", self.calibrate_dmp, 2, 1000)
         Cluster(self.ndevices, self.max_mem).need_peers()
-        check_float("--planner_ddr_gb", self.planner_ddr_gb, 0.0, 1024.0, lo_open=True)
+        check_float("--planner_ddr_gb", self.planner_ddr_gb, 2**-10, 1024.0)
         return self
 
 

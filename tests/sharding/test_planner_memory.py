@@ -105,10 +105,17 @@ def test_a_model_filling_hbm_with_weights_gets_torchrecs_plan(models):
     from neuroshard.sharding.planner.incumbent import from_parameter_specs
 
     spec = planner.last_result.specs[""]  # what collective_plan sends the other ranks, as JSON
-    for damage in ({"tables": [{"name": "t0"}]}, {"tables": [{**spec["tables"][0], "shards": [{"offsets": "x"}]}]},
-                   {"tables": None}):
+    good = spec["tables"][0]
+    shard = good["shards"][0]
+    for damage in ({"tables": [{"name": "t0"}]}, {"tables": [{**good, "shards": [{"offsets": "x"}]}]},
+                   {"tables": None}, {"tables": [{**good, "ranks": [float("inf")]}]},
+                   {"tables": [{**good, "ranks": [7]}]}, {"tables": [{**good, "sharding_type": "bogus"}]},
+                   {"tables": [{**good, "shards": [{**shard, "placement": "garbage"}]}]},
+                   {"tables": [{**good, "shards": [{**shard, "placement": "rank:9/cuda:0"}]}]},
+                   {"tables": [{**good, "shards": [{**shard, "sizes": [10**30, 64]}]}]}, {"tables": [good, good]}):
         with pytest.raises(UserError, match="^the TorchRec plan received from rank 0 is damaged"):
-            from_parameter_specs(damage)
+            from_parameter_specs(damage, 4)
+    assert from_parameter_specs(spec, 4) == plan.plan[""]
     stats = planner.stats.format(planner.last_result)
     assert "TorchRec's plan, unchanged" in stats and "handed out TorchRec's EmbeddingShardingPlanner plan" in stats
     with pytest.raises(UserError, match=r"^NeuroShardPlanner found no plan for .* of tables \(as TorchRec counts them\) "
@@ -119,8 +126,48 @@ def test_a_model_filling_hbm_with_weights_gets_torchrecs_plan(models):
 
 
 def test_a_bad_storage_reservation_is_one_line(models):
+    """Not a reservation, a class, one whose reserve() fails, returns no topology, gives a rank more than it has or
+    a NaN: one line each, naming storage_reservation."""
+    import copy
+
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import Storage
+
     from neuroshard import NeuroShardPlanner
 
-    topology, constraints, _ = setting([("t0", 100, 8, 1.0)], 2, "cuda", 10**6)
-    with pytest.raises(UserError, match="^storage_reservation must be a TorchRec StorageReservation"):
-        NeuroShardPlanner(topology, constraints=constraints, models_dir=models[2], storage_reservation=0.15)
+    tables = [("t0", 100, 8, 1.0)]
+    topology, constraints, sharders = setting(tables, 2, "cuda", 10**6)
+
+    def make(r):
+        return NeuroShardPlanner(topology, constraints=constraints, models_dir=models[2], storage_reservation=r,
+                                 debug=False)
+
+    for bad, fragment in [(0.15, "got float"), (FixedPercentageStorageReservation, "got FixedPercentageStorageReservation "
+                                                                                  r"\(a class\)")]:
+        with pytest.raises(UserError, match=f"^storage_reservation must be a TorchRec StorageReservation.*{fragment}"):
+            make(bad)
+
+    class Reserves:
+        def __init__(self, change):
+            self.change = change
+
+        def reserve(self, topology, batch_size, module, sharders, constraints=None):
+            out = copy.deepcopy(topology)
+            return self.change(out)
+
+    def scaled(factor):
+        def change(t):
+            for d in t.devices:
+                d.storage = Storage(hbm=d.storage.hbm * factor, ddr=d.storage.ddr)
+            return t
+        return change
+
+    def fails(t):
+        raise ZeroDivisionError("boom")
+
+    reduced = r"Reserves.reserve\(\) must return the topology with each of its 2 ranks' HBM reduced"
+    for change, fragment in [(fails, r"Reserves.reserve\(topology=.*failed \(ZeroDivisionError: boom\)"),
+                             (lambda t: None, reduced), (scaled(1000), reduced), (scaled(float("nan")), reduced)]:
+        with pytest.raises(UserError, match=f"^storage_reservation {fragment}"):
+            make(Reserves(change)).plan(module(tables), sharders)
+    assert make(Reserves(scaled(0.5))).plan(module(tables), sharders) is not None

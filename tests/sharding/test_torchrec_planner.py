@@ -240,11 +240,13 @@ def test_no_room_is_one_line(models):
     with pytest.raises(UserError, match="^table 'user' of EmbeddingBagCollection 'top' needs 129,024 bytes whole "
                                         r"as TorchRec counts its storage \(weights 102,400 bytes\), more than one rank's "
                                         "116,000 bytes of DDR left after TorchRec's FixedPercentageStorageReservation "
-                                        r"\(0%\); allow column_wise sharding of it, raise the topology's memory, or plan "
-                                        "it with TorchRec's EmbeddingShardingPlanner, which can place it row_wise"):
+                                        r"\(0%\); allow column_wise sharding of it, or raise the topology's memory; "
+                                        "TorchRec's EmbeddingShardingPlanner finds no plan either$"):
         planner(models, TIGHT, kinds={"user": ["table_wise"]}, device="cpu").plan(w.TwoTowerModel(), sharders())
     with pytest.raises(UserError, match="^table 'user' .* needs 17,664 bytes even in column shards of 4 .*more than one "
-                                        "rank's 17,000 bytes of HBM"):
+                                        "rank's 17,000 bytes of HBM .*; raise the topology's memory, or plan it with "
+                                        "TorchRec's EmbeddingShardingPlanner, which can place tables row_wise or on UVM "
+                                        r"caching \(NeuroShardPlanner does not price those\)$"):
         planner(models, 17_000, compare=False).plan(w.TwoTowerModel(), sharders())
     with pytest.raises(UserError, match="found no plan for 207,040 bytes of tables .as TorchRec counts them. within 2 "
                                         "ranks x 100,000 bytes of DDR left after.*; TorchRec's EmbeddingShardingPlanner "

@@ -38,6 +38,9 @@ def topology_ranks(topology) -> Ranks:
         raise UserError(f"NeuroShardPlanner plans for 2 or more ranks (its comm models predict an all-to-all), got "
                         f"Topology(world_size={world}); a single rank holds every table and needs no plan")
     device_type = str(topology.compute_device)
+    if device_type not in ("cpu", "cuda"):
+        raise UserError(f"NeuroShardPlanner plans for cpu or cuda ranks, got Topology(compute_device={device_type!r}); "
+                        "plan it with EmbeddingShardingPlanner")
     memory_kind = "DDR" if device_type == "cpu" else "HBM"
     caps = [int(d.storage.ddr if memory_kind == "DDR" else d.storage.hbm) for d in topology.devices]
     if min(caps) <= 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from dataclasses import replace
 
 import numpy as np
@@ -131,10 +132,14 @@ def min_width(c, where: str) -> int:
     value = getattr(c, "min_partition", None)
     if value is None:
         return 4
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    try:
+        whole = operator.index(value) if not isinstance(value, bool) else 0
+    except TypeError:
+        whole = 0
+    if whole < 1:
         raise UserError(f"{where}: ParameterConstraints.min_partition must be a whole number >= 1 (the narrowest "
                         f"column shard), got {value!r}")
-    return max(4, value)
+    return max(4, whole)
 
 
 def unpriced_fields(c, name: str) -> list[str]:
@@ -158,10 +163,16 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
             how = f"even in column shards of {dim}" if dim < task.dims[t] else "whole"
             weights = size_text(float(task.rows[t]) * dim * 4 / 2**30)
             raise NoRoom(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
-                            f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
-                            f"{reserved}; " + _narrower(table, dim)
-                            + "raise the topology's memory, or plan it with TorchRec's EmbeddingShardingPlanner, which "
-                            "can place it row_wise or on UVM caching (NeuroShardPlanner does not price those yet)")
+                         f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
+                         f"{reserved}", [*_narrower(table, dim), "raise the topology's memory",
+                                         torchrec_fix(memory_kind)])
+
+
+def torchrec_fix(memory_kind: str) -> str:
+    """The fix NeuroShardPlanner cannot make itself: the sharding types and kernels it does not price."""
+    kinds = "row_wise or on UVM caching" if memory_kind == "HBM" else "row_wise (with a sharder that offers it on cpu)"
+    return (f"plan it with TorchRec's EmbeddingShardingPlanner, which can place tables {kinds} (NeuroShardPlanner does "
+            "not price those)")
 
 
 def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:
@@ -198,16 +209,26 @@ def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:
 
 class NoRoom(UserError):
     """No table-wise/column-wise plan of NeuroShard's fits the ranks' memory (TorchRec's planner may still place the
-    tables in other ways)."""
+    tables in other ways): why, and the fixes the caller could make."""
+
+    def __init__(self, reason: str, fixes: list[str]):
+        self.reason, self.fixes = reason, fixes
+        super().__init__(self.line(fixes))
+
+    def line(self, fixes: list[str]) -> str:
+        """The reason and `fixes` as one line: 'reason; a, b, or c'."""
+        if not fixes:
+            return self.reason
+        return f"{self.reason}; " + (fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])}, or {fixes[-1]}")
 
 
-def _narrower(table: PlannedTable, narrowest: int) -> str:
+def _narrower(table: PlannedTable, narrowest: int) -> list[str]:
     """How the caller could let the table be cut narrower than `narrowest` columns, if they can."""
     if not table.splittable:
-        return "allow column_wise sharding of it, "
+        return ["allow column_wise sharding of it"]
     if narrowest > 4 and can_split(narrowest):  # min_partition stops the halving
-        return f"lower its min_partition ({table.min_width}), "
-    return ""
+        return [f"lower its min_partition ({table.min_width})"]
+    return []
 
 
 def size_text(gb: float) -> str:

@@ -3,6 +3,8 @@ module, topology, batch, storage reservation and constraints, with the sharding 
 places (`storage.planned_constraints`), read back as a `Placement` of the enumerated tables."""
 from __future__ import annotations
 
+import re
+
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from .types import COLUMN_WISE, TABLE_WISE, Enumeration
@@ -72,22 +74,47 @@ def parameter_specs(plan, shapes: dict[tuple[str, str], tuple[int, int]]) -> dic
     return specs
 
 
-def from_parameter_specs(spec: dict):
-    """The `EmbeddingModuleShardingPlan` of one module's `parameter_specs` entry; a damaged one is one `UserError`."""
+SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
+                  "grid_shard")
+
+
+def from_parameter_specs(spec: dict, world: int):
+    """The `EmbeddingModuleShardingPlan` of one module's `parameter_specs` entry on `world` ranks; a damaged one (a
+    field of the wrong kind, a rank or placement outside the world, sizes that are not positive whole numbers) is
+    one `UserError`."""
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
+
+    def rank(x) -> int:
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < world:
+            raise ValueError(x)
+        return x
+
+    def whole(xs, lo: int) -> list[int]:
+        if not isinstance(xs, list) or len(xs) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and lo <= x < 2**40 for x in xs):
+            raise ValueError(xs)
+        return xs
 
     out = EmbeddingModuleShardingPlan()
     try:
         for t in spec["tables"]:
-            shards = [ShardMetadata(shard_offsets=[int(x) for x in s["offsets"]],
-                                    shard_sizes=[int(x) for x in s["sizes"]], placement=str(s["placement"]))
-                      for s in t["shards"]]
-            out[str(t["name"])] = ParameterSharding(
-                sharding_type=str(t["sharding_type"]), compute_kernel=str(t["compute_kernel"]),
-                ranks=[int(r) for r in t["ranks"]] or None,
+            if not isinstance(t["name"], str) or t["name"] in out or t["sharding_type"] not in SHARDING_TYPES or \
+                    not isinstance(t["compute_kernel"], str):
+                raise ValueError(t["name"])
+            shards = []
+            for s in t["shards"]:
+                placed = re.fullmatch(r"rank:(\d+)/(cpu|cuda:\d+)", s["placement"])
+                if placed is None:
+                    raise ValueError(s["placement"])
+                rank(int(placed.group(1)))
+                shards.append(ShardMetadata(shard_offsets=whole(s["offsets"], 0), shard_sizes=whole(s["sizes"], 1),
+                                            placement=s["placement"]))
+            out[t["name"]] = ParameterSharding(
+                sharding_type=t["sharding_type"], compute_kernel=t["compute_kernel"],
+                ranks=[rank(r) for r in t["ranks"]] or None,
                 sharding_spec=EnumerableShardingSpec(shards) if shards else None)
-    except (KeyError, TypeError, ValueError, RuntimeError, AssertionError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError, AssertionError, OverflowError) as e:
         raise UserError(f"the TorchRec plan received from rank 0 is damaged ({type(e).__name__}); run collective_plan "
                         "again") from None
     return out

@@ -60,7 +60,8 @@ from ...core.costs import Cluster
 from ..search import fitting_thresholds
 from ..simulator import Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
-from .enumerators import PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text
+from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text,
+                          torchrec_fix)
 from .incumbent import from_parameter_specs, parameter_specs, torchrec_full_plan, torchrec_plan
 from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
@@ -164,11 +165,13 @@ class NeuroShardPlanner:
         try:
             return self._search(found, cluster, module, sharders)
         except NoRoom as e:
+            if not self.compare:
+                raise UserError(e.line(e.fixes)) from None
             theirs = torchrec_full_plan(self.topology, self.batch_size, self.constraints, self.storage_reservation,
-                                        module, sharders) if self.compare else None
+                                        module, sharders)
             if theirs is None:
-                raise UserError(f"{e}" + ("; TorchRec's EmbeddingShardingPlanner finds no plan either"
-                                          if self.compare else "")) from None
+                raise UserError(e.line([f for f in e.fixes if f != torchrec_fix(self.memory_kind)])
+                                + "; TorchRec's EmbeddingShardingPlanner finds no plan either") from None
             return self._torchrec_result(found, cluster, theirs, str(e))
 
     def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
@@ -204,7 +207,7 @@ class NeuroShardPlanner:
         """What the ranks' budget is left after, as the refusals and stats say it."""
         r = self.storage_reservation
         pct = getattr(r, "_percentage", None)
-        return f"left after TorchRec's {type(r).__name__}" + (f" ({pct:.0%})" if isinstance(pct, float) else "")
+        return f"left after TorchRec's {type(r).__name__}" + (f" ({100 * pct:.3g}%)" if isinstance(pct, float) else "")
 
     def _torchrec_result(self, found: Enumeration, cluster: Cluster, theirs, why: str) -> PlannerResult:
         """TorchRec's plan, handed out unchanged, and the notes that say why."""
@@ -224,18 +227,19 @@ class NeuroShardPlanner:
         """A plan, complete, within memory and splitting no table-wise-only table."""
         task = found.task
         if plan is None:
+            unsplit = ["allow column_wise sharding of large tables"] if found.no_split else []
             raise NoRoom(f"NeuroShardPlanner found no plan for {size_text(task.total_size_gb())} of tables (as "
-                            f"TorchRec counts them) within {cluster.num_devices} ranks x {size_text(cluster.max_mem_gb)} "
-                            f"of {self.memory_kind} {self._reserved_words()}; raise the topology's memory, add ranks, "
-                            "or allow column_wise sharding of large tables")
+                         f"TorchRec counts them) within {cluster.num_devices} ranks x {size_text(cluster.max_mem_gb)} "
+                         f"of {self.memory_kind} {self._reserved_words()}",
+                         ["raise the topology's memory", "add ranks", *unsplit, torchrec_fix(self.memory_kind)])
         check_complete(task, plan)
         if not fits_memory(task, plan, cluster) or any(plan.shards[i].table in found.no_split
                                                        for i in plan.splits):
             raise PlanError("the search returned a plan over memory or splitting a table-wise-only table")
         if not self._fits_exported(found, plan, cluster):
             raise NoRoom("NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split table "
-                         "as equal column blocks of its narrowest shard, each with its own input buffers); raise the "
-                         "topology's memory, or leave compare on to consider the other plans")
+                         "as equal column blocks of its narrowest shard, each with its own input buffers)",
+                         ["raise the topology's memory", "leave compare on to consider the other plans"])
 
     def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders
                  ) -> tuple[Placement, str, ...]:
@@ -326,7 +330,10 @@ class NeuroShardPlanner:
         """This rank's module has the EBCs and tables (names, rows, dims) of the plan made on rank 0."""
         mine = {path: [(n, *map(int, p.shape)) for n, p in sharder.shardable_parameters(ebc).items()]
                 for path, ebc, sharder in find_ebcs(module, sharders)}
-        theirs = {path: [(t["name"], t["rows"], t["dim"]) for t in spec["tables"]] for path, spec in specs.items()}
+        try:
+            theirs = {path: [(t["name"], t["rows"], t["dim"]) for t in spec["tables"]] for path, spec in specs.items()}
+        except (KeyError, TypeError, AttributeError):
+            raise UserError("the plan received from rank 0 is damaged; run collective_plan again") from None
         if mine != theirs:
             raise UserError("this rank's model differs from rank 0's (EmbeddingBagCollections or their tables); "
                             "build the same model on every rank before collective_plan")
@@ -337,7 +344,7 @@ class NeuroShardPlanner:
         plan = {}
         for path, spec in specs.items():
             if spec.get("torchrec"):
-                plan[path] = from_parameter_specs(spec)
+                plan[path] = from_parameter_specs(spec, self.cluster.num_devices)
                 continue
             plan.update(to_torchrec_plan(spec, path, self.device_type, FUSED,
                                          getattr(self.topology, "local_world_size", None)).plan)

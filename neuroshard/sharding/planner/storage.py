@@ -43,10 +43,11 @@ def checked_reservation(reservation):
     """The caller's `storage_reservation=` (None: TorchRec's default), refused in one line unless it reserves."""
     if reservation is None:
         return default_reservation()
-    if not callable(getattr(reservation, "reserve", None)):
+    if isinstance(reservation, type) or not callable(getattr(reservation, "reserve", None)):
         raise UserError(f"storage_reservation must be a TorchRec StorageReservation (e.g. torchrec.distributed.planner."
-                        f"storage_reservations.HeuristicalStorageReservation(percentage=0.15)), got "
-                        f"{type(reservation).__name__}")
+                        f"storage_reservations.HeuristicalStorageReservation(percentage=0.15), an instance), got "
+                        f"{reservation.__name__ if isinstance(reservation, type) else type(reservation).__name__}"
+                        + (" (a class)" if isinstance(reservation, type) else ""))
     return reservation
 
 
@@ -56,18 +57,36 @@ def memory_field(memory_kind: str) -> str:
 
 def reserved_budget(reservation, topology, batch_size: int, module, sharders, constraints: dict,
                     memory_kind: str) -> float:
-    """The smallest rank's `memory_kind` (GB) left for embedding tables after `reservation`."""
+    """The smallest rank's `memory_kind` (GB) left for embedding tables after `reservation`, called as TorchRec's
+    planner calls it; a reservation that fails, returns no topology of the same ranks, or leaves a rank more than it
+    has or nothing at all is one `UserError`."""
+    name, field = type(reservation).__name__, memory_field(memory_kind)
     try:
-        reserved = reservation.reserve(topology, batch_size, module, sharders, constraints)
-        left = [int(getattr(d.storage, memory_field(memory_kind))) for d in reserved.devices]
-    except Exception as e:  # TorchRec's PlannerError: the reservation is more than a rank has
-        if "PlannerError" not in type(e).__name__:
-            raise
+        reserved = reservation.reserve(topology=topology, batch_size=batch_size, module=module, sharders=sharders,
+                                       constraints=constraints)
+    except Exception as e:
+        if "PlannerError" not in type(e).__name__:  # TorchRec's own: the reservation is more than a rank has
+            raise UserError(f"storage_reservation {name}.reserve(topology=..., batch_size=..., module=..., sharders=..., "
+                            f"constraints=...) failed ({type(e).__name__}: {str(e)[:120]}); pass a TorchRec "
+                            "StorageReservation") from None
+        reserved = False  # nothing left
         left = [0]
+    if reserved is not False:
+        devices = getattr(reserved, "devices", None)
+        try:
+            left = [float(getattr(d.storage, field)) for d in devices]
+            caps = [float(getattr(d.storage, field)) for d in topology.devices]
+        except (TypeError, AttributeError, ValueError):
+            left = caps = None
+        if left is None or len(left) != len(caps) or not all(math.isfinite(x) for x in left) or any(
+                x > c for x, c in zip(left, caps)):
+            raise UserError(f"storage_reservation {name}.reserve() must return the topology with each of its "
+                            f"{len(topology.devices)} ranks' {memory_kind} reduced (finite, at most the rank's "
+                            "own); pass a TorchRec StorageReservation")
     if min(left) <= 0:
-        raise UserError(f"TorchRec's {type(reservation).__name__} leaves rank {int(np.argmin(left))} no {memory_kind} "
-                        "for embedding tables (the dense model and input buffers take it all); raise the topology's "
-                        "memory or pass a smaller storage_reservation=")
+        raise UserError(f"TorchRec's {name} leaves rank {int(np.argmin(left))} no {memory_kind} for embedding tables "
+                        "(its reserved share, the dense model and the input buffers take it all); raise the "
+                        "topology's memory or pass a smaller storage_reservation=")
     return min(left) / 2**30
 
 
@@ -105,9 +124,14 @@ class StorageCounter:
 
         self.world = topology.world_size
         self.estimator = EmbeddingStorageEstimator(topology=topology, constraints=constraints)
-        self.options = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in EmbeddingEnumerator(
-            topology=topology, batch_size=batch_size, constraints=constraints, estimator=[self.estimator]).enumerate(
-            module, sharders)}
+        try:
+            self.options = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in EmbeddingEnumerator(
+                topology=topology, batch_size=batch_size, constraints=constraints,
+                estimator=[self.estimator]).enumerate(module, sharders)}
+        except (KeyError, AttributeError, AssertionError, TypeError, ValueError) as e:  # TorchRec reads the fields
+            raise UserError(f"TorchRec's storage estimator cannot read the ParameterConstraints ({type(e).__name__}: "
+                            f"{str(e)[:120]}); check their fields: output_dtype a DataType, cache_params a CacheParams, "
+                            "pooling_factors, num_poolings and batch_sizes one per feature") from None
         self.sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
 
     def shards(self, path: str, name: str, sharding_type: str, kernel: str, sizes) -> list | None:
