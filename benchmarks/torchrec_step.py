@@ -7,7 +7,10 @@ For each cited table set of benchmarks/real_tables/ (scaled as benchmarks/real_t
 user gets, with the pre-trained models of models/ (uncalibrated; and calibrated with `--calibrate K`):
 - `shard_tables`: `tools/shard_tables.py --alg neuroshard` (the step cost, then the plan its models rate fastest
   among NeuroShard's, TorchRec's and the heuristics'), through `planning.shard_tables.shard_tables`;
-- `planner`: `NeuroShardPlanner.plan` on the set's EmbeddingBagCollection, as a TorchRec user calls it;
+- `planner`: `NeuroShardPlanner.plan` on the set's EmbeddingBagCollection, as a TorchRec user calls it (each
+  rank's `--planner_ddr_gb` of DDR, counted as TorchRec counts it), and `torchrec_as_called`: the plan the user's
+  own `EmbeddingShardingPlanner` call makes with the same sharding types (table_wise, column_wise), which the
+  planner compares with its own;
 - `search_step` and `search_paper`: NeuroShard's search alone under the step cost and under the paper's cost;
 - with `--calibrate K`, the same three with the models calibrated on K measured shards of the set's tables
   (`shard_tables --calibrate K`, the emulated engine on these ranks): `shard_tables_cal`, `planner_cal`
@@ -144,10 +147,13 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
     with contextlib.redirect_stdout(io.StringIO()):  # its plan report: the benchmark prints its own tables
         written = shard_tables(ShardTablesConfig(tables=str(path), ndevices=a.ndevices, max_mem=a.max_mem,
                                                  out=str(tmp / f"{name}.plan.json")))["plan"]
+    planned = planner_plan(tl, a)
     plans = {"shard_tables": written,
-             "planner": planner_plan(tl, a),
+             "planner": planned.plan,
              "search_step": neuroshard_search(sim.with_cost("step"), tl.task, cluster, search),
              "search_paper": neuroshard_search(sim.with_cost("paper"), tl.task, cluster, search)}
+    if planned.incumbent is not None:  # the user's own EmbeddingShardingPlanner call, as the planner compared it
+        plans["torchrec_as_called"] = planned.incumbent
     for c in candidate_plans(tl.task, cluster, sim, search, batch, 0):
         for n in c.names:
             plans[n] = c.plan
@@ -158,15 +164,16 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
             made = shard_tables(ShardTablesConfig(tables=str(path), ndevices=a.ndevices, max_mem=a.max_mem,
                                                   calibrate=a.calibrate, out=str(tmp / f"{name}.cal.plan.json")))
         calibrated = made["simulator"].with_cost("step")
-        plans.update(shard_tables_cal=made["plan"], planner_cal=planner_plan(tl, a, calibrated),
+        plans.update(shard_tables_cal=made["plan"], planner_cal=planner_plan(tl, a, calibrated).plan,
                      search_step_cal=neuroshard_search(calibrated, tl.task, cluster, search))
     return tl, plans, sim, batch, calibrated
 
 
 def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
     """`NeuroShardPlanner.plan` of the set's EmbeddingBagCollection (one feature per table, the tables' pooling
-    factors as constraints, each rank's DDR = --planner_ddr_gb, counted as TorchRec counts it), as the Placement it
-    chose; with `simulator`, planned with those (calibrated) models instead of the files in models/."""
+    factors as constraints, each rank's DDR = --planner_ddr_gb, counted as TorchRec counts it): its `PlannerResult`
+    (the Placement it chose, and TorchRec's plan of the same sharding types it compared); with `simulator`, planned
+    with those (calibrated) models instead of the files in models/."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -187,7 +194,7 @@ def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
     if p.last_result.plan is None:
         raise UserError(f"NeuroShardPlanner handed out TorchRec's plan unchanged (no table-wise/column-wise plan fits "
                         f"{a.planner_ddr_gb:g} GB of DDR a rank); raise --planner_ddr_gb")
-    return p.last_result.plan
+    return p.last_result
 
 
 def measure(tl, plans: dict, a: TorchRecStepConfig, batch: int, tmp: Path):
@@ -299,7 +306,12 @@ def run(a: TorchRecStepConfig) -> None:
                          "vs_torchrec_lo": st.lo, "vs_torchrec_hi": st.hi, "handed_vs": sh.estimate,
                          "handed_vs_lo": sh.lo, "handed_vs_hi": sh.hi, **made})
         held = paired_interval(rounds[best_key][half:], tr[half:])
-        sets.append({"set": name, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
+        vs_called = {}
+        if "torchrec_as_called" in plans:  # issue 64: the planner against the user's own TorchRec call, same types
+            pc = paired_interval(rounds[plan_key(plans["planner"])], rounds[plan_key(plans["torchrec_as_called"])])
+            vs_called = {"planner_vs_as_called": pc.estimate, "planner_vs_as_called_lo": pc.lo,
+                         "planner_vs_as_called_hi": pc.hi}
+        sets.append({"set": name, **vs_called, "measured_best": "/".join(distinct[best_key]), "best_vs_torchrec": held.estimate,
                      "best_vs_torchrec_lo": held.lo, "best_vs_torchrec_hi": held.hi, "held_out_rounds": R - half,
                      "spearman_step": rho_step, "spearman_paper": rho_paper, "spearman_emulated": rho_emulated, "spearman_step_cal": rho_cal, "spearman_split_half": rho_split,
                      "spearman_step_random": rho_random, "distinct_plans": len(ks), "resolved_pairs": told,
@@ -374,6 +386,9 @@ def write(rows: list[dict], sets: list[dict], times: list[dict], a: TorchRecStep
                   f"{s.get('spearman_split_half', float('nan')):.2f} (how reproducible the measured order is)"
                   + ("." if not finite(s, "spearman_step_cal") else
                      f"; the step cost of the calibrated models (--calibrate) {float(s['spearman_step_cal']):.2f}."),
+                  *([] if not finite(s, "planner_vs_as_called") else [
+                      "", f"NeuroShardPlanner's plan against the plan the user's own EmbeddingShardingPlanner call makes "
+                      f"with the same sharding types (torchrec_as_called): {ci(s, 'planner_vs_as_called')}."]),
                   *([] if not all(finite(s, k) for k in PAIR_COUNTS) else [
                       "", f"Pairs of plans the DMP rounds tell apart (paired 95% interval of their ratio excluding 1): "
                       f"{int(s['resolved_pairs'])} of {int(s['distinct_plans']) * (int(s['distinct_plans']) - 1) // 2}; the "

@@ -185,6 +185,7 @@ class NeuroShardPlanner:
             search_s = time.perf_counter() - t0
             compared = self._best_of(found, plan, cluster, module, sharders) if self.compare else None
             plan = compared[0] if compared else plan
+            incumbent = compared[1] if compared else None
             self._check_proposed(found, plan, cluster)
             cost = self.perf_model.rate(found.task, plan).check()
         except ImplausibleCost as e:
@@ -192,8 +193,9 @@ class NeuroShardPlanner:
         kinds = sharding_types(found, plan)
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, plan, cost, kinds, module_specs(found, plan, kinds), search_s,
-                             self._notes(found, compared[1:] if compared else (), widened, cluster), cluster,
-                             self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?")
+                             self._notes(found, compared[2:] if compared else (), widened, cluster), cluster,
+                             self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?",
+                             incumbent)
 
     def _fits_exported(self, found: Enumeration, plan: Placement, cluster: Cluster) -> bool:
         """Whether `plan`, as exported to TorchRec, is within each rank's budget by TorchRec's storage estimator."""
@@ -241,9 +243,8 @@ class NeuroShardPlanner:
                          "as equal column blocks of its narrowest shard, each with its own input buffers)",
                          ["raise the topology's memory", "leave compare on to consider the other plans"])
 
-    def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders
-                 ) -> tuple[Placement, str, ...]:
-        """(plan, notes...): the plan handed out among NeuroShard's, the caller's own TorchRec planner's
+    def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders) -> tuple:
+        """(plan, TorchRec's plan compared or None, notes...): the plan handed out among NeuroShard's, the caller's own TorchRec planner's
         (`incumbent.torchrec_plan`) and each greedy heuristic's of the same tables, as the perf model rates them
         (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only table or is over a rank's
         budget is not a candidate)."""
@@ -259,7 +260,7 @@ class NeuroShardPlanner:
                                              no_split=found.no_split, min_gain=self.min_gain,
                                              rate=self.perf_model.rate, torchrec_plan=theirs, fits=fits)
         except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
-            return (None,)
+            return (None, theirs)
         notes = [missing] if missing else []
         if plan is not None and not fits(plan):
             notes.append("note: NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split "
@@ -267,7 +268,7 @@ class NeuroShardPlanner:
                          "candidate")
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         searched = "" if plan is not None else "NeuroShard's search found no plan within memory; "
-        return (best.plan, f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
+        return (best.plan, theirs, f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
                            f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}", *notes)
 
     def _notes(self, found: Enumeration, compared: tuple[str, ...], widened: str | None, cluster: Cluster) -> list[str]:

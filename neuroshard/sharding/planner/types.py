@@ -79,6 +79,7 @@ class PlannerResult:
     memory_kind: str           # HBM or DDR
     model_batch: int | None    # the global batch the cost models were trained at
     hardware: str              # what the cost models were measured on
+    incumbent: Placement | None = None  # TorchRec's plan of the same sharding types, as compared (None: none)
 
 
 class Enumerator(abc.ABC):
