@@ -68,17 +68,9 @@ def calibration_inputs(task, hw_desc: dict, batch_size: int, num_devices: int, m
             "models": [_file_digest(p) for p in model_paths], "method": method}
 
 
-
 def fingerprint_of(inputs: dict) -> str:
     """16 hex digits naming `calibration_inputs` (shown and saved; reuse compares the inputs themselves)."""
     return _digest(inputs)[:16]
-
-
-
-def fingerprint_of(inputs: dict) -> str:
-    """16 hex digits naming `calibration_inputs` (shown and saved; reuse compares the inputs themselves)."""
-    return _digest(inputs)[:16]
-
 
 
 def differences(made_for, inputs: dict) -> list[str]:
