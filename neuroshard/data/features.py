@@ -80,12 +80,17 @@ def can_split(dim: int) -> bool:
     return dim % 8 == 0
 
 
+def halvings(dim: int) -> list[int]:
+    """A table's dim and every column width halving reaches, widest first."""
+    out = [int(dim)]
+    while can_split(out[-1]):
+        out.append(out[-1] // 2)
+    return out
+
+
 def smallest_shard_dim(dim: int) -> int:
     """The narrowest column block halving can cut a table of `dim` into (its dim when it cannot be split)."""
-    dim = int(dim)
-    while can_split(dim):
-        dim //= 2
-    return dim
+    return halvings(dim)[-1]
 
 
 def table_size_gb(rows, dim) -> np.ndarray | float:

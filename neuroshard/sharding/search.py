@@ -39,7 +39,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.config import SearchParams
 from ..core.costs import MEM_TOL_GB, Cluster, round_ms
-from ..data.features import can_split, input_words, smallest_shard_dim, with_dim
+from ..data.features import can_split, halvings, input_words, smallest_shard_dim, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, apply_splits
 from .simulator import Simulator, group_sums
@@ -49,13 +49,7 @@ class ShardTable:
     """Embeddings, single-shard costs and sizes of every (table, dim) a search can produce."""
 
     def __init__(self, sim: Simulator, task: ShardingTask):
-        keys = []
-        for t, d in enumerate(task.dims):
-            d = int(d)
-            keys.append((t, d))
-            while can_split(d):
-                d //= 2
-                keys.append((t, d))
+        keys = [(t, d) for t, dim in enumerate(task.dims) for d in halvings(dim)]
         self.index = {k: i for i, k in enumerate(keys)}
         tables = np.array([k[0] for k in keys])
         dims = np.array([k[1] for k in keys])

@@ -97,16 +97,22 @@ class TorchRecSharder:
 
 def to_placement(module_plan, task: ShardingTask, num_devices: int) -> Placement:
     """TorchRec's plan of the tables t0, t1, ... as ours: its column shards reached by halving splits."""
+    return shardings_placement(((int(name[1:]), ps) for name, ps in module_plan.items()), task.dims, num_devices)
+
+
+def shardings_placement(shardings, dims, num_devices: int) -> Placement:
+    """TorchRec's `ParameterSharding` of each table ((table index, sharding) pairs; table_wise or column_wise) as
+    our plan: its column shards reached by halving splits (`plan_from_slices`; a slice no halving reaches is a
+    `PlanError`)."""
     from torchrec.distributed.types import ShardingType
 
     column_shards: dict[int, list[tuple[int, int, int]]] = {}
-    for name, ps in module_plan.items():
-        t = int(name[1:])
+    for t, ps in shardings:
         if ps.sharding_type == ShardingType.TABLE_WISE.value:
-            column_shards[t] = [(0, int(task.dims[t]), int(ps.ranks[0]))]
+            column_shards[t] = [(0, int(dims[t]), int(ps.ranks[0]))]
         elif ps.sharding_type == ShardingType.COLUMN_WISE.value:
             column_shards[t] = sorted((int(m.shard_offsets[1]), int(m.shard_sizes[1]), int(m.placement.rank()))
                                       for m in ps.sharding_spec.shards)
         else:
             raise PlanError(f"TorchRec chose {ps.sharding_type} for table {t}, which the constraints exclude")
-    return plan_from_slices(task.dims, num_devices, column_shards)
+    return plan_from_slices(dims, num_devices, column_shards)

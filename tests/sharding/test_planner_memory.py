@@ -13,61 +13,17 @@ from neuroshard.core.errors import UserError  # noqa: E402
 
 from analytic_models import save_hand_models  # noqa: E402
 
-DIMS = [8, 16, 32, 64, 128]
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return {n: save_hand_models(tmp_path_factory.mktemp(f"models{n}"), n, {"batch_size": 128}) for n in (2, 4)}
 
 
-def random_tables(rng, n):
-    return [(f"t{i}", int(rng.integers(50, 20_000)), int(rng.choice(DIMS)), float(rng.uniform(0.5, 20)))
-            for i in range(n)]
+def case(tables, world, device, cap, batch):
+    """(module, topology, constraints, sharders) of tables on the meta device (`coverage.build`)."""
+    from neuroshard.sharding.planner.coverage import CoverageCase, build
 
-
-def module(tables):
-    import torch
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r,
-                                                             feature_names=[n]) for n, r, d, _ in tables],
-                                  device=torch.device("meta"))
-
-
-def setting(tables, world, device, cap):
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import ParameterConstraints, Topology
-
-    memory = {"hbm_cap": cap} if device == "cuda" else {"ddr_cap": cap}
-    topology = Topology(world_size=world, compute_device=device, **memory)
-    constraints = {n: ParameterConstraints(pooling_factors=[pf]) for n, _, _, pf in tables}
-    return topology, constraints, [EmbeddingBagCollectionSharder()]
-
-
-def torchrec_plans(tables, world, device, cap, batch):
-    """TorchRec's EmbeddingShardingPlanner as the user calls it (every sharding type and kernel; None: it finds no
-    plan), and the budget its default reservation leaves a rank."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-
-    topology, constraints, sharders = setting(tables, world, device, cap)
-    try:
-        plan = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
-                                        debug=False).plan(module(tables), sharders)
-    except Exception as e:
-        assert "PlannerError" in type(e).__name__, e
-        plan = None
-    try:
-        reserved = HeuristicalStorageReservation(percentage=0.15).reserve(topology, batch, module(tables), sharders,
-                                                                           constraints)
-        field = "hbm" if device == "cuda" else "ddr"
-        budget = min(getattr(d.storage, field) for d in reserved.devices)
-    except Exception as e:
-        assert "PlannerError" in type(e).__name__, e
-        budget = 0
-    return plan, budget
+    return build(CoverageCase(tables, world, device, cap, batch))
 
 
 def kinds(plan) -> dict[str, tuple[str, str]]:
@@ -94,16 +50,17 @@ def test_a_model_filling_hbm_with_weights_gets_torchrecs_plan(models):
     compare=False (NeuroShard's search alone) it is one line."""
     from neuroshard import NeuroShardPlanner
 
+    from neuroshard.sharding.planner.incumbent import from_parameter_specs, torchrec_full_plan
+    from neuroshard.sharding.planner.storage import default_reservation
+
     rows = math.floor(0.95 * 4 * 2**30 / (26 * 64 * 4))
-    tables = [(f"t{i}", rows, 64, 4.0) for i in range(26)]
-    topology, constraints, sharders = setting(tables, 4, "cuda", 2**30)
+    module, topology, constraints, sharders = case([(f"t{i}", rows, 64, 4.0) for i in range(26)], 4, "cuda", 2**30, 32)
     planner = NeuroShardPlanner(topology, constraints=constraints, models_dir=models[4], debug=False)
-    plan = planner.plan(module(tables), sharders)
-    theirs, _ = torchrec_plans(tables, 4, "cuda", 2**30, planner.batch_size)
+    assert planner.batch_size == 32  # the models' batch of 128 over 4 ranks
+    plan = planner.plan(module, sharders)
+    theirs = torchrec_full_plan(topology, 32, constraints, default_reservation(), module, sharders)
     assert kinds(plan) == kinds(theirs) and {k for k, _ in kinds(plan).values()} >= {"row_wise"}
     assert plan.plan[""]["t0"].sharding_spec.shards == theirs.plan[""]["t0"].sharding_spec.shards
-    from neuroshard.sharding.planner.incumbent import from_parameter_specs
-
     spec = planner.last_result.specs[""]  # what collective_plan sends the other ranks, as JSON
     good = spec["tables"][0]
     shard = good["shards"][0]
@@ -122,7 +79,7 @@ def test_a_model_filling_hbm_with_weights_gets_torchrecs_plan(models):
                                         r"within 4 ranks x 0\.8\d\d GB of HBM left after TorchRec's "
                                         r"HeuristicalStorageReservation \(15%\)"):
         NeuroShardPlanner(topology, constraints=constraints, models_dir=models[4], debug=False, compare=False).plan(
-            module(tables), sharders)
+            module, sharders)
 
 
 def test_a_bad_storage_reservation_is_one_line(models):
@@ -135,8 +92,7 @@ def test_a_bad_storage_reservation_is_one_line(models):
 
     from neuroshard import NeuroShardPlanner
 
-    tables = [("t0", 100, 8, 1.0)]
-    topology, constraints, sharders = setting(tables, 2, "cuda", 10**6)
+    module, topology, constraints, sharders = case([("t0", 100, 8, 1.0)], 2, "cuda", 10**6, 64)
 
     def make(r):
         return NeuroShardPlanner(topology, constraints=constraints, models_dir=models[2], storage_reservation=r,
@@ -169,5 +125,5 @@ def test_a_bad_storage_reservation_is_one_line(models):
     for change, fragment in [(fails, r"Reserves.reserve\(topology=.*failed \(ZeroDivisionError: boom\)"),
                              (lambda t: None, reduced), (scaled(1000), reduced), (scaled(float("nan")), reduced)]:
         with pytest.raises(UserError, match=f"^storage_reservation {fragment}"):
-            make(Reserves(change)).plan(module(tables), sharders)
-    assert make(Reserves(scaled(0.5))).plan(module(tables), sharders) is not None
+            make(Reserves(change)).plan(module, sharders)
+    assert make(Reserves(scaled(0.5))).plan(module, sharders) is not None

@@ -76,19 +76,12 @@ def build(case: CoverageCase):
 
 
 def check_case(case: CoverageCase, models_dir) -> CoverageResult:
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-
+    from .incumbent import torchrec_full_plan
     from .planners import NeuroShardPlanner
-    from .storage import default_reservation, plan_storage
+    from .storage import default_reservation, plan_storage, reserved_budget
 
     module, topology, constraints, sharders = build(case)
-    try:
-        theirs = EmbeddingShardingPlanner(topology=topology, batch_size=case.batch_size, constraints=constraints,
-                                          debug=False).plan(module, sharders)
-    except Exception as e:
-        if "PlannerError" not in type(e).__name__:
-            raise
-        theirs = None
+    theirs = torchrec_full_plan(topology, case.batch_size, constraints, default_reservation(), module, sharders)
     planner = NeuroShardPlanner(topology, batch_size=case.batch_size, constraints=constraints, models_dir=models_dir,
                                 debug=False)
     try:
@@ -99,8 +92,8 @@ def check_case(case: CoverageCase, models_dir) -> CoverageResult:
         same = theirs is not None and _kinds(ours) == _kinds(theirs)
         return CoverageResult("torchrec's", violation=None if same else "handed out a plan that is not TorchRec's")
     kind = int(case.device == "cpu")  # HBM on cuda, DDR on cpu
-    reserved = default_reservation().reserve(topology, case.batch_size, module, sharders, constraints)
-    budget = min((d.storage.hbm, d.storage.ddr)[kind] for d in reserved.devices)
+    budget = reserved_budget(default_reservation(), topology, case.batch_size, module, sharders, constraints,
+                             ("HBM", "DDR")[kind]) * 2**30
     used = float(plan_storage(ours, topology, case.batch_size, constraints, module, sharders)[:, kind].max())
     return CoverageResult("own", used / budget,
                           None if used <= budget else f"a rank holds {used:,.0f} bytes, over its {budget:,.0f}",

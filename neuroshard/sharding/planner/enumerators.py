@@ -25,7 +25,7 @@ from torch import nn
 
 from ...core.errors import UserError
 from ...core.costs import Cluster
-from ...data.features import can_split
+from ...data.features import can_split, table_size_gb
 from ...data.table_list import parse_table_rows
 from .storage import StorageCounter, planned_constraints
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
@@ -58,7 +58,7 @@ class EmbeddingBagEnumerator(Enumerator):
         task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
         counter = StorageCounter(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
                                  module, sharders)
-        task = replace(task, storage=counter.halvings(tables, task.dims, self.memory_kind))
+        task = replace(task, storage=counter.halvings(tables, task.rows, task.dims, self.memory_kind))
         return Enumeration(tables, [row for _, row in rows], task,
                            frozenset(t for t, table in enumerate(tables) if table.narrowest(task.dims[t]) == task.dims[t]),
                            _notes(defaulted, unpriced, unknown), counter)
@@ -161,7 +161,7 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
         need = float(task.shard_sizes_gb([t], [dim])[0])
         if not cluster.fits(need):
             how = f"even in column shards of {dim}" if dim < task.dims[t] else "whole"
-            weights = size_text(float(task.rows[t]) * dim * 4 / 2**30)
+            weights = size_text(float(table_size_gb(task.rows[t], dim)))
             raise NoRoom(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
                          f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
                          f"{reserved}", [*_narrower(table, dim), "raise the topology's memory",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from ...core.errors import PlanError, UserError
-from ..plan import Placement, plan_from_slices
+from ..plan import Placement
+from ..torchrec_baseline import shardings_placement
 from .types import COLUMN_WISE, TABLE_WISE, Enumeration
 
 
@@ -25,17 +26,15 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
         return None, ("note: TorchRec's EmbeddingShardingPlanner finds no table_wise/column_wise plan of these tables "
                       f"within the same memory ({str(e).splitlines()[0][:160]}); the plans are compared without it")
     index = {(t.module_path, t.name): i for i, t in enumerate(found.tables)}
-    slices: dict[int, list[tuple[int, int, int]]] = {}
+    shardings = []
     for path, module_plan in plan.plan.items():
         for name, ps in module_plan.items():
             t = index.get((path, name))
             if t is None or ps.sharding_type not in (TABLE_WISE, COLUMN_WISE):
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
-            slices[t] = ([(0, int(found.task.dims[t]), int(ps.ranks[0]))] if ps.sharding_type == TABLE_WISE else
-                         [(int(m.shard_offsets[1]), int(m.shard_sizes[1]), int(m.placement.rank()))
-                          for m in ps.sharding_spec.shards])
+            shardings.append((t, ps))
     try:
-        return plan_from_slices(found.task.dims, topology.world_size, slices), None
+        return shardings_placement(shardings, found.task.dims, topology.world_size), None
     except PlanError as e:
         return None, (f"note: TorchRec's plan cuts column shards NeuroShard's cost models do not price ({e}); the plans "
                       "are compared without it")

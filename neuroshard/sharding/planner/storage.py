@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ...core.errors import UserError
-from ...data.features import can_split
+from ...data.features import halvings
 from ...data.tasks import ShardStorage
 from .types import COLUMN_WISE, FUSED, TABLE_WISE, PlannedTable
 
@@ -104,14 +104,6 @@ def planned_constraints(constraints: dict, tables: list[PlannedTable]) -> dict:
     return out
 
 
-def halvings(dim: int) -> list[int]:
-    """A table's dim and every column width halving reaches."""
-    out = [int(dim)]
-    while can_split(out[-1]):
-        out.append(out[-1] // 2)
-    return out
-
-
 class StorageCounter:
     """TorchRec's storage estimator on one module, topology, batch and constraints: the sharding options TorchRec's
     enumerator makes for the module's tables (every type and kernel the constraints allow), enumerated once, then
@@ -148,33 +140,24 @@ class StorageCounter:
         self.estimator.estimate([option], self.sharder_data)
         return [shard.storage for shard in option.shards]
 
-    def halvings(self, tables: list[PlannedTable], dims, memory_kind: str) -> ShardStorage:
+    def halvings(self, tables: list[PlannedTable], rows, dims, memory_kind: str) -> ShardStorage:
         """Every table's storage (`memory_kind`) whole and at each column halving the search may cut, on `fused`."""
         field = memory_field(memory_kind)
         widths = [halvings(d) for d in dims]
         gb = np.full((len(tables), max(map(len, widths))), np.nan)
         for t, table in enumerate(tables):
             gb[t, :len(widths[t])] = np.inf
-            rows = int(self.options_rows(table))
             for k, width in enumerate(widths[t]):
                 kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
                 if width < table.narrowest(dims[t]):
                     continue  # narrower than min_partition: fits no rank
-                counted = self.shards(table.module_path, table.name, kind, FUSED, [(rows, width)])
+                counted = self.shards(table.module_path, table.name, kind, FUSED, [(int(rows[t]), width)])
                 if counted is not None:  # else a width the table may not take (table-wise only): fits no rank
                     gb[t, k] = getattr(counted[0], field) / 2**30
             if not math.isfinite(gb[t, 0]):
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in "
                                 "its ParameterConstraints.compute_kernels")
         return ShardStorage(np.asarray(dims, np.int64), gb)
-
-    def options_rows(self, table: PlannedTable) -> int:
-        option = next((o for (path, name, _, _), o in self.options.items()
-                       if (path, name) == (table.module_path, table.name)), None)
-        if option is None:
-            raise UserError(f"{table.where}: TorchRec's enumerator gives it no sharding option; check its "
-                            "ParameterConstraints (sharding_types, compute_kernels, device_group)")
-        return int(option.tensor.shape[0])
 
     def plan_bytes(self, plan) -> np.ndarray:
         """Bytes of every rank's [HBM, DDR] a TorchRec `ShardingPlan` of the module's tables takes. [world, 2]"""

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...core.config import SearchParams
 from ...core.costs import Cluster, Cost
-from ...data.features import can_split
+from ...data.features import halvings
 from ...data.tasks import ShardingTask
 from ..plan import Placement
 from ..search import Placements, ShardTable
@@ -34,10 +34,9 @@ class PlannedTable:
     def narrowest(self, dim: int) -> int:
         """The narrowest shard of this table (of `dim` columns) the search may cut: the smallest column halving of at
         least `min_width` columns, or the whole table where column-wise is not allowed."""
-        dim = int(dim)
-        while self.splittable and can_split(dim) and dim // 2 >= self.min_width:
-            dim //= 2
-        return dim
+        if not self.splittable:
+            return int(dim)
+        return min(w for w in halvings(dim) if w >= self.min_width or w == int(dim))
 
     @property
     def qualified_name(self) -> str:
