@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from neuroshard.core.artifacts import write_json
-from neuroshard.core.errors import UserError
+from neuroshard.core.costs import check_max_mem_gb
+from neuroshard.core.errors import UserError, check_int
 from neuroshard.core.intervals import paired_interval
 from neuroshard.hardware.engine import measure_plans, plan_device_tables
 from neuroshard.sharding.search import plan_key
@@ -24,6 +25,16 @@ from neuroshard.sharding.search import plan_key
 SETS_DIR = Path(__file__).resolve().parent / "real_tables"
 SETS = {"criteo_kaggle": 0.05, "criteo_terabyte_mlperf": 0.001, "criteo_multihot_mlperf_dcnv2": 0.001,
         "taobao_ad_x1_din": 0.5}
+
+
+def check_engine_flags(cfg) -> None:
+    """The flags of a benchmark that measures plans on the emulated engine: --ndevices, --rounds, --warmup_iter,
+    --num_iter and --max_mem, each in its range (one line naming the first that is not)."""
+    check_int("--ndevices", cfg.ndevices, 2, 64)
+    check_int("--rounds", cfg.rounds, 2, 1000)
+    check_int("--warmup_iter", cfg.warmup_iter, 0, 10_000)
+    check_int("--num_iter", cfg.num_iter, 1, 100_000)
+    check_max_mem_gb(cfg.max_mem)
 
 
 def check_sets(names) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, SearchParams, flag  # noqa: E402
-from neuroshard.core.costs import Cluster, check_max_mem_gb  # noqa: E402
+from neuroshard.core.costs import Cluster  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from neuroshard.core.file_names import COST_DATA_DIR, DATASET_DIR, MODELS_DIR, TASKS_DIR, comm_data_path, tasks_path  # noqa: E402
 from neuroshard.core.intervals import paired_interval  # noqa: E402
@@ -47,7 +47,7 @@ from neuroshard.hardware.engine import EngineSettings  # noqa: E402
 from neuroshard.models.cost_models import CommCostModel, comm_training_arrays  # noqa: E402
 from neuroshard.sharding.registry import expand_algs, make_sharder, shard_task  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
-from common import measure_task_plans  # noqa: E402
+from common import check_engine_flags, measure_task_plans  # noqa: E402
 
 
 @dataclass
@@ -67,13 +67,9 @@ class EngineCommConfig:
     out_csv: str = flag("results/bench_engine_comm_data.csv")
 
     def check(self) -> "EngineCommConfig":
-        check_int("--ndevices", self.ndevices, 2, 64)
-        check_int("--rounds", self.rounds, 2, 1000)
-        check_int("--warmup_iter", self.warmup_iter, 0, 10_000)
-        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_engine_flags(self)
         check_int("--epochs", self.epochs, 1, 100_000)
         expand_algs(self.train_algs)
-        check_max_mem_gb(self.max_mem)
         check_output_file(self.out_csv, "--out_csv")
         return self
 

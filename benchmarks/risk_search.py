@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, SearchParams, flag  # noqa: E402
-from neuroshard.core.costs import Cluster, check_max_mem_gb  # noqa: E402
+from neuroshard.core.costs import Cluster  # noqa: E402
 from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
 from neuroshard.core.file_names import DATASET_DIR, MODELS_DIR, TASKS_DIR, tasks_path  # noqa: E402
 from neuroshard.core.intervals import paired_interval  # noqa: E402
@@ -41,7 +41,7 @@ from neuroshard.hardware.engine import EngineSettings  # noqa: E402
 from neuroshard.sharding.registry import make_sharder, shard_task  # noqa: E402
 from neuroshard.sharding.risk import check_members, plan_spread  # noqa: E402
 from neuroshard.sharding.simulator import Simulator  # noqa: E402
-from common import measure_task_plans  # noqa: E402
+from common import check_engine_flags, measure_task_plans  # noqa: E402
 
 Z90 = 1.6448536269514722
 
@@ -65,10 +65,7 @@ class RiskSearchConfig:
     out_csv: str = flag("results/bench_risk_search.csv")
 
     def check(self) -> "RiskSearchConfig":
-        check_int("--ndevices", self.ndevices, 2, 64)
-        check_int("--rounds", self.rounds, 2, 1000)
-        check_int("--warmup_iter", self.warmup_iter, 0, 10_000)
-        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_engine_flags(self)
         if self.max_tasks is not None:
             check_int("--max_tasks", self.max_tasks, 2)
         if not self.lambdas:
@@ -76,7 +73,6 @@ class RiskSearchConfig:
         for v in self.lambdas:
             check_float("--lambdas", v, 0.0, 10.0)
         check_float("--width", self.width, 0.0, 100.0, lo_open=True)
-        check_max_mem_gb(self.max_mem)
         check_output_file(self.out_csv, "--out_csv")
         return self
 

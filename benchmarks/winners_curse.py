@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, SearchParams, flag  # noqa: E402
-from neuroshard.core.costs import Cluster, check_max_mem_gb  # noqa: E402
+from neuroshard.core.costs import Cluster  # noqa: E402
 from neuroshard.core.errors import check_int  # noqa: E402
+from common import check_engine_flags  # noqa: E402
 from neuroshard.core.file_names import DATASET_DIR, MODELS_DIR, TASKS_DIR, tasks_path  # noqa: E402
 from neuroshard.core.intervals import paired_interval  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
@@ -59,13 +60,9 @@ class WinnersCurseConfig:
     out_csv: str = flag("results/bench_winners_curse.csv")
 
     def check(self) -> "WinnersCurseConfig":
-        check_int("--ndevices", self.ndevices, 2, 64)
+        check_engine_flags(self)
         check_int("--neighbours", self.neighbours, 1, 100)
         check_int("--moves", self.moves, 1, 1000)
-        check_int("--rounds", self.rounds, 2, 1000)
-        check_int("--warmup_iter", self.warmup_iter, 0, 10_000)
-        check_int("--num_iter", self.num_iter, 1, 100_000)
-        check_max_mem_gb(self.max_mem)
         check_output_file(self.out_csv, "--out_csv")
         return self
 
