@@ -56,6 +56,9 @@ class ShardingTask:
     column_wise: np.ndarray | None = None  # [T] bool: TorchRec shards the table column-wise even when whole
                                            # (`NeuroShardPlanner`'s column_wise-only tables); None: none
     storage: ShardStorage | None = None  # what a shard occupies; None: its fp32 weights (rows x dim x 4 bytes)
+    row_block: np.ndarray | None = None  # [T] int: the rank holding this table, a row block of a table TorchRec shards
+                                         # row-wise (block r on rank r; `NeuroShardPlanner`), -1 for a table the
+                                         # search places; None: none
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -84,6 +87,19 @@ class ShardingTask:
         if self.column_wise is not None:
             out = out | np.asarray(self.column_wise, bool)[tables]
         return out.astype(np.int64)
+
+    def shard_groups(self, tables, dims) -> np.ndarray:
+        """Per shard (its table index and dim), the sharding group TorchRec runs it in (the step cost's groups,
+        `simulator.GROUPS`): 2 for a row block of a row-wise table, else `column_wise_shards`'s 1 or 0."""
+        group = self.column_wise_shards(tables, dims)
+        if self.row_block is not None:
+            group = np.where(np.asarray(self.row_block)[np.asarray(tables, np.int64)] >= 0, 2, group)
+        return group
+
+    def pinned_ranks(self, tables) -> np.ndarray:
+        """Per shard (its table index), the rank it must go to (a row block's), or -1 where the search chooses."""
+        tables = np.asarray(tables, np.int64)
+        return np.full(len(tables), -1, np.int64) if self.row_block is None else np.asarray(self.row_block)[tables]
 
     def shard_sizes_gb(self, tables, dims) -> np.ndarray:
         """The memory (GB) each shard (its table index and dim) occupies on its rank: its fp32 weights, or what

@@ -1,4 +1,5 @@
-"""Baseline sharders of DESIGN.md §3.6: random and four greedy heuristics (table-wise only)."""
+"""Baseline sharders of DESIGN.md §3.6: random and four greedy heuristics (table-wise only; a row block of a
+row-wise table goes to its own rank)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,8 @@ class GreedySharder:
     def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement | None:
         keys = self.key(task)
         device_of = greedy_place(largest_first(keys), task.sizes_gb(), cluster.num_devices, cluster.max_mem_gb,
-                                 device_cost=lambda items: float(keys[items].sum()))
+                                 device_cost=lambda items: float(keys[items].sum()),
+                                 pinned=task.pinned_ranks(np.arange(task.num_tables)))
         if device_of is None:
             return None
         return Placement(cluster.num_devices, apply_splits(task.dims, []), device_of)

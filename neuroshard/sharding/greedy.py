@@ -3,7 +3,8 @@
 Items are taken in the given order; each goes to the allowed device with the lowest current cost
 (tie: smaller memory used, then lower device id) among devices where it fits `max_mem_gb`.
 `device_cost(items)` returns a device's cost for the whole set of items it holds and is
-re-evaluated after each placement, so it may be additive (heuristics) or not (a cost model).
+re-evaluated after each placement, so it may be additive (heuristics) or not (a cost model). An item with a
+`pinned` rank (a row block of a row-wise table) goes to that rank alone, past the dim-sum cap.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from ..core.costs import MEM_TOL_GB
 
 def greedy_place(order: Sequence[int], sizes_gb: np.ndarray, num_devices: int, max_mem_gb: float,
                  device_cost: Callable[[list[int]], float],
-                 dims: np.ndarray | None = None, max_dim_sum: float = np.inf) -> list[int] | None:
+                 dims: np.ndarray | None = None, max_dim_sum: float = np.inf,
+                 pinned: np.ndarray | None = None) -> list[int] | None:
     """Device of every item, or None when some item fits on no device."""
     cost = np.array([device_cost([]) for _ in range(num_devices)], dtype=np.float64)
     mem = np.zeros(num_devices)
@@ -25,7 +27,9 @@ def greedy_place(order: Sequence[int], sizes_gb: np.ndarray, num_devices: int, m
     device_of = [-1] * len(sizes_gb)
     for i in order:
         ok = mem + sizes_gb[i] <= max_mem_gb + MEM_TOL_GB
-        if dims is not None:
+        if pinned is not None and pinned[i] >= 0:
+            ok &= np.arange(num_devices) == pinned[i]
+        elif dims is not None:
             ok &= dim_sum + dims[i] <= max_dim_sum + MEM_TOL_GB
         if not ok.any():
             return None

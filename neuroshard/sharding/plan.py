@@ -115,7 +115,8 @@ def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, i
 
 
 def check_complete(task: ShardingTask, plan: Placement) -> None:
-    """Raise `PlanError` unless every column of every table is placed exactly once on a real device."""
+    """Raise `PlanError` unless every column of every table is placed exactly once on a real device, and every row
+    block of a row-wise table on its own rank."""
     if len(plan.shards) != len(plan.device_of):
         raise PlanError(f"{len(plan.shards)} shards but {len(plan.device_of)} devices: every shard needs one device")
     bad = [d for d in plan.device_of if not 0 <= d < plan.num_devices]
@@ -131,6 +132,10 @@ def check_complete(task: ShardingTask, plan: Placement) -> None:
     for t, c in enumerate(cover):
         if not np.all(c == 1):
             raise PlanError(f"table {t}: columns not placed exactly once")
+    pinned = task.pinned_ranks([s.table for s in plan.shards])
+    for s, d, r in zip(plan.shards, plan.device_of, pinned):
+        if r >= 0 and d != r:
+            raise PlanError(f"table {s.table}, row block {r} of a row-wise table, is on rank {d}, not on rank {r}")
 
 
 def fits_memory(task: ShardingTask, plan: Placement, cluster: Cluster) -> bool:

@@ -7,7 +7,8 @@ table-wise placements, every candidate scored by the simulator.
   predicted single-shard compute cost (largest first) go to the device with the lowest current
   predicted compute cost (tie: less memory, then lower id) among devices with memory room whose dim
   sum stays <= s * total_dim / N; the device's cost is re-predicted on its new set. Complete
-  placements are scored by the simulator; the best one wins.
+  placements are scored by the simulator; the best one wins. A row block of a table TorchRec shards
+  row-wise (`ShardingTask.row_block`, `NeuroShardPlanner`) goes to its own rank, past the dim-sum cap.
 - Beam search: width k; each state is expanded by splitting one candidate shard (union of the
   `num_candidates` largest and most expensive splittable shards); the k best new states go on;
   the best plan seen at any depth (including no split) is returned.
@@ -58,7 +59,9 @@ class ShardTable:
         self.single_cost = round_ms(sim.compute.head(self.emb))
         self.size = task.shard_sizes_gb(tables, dims)
         self.dim = dims.astype(np.float64)
-        self.column_wise = task.column_wise_shards(tables, dims)  # the shard's sharding group
+        self.group = task.shard_groups(tables, dims)  # the shard's sharding group (`simulator.GROUPS`)
+        self.pinned = task.pinned_ranks(tables)     # the rank a row block must go to; -1: the search chooses
+        self.any_pinned = bool((self.pinned >= 0).any())
         self.input_words = input_words(task.pooling_factors[tables])
         self._member_emb: dict[int, np.ndarray] = {}
 
@@ -90,7 +93,7 @@ def simulated_costs(sim: Simulator, st: ShardTable, p: Placements) -> np.ndarray
     """The simulator's cost of each complete placement: its step cost (`Simulator.step_total_cost`) or the
     paper's (`Simulator.total_cost`), as `sim.cost` says."""
     if sim.cost == "step":
-        dims, words = group_sums(st.column_wise[p.items], p.devices, st.dim[p.items], st.input_words[p.items],
+        dims, words = group_sums(st.group[p.items], p.devices, st.dim[p.items], st.input_words[p.items],
                                  p.compute.shape[1])
         return sim.step_total_cost(p.compute, dims, words)[0]
     return sim.total_cost(p.compute, p.dim_sums)[0]
@@ -144,6 +147,9 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
         it = item[exp_of, pos]
         sz, dm = st.size[it], st.dim[it]
         ok = (mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB) & (dsum + dm[:, None] <= cap[:, None] + MEM_TOL_GB)
+        if st.any_pinned:  # a row block goes to its own rank, past the dim-sum cap
+            pin = st.pinned[it][:, None]
+            ok = (mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB) & np.where(pin >= 0, np.arange(N)[None, :] == pin, ok)
         fits = ok.any(axis=1)
         if not fits.all():
             keep = np.flatnonzero(fits)
@@ -276,7 +282,8 @@ def fitting_thresholds(task: ShardingTask, num_devices: int, params: SearchParam
     dims = np.asarray(task.dims, np.int64)
     if not len(dims) or dims.sum() <= 0:
         return params, None
-    keep = [int(d) if t in no_split else smallest_shard_dim(d) for t, d in enumerate(dims)]
+    pinned = task.pinned_ranks(np.arange(len(dims))) >= 0  # row blocks are past the cap
+    keep = [0 if pinned[t] else int(d) if t in no_split else smallest_shard_dim(d) for t, d in enumerate(dims)]
     t = int(np.argmax(keep))
     need = float(keep[t]) * num_devices / float(dims.sum())
     lo, hi = params.threshold_range

@@ -20,7 +20,14 @@ all-to-all of g's dim sums. A device's step is compute + sum_g (input_g + bw_g) 
 forward delays taken from compute + sum_g (input_g + bw_g) as in the paper's cost; the first group's forward
 (table-wise when present) waits for the last-ready rank, and the groups after it start together, so the wait
 is paid once. With one group (no column split) the step cost is the paper's cost plus the input distribution; a
-column split adds the second group's three collectives. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
+column split adds the second group's three collectives. A table TorchRec shards row-wise
+(`NeuroShardPlanner`, for a table no rank holds even in its narrowest column shards) is a third group: its row
+block r on rank r, priced by the compute model as a table of the block's rows and the block's share of the
+lookups (ids spread evenly over the rows) at the global batch; its input distribution is the bucketized ids
+(per sample 2 x the block's lookups + 2 words); its output is a reduce-scatter of every rank's partial sums
+(B x dim each), priced by the forward comm model as an all-to-all of dim columns from every rank, and its
+backward the all-gather of the gradients, by the backward model on the same dims. No collective of its own was
+measured for it: `--calibrate_dmp` fits the step to TorchRec's measured steps. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
 forward all-to-alls. The paper's cost (`cost="paper"`) is the default (`PAPER_COST`); a user's planning
 defaults to the step cost (`USER_COST`).
 
@@ -67,7 +74,7 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
-GROUPS = ("table_wise", "column_wise")
+GROUPS = ("table_wise", "column_wise", "row_wise")
 
 
 def check_cost(cost: str, name: str = "--cost") -> str:
@@ -212,12 +219,14 @@ class Simulator:
 
     def step_total_cost(self, compute: np.ndarray, dim_sums: np.ndarray, input_sums: np.ndarray):
         """Batched step costs (module docstring) from per-device compute [P, N] and per group dim sums and input
-        words [P, 2, N] (groups as `GROUPS`); an absent group (no dims anywhere) costs nothing."""
-        dims = np.asarray(dim_sums, np.float64)
+        words [P, G, N] (groups as `GROUPS`); an absent group (no dims anywhere) costs nothing."""
+        dims, input_sums = np.asarray(dim_sums, np.float64), np.asarray(input_sums, np.float64)
+        used = np.flatnonzero(dims.sum(axis=(0, 2)) > 0)  # groups after the last one present anywhere cost nothing
+        dims, input_sums = dims[:, :used[-1] + 1 if len(used) else 1], input_sums[:, :used[-1] + 1 if len(used) else 1]
         P, G, N = dims.shape
         present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
-        inp = (self.inp or self.bw).predict_np(np.asarray(input_sums, np.float64).reshape(-1, N)).reshape(P, G, N)
+        inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
         before = np.where(present, bw + inp, 0.0).sum(axis=1)                         # [P, N]
         ready = compute + before
         delays = ready - ready.min(axis=1, keepdims=True)
@@ -290,12 +299,12 @@ def _check_member(sim: Simulator, member: Simulator, folder) -> None:
 
 
 def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np.ndarray]:
-    """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [2, N]: a split table's shards
-    are column-wise, as `torchrec_export` exports them, and so is a whole table that must be
-    (`ShardingTask.column_wise_shards`)."""
+    """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [G, N]: a split table's shards
+    are column-wise, as `torchrec_export` exports them, and so is a whole table that must be; a row block is
+    row-wise (`ShardingTask.shard_groups`)."""
     tables = np.array([s.table for s in plan.shards], dtype=np.int64)
     shard_dims = np.array([s.dim for s in plan.shards], np.int64)
-    group = task.column_wise_shards(tables, shard_dims)
+    group = task.shard_groups(tables, shard_dims)
     dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None],
                              shard_dims[None].astype(np.float64), input_words(task.pooling_factors)[tables][None],
                              plan.num_devices)
@@ -305,12 +314,12 @@ def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np
 def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np.ndarray,
                num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
-    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise), device, dim and input words ->
-    per placement, group and device the dim sums and input words ([P, 2, N] each), added in shard order."""
+    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise), device, dim and input
+    words -> per placement, group and device the dim sums and input words ([P, G, N] each), added in shard order."""
     P, L = group.shape
     at = (np.repeat(np.arange(P), L), group.ravel(), device.ravel())
-    dims = np.zeros((P, 2, num_devices))
-    out = np.zeros((P, 2, num_devices))
+    dims = np.zeros((P, len(GROUPS), num_devices))
+    out = np.zeros((P, len(GROUPS), num_devices))
     np.add.at(dims, at, dim.ravel())
     np.add.at(out, at, words.ravel())
     return dims, out

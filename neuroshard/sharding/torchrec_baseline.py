@@ -104,6 +104,12 @@ def shardings_placement(shardings, dims, num_devices: int) -> Placement:
     """TorchRec's `ParameterSharding` of each table ((table index, sharding) pairs; table_wise or column_wise) as
     our plan: its column shards reached by halving splits (`plan_from_slices`; a slice no halving reaches is a
     `PlanError`)."""
+    return plan_from_slices(dims, num_devices, sharding_slices(shardings, dims))
+
+
+def sharding_slices(shardings, dims) -> dict[int, list[tuple[int, int, int]]]:
+    """The (col_offset, width, rank) column slices of each table in TorchRec's `ParameterSharding`s ((table index,
+    sharding) pairs; table_wise or column_wise)."""
     from torchrec.distributed.types import ShardingType
 
     column_shards: dict[int, list[tuple[int, int, int]]] = {}
@@ -115,4 +121,4 @@ def shardings_placement(shardings, dims, num_devices: int) -> Placement:
                                       for m in ps.sharding_spec.shards)
         else:
             raise PlanError(f"TorchRec chose {ps.sharding_type} for table {t}, which the constraints exclude")
-    return plan_from_slices(dims, num_devices, column_shards)
+    return column_shards

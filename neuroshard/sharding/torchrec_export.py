@@ -5,7 +5,8 @@ width and rank); it is what `--torchrec_plan FILE` writes (`write_torchrec_plan`
 code) and what `read_torchrec_plan`, the file's one reader, gives back.
 `to_torchrec_plan(spec)` builds the TorchRec plan with TorchRec's own helpers: `table_wise(rank)`
 for a table in one piece, `column_wise(ranks=...)` for a split one, and the per-table step of
-`construct_module_sharding_plan` on each table's shape (no module is built). A NeuroShard table may be
+`construct_module_sharding_plan` on each table's shape (no module is built); a `row_wise` entry
+(`NeuroShardPlanner`'s tables no rank holds) is TorchRec's `row_wise()`, its row blocks checked to be TorchRec's. A NeuroShard table may be
 cut into halves of different widths (128 -> 64 + 32 + 32) while `column_wise` cuts equal blocks, so a split table is given as blocks of
 its narrowest shard's width, each on the rank of the shard that holds it: the same columns on the
 same ranks. Each table keeps the user's name as its feature name and in the spec; its TorchRec table
@@ -87,6 +88,9 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
         dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
         shards = t.get("shards")
+        if t.get("sharding_type") == "row_wise":
+            _check_row_blocks(at, t, world)
+            continue
         if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
             raise UserError(f"{at}: shards must be a list of 1 to {dim} objects with col_offset, width and rank")
         cols = [0] * dim
@@ -102,8 +106,8 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         kind = t.get("sharding_type")  # NeuroShardPlanner's specs carry it; files written by shard_tables do not
         if kind is not None and (kind not in ("table_wise", "column_wise")
                                  or (kind == "table_wise" and len(shards) > 1)):
-            raise UserError(f"{at}: sharding_type must be table_wise (one shard) or column_wise, got {kind!r}"[:300]
-                            + "; rewrite it with tools/shard_tables.py --torchrec_plan")
+            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise or row_wise, got "
+                            f"{kind!r}"[:300] + "; rewrite it with tools/shard_tables.py --torchrec_plan")
         narrow = min(s["width"] for s in shards)
         uneven = [s["width"] for s in shards if s["width"] % narrow]
         if uneven:
@@ -112,6 +116,23 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
     for t, m in zip(tables, module_names([t["name"] for t in tables])):
         t["module_name"] = m
     return spec
+
+
+def _check_row_blocks(at: str, t: dict, world: int) -> None:
+    """A row-wise entry (`NeuroShardPlanner`'s): one full-width shard per rank, rank r holding row block r of
+    TorchRec's own cut (`planner.row_wise.row_blocks`), each with its row_offset and rows."""
+    from .planner.row_wise import row_blocks
+
+    shards, dim = t.get("shards"), t["dim"]
+    if not isinstance(shards, list) or len(shards) != world or not all(isinstance(x, dict) for x in shards):
+        raise UserError(f"{at}: a row_wise table needs one shard per rank ({world}), each an object with col_offset, "
+                        "width, rank, row_offset and rows")
+    for r, (s, (offset, rows)) in enumerate(zip(shards, row_blocks(t["rows"], world))):
+        got = tuple(_whole(at, key, s.get(key), 0, MAX_ROWS) for key in ("col_offset", "width", "rank", "row_offset",
+                                                                           "rows"))
+        if got != (0, dim, r, offset, rows):
+            raise UserError(f"{at}: row block {r} must be rows {offset}..{offset + rows} of every column on rank {r} "
+                            "(TorchRec's row-wise cut)")
 
 
 def _blocks(table: dict) -> tuple[int, list[int]]:
@@ -142,13 +163,15 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.sharding_plan import column_wise, table_wise
+    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan as TorchRecShardingPlan
 
     check_spec(spec)
     per_param = {}
     for t in spec["tables"]:
-        if len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":
+        if t.get("sharding_type") == "row_wise":
+            per_param[t["module_name"]] = row_wise(compute_kernel=compute_kernel)
+        elif len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":
             per_param[t["module_name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
         else:
             _, ranks = _blocks(t)

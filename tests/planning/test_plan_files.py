@@ -64,9 +64,11 @@ CASES = [
     ({"tables__0__shards__1__width": 4}, "columns not covered exactly once (column 12)"),
     ({"tables__0__shards__1__col_offset": 99}, "col_offset 99 outside 0..15"),
     ({"tables__0__shards__1__width": 10**9}, "width 1000000000 outside"),
-    ({"tables__0__sharding_type": "row_wise"}, "sharding_type must be table_wise (one shard) or column_wise, got "
-                                               "'row_wise'"),
-    ({"tables__0__sharding_type": 5}, "sharding_type must be table_wise (one shard) or column_wise, got 5"),
+    ({"tables__0__sharding_type": "row_wise"}, "row_offset None outside"),  # a row-wise entry needs its row blocks
+    ({"tables__0__sharding_type": "row_wise", "tables__0__shards__0__row_offset": 0, "tables__0__shards__0__rows": 5,
+      "tables__0__shards__1__row_offset": 5, "tables__0__shards__1__rows": 5},
+     "row block 0 must be rows 0..25 of every column on rank 0 (TorchRec's row-wise cut)"),
+    ({"tables__0__sharding_type": 5}, "sharding_type must be table_wise (one shard), column_wise or row_wise, got 5"),
     ({"tables__0__sharding_type": "table_wise"}, "sharding_type must be table_wise (one shard)"),  # a split table
 ]
 

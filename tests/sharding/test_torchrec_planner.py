@@ -188,9 +188,13 @@ def test_every_constraint_field_is_honoured_or_refused(models):
     got = placements(bounded.plan(model, sharders()))[0][("", "wide")]
     assert [width for _, width, _ in got] == [256], got  # no halving is 160 wide or more
     with pytest.raises(UserError, match=r"^table 'user' .* needs 129,024 bytes whole .*; lower its min_partition \(64\), "
-                                        "raise the topology's memory"):
-        planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False).plan(w.TwoTowerModel(),
-                                                                                             sharders())
+                                        "raise the topology's memory, or allow row_wise in its ParameterConstraints"):
+        planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False,
+                kinds={"user": ["table_wise", "column_wise"]}).plan(w.TwoTowerModel(), sharders())
+    # with row_wise allowed (TorchRec's sharder offers it on cuda) the table no rank holds goes row-wise
+    rw = planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False).plan(w.TwoTowerModel(),
+                                                                                              sharders())
+    assert rw.plan["top"]["user"].sharding_type == "row_wise"
 
     given = dict(cache_params=CacheParams(load_factor=0.3), enforce_hbm=True, stochastic_rounding=False,
                  bounds_check_mode=BoundsCheckMode.NONE, output_dtype=DataType.FP16)
@@ -244,9 +248,15 @@ def test_no_room_is_one_line(models):
                                         "TorchRec's EmbeddingShardingPlanner finds no plan either$"):
         planner(models, TIGHT, kinds={"user": ["table_wise"]}, device="cpu").plan(w.TwoTowerModel(), sharders())
     with pytest.raises(UserError, match="^table 'user' .* needs 17,664 bytes even in column shards of 4 .*more than one "
-                                        "rank's 17,000 bytes of HBM .*; raise the topology's memory, or plan it with "
-                                        "TorchRec's EmbeddingShardingPlanner, which can place tables row_wise or on UVM "
-                                        r"caching \(NeuroShardPlanner does not price those\)$"):
+                                        "rank's 17,000 bytes of HBM .*; raise the topology's memory, or allow row_wise in "
+                                        "its ParameterConstraints, or plan it with TorchRec's EmbeddingShardingPlanner, "
+                                        r"which can place tables on UVM caching \(NeuroShardPlanner does not price that\)$"):
+        planner(models, 17_000, compare=False, kinds={"user": ["table_wise", "column_wise"]}).plan(w.TwoTowerModel(),
+                                                                                                  sharders())
+    with pytest.raises(UserError, match="^row block 0 of table 'user' .* needs 72,704 bytes whole .*more than one "
+                                        "rank's 17,000 bytes of HBM .*; raise the topology's memory, add ranks, or plan "
+                                        "it with TorchRec's EmbeddingShardingPlanner, which can place tables on UVM "
+                                        r"caching \(NeuroShardPlanner does not price that\)$"):
         planner(models, 17_000, compare=False).plan(w.TwoTowerModel(), sharders())
     with pytest.raises(UserError, match="found no plan for 207,040 bytes of tables .as TorchRec counts them. within 2 "
                                         "ranks x 100,000 bytes of DDR left after.*; TorchRec's EmbeddingShardingPlanner "
@@ -255,12 +265,23 @@ def test_no_room_is_one_line(models):
 
 
 @pytest.mark.parametrize("kinds, fragment", [
-    ({"item": ["row_wise"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow neither table_wise nor column_wise"),
+    ({"item": ["data_parallel"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
+                                  "column_wise, row_wise, the sharding types NeuroShardPlanner places"),
     ({"tags": ["data_parallel", "table_row_wise"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
 ])
-def test_a_table_allowing_neither_is_one_error(models, kinds, fragment):
+def test_a_table_allowing_none_placed_is_one_error(models, kinds, fragment):
     with pytest.raises(UserError, match=fragment):
         planner(models, kinds=kinds).plan(w.TwoTowerModel(), sharders())
+
+
+def test_a_row_wise_only_table_needs_a_sharder_offering_it(models):
+    """row_wise alone: on cuda TorchRec's sharder offers it and the table goes row-wise; on cpu it does not, and the
+    line names the sharder that does."""
+    assert planner(models, kinds={"item": ["row_wise"]}, debug=False).plan(
+        w.TwoTowerModel(), sharders()).plan["top"]["item"].sharding_type == "row_wise"
+    with pytest.raises(UserError, match="^table 'item' .*: its sharder EmbeddingBagCollectionSharder offers none of "
+                                        "row_wise on cpu; .*RowWiseSharder"):
+        planner(models, kinds={"item": ["row_wise"]}, device="cpu").plan(w.TwoTowerModel(), sharders())
 
 
 def test_modules_the_planner_cannot_take(models):
@@ -372,6 +393,22 @@ def test_collective_plan_runs_in_distributed_model_parallel(models):
         assert {n: sorted(c) for n, c in held.items()} == {n: c for n, c in want.items() if c}, rank
         assert types["top"]["geo"] == "column_wise" and types["top"]["user"] == "column_wise"
     assert set(specs) == {"top", "tower.ebc"}
+
+
+def test_a_table_no_rank_holds_goes_row_wise_in_distributed_model_parallel(models):
+    """2 gloo CPU ranks with `RowWiseSharder`: "user", kept whole by its min_partition and over a rank's budget,
+    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns), the other tables around it;
+    DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
+    got = {}
+    run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), TIGHT, 6),
+                  lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
+    assert set(got) == {0, 1}
+    for rank, (err, held, types, _) in got.items():
+        assert err < 1e-5, (rank, err)
+        assert types["top"]["user"] == "row_wise" and held["user"] == [(200 * rank, 200, 0, 64)], (rank, held)
+        assert {types["top"][n] for n in ("item", "geo")} | set(types["tower.ebc"].values()) <= {"table_wise",
+                                                                                                 "column_wise"}
+    assert got[0][3] > 0
 
 
 def test_components_are_replaceable_and_a_misspelt_constraint_is_a_warning(models, caplog):

@@ -53,6 +53,35 @@ def kjt(tables, batch, g):
     return KeyedJaggedTensor(keys=[t[0] for t in tables], values=values, lengths=lengths)
 
 
+def load_weights(dmp) -> dict:
+    """Every table's `weight` into the sharded model's shards: {table: [(row offset, rows, col offset, cols)]} this
+    rank holds."""
+    state = dmp.state_dict()
+    held = {}
+    for key, value in state.items():
+        name = key.split(".")[-2]
+        rows, dim = next((r, d) for n, r, d, _ in TOP + TOWER if n == name)
+        full = weight(rows, dim, name)
+        for shard in value.local_shards():
+            (r0, c0), (rs, cs) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+            shard.tensor.copy_(full[r0:r0 + rs, c0:c0 + cs])
+            held.setdefault(name, []).append((r0, rs, c0, cs))
+    dmp.load_state_dict(state)
+    return held
+
+
+def unsharded_outputs(rank: int, batch: int):
+    """This rank's inputs (top and tower KJTs) and the unsharded model's pooled outputs on them."""
+    g = torch.Generator().manual_seed(rank)
+    top, tower = kjt(TOP, batch, g), kjt(TOWER, batch, g)
+    ref = TwoTowerModel("cpu")
+    with torch.no_grad():
+        for collection, tables in ((ref.top, TOP), (ref.tower.ebc, TOWER)):
+            for n, r, d, _ in tables:
+                collection.embedding_bags[n].weight.copy_(weight(r, d, n))
+        return top, tower, ref(top, tower)
+
+
 def no_reservation():
     """A storage reservation that keeps nothing back, so a test's cap is the tables' budget to the byte."""
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -60,14 +89,15 @@ def no_reservation():
     return FixedPercentageStorageReservation(percentage=0.0)
 
 
-def make_planner(models_dir, world, mem_bytes, kinds):
-    """A planner for the CPU ranks; `kinds` maps table names to their allowed sharding types."""
+def make_planner(models_dir, world, mem_bytes, kinds, min_partition=None):
+    """A planner for the CPU ranks; `kinds` maps table names to their allowed sharding types, `min_partition` to
+    their narrowest column shards."""
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
     from neuroshard import NeuroShardPlanner
 
-    constraints = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=kinds.get(n))
-                   for n, _, _, pf in TOP + TOWER}
+    constraints = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=kinds.get(n),
+                                           min_partition=(min_partition or {}).get(n)) for n, _, _, pf in TOP + TOWER}
     topology = Topology(world_size=world, compute_device="cpu", ddr_cap=mem_bytes)
     return NeuroShardPlanner(topology=topology, constraints=constraints, models_dir=models_dir,
                              storage_reservation=no_reservation())
@@ -98,26 +128,33 @@ def dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, kinds, bad_k
     planner = make_planner(models_dir, world, mem_bytes, kinds)
     plan = planner.collective_plan(model, sharders, dist.group.WORLD)
     dmp = DistributedModelParallel(model, plan=plan, device=torch.device("cpu"), sharders=sharders)
-    state = dmp.state_dict()
-    held = {}
-    for key, value in state.items():
-        name = key.split(".")[-2]
-        rows, dim = next((r, d) for n, r, d, _ in TOP + TOWER if n == name)
-        full = weight(rows, dim, name)
-        for shard in value.local_shards():
-            (r0, c0), (rs, cs) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            shard.tensor.copy_(full[r0:r0 + rs, c0:c0 + cs])
-            held.setdefault(name, []).extend(range(c0, c0 + cs))
-    dmp.load_state_dict(state)
-    g = torch.Generator().manual_seed(rank)
-    top, tower = kjt(TOP, batch, g), kjt(TOWER, batch, g)
-    ref = TwoTowerModel("cpu")
+    held = {name: [c for _, _, c0, cs in pieces for c in range(c0, c0 + cs)] for name, pieces in load_weights(dmp).items()}
+    top, tower, expect = unsharded_outputs(rank, batch)
     with torch.no_grad():
-        for collection, tables in ((ref.top, TOP), (ref.tower.ebc, TOWER)):
-            for n, r, d, _ in tables:
-                collection.embedding_bags[n].weight.copy_(weight(r, d, n))
-        expect = ref(top, tower)
         got = dmp(top, tower)
     types = {path: {n: ps.sharding_type for n, ps in module_plan.items()} for path, module_plan in plan.plan.items()}
     specs = planner.last_result.specs if rank == 0 else None
     emit((rank, errors, float((got - expect).abs().max()), tuple(got.shape), held, types, specs))
+
+
+def row_wise_dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, batch):
+    """"user" kept whole by its min_partition and too big for one rank goes row-wise (`RowWiseSharder` offers
+    row_wise on cpu): DistributedModelParallel on gloo ranks gives the unsharded model's pooled outputs, each rank
+    holding the rows of its block, and a backward step runs."""
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from neuroshard.sharding.planner.sharders import RowWiseSharder
+
+    sharders = [RowWiseSharder()]
+    model = TwoTowerModel("meta")
+    planner = make_planner(models_dir, world, mem_bytes, {}, {"user": 64})
+    plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+    dmp = DistributedModelParallel(model, plan=plan, device=torch.device("cpu"), sharders=sharders)
+    held = load_weights(dmp)
+    top, tower, expect = unsharded_outputs(rank, batch)
+    got = dmp(top, tower)
+    got.sum().backward()  # the fused kernel applies its optimizer in backward
+    types = {path: {n: ps.sharding_type for n, ps in module_plan.items()} for path, module_plan in plan.plan.items()}
+    emit((rank, float((got.detach() - expect).abs().max()), held, types,
+          planner.last_result.cost.cost_ms if rank == 0 else None))

@@ -5,10 +5,13 @@
   of `pooling_factors` (times `num_poolings` where given); a table without constraints gets TorchRec's
   default, 1.0 (`POOLING_FACTOR`), and a note says so. No ids are seen, so the reuse histogram is the
   published DLRM one (as for a table list without `bin_*` columns). Dims must be multiples of 4.
-- Sharding types: NeuroShard places tables whole (`table_wise`) or in column halves (`column_wise`); a
+- Sharding types: NeuroShard places tables whole (`table_wise`), in column halves (`column_wise`) or, where no
+  rank holds a table even in its narrowest column shard, in row blocks (`row_wise`, `row_wise.py`); a
   table that allows only table-wise is never split, one that allows only column-wise is handed out
-  column-wise (one block when the search keeps it whole), one that allows neither is refused. The
-  sharder's own sharding types count as well. Kernel: `fused`; a table excluding it is refused.
+  column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
+  that allows none of the three is refused. The sharder's own sharding types count as well (TorchRec's
+  sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). Kernel: `fused`; a table
+  excluding it is refused.
 - Storage: each shard the search can cut is counted as TorchRec counts it (`storage.StorageCounter`: weights,
   optimizer state, input and output buffers, on the planner's topology and batch); `check_fits` refuses a table
   whose narrowest allowed shard fits no rank's budget, before any search.
@@ -28,7 +31,9 @@ from ...core.costs import Cluster
 from ...data.features import can_split, table_size_gb
 from ...data.table_list import parse_table_rows
 from .storage import StorageCounter, planned_constraints
-from .types import COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, PlannedTable
+from .types import COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, PlannedTable
+
+PLACED = (TABLE_WISE, COLUMN_WISE, ROW_WISE)  # the sharding types NeuroShardPlanner places
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
 logger = logging.getLogger(__name__)
@@ -68,14 +73,15 @@ class EmbeddingBagEnumerator(Enumerator):
         where = PlannedTable(path, name, False, False).where
         c = self.constraints.get(name)
         wanted = getattr(c, "sharding_types", None)
-        allowed = {TABLE_WISE, COLUMN_WISE} & set(wanted or [TABLE_WISE, COLUMN_WISE])
+        allowed = set(PLACED) & set(wanted or PLACED)
         if not allowed:
-            raise UserError(f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow neither {TABLE_WISE} "
-                            f"nor {COLUMN_WISE}, the two NeuroShardPlanner places; add one of them")
+            raise UserError(f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow none of "
+                            f"{', '.join(PLACED)}, the sharding types NeuroShardPlanner places; add one of them")
         allowed &= set(sharder.sharding_types(self.device_type))
         if not allowed:
-            raise UserError(f"{where}: its sharder {type(sharder).__name__} offers neither {TABLE_WISE} nor {COLUMN_WISE} "
-                            f"on {self.device_type}; pass torchrec's EmbeddingBagCollectionSharder()")
+            raise UserError(f"{where}: its sharder {type(sharder).__name__} offers none of {', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} "
+                            f"on {self.device_type}; pass torchrec's EmbeddingBagCollectionSharder() (or "
+                            "neuroshard.sharding.planner.sharders.RowWiseSharder() for row_wise on cpu)")
         kernels = getattr(c, "compute_kernels", None)
         if kernels is not None and FUSED not in kernels:
             raise UserError(f"{where}: compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's cost "
@@ -97,7 +103,7 @@ class EmbeddingBagEnumerator(Enumerator):
             pooling = sum(f * n for f, n in zip(factors, counts))
         rows, dim = (int(x) for x in param.shape)
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
-                             min_width(c, where))
+                             min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE})
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
 
 
@@ -162,17 +168,24 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
         if not cluster.fits(need):
             how = f"even in column shards of {dim}" if dim < task.dims[t] else "whole"
             weights = size_text(float(table_size_gb(task.rows[t], dim)))
+            fixes = (["raise the topology's memory", "add ranks"] + (
+                [UVM_FIX] if memory_kind == "HBM" else []) if table.row_block >= 0 else
+                [*_narrower(table, dim), "raise the topology's memory", torchrec_fix(memory_kind)])
             raise NoRoom(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
                          f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "
-                         f"{reserved}", [*_narrower(table, dim), "raise the topology's memory",
-                                         torchrec_fix(memory_kind)])
+                         f"{reserved}", fixes)
+
+
+UVM_FIX = ("plan it with TorchRec's EmbeddingShardingPlanner, which can place tables on UVM caching "
+           "(NeuroShardPlanner does not price that)")
 
 
 def torchrec_fix(memory_kind: str) -> str:
-    """The fix NeuroShardPlanner cannot make itself: the sharding types and kernels it does not price."""
-    kinds = "row_wise or on UVM caching" if memory_kind == "HBM" else "row_wise (with a sharder that offers it on cpu)"
-    return (f"plan it with TorchRec's EmbeddingShardingPlanner, which can place tables {kinds} (NeuroShardPlanner does "
-            "not price those)")
+    """The fix NeuroShardPlanner cannot make itself: the kernels it does not price."""
+    if memory_kind == "HBM":
+        return f"allow row_wise in its ParameterConstraints, or {UVM_FIX}"
+    return ("allow row_wise in its ParameterConstraints and pass neuroshard.sharding.planner.sharders.RowWiseSharder() "
+            "as its sharder (TorchRec's offers row_wise on cuda only)")
 
 
 def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:

@@ -7,8 +7,9 @@ import re
 
 from ...core.errors import PlanError, UserError
 from ..plan import Placement
-from ..torchrec_baseline import shardings_placement
-from .types import COLUMN_WISE, TABLE_WISE, Enumeration
+from ..plan import plan_from_slices
+from ..torchrec_baseline import sharding_slices
+from .types import COLUMN_WISE, ROW_WISE, TABLE_WISE, Enumeration
 
 
 def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders,
@@ -23,18 +24,28 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
     except Exception as e:  # TorchRec's PlannerError: nothing fits its count of memory
         if "PlannerError" not in type(e).__name__:
             raise
-        return None, ("note: TorchRec's EmbeddingShardingPlanner finds no table_wise/column_wise plan of these tables "
+        return None, ("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables with the same sharding types "
                       f"within the same memory ({str(e).splitlines()[0][:160]}); the plans are compared without it")
-    index = {(t.module_path, t.name): i for i, t in enumerate(found.tables)}
-    shardings = []
+    index = {(t.module_path, t.name, max(t.row_block, 0)): i for i, t in enumerate(found.tables)}
+    shardings, blocks = [], {}
     for path, module_plan in plan.plan.items():
         for name, ps in module_plan.items():
-            t = index.get((path, name))
-            if t is None or ps.sharding_type not in (TABLE_WISE, COLUMN_WISE):
+            t = index.get((path, name, 0))
+            row_wise = t is not None and found.tables[t].row_block == 0
+            if t is None or ps.sharding_type != (ROW_WISE if row_wise else ps.sharding_type) or \
+                    ps.sharding_type not in (TABLE_WISE, COLUMN_WISE, ROW_WISE):
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
-            shardings.append((t, ps))
+            if not row_wise:
+                shardings.append((t, ps))
+                continue
+            for r, m in enumerate(ps.sharding_spec.shards):  # row block r on rank r, as `row_wise.row_blocks` cuts
+                if m.placement.rank() != r or (path, name, r) not in index:
+                    raise PlanError(f"TorchRec's planner put row block {r} of {path}.{name} on rank "
+                                    f"{m.placement.rank()}")
+                blocks[index[(path, name, r)]] = [(0, int(found.task.dims[t]), r)]
     try:
-        return shardings_placement(shardings, found.task.dims, topology.world_size), None
+        return plan_from_slices(found.task.dims, topology.world_size,
+                                {**sharding_slices(shardings, found.task.dims), **blocks}), None
     except PlanError as e:
         return None, (f"note: TorchRec's plan cuts column shards NeuroShard's cost models do not price ({e}); the plans "
                       "are compared without it")

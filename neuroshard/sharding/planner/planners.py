@@ -17,6 +17,10 @@ process: enumerate, widen the dim-sum thresholds once where a whole block needs 
 `collective_plan` plans on rank 0 and sends the result to every rank. Both return a TorchRec `ShardingPlan`
 built by `torchrec_export.to_torchrec_plan`.
 
+- Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings), and `row_wise` for a table no
+  rank holds even in its narrowest column shards (or that allows only it): its row blocks, one per rank, are
+  pinned to their ranks and the search places the rest around them (`row_wise.py`; on cpu the sharder must offer
+  it: `sharders.RowWiseSharder`).
 - Memory, as TorchRec counts it (`storage.py`): each shard's storage from TorchRec's own storage estimator
   (weights, optimizer state, input and output buffers) against each rank's HBM (its DDR when
   `compute_device="cpu"`) after the storage reservation TorchRec's planner makes (`storage_reservation=`,
@@ -70,7 +74,8 @@ from .arguments import (ModelArguments, checked_constraints, checked_search, pla
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
-from .types import (COLUMN_WISE, FUSED, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
+from .row_wise import needs_row_wise, with_row_blocks
+from .types import (COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
@@ -175,6 +180,7 @@ class NeuroShardPlanner:
             return self._torchrec_result(found, cluster, theirs, str(e))
 
     def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
+        found = with_row_blocks(found, needs_row_wise(found, cluster.fits), cluster.num_devices, self.memory_kind)
         try:
             check_fits(found, cluster, self.memory_kind, self._reserved_words())
             params, widened = fitting_thresholds(found.task, cluster.num_devices, self.search, found.no_split,
@@ -219,7 +225,7 @@ class NeuroShardPlanner:
         kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
                  for t in spec["tables"]}
         note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
-                f"do not price (row_wise, data_parallel and UVM kernels are not in its search yet): {why}")
+                f"do not price (data_parallel, table_row_wise and the UVM kernels are not in its search): {why}")
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
                              specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,
@@ -250,7 +256,7 @@ class NeuroShardPlanner:
         budget is not a candidate)."""
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
         theirs, missing = torchrec_plan(self.topology, self.batch_size, planned_constraints(self.constraints,
-                                        found.tables), self.storage_reservation, module, sharders, found)
+                                        found.tables, decided=True), self.storage_reservation, module, sharders, found)
 
         def fits(candidate: Placement) -> bool:
             return self._fits_exported(found, candidate, cluster)
@@ -359,23 +365,30 @@ class NeuroShardPlanner:
 
 
 def sharding_types(found: Enumeration, plan: Placement) -> list[str]:
-    """Per table, the sharding type TorchRec runs it in: column_wise for a split table and for a whole one that
-    must be (the step cost's groups, `ShardingTask.column_wise_shards`), else table_wise."""
+    """Per table (a row block counted as one), the sharding type TorchRec runs it in: row_wise for a row block,
+    column_wise for a split table and for a whole one that must be (the step cost's groups,
+    `ShardingTask.shard_groups`), else table_wise."""
     task, shard_tables = found.task, [s.table for s in plan.shards]
-    column_wise = np.zeros(len(found.tables), bool)
-    shard_cw = task.column_wise_shards(shard_tables, [s.dim for s in plan.shards]) > 0
-    np.logical_or.at(column_wise, shard_tables, shard_cw)
-    return [COLUMN_WISE if cw else TABLE_WISE for cw in column_wise]
+    group = np.zeros(len(found.tables), np.int64)
+    np.maximum.at(group, shard_tables, task.shard_groups(shard_tables, [s.dim for s in plan.shards]))
+    return [(TABLE_WISE, COLUMN_WISE, ROW_WISE)[g] for g in group]
 
 
 def module_specs(found: Enumeration, plan: Placement, kinds: list[str]) -> dict[str, dict]:
     """One `torchrec_export` plan spec per EmbeddingBagCollection (by module path), each table under its name in
-    its EBC and with its sharding type."""
+    its EBC and with its sharding type; the row blocks of a row-wise table are one entry whose shards carry their
+    row offsets and rows."""
     spec = plan_spec([t.qualified_name for t in found.tables], [r["rows"] for r in found.rows], found.task.dims, plan)
     specs: dict[str, dict] = {}
     for table, entry, kind in zip(found.tables, spec["tables"], kinds):
-        specs.setdefault(table.module_path, {**spec, "tables": []})["tables"].append(
-            {**entry, "name": table.name, "sharding_type": kind})
+        tables = specs.setdefault(table.module_path, {**spec, "tables": []})["tables"]
+        if table.row_block > 0:  # the next block of the entry its block 0 began
+            tables[-1]["shards"].append({**entry["shards"][0], "row_offset": tables[-1]["rows"], "rows": entry["rows"]})
+            tables[-1]["rows"] += entry["rows"]
+            continue
+        shards = ([{**entry["shards"][0], "row_offset": 0, "rows": entry["rows"]}] if table.row_block == 0
+                  else entry["shards"])
+        tables.append({**entry, "name": table.name, "sharding_type": kind, "shards": shards})
     return specs
 
 

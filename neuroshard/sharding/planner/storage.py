@@ -23,7 +23,7 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import halvings
 from ...data.tasks import ShardStorage
-from .types import COLUMN_WISE, FUSED, TABLE_WISE, PlannedTable
+from .types import COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, PlannedTable
 
 DEFAULT_RESERVATION = 0.15  # TorchRec's EmbeddingShardingPlanner(heuristical_storage_reservation_percentage=)
 
@@ -90,14 +90,20 @@ def reserved_budget(reservation, topology, batch_size: int, module, sharders, co
     return min(left) / 2**30
 
 
-def planned_constraints(constraints: dict, tables: list[PlannedTable]) -> dict:
-    """The caller's constraints with each table's sharding types cut to those NeuroShard places (table_wise and/or
-    column_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as given."""
+def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: bool = False) -> dict:
+    """The caller's constraints with each table's sharding types cut to those NeuroShard places (table_wise,
+    column_wise and/or row_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as
+    given. `decided`: `tables` holds the row blocks of the tables NeuroShard shards row-wise (`row_wise.py`), and
+    only those may go row-wise, and only row-wise (the plan TorchRec's planner makes of the same choice)."""
     from torchrec.distributed.planner import ParameterConstraints
 
     out = dict(constraints)
     for table in tables:
-        kinds = ([] if table.column_wise_only else [TABLE_WISE]) + ([COLUMN_WISE] if table.splittable else [])
+        if decided and table.row_block >= 0:
+            kinds = [ROW_WISE]
+        else:
+            kinds = ([] if table.column_wise_only or table.row_wise_only else [TABLE_WISE]) + (
+                [COLUMN_WISE] if table.splittable else []) + ([ROW_WISE] if table.row_wise and not decided else [])
         given = constraints.get(table.name)
         out[table.name] = (dataclasses.replace(given, sharding_types=kinds, compute_kernels=[FUSED]) if given is not None
                            else ParameterConstraints(sharding_types=kinds, compute_kernels=[FUSED]))
@@ -154,7 +160,7 @@ class StorageCounter:
                 counted = self.shards(table.module_path, table.name, kind, FUSED, [(int(rows[t]), width)])
                 if counted is not None:  # else a width the table may not take (table-wise only): fits no rank
                     gb[t, k] = getattr(counted[0], field) / 2**30
-            if not math.isfinite(gb[t, 0]):
+            if not math.isfinite(gb[t, 0]) and (table.module_path, table.name, ROW_WISE, FUSED) not in self.options:
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in "
                                 "its ParameterConstraints.compute_kernels")
         return ShardStorage(np.asarray(dims, np.int64), gb)

@@ -18,7 +18,7 @@ from ...data.tasks import ShardingTask
 from ..plan import Placement
 from ..search import Placements, ShardTable
 
-TABLE_WISE, COLUMN_WISE, FUSED = "table_wise", "column_wise", "fused"
+TABLE_WISE, COLUMN_WISE, ROW_WISE, FUSED = "table_wise", "column_wise", "row_wise", "fused"
 
 
 @dataclass
@@ -30,6 +30,9 @@ class PlannedTable:
     column_wise_only: bool    # table-wise forbidden: hand it out column-wise even when whole
     splittable: bool          # column-wise allowed (by the constraints and the sharder)
     min_width: int = 4        # the narrowest column shard allowed (ParameterConstraints.min_partition)
+    row_wise: bool = False    # row-wise allowed (by the constraints and the sharder)
+    row_wise_only: bool = False  # neither table-wise nor column-wise allowed: row-wise it is
+    row_block: int = -1       # this entry is row block r of a row-wise table, on rank r (`row_wise.py`); -1: whole
 
     def narrowest(self, dim: int) -> int:
         """The narrowest shard of this table (of `dim` columns) the search may cut: the smallest column halving of at
@@ -44,7 +47,8 @@ class PlannedTable:
 
     @property
     def where(self) -> str:
-        return f"table {self.name!r} of EmbeddingBagCollection {self.module_path or '<root>'!r}"
+        block = f"row block {self.row_block} of " if self.row_block >= 0 else ""
+        return f"{block}table {self.name!r} of EmbeddingBagCollection {self.module_path or '<root>'!r}"
 
 
 @dataclass
@@ -52,7 +56,7 @@ class Enumeration:
     """The enumerator's output: every table in TorchRec's walk order, its table-list row, the task."""
 
     tables: list[PlannedTable]
-    rows: list[dict]          # name (qualified), rows, dim, pooling_factor: what plan_spec takes
+    rows: list[dict]          # name (qualified), rows, dim, pooling_factor: what plan_spec takes (a row block's rows)
     task: ShardingTask
     no_split: frozenset[int]  # tables that stay whole (table-wise only, or min_partition)
     notes: list[str]          # defaulted pooling factors, fields the cost models do not price

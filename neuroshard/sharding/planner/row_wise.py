@@ -1,0 +1,102 @@
+"""Row-wise tables in NeuroShard's search: a table no rank holds even in its narrowest column shards (or one whose
+constraints allow only `row_wise`) is sharded row-wise, as TorchRec runs it: cut into `world` row blocks of
+`ceil(rows / world)` rows (the last ones smaller, TorchRec's `calculate_shard_sizes_and_offsets`), block r on rank
+r. The search sees each block as a table of its own, pinned to its rank (`ShardingTask.row_block`): its rows, the
+share of the table's lookups that falls in it (ids spread evenly over the rows), its storage as TorchRec's
+estimator counts a row-wise shard. The step cost prices the blocks as TorchRec's row-wise sharding group
+(`simulator.py`); the rest of the tables are placed around them.
+
+TorchRec's `EmbeddingBagCollectionSharder` offers `row_wise` on CUDA only; `sharders.RowWiseSharder` offers it on
+CPU too (and runs in `DistributedModelParallel` on gloo ranks).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ...core.errors import UserError
+from ...data.features import MIN_ROWS
+from ...data.tasks import ShardStorage
+from .types import FUSED, ROW_WISE, Enumeration
+
+
+def row_blocks(rows: int, world: int) -> list[tuple[int, int]]:
+    """(row offset, rows) of each of the `world` row blocks TorchRec cuts a table of `rows` rows into, block r on
+    rank r."""
+    import torch
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+
+    sizes, offsets = calculate_shard_sizes_and_offsets(torch.empty((int(rows), 1), device="meta"), world, world,
+                                                       ROW_WISE)
+    return [(int(o[0]), int(s[0])) for s, o in zip(sizes, offsets)]
+
+
+def needs_row_wise(found: Enumeration, fits) -> list[int]:
+    """The tables to shard row-wise: those that allow it and either allow nothing else or fit no rank (`fits(gb)`)
+    even in their narrowest column shard."""
+    task, out = found.task, []
+    for t, table in enumerate(found.tables):
+        if not table.row_wise:
+            continue
+        if table.row_wise_only or not fits(float(task.shard_sizes_gb([t], [table.narrowest(task.dims[t])])[0])):
+            out.append(t)
+    return out
+
+
+def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_kind: str) -> Enumeration:
+    """`found` with each table in `row_wise` replaced by its `world` row blocks (module docstring), in place; the
+    storage of a block is TorchRec's count of that row-wise shard."""
+    if not row_wise:
+        return found
+    if found.storage is None:
+        raise UserError("row-wise tables need the storage counter of NeuroShardPlanner's own enumerator; pass no "
+                        "enumerator= or one that sets Enumeration.storage")
+    task, field = found.task, "ddr" if memory_kind == "DDR" else "hbm"
+    tables, rows, origin, block_rows, block_of, block_gb = [], [], [], [], [], []
+    for t, table in enumerate(found.tables):
+        if t not in row_wise:
+            tables.append(table)
+            rows.append(found.rows[t])
+            origin.append(t)
+            block_rows.append(int(task.rows[t]))
+            block_of.append(-1)
+            block_gb.append(None)
+            continue
+        blocks = row_blocks(int(task.rows[t]), world)
+        counted = found.storage.shards(table.module_path, table.name, ROW_WISE, FUSED,
+                                       [(n, int(task.dims[t])) for _, n in blocks])
+        if counted is None:
+            raise UserError(f"{table.where}: TorchRec's enumerator gives it no {ROW_WISE} {FUSED} option; allow "
+                            f"{ROW_WISE!r} and {FUSED!r} in its ParameterConstraints")
+        for r, ((_, n), storage) in enumerate(zip(blocks, counted)):
+            tables.append(replace(table, row_block=r, splittable=False, column_wise_only=False))
+            rows.append({**found.rows[t], "rows": n})
+            origin.append(t)
+            block_rows.append(n)
+            block_of.append(r)
+            block_gb.append(getattr(storage, field) / 2**30)
+    origin_a, block_a = np.asarray(origin, np.int64), np.asarray(block_of, np.int64)
+    n_rows = np.asarray(block_rows, np.float64)
+    features = task.data_features[origin_a].copy()
+    is_block = block_a >= 0
+    share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), 1.0)
+    features[is_block, 0] = np.maximum(MIN_ROWS, n_rows[is_block])
+    features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups
+    storage = task.storage
+    if storage is not None:
+        gb = storage.gb[origin_a].copy()
+        for i, b in enumerate(block_gb):
+            if b is not None:  # a block is never cut into columns: those widths fit no rank
+                gb[i] = np.where(np.isnan(gb[i]), np.nan, np.inf)
+                gb[i, 0] = b
+        storage = ShardStorage(task.dims[origin_a], gb)
+    new_task = replace(task, table_ids=task.table_ids[origin_a], dims=task.dims[origin_a], data_features=features,
+                       num_rows=n_rows, column_wise=None if task.column_wise is None else
+                       np.asarray(task.column_wise, bool)[origin_a] & ~is_block,
+                       storage=storage, row_block=block_a)
+    no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or block_of[i] >= 0)
+    names = ", ".join(found.tables[t].qualified_name for t in row_wise)
+    note = (f"note: {len(row_wise)} table(s) sharded {ROW_WISE} in {world} row blocks (no rank holds them even in "
+            f"their narrowest column shards, or their constraints allow only {ROW_WISE}): {names}")
+    return replace(found, tables=tables, rows=rows, task=new_task, no_split=no_split, notes=found.notes + [note])
