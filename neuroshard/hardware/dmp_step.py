@@ -1,8 +1,10 @@
 """The engine's TorchRec step (DESIGN.md §3.7): a plan measured as TorchRec's own training step.
 
 `DMPStep` plugs into the measurement engine (`engine.EngineSettings(step=DMPStep)`). Its item is a
-`TorchRecItem`: a plan as `torchrec_export.plan_spec` describes it, and for each of its tables the dataset
-table whose ids it reads. On first sight of an item every rank builds, together, TorchRec's
+`TorchRecItem`: a plan as `torchrec_export.plan_spec` describes it (row-wise tables included) or as
+`planner.incumbent.parameter_specs` holds a TorchRec planner's plan (any sharding type), and for each of its
+tables the dataset table whose ids it reads. The sharder is `RowWiseSharder` (TorchRec's, with row_wise offered
+on cpu too). On first sight of an item every rank builds, together, TorchRec's
 `DistributedModelParallel` of an `EmbeddingBagCollection` of those tables, sharded by the exported plan
 (`to_torchrec_plan`, fused kernel, the update fused into backward: exact SGD, learning rate 0.01) and kept
 for the rounds that follow, or built again every `EngineSettings.rebuild_every` rounds: a build carries an
@@ -30,7 +32,7 @@ from ..core.intervals import paired_interval
 from ..core.optional_deps import require_torchrec
 from ..data.dataset import DLRMDataset
 from ..sharding.plan import Placement
-from ..sharding.torchrec_export import make_ebc, to_torchrec_plan
+from ..sharding.torchrec_export import SPEC_KIND, make_ebc, to_torchrec_plan
 from .comm_bench import gather_floats
 from .engine import EngineSettings, Step, round_cost
 from .launch import quiet_torchrec_logs
@@ -105,18 +107,25 @@ class DMPStep(Step):
         import torch
         import torch.distributed as dist
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.types import ShardingEnv
+        from torchrec.distributed.types import ShardingEnv, ShardingPlan as TorchRecShardingPlan
+
+        from ..sharding.planner.incumbent import from_parameter_specs
+        from ..sharding.planner.sharders import RowWiseSharder
 
         quiet_torchrec_logs()
         spec = json.loads(item.spec_json)
         device = torch.device(self.settings.hw.device)
-        sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,
-                                                              "learning_rate": LEARNING_RATE})
-        dmp = DistributedModelParallel(module=make_ebc(spec, "meta"), env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                       plan=to_torchrec_plan(spec, device_type=device.type, compute_kernel="fused"),
-                                       device=device, sharders=[sharder])
+        sharder = RowWiseSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE})
+        if spec.get("torchrec"):  # a TorchRec planner's plan as `incumbent.parameter_specs` holds it
+            module = make_ebc({"kind": SPEC_KIND, "world_size": self.world, "tables": [
+                {"name": t["name"], "rows": t["rows"], "dim": t["dim"],
+                 "shards": [{"col_offset": 0, "width": t["dim"], "rank": 0}]} for t in spec["tables"]]}, "meta")
+            plan = TorchRecShardingPlan({"": from_parameter_specs(spec, self.world)})
+        else:
+            module, plan = make_ebc(spec, "meta"), to_torchrec_plan(spec, device_type=device.type, compute_kernel="fused")
+        dmp = DistributedModelParallel(module=module, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                       plan=plan, device=device, sharders=[sharder])
         return dmp, self._inputs(spec, item.table_ids).to(device)
 
     def _step(self, dmp, kjt) -> None:

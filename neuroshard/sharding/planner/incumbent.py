@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 
 from ...core.errors import PlanError, UserError
-from ..plan import Placement
-from ..plan import plan_from_slices
+from ..plan import Placement, plan_from_slices
 from ..torchrec_baseline import sharding_slices
 from .types import COLUMN_WISE, ROW_WISE, TABLE_WISE, Enumeration
 

@@ -74,7 +74,7 @@ from .arguments import (ModelArguments, checked_constraints, checked_search, pla
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
-from .row_wise import needs_row_wise, with_row_blocks
+from .row_wise import more_row_wise, needs_row_wise, with_row_blocks
 from .types import (COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
@@ -180,15 +180,8 @@ class NeuroShardPlanner:
             return self._torchrec_result(found, cluster, theirs, str(e))
 
     def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
-        found = with_row_blocks(found, needs_row_wise(found, cluster.fits), cluster.num_devices, self.memory_kind)
         try:
-            check_fits(found, cluster, self.memory_kind, self._reserved_words())
-            params, widened = fitting_thresholds(found.task, cluster.num_devices, self.search, found.no_split,
-                                                 [t.qualified_name for t in found.tables])
-            t0 = time.perf_counter()
-            plan = self.proposer.propose(found.task, cluster, found.no_split, params, self.partitioner,
-                                         self.perf_model)
-            search_s = time.perf_counter() - t0
+            found, plan, widened, search_s = self._propose(found, cluster)
             compared = self._best_of(found, plan, cluster, module, sharders) if self.compare else None
             plan = compared[0] if compared else plan
             incumbent = compared[1] if compared else None
@@ -202,6 +195,24 @@ class NeuroShardPlanner:
                              self._notes(found, compared[2:] if compared else (), widened, cluster), cluster,
                              self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?",
                              incumbent)
+
+    def _propose(self, found: Enumeration, cluster: Cluster) -> tuple:
+        """(the tables as searched, the search's plan or None, the thresholds note, search seconds): the tables no
+        rank holds go row-wise (`row_wise.needs_row_wise`); while the search finds no plan, the largest table that
+        may go row-wise and has not is added to them and the search runs again."""
+        row_wise = needs_row_wise(found, cluster.fits)
+        spare = more_row_wise(found, row_wise)
+        t0 = time.perf_counter()
+        while True:
+            searched = with_row_blocks(found, row_wise, cluster.num_devices, self.memory_kind)
+            check_fits(searched, cluster, self.memory_kind, self._reserved_words())
+            params, widened = fitting_thresholds(searched.task, cluster.num_devices, self.search, searched.no_split,
+                                                 [t.qualified_name for t in searched.tables])
+            plan = self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
+                                         self.perf_model)
+            if plan is not None or not spare:
+                return searched, plan, widened, time.perf_counter() - t0
+            row_wise = sorted(row_wise + [spare.pop(0)])
 
     def _fits_exported(self, found: Enumeration, plan: Placement, cluster: Cluster) -> bool:
         """Whether `plan`, as exported to TorchRec, is within each rank's budget by TorchRec's storage estimator."""

@@ -1,7 +1,9 @@
 """Row-wise tables in NeuroShard's search: a table no rank holds even in its narrowest column shards (or one whose
 constraints allow only `row_wise`) is sharded row-wise, as TorchRec runs it: cut into `world` row blocks of
 `ceil(rows / world)` rows (the last ones smaller, TorchRec's `calculate_shard_sizes_and_offsets`), block r on rank
-r. The search sees each block as a table of its own, pinned to its rank (`ShardingTask.row_block`): its rows, the
+r. Where the search then finds no plan, the largest
+table that may go row-wise is added and the search runs again (`more_row_wise`). The search sees each block as a
+table of its own, pinned to its rank (`ShardingTask.row_block`): its rows, the
 share of the table's lookups that falls in it (ids spread evenly over the rows), its storage as TorchRec's
 estimator counts a row-wise shard. The step cost prices the blocks as TorchRec's row-wise sharding group
 (`simulator.py`); the rest of the tables are placed around them.
@@ -42,6 +44,15 @@ def needs_row_wise(found: Enumeration, fits) -> list[int]:
         if table.row_wise_only or not fits(float(task.shard_sizes_gb([t], [table.narrowest(task.dims[t])])[0])):
             out.append(t)
     return out
+
+
+def more_row_wise(found: Enumeration, row_wise: list[int]) -> list[int]:
+    """The tables that may go row-wise and are not in `row_wise`, the largest (storage whole, as counted) first:
+    the order in which `NeuroShardPlanner` shards more tables row-wise while its search finds no plan."""
+    task = found.task
+    rest = [t for t, table in enumerate(found.tables) if table.row_wise and t not in row_wise]
+    size = {t: float(task.shard_sizes_gb([t], [task.dims[t]])[0]) for t in rest}
+    return sorted(rest, key=lambda t: (-size[t] if np.isfinite(size[t]) else -np.inf, t))
 
 
 def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_kind: str) -> Enumeration:

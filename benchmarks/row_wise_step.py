@@ -1,0 +1,153 @@
+"""A table no rank holds: NeuroShardPlanner's row-wise plan against TorchRec's planner's, in DMP steps (issue 64).
+
+    python benchmarks/row_wise_step.py [--set criteo_kaggle] [--ddr_mb 36] [--rounds 12] [--models_dir models]
+
+The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
+EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
+constraints (TorchRec cuts no column shard narrower than 128 columns by default, so the sets' tables of 16-32
+columns stay whole either way), on `--ndevices` CPU ranks of `--ddr_mb` MB of DDR each (counted as TorchRec counts
+it, after its default storage reservation), so that the largest tables fit no rank. Both planners get the same
+topology, batch, constraints and sharder (`RowWiseSharder`: row_wise offered on cpu): `NeuroShardPlanner` with
+its defaults (its row-wise blocks for the tables no rank holds, the search around them, compared with TorchRec's
+plan of the same sharding types), and TorchRec's `EmbeddingShardingPlanner` as the user calls it (every sharding
+type the sharder offers). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
+`--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md, .json record beside it): each
+plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
+interval) and NeuroShard's predicted step against its measured one.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent))
+from common import SETS as SCALES, scaled_table_list  # noqa: E402
+from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
+from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
+from neuroshard.core.config import flag  # noqa: E402
+from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
+from neuroshard.core.intervals import paired_interval  # noqa: E402
+
+
+@dataclass
+class RowWiseStepConfig:
+    """NeuroShardPlanner's row-wise plan against TorchRec's in DMP steps (benchmarks/row_wise_step.py)."""
+
+    set: str = flag("criteo_kaggle", "table set of benchmarks/real_tables/")
+    ndevices: int = flag(4, "gloo CPU ranks (cost models for this many in --models_dir)")
+    ddr_mb: float = flag(36.0, "MB (2**20 bytes) of DDR per rank")
+    rounds: int = flag(12, "interleaved rounds of both plans")
+    warmup_iter: int = flag(2, "warm-up steps per plan per round")
+    num_iter: int = flag(5, "timed steps per plan per round (their median)")
+    models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt")
+    out: str = flag("results/row_wise_step.md", "the summary; its .json record beside it")
+
+    def check(self) -> "RowWiseStepConfig":
+        if self.set not in SCALES:
+            raise UserError(f"--set: unknown table set {self.set!r}; choose from {', '.join(SCALES)}")
+        check_int("--ndevices", self.ndevices, 2, 16)
+        check_float("--ddr_mb", self.ddr_mb, 0.0, 1e7, lo_open=True)
+        check_int("--rounds", self.rounds, 2, 1000)
+        check_int("--warmup_iter", self.warmup_iter, 0, 10_000)
+        check_int("--num_iter", self.num_iter, 1, 100_000)
+        check_output_file(self.out, "--out")
+        return self
+
+
+def plans(tl, a: RowWiseStepConfig, batch_per_rank: int):
+    """(NeuroShardPlanner's PlannerResult, its spec, TorchRec's plan as parameter specs) of the set's tables."""
+    import torch
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from neuroshard import NeuroShardPlanner
+    from neuroshard.sharding.planner.incumbent import parameter_specs, torchrec_full_plan
+    from neuroshard.sharding.planner.sharders import RowWiseSharder
+    from neuroshard.sharding.planner.storage import default_reservation
+
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=int(d), num_embeddings=int(r),
+                                                            feature_names=[n])
+                                         for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
+                                 device=torch.device("meta"))
+    constraints = {n: ParameterConstraints(pooling_factors=[float(p)], min_partition=int(d))
+                   for n, p, d in zip(tl.names, tl.task.pooling_factors, tl.task.dims)}
+    topology = Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.ddr_mb * 2**20))
+    sharders = [RowWiseSharder()]
+    planner = NeuroShardPlanner(topology, batch_size=batch_per_rank, constraints=constraints,
+                                models_dir=a.models_dir, debug=False)
+    planner.plan(ebc, sharders)
+    theirs = torchrec_full_plan(topology, batch_per_rank, constraints, default_reservation(), ebc, sharders)
+    if theirs is None:
+        raise UserError(f"TorchRec's planner finds no plan of {a.set} within {a.ddr_mb:g} MB a rank; raise --ddr_mb")
+    shapes = {("", n): (int(r), int(d)) for n, r, d in zip(tl.names, tl.rows, tl.task.dims)}
+    return planner.last_result, parameter_specs(theirs, shapes)[""]
+
+
+def kinds_text(spec: dict) -> str:
+    counts: dict = {}
+    for t in spec["tables"]:
+        counts[t["sharding_type"]] = counts.get(t["sharding_type"], 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+
+
+def run(a: RowWiseStepConfig) -> dict:
+    from neuroshard.data.table_list import load_table_list
+    from neuroshard.hardware.backends import resolve_hardware
+    from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
+    from neuroshard.hardware.engine import EngineSettings, measure_fixed
+    from neuroshard.planning.user_data import user_tables_dataset
+    from neuroshard.sharding.simulator import Simulator
+
+    sim = Simulator.from_files(a.models_dir, a.ndevices, None, required=True)
+    batch = int(sim.compute.meta.get("batch_size") or 4096)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = scaled_table_list(a.set, SCALES[a.set], Path(tmp) / f"{a.set}.json")
+        tl = load_table_list(path, 1e6)
+        ours, theirs = plans(tl, a, batch // a.ndevices)
+        if ours.plan is None:
+            raise UserError("NeuroShardPlanner handed out TorchRec's plan unchanged (none of its own fits); raise --ddr_mb")
+        spec = ours.specs[""]
+        theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: tl.names.index(t["name"]))}
+        ds = user_tables_dataset(tl, batch, 0, Path(tmp), None)
+        ids = np.arange(tl.task.num_tables)
+        items = [TorchRecItem.of(spec, ids), TorchRecItem.of(theirs, ids)]
+        settings = EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
+                                  step=DMPStep)
+        measured = measure_fixed(settings, items, a.ndevices, a.rounds)
+    mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in measured)
+    ratio = paired_interval(mine, torchrec)
+    predicted = float(ours.cost.cost_ms)
+    row = {"set": a.set, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb, "batch": batch, "rounds": a.rounds,
+           "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
+           "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
+           "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
+           "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine))}
+    return row
+
+
+def main(argv=None) -> None:
+    C = RowWiseStepConfig
+    a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
+    row = run(a)
+    text = (f"# NeuroShardPlanner (row-wise) against TorchRec's planner, DMP steps\n\n"
+            f"{row['set']}, {row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "
+            f"{row['rounds']} interleaved rounds\n\n"
+            f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
+            f"- TorchRec: {row['torchrec_types']}; median step {row['torchrec_ms']:.1f} ms\n"
+            f"- NeuroShard / TorchRec: {row['ratio']:.3f} [{row['ratio_lo']:.3f}, {row['ratio_hi']:.3f}] (paired, 95%)\n"
+            f"- NeuroShard's predicted step (uncalibrated) / measured: {row['predicted_over_measured']:.2f}\n")
+    print(text)
+    write_results(Path(a.out).with_suffix(".json"), [row], config=a.__dict__)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(text)
+
+
+if __name__ == "__main__":
+    run_main(main)
