@@ -59,6 +59,8 @@ class ShardingTask:
     row_block: np.ndarray | None = None  # [T] int: the rank holding this table, a row block of a table TorchRec shards
                                          # row-wise (block r on rank r; `NeuroShardPlanner`), -1 for a table the
                                          # search places; None: none
+    replica: np.ndarray | None = None    # [T] int: the rank holding this table, its replica of a table TorchRec runs
+                                         # data-parallel (`NeuroShardPlanner`), -1 for others; None: none
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -90,16 +92,25 @@ class ShardingTask:
 
     def shard_groups(self, tables, dims) -> np.ndarray:
         """Per shard (its table index and dim), the sharding group TorchRec runs it in (the step cost's groups,
-        `simulator.GROUPS`): 2 for a row block of a row-wise table, else `column_wise_shards`'s 1 or 0."""
+        `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table, else
+        `column_wise_shards`'s 1 or 0."""
+        tables = np.asarray(tables, np.int64)
         group = self.column_wise_shards(tables, dims)
         if self.row_block is not None:
-            group = np.where(np.asarray(self.row_block)[np.asarray(tables, np.int64)] >= 0, 2, group)
+            group = np.where(np.asarray(self.row_block)[tables] >= 0, 2, group)
+        if self.replica is not None:
+            group = np.where(np.asarray(self.replica)[tables] >= 0, 3, group)
         return group
 
     def pinned_ranks(self, tables) -> np.ndarray:
-        """Per shard (its table index), the rank it must go to (a row block's), or -1 where the search chooses."""
+        """Per shard (its table index), the rank it must go to (a row block's or a replica's), or -1 where the search
+        chooses."""
         tables = np.asarray(tables, np.int64)
-        return np.full(len(tables), -1, np.int64) if self.row_block is None else np.asarray(self.row_block)[tables]
+        out = np.full(len(tables), -1, np.int64)
+        for ranks in (self.row_block, self.replica):
+            if ranks is not None:
+                out = np.maximum(out, np.asarray(ranks)[tables])
+        return out
 
     def shard_sizes_gb(self, tables, dims) -> np.ndarray:
         """The memory (GB) each shard (its table index and dim) occupies on its rank: its fp32 weights, or what

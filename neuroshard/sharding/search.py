@@ -43,7 +43,7 @@ from ..core.costs import MEM_TOL_GB, Cluster, round_ms
 from ..data.features import can_split, halvings, input_words, smallest_shard_dim, with_dim
 from ..data.tasks import ShardingTask
 from .plan import Placement, apply_splits
-from .simulator import Simulator, group_sums
+from .simulator import Simulator, comm_widths, group_sums
 
 
 class ShardTable:
@@ -59,6 +59,7 @@ class ShardTable:
         self.single_cost = round_ms(sim.compute.head(self.emb))
         self.size = task.shard_sizes_gb(tables, dims)
         self.dim = dims.astype(np.float64)
+        self.comm_dim = comm_widths(task, tables, dims, sim.num_devices, sim.compute.meta.get("batch_size"))
         self.group = task.shard_groups(tables, dims)  # the shard's sharding group (`simulator.GROUPS`)
         self.pinned = task.pinned_ranks(tables)     # the rank a row block must go to; -1: the search chooses
         self.any_pinned = bool((self.pinned >= 0).any())
@@ -93,7 +94,7 @@ def simulated_costs(sim: Simulator, st: ShardTable, p: Placements) -> np.ndarray
     """The simulator's cost of each complete placement: its step cost (`Simulator.step_total_cost`) or the
     paper's (`Simulator.total_cost`), as `sim.cost` says."""
     if sim.cost == "step":
-        dims, words = group_sums(st.group[p.items], p.devices, st.dim[p.items], st.input_words[p.items],
+        dims, words = group_sums(st.group[p.items], p.devices, st.comm_dim[p.items], st.input_words[p.items],
                                  p.compute.shape[1])
         return sim.step_total_cost(p.compute, dims, words)[0]
     return sim.total_cost(p.compute, p.dim_sums)[0]

@@ -27,7 +27,11 @@ lookups (ids spread evenly over the rows) at the global batch; its input distrib
 (per sample 2 x the block's lookups + 2 words); its output is a reduce-scatter of every rank's partial sums
 (B x dim each), priced by the forward comm model as an all-to-all of dim columns from every rank, and its
 backward the all-gather of the gradients, by the backward model on the same dims. No collective of its own was
-measured for it: `--calibrate_dmp` fits the step to TorchRec's measured steps. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
+measured for it: `--calibrate_dmp` fits the step to TorchRec's measured steps. A data-parallel table (a small
+table `NeuroShardPlanner` replicates) is a fourth group: its replica r on rank r does rank r's share of the
+lookups (the local batch's), reads its own ids and keeps its output (no input distribution, no forward
+all-to-all), and its gradient is all-reduced, priced by the backward model as the all-to-all of the same floats
+per rank (`comm_widths`). `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
 forward all-to-alls. The paper's cost (`cost="paper"`) is the default (`PAPER_COST`); a user's planning
 defaults to the step cost (`USER_COST`).
 
@@ -74,7 +78,10 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
-GROUPS = ("table_wise", "column_wise", "row_wise")
+GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel")
+# per group: whether TorchRec moves its input and pooled output by all-to-all (a data-parallel table reads its
+# rank's own ids and keeps its output; only its gradient crosses ranks, in an all-reduce)
+ALL_TO_ALL = np.array([True, True, True, False])
 
 
 def check_cost(cost: str, name: str = "--cost") -> str:
@@ -225,16 +232,17 @@ class Simulator:
         dims, input_sums = dims[:, :used[-1] + 1 if len(used) else 1], input_sums[:, :used[-1] + 1 if len(used) else 1]
         P, G, N = dims.shape
         present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
+        a2a = ALL_TO_ALL[:G][None, :, None]                                           # [1, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
         inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
-        before = np.where(present, bw + inp, 0.0).sum(axis=1)                         # [P, N]
+        before = np.where(present, bw + np.where(a2a, inp, 0.0), 0.0).sum(axis=1)     # [P, N]
         ready = compute + before
         delays = ready - ready.min(axis=1, keepdims=True)
-        # the first group present waits for the last-ready rank; the groups after it start together
-        first = np.argmax(present[..., 0], axis=1)                                   # [P]
+        # the first all-to-all group present waits for the last-ready rank; the groups after it start together
+        first = np.argmax((present & a2a)[..., 0], axis=1)                           # [P]
         waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
         fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1))
-        fw = np.where(present, fw.reshape(P, G, N), 0.0).sum(axis=1)
+        fw = np.where(present & a2a, fw.reshape(P, G, N), 0.0).sum(axis=1)
         per_device = ready + fw  # (compute + bw) + fw, as Cost.per_device_ms adds them
         if self.step_fit is not None:
             per_device = self.step_fit.apply(per_device)
@@ -276,7 +284,7 @@ class Simulator:
             count[d] += 1
         compute = self.set_cost(sums, count)[None]
         if self.cost == "step":
-            dims, words = plan_group_sums(task, plan)
+            dims, words = plan_group_sums(task, plan, self.compute.meta.get("batch_size"))
             _, fw, bw = self.step_total_cost(compute, dims[None], words[None])
             return Cost(compute_ms=compute[0], fw_ms=fw[0], bw_ms=bw[0], step_fit=self.step_fit)
         else:
@@ -298,7 +306,10 @@ def _check_member(sim: Simulator, member: Simulator, folder) -> None:
                         f"delete {Path(folder).parent} and train the members again")
 
 
-def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np.ndarray]:
+DEFAULT_BATCH = 4096  # the global batch of the paper's cost data
+
+
+def plan_group_sums(task: ShardingTask, plan: Placement, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per sharding group (`GROUPS`) and device, the plan's dim sums and input words [G, N]: a split table's shards
     are column-wise, as `torchrec_export` exports them, and so is a whole table that must be; a row block is
     row-wise (`ShardingTask.shard_groups`)."""
@@ -306,15 +317,28 @@ def plan_group_sums(task: ShardingTask, plan: Placement) -> tuple[np.ndarray, np
     shard_dims = np.array([s.dim for s in plan.shards], np.int64)
     group = task.shard_groups(tables, shard_dims)
     dims, words = group_sums(group[None], np.asarray(plan.device_of, np.int64)[None],
-                             shard_dims[None].astype(np.float64), input_words(task.pooling_factors)[tables][None],
-                             plan.num_devices)
+                             comm_widths(task, tables, shard_dims, plan.num_devices, batch_size)[None],
+                             input_words(task.pooling_factors)[tables][None], plan.num_devices)
     return dims[0], words[0]
+
+
+def comm_widths(task: ShardingTask, tables, dims, num_devices: int, batch_size: int | None) -> np.ndarray:
+    """Per shard, its width in the comm models' unit (floats per sample of the global batch `batch_size`): its dim,
+    and for a replica of a data-parallel table the gradient its rank sends in a ring all-reduce, 2 (N - 1) / N x
+    rows x dim floats, over the batch (4,096 where the models do not say)."""
+    tables, out = np.asarray(tables, np.int64), np.asarray(dims, np.float64).copy()
+    if task.replica is not None:
+        dp = np.asarray(task.replica)[tables] >= 0
+        ring = 2.0 * (num_devices - 1) / num_devices
+        out[dp] = ring * task.rows[tables[dp]] * out[dp] / float(batch_size or DEFAULT_BATCH)
+    return out
 
 
 def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np.ndarray,
                num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
-    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise), device, dim and input
+    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise, 3 data-parallel), device,
+    width (`comm_widths`) and input
     words -> per placement, group and device the dim sums and input words ([P, G, N] each), added in shard order."""
     P, L = group.shape
     at = (np.repeat(np.arange(P), L), group.ravel(), device.ravel())

@@ -6,7 +6,8 @@ code) and what `read_torchrec_plan`, the file's one reader, gives back.
 `to_torchrec_plan(spec)` builds the TorchRec plan with TorchRec's own helpers: `table_wise(rank)`
 for a table in one piece, `column_wise(ranks=...)` for a split one, and the per-table step of
 `construct_module_sharding_plan` on each table's shape (no module is built); a `row_wise` entry
-(`NeuroShardPlanner`'s tables no rank holds) is TorchRec's `row_wise()`, its row blocks checked to be TorchRec's. A NeuroShard table may be
+(`NeuroShardPlanner`'s tables no rank holds) is TorchRec's `row_wise()`, its row blocks checked to be TorchRec's; a
+`data_parallel` entry (its replicated small tables) is TorchRec's `data_parallel()`, on its dense kernel. A NeuroShard table may be
 cut into halves of different widths (128 -> 64 + 32 + 32) while `column_wise` cuts equal blocks, so a split table is given as blocks of
 its narrowest shard's width, each on the rank of the shard that holds it: the same columns on the
 same ranks. Each table keeps the user's name as its feature name and in the spec; its TorchRec table
@@ -91,6 +92,12 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         if t.get("sharding_type") == "row_wise":
             _check_row_blocks(at, t, world)
             continue
+        if t.get("sharding_type") == "data_parallel":
+            if not isinstance(shards, list) or [(s.get("col_offset"), s.get("width"), s.get("rank")) if isinstance(
+                    s, dict) else None for s in shards] != [(0, dim, r) for r in range(world)]:
+                raise UserError(f"{at}: a data_parallel table needs a whole shard on every rank, in rank order "
+                                f"(col_offset 0, width {dim}, rank 0..{world - 1})")
+            continue
         if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
             raise UserError(f"{at}: shards must be a list of 1 to {dim} objects with col_offset, width and rank")
         cols = [0] * dim
@@ -106,8 +113,8 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         kind = t.get("sharding_type")  # NeuroShardPlanner's specs carry it; files written by shard_tables do not
         if kind is not None and (kind not in ("table_wise", "column_wise")
                                  or (kind == "table_wise" and len(shards) > 1)):
-            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise or row_wise, got "
-                            f"{kind!r}"[:300] + "; rewrite it with tools/shard_tables.py --torchrec_plan")
+            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise, row_wise or "
+                            f"data_parallel, got {kind!r}"[:300] + "; rewrite it with tools/shard_tables.py --torchrec_plan")
         narrow = min(s["width"] for s in shards)
         uneven = [s["width"] for s in shards if s["width"] % narrow]
         if uneven:
@@ -163,7 +170,7 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan as TorchRecShardingPlan
 
     check_spec(spec)
@@ -171,6 +178,8 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     for t in spec["tables"]:
         if t.get("sharding_type") == "row_wise":
             per_param[t["module_name"]] = row_wise(compute_kernel=compute_kernel)
+        elif t.get("sharding_type") == "data_parallel":  # TorchRec's dense kernel
+            per_param[t["module_name"]] = data_parallel()
         elif len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":
             per_param[t["module_name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
         else:

@@ -35,7 +35,7 @@ def planner(models, mem_bytes=10**6, kinds=None, pooling=None, device="cuda", re
     from neuroshard import NeuroShardPlanner
 
     kinds, pooling = kinds or {}, pooling or {}
-    constraints = {n: ParameterConstraints(pooling_factors=[pooling.get(n, pf)], sharding_types=kinds.get(n),
+    constraints = {n: ParameterConstraints(pooling_factors=[pooling.get(n, pf)], sharding_types=kinds.get(n, w.SHARDED),
                                            min_partition=(min_partition or {}).get(n)) for n, _, _, pf in ALL + WIDE}
     cap = {"hbm_cap": mem_bytes} if device == "cuda" else {"ddr_cap": mem_bytes}
     if not reserve:
@@ -395,19 +395,22 @@ def test_collective_plan_runs_in_distributed_model_parallel(models):
     assert set(specs) == {"top", "tower.ebc"}
 
 
-def test_a_table_no_rank_holds_goes_row_wise_in_distributed_model_parallel(models):
+def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(models):
     """2 gloo CPU ranks with `RowWiseSharder`: "user", kept whole by its min_partition and over a rank's budget,
-    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns), the other tables around it;
+    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns), the tables with fewer rows
+    than the global batch that may go data-parallel are replicated, the others placed around them;
     DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
     got = {}
-    run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), TIGHT, 6),
+    run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), 125_000, 6, {"geo": None, "tags": None}),
                   lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
     assert set(got) == {0, 1}
     for rank, (err, held, types, _) in got.items():
         assert err < 1e-5, (rank, err)
         assert types["top"]["user"] == "row_wise" and held["user"] == [(200 * rank, 200, 0, 64)], (rank, held)
-        assert {types["top"][n] for n in ("item", "geo")} | set(types["tower.ebc"].values()) <= {"table_wise",
-                                                                                                 "column_wise"}
+        # fewer rows than the global batch of 64 (the planner batch of 32 a rank, 2 ranks): replicated
+        assert types["top"]["geo"] == types["tower.ebc"]["tags"] == "data_parallel", types
+        assert held["geo"] == [(0, 30, 0, 8)] and held["tags"] == [(0, 60, 0, 16)], held
+        assert {types["top"]["item"], types["tower.ebc"]["history"]} <= {"table_wise", "column_wise"}
     assert got[0][3] > 0
 
 

@@ -8,6 +8,11 @@ TOP = [("user", 400, 64, 20.0), ("item", 120, 32, 4.0), ("geo", 30, 8, 1.0)]
 TOWER = [("history", 200, 32, 12.0), ("tags", 60, 16, 2.0)]
 
 
+# the sharding types the tests of sharded plans allow by default: not data_parallel, which NeuroShardPlanner picks
+# for these small tables (fewer rows than the global batch) and which `test_data_parallel...` tests on its own
+SHARDED = ["table_wise", "column_wise", "row_wise"]
+
+
 def configs(tables):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -62,6 +67,10 @@ def load_weights(dmp) -> dict:
         name = key.split(".")[-2]
         rows, dim = next((r, d) for n, r, d, _ in TOP + TOWER if n == name)
         full = weight(rows, dim, name)
+        if not hasattr(value, "local_shards"):  # a data-parallel table: a whole replica on every rank
+            value.copy_(full)
+            held.setdefault(name, []).append((0, rows, 0, dim))
+            continue
         for shard in value.local_shards():
             (r0, c0), (rs, cs) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
             shard.tensor.copy_(full[r0:r0 + rs, c0:c0 + cs])
@@ -96,7 +105,7 @@ def make_planner(models_dir, world, mem_bytes, kinds, min_partition=None):
 
     from neuroshard import NeuroShardPlanner
 
-    constraints = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=kinds.get(n),
+    constraints = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=kinds.get(n, SHARDED),
                                            min_partition=(min_partition or {}).get(n)) for n, _, _, pf in TOP + TOWER}
     topology = Topology(world_size=world, compute_device="cpu", ddr_cap=mem_bytes)
     return NeuroShardPlanner(topology=topology, constraints=constraints, models_dir=models_dir,
@@ -137,10 +146,11 @@ def dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, kinds, bad_k
     emit((rank, errors, float((got - expect).abs().max()), tuple(got.shape), held, types, specs))
 
 
-def row_wise_dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, batch):
+def row_wise_dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, batch, kinds):
     """"user" kept whole by its min_partition and too big for one rank goes row-wise (`RowWiseSharder` offers
-    row_wise on cpu): DistributedModelParallel on gloo ranks gives the unsharded model's pooled outputs, each rank
-    holding the rows of its block, and a backward step runs."""
+    row_wise on cpu), and the tables `kinds` allows every type may go data-parallel: DistributedModelParallel on
+    gloo ranks gives the unsharded model's pooled outputs, each rank holding the rows of its block, and a backward
+    step runs."""
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
@@ -148,7 +158,7 @@ def row_wise_dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, bat
 
     sharders = [RowWiseSharder()]
     model = TwoTowerModel("meta")
-    planner = make_planner(models_dir, world, mem_bytes, {}, {"user": 64})
+    planner = make_planner(models_dir, world, mem_bytes, kinds, {"user": 64})
     plan = planner.collective_plan(model, sharders, dist.group.WORLD)
     dmp = DistributedModelParallel(model, plan=plan, device=torch.device("cpu"), sharders=sharders)
     held = load_weights(dmp)

@@ -10,8 +10,9 @@
   table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
   that allows none of the three is refused. The sharder's own sharding types count as well (TorchRec's
-  sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). Kernel: `fused`; a table
-  excluding it is refused.
+  sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
+  `dense` kernel) is allowed where the constraints, the sharder and the kernels allow it (`row_wise.py` picks the
+  small tables that run so). Kernel: `fused`; a table excluding it is refused.
 - Storage: each shard the search can cut is counted as TorchRec counts it (`storage.StorageCounter`: weights,
   optimizer state, input and output buffers, on the planner's topology and batch); `check_fits` refuses a table
   whose narrowest allowed shard fits no rank's budget, before any search.
@@ -31,7 +32,8 @@ from ...core.costs import Cluster
 from ...data.features import can_split, table_size_gb
 from ...data.table_list import parse_table_rows
 from .storage import StorageCounter, planned_constraints
-from .types import COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, PlannedTable
+from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator,
+                    PlannedTable)
 
 PLACED = (TABLE_WISE, COLUMN_WISE, ROW_WISE)  # the sharding types NeuroShardPlanner places
 
@@ -86,6 +88,8 @@ class EmbeddingBagEnumerator(Enumerator):
         if kernels is not None and FUSED not in kernels:
             raise UserError(f"{where}: compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's cost "
                             f"models measure; allow {FUSED!r} or plan the model with EmbeddingShardingPlanner")
+        data_parallel = DATA_PARALLEL in set(wanted or [DATA_PARALLEL]) and DATA_PARALLEL in sharder.sharding_types(
+            self.device_type) and (kernels is None or DENSE in kernels)
         refuse_unplanned_fields(c, where, self.device_type, self.batch_size)
         pooling = DEFAULT_POOLING_FACTOR
         if c is not None:
@@ -103,7 +107,8 @@ class EmbeddingBagEnumerator(Enumerator):
             pooling = sum(f * n for f, n in zip(factors, counts))
         rows, dim = (int(x) for x in param.shape)
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
-                             min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE})
+                             min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE},
+                             data_parallel=data_parallel)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
 
 
@@ -169,7 +174,7 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
             how = f"even in column shards of {dim}" if dim < task.dims[t] else "whole"
             weights = size_text(float(table_size_gb(task.rows[t], dim)))
             fixes = (["raise the topology's memory", "add ranks"] + (
-                [UVM_FIX] if memory_kind == "HBM" else []) if table.row_block >= 0 else
+                [UVM_FIX] if memory_kind == "HBM" else []) if table.row_block >= 0 or table.replica >= 0 else
                 [*_narrower(table, dim), "raise the topology's memory", torchrec_fix(memory_kind)])
             raise NoRoom(f"{table.where} needs {size_text(need)} {how} as TorchRec counts its storage (weights "
                          f"{weights}), more than one rank's {size_text(cluster.max_mem_gb)} of {memory_kind} "

@@ -8,7 +8,7 @@ import re
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from ..torchrec_baseline import sharding_slices
-from .types import COLUMN_WISE, ROW_WISE, TABLE_WISE, Enumeration
+from .types import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, Enumeration
 
 
 def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders,
@@ -25,26 +25,28 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
             raise
         return None, ("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables with the same sharding types "
                       f"within the same memory ({str(e).splitlines()[0][:160]}); the plans are compared without it")
-    index = {(t.module_path, t.name, max(t.row_block, 0)): i for i, t in enumerate(found.tables)}
-    shardings, blocks = [], {}
+    index = {(t.module_path, t.name, max(t.row_block, t.replica, 0)): i for i, t in enumerate(found.tables)}
+    shardings, pinned = [], {}
     for path, module_plan in plan.plan.items():
         for name, ps in module_plan.items():
             t = index.get((path, name, 0))
-            row_wise = t is not None and found.tables[t].row_block == 0
-            if t is None or ps.sharding_type != (ROW_WISE if row_wise else ps.sharding_type) or \
-                    ps.sharding_type not in (TABLE_WISE, COLUMN_WISE, ROW_WISE):
+            table = found.tables[t] if t is not None else None
+            kind = None if table is None else (ROW_WISE if table.row_block == 0 else DATA_PARALLEL if table.replica == 0
+                                               else ps.sharding_type)
+            if table is None or ps.sharding_type != kind or kind not in (TABLE_WISE, COLUMN_WISE, ROW_WISE,
+                                                                          DATA_PARALLEL):
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
-            if not row_wise:
+            if kind in (TABLE_WISE, COLUMN_WISE):
                 shardings.append((t, ps))
                 continue
-            for r, m in enumerate(ps.sharding_spec.shards):  # row block r on rank r, as `row_wise.row_blocks` cuts
-                if m.placement.rank() != r or (path, name, r) not in index:
-                    raise PlanError(f"TorchRec's planner put row block {r} of {path}.{name} on rank "
-                                    f"{m.placement.rank()}")
-                blocks[index[(path, name, r)]] = [(0, int(found.task.dims[t]), r)]
+            ranks = ([m.placement.rank() for m in ps.sharding_spec.shards] if kind == ROW_WISE else list(ps.ranks or []))
+            if ranks != list(range(topology.world_size)):  # block or replica r on rank r, as `row_wise.py` has them
+                raise PlanError(f"TorchRec's planner put {path}.{name} ({kind}) on ranks {ranks}")
+            for r in ranks:
+                pinned[index[(path, name, r)]] = [(0, int(found.task.dims[t]), r)]
     try:
         return plan_from_slices(found.task.dims, topology.world_size,
-                                {**sharding_slices(shardings, found.task.dims), **blocks}), None
+                                {**sharding_slices(shardings, found.task.dims), **pinned}), None
     except PlanError as e:
         return None, (f"note: TorchRec's plan cuts column shards NeuroShard's cost models do not price ({e}); the plans "
                       "are compared without it")

@@ -20,7 +20,8 @@ built by `torchrec_export.to_torchrec_plan`.
 - Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings), and `row_wise` for a table no
   rank holds even in its narrowest column shards (or that allows only it): its row blocks, one per rank, are
   pinned to their ranks and the search places the rest around them (`row_wise.py`; on cpu the sharder must offer
-  it: `sharders.RowWiseSharder`).
+  it: `sharders.RowWiseSharder`); under the step cost, `data_parallel` for a small table whose gradient all-reduce
+  moves fewer floats than its output's all-to-all (a replica pinned to every rank).
 - Memory, as TorchRec counts it (`storage.py`): each shard's storage from TorchRec's own storage estimator
   (weights, optimizer state, input and output buffers) against each rank's HBM (its DDR when
   `compute_device="cpu"`) after the storage reservation TorchRec's planner makes (`storage_reservation=`,
@@ -74,8 +75,8 @@ from .arguments import (ModelArguments, checked_constraints, checked_search, pla
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
-from .row_wise import more_row_wise, needs_row_wise, with_row_blocks
-from .types import (COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
+from .row_wise import data_parallel_tables, more_row_wise, needs_row_wise, with_row_blocks
+from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
@@ -198,13 +199,18 @@ class NeuroShardPlanner:
 
     def _propose(self, found: Enumeration, cluster: Cluster) -> tuple:
         """(the tables as searched, the search's plan or None, the thresholds note, search seconds): the tables no
-        rank holds go row-wise (`row_wise.needs_row_wise`); while the search finds no plan, the largest table that
-        may go row-wise and has not is added to them and the search runs again."""
+        rank holds go row-wise (`row_wise.needs_row_wise`), the small ones data-parallel under the step cost
+        (`row_wise.data_parallel_tables`); while the search finds no plan, the largest table that may go row-wise
+        and has not is added to them and the search runs again."""
         row_wise = needs_row_wise(found, cluster.fits)
         spare = more_row_wise(found, row_wise)
+        N = cluster.num_devices
+        replicated = data_parallel_tables(found, row_wise, N, self.batch_size * N) if self.simulator.cost == "step" \
+            else []
         t0 = time.perf_counter()
         while True:
-            searched = with_row_blocks(found, row_wise, cluster.num_devices, self.memory_kind)
+            replicated = [t for t in replicated if t not in row_wise]
+            searched = with_row_blocks(found, row_wise, N, self.memory_kind, replicated)
             check_fits(searched, cluster, self.memory_kind, self._reserved_words())
             params, widened = fitting_thresholds(searched.task, cluster.num_devices, self.search, searched.no_split,
                                                  [t.qualified_name for t in searched.tables])
@@ -382,17 +388,20 @@ def sharding_types(found: Enumeration, plan: Placement) -> list[str]:
     task, shard_tables = found.task, [s.table for s in plan.shards]
     group = np.zeros(len(found.tables), np.int64)
     np.maximum.at(group, shard_tables, task.shard_groups(shard_tables, [s.dim for s in plan.shards]))
-    return [(TABLE_WISE, COLUMN_WISE, ROW_WISE)[g] for g in group]
+    return [(TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)[g] for g in group]
 
 
 def module_specs(found: Enumeration, plan: Placement, kinds: list[str]) -> dict[str, dict]:
     """One `torchrec_export` plan spec per EmbeddingBagCollection (by module path), each table under its name in
     its EBC and with its sharding type; the row blocks of a row-wise table are one entry whose shards carry their
-    row offsets and rows."""
+    row offsets and rows, the replicas of a data-parallel table one entry with a whole shard on every rank."""
     spec = plan_spec([t.qualified_name for t in found.tables], [r["rows"] for r in found.rows], found.task.dims, plan)
     specs: dict[str, dict] = {}
     for table, entry, kind in zip(found.tables, spec["tables"], kinds):
         tables = specs.setdefault(table.module_path, {**spec, "tables": []})["tables"]
+        if table.replica > 0:  # the next replica of the entry its replica 0 began
+            tables[-1]["shards"].append(entry["shards"][0])
+            continue
         if table.row_block > 0:  # the next block of the entry its block 0 began
             tables[-1]["shards"].append({**entry["shards"][0], "row_offset": tables[-1]["rows"], "rows": entry["rows"]})
             tables[-1]["rows"] += entry["rows"]

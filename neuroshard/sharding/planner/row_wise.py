@@ -8,6 +8,10 @@ share of the table's lookups that falls in it (ids spread evenly over the rows),
 estimator counts a row-wise shard. The step cost prices the blocks as TorchRec's row-wise sharding group
 (`simulator.py`); the rest of the tables are placed around them.
 
+A small table runs data-parallel (`data_parallel_tables`, under the step cost) when its gradient all-reduce moves
+fewer floats per rank than its pooled output's all-to-all: a replica pinned to every rank (`ShardingTask.replica`)
+doing that rank's share of the lookups (its local batch's), its storage as TorchRec counts a replica.
+
 TorchRec's `EmbeddingBagCollectionSharder` offers `row_wise` on CUDA only; `sharders.RowWiseSharder` offers it on
 CPU too (and runs in `DistributedModelParallel` on gloo ranks).
 """
@@ -20,7 +24,7 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import MIN_ROWS
 from ...data.tasks import ShardStorage
-from .types import FUSED, ROW_WISE, Enumeration
+from .types import DATA_PARALLEL, DENSE, FUSED, ROW_WISE, Enumeration
 
 
 def row_blocks(rows: int, world: int) -> list[tuple[int, int]]:
@@ -55,23 +59,47 @@ def more_row_wise(found: Enumeration, row_wise: list[int]) -> list[int]:
     return sorted(rest, key=lambda t: (-size[t] if np.isfinite(size[t]) else -np.inf, t))
 
 
-def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_kind: str) -> Enumeration:
-    """`found` with each table in `row_wise` replaced by its `world` row blocks (module docstring), in place; the
-    storage of a block is TorchRec's count of that row-wise shard."""
-    if not row_wise:
+def data_parallel_tables(found: Enumeration, row_wise: list[int], world: int, batch_size: int) -> list[int]:
+    """The tables to run data-parallel: those that allow it, are not row-wise, and whose gradient all-reduce moves
+    fewer floats per rank than their pooled output's all-to-all (2 (N - 1) / N x rows < the global batch)."""
+    ring = 2.0 * (world - 1) / world
+    return [t for t, table in enumerate(found.tables) if table.data_parallel and t not in row_wise
+            and ring * float(found.task.rows[t]) < batch_size]
+
+
+def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_kind: str,
+                    data_parallel: list[int] = ()) -> Enumeration:
+    """`found` with each table in `row_wise` replaced by its `world` row blocks and each in `data_parallel` by its
+    `world` replicas (module docstring), in place; the storage of a block or replica is TorchRec's count of that
+    shard."""
+    if not row_wise and not data_parallel:
         return found
     if found.storage is None:
         raise UserError("row-wise tables need the storage counter of NeuroShardPlanner's own enumerator; pass no "
                         "enumerator= or one that sets Enumeration.storage")
     task, field = found.task, "ddr" if memory_kind == "DDR" else "hbm"
-    tables, rows, origin, block_rows, block_of, block_gb = [], [], [], [], [], []
+    tables, rows, origin, block_rows, block_of, block_gb, replica_of = [], [], [], [], [], [], []
     for t, table in enumerate(found.tables):
+        if t in data_parallel:
+            counted = found.storage.shards(table.module_path, table.name, DATA_PARALLEL, DENSE, None)
+            if counted is None or len(counted) != world:
+                raise UserError(f"{table.where}: TorchRec's enumerator gives it no {DATA_PARALLEL} {DENSE} option")
+            for r, storage in enumerate(counted):
+                tables.append(replace(table, replica=r, splittable=False, column_wise_only=False))
+                rows.append(found.rows[t])
+                origin.append(t)
+                block_rows.append(int(task.rows[t]))
+                block_of.append(-1)
+                replica_of.append(r)
+                block_gb.append(getattr(storage, field) / 2**30)
+            continue
         if t not in row_wise:
             tables.append(table)
             rows.append(found.rows[t])
             origin.append(t)
             block_rows.append(int(task.rows[t]))
             block_of.append(-1)
+            replica_of.append(-1)
             block_gb.append(None)
             continue
         blocks = row_blocks(int(task.rows[t]), world)
@@ -86,14 +114,16 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
             origin.append(t)
             block_rows.append(n)
             block_of.append(r)
+            replica_of.append(-1)
             block_gb.append(getattr(storage, field) / 2**30)
     origin_a, block_a = np.asarray(origin, np.int64), np.asarray(block_of, np.int64)
+    replica_a = np.asarray(replica_of, np.int64)
     n_rows = np.asarray(block_rows, np.float64)
     features = task.data_features[origin_a].copy()
     is_block = block_a >= 0
-    share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), 1.0)
+    share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), np.where(replica_a >= 0, 1.0 / world, 1.0))
     features[is_block, 0] = np.maximum(MIN_ROWS, n_rows[is_block])
-    features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups
+    features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups, the replica's local batch's
     storage = task.storage
     if storage is not None:
         gb = storage.gb[origin_a].copy()
@@ -104,10 +134,17 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
         storage = ShardStorage(task.dims[origin_a], gb)
     new_task = replace(task, table_ids=task.table_ids[origin_a], dims=task.dims[origin_a], data_features=features,
                        num_rows=n_rows, column_wise=None if task.column_wise is None else
-                       np.asarray(task.column_wise, bool)[origin_a] & ~is_block,
-                       storage=storage, row_block=block_a)
-    no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or block_of[i] >= 0)
-    names = ", ".join(found.tables[t].qualified_name for t in row_wise)
-    note = (f"note: {len(row_wise)} table(s) sharded {ROW_WISE} in {world} row blocks (no rank holds them even in "
-            f"their narrowest column shards, or their constraints allow only {ROW_WISE}): {names}")
-    return replace(found, tables=tables, rows=rows, task=new_task, no_split=no_split, notes=found.notes + [note])
+                       np.asarray(task.column_wise, bool)[origin_a] & ~is_block & (replica_a < 0),
+                       storage=storage, row_block=block_a, replica=replica_a)
+    no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or block_of[i] >= 0
+                         or replica_of[i] >= 0)
+    notes = []
+    if row_wise:
+        notes.append(f"note: {len(row_wise)} table(s) sharded {ROW_WISE} in {world} row blocks (no rank holds them "
+                     f"even in their narrowest column shards, their constraints allow only {ROW_WISE}, or the search "
+                     f"found no plan without): {', '.join(found.tables[t].qualified_name for t in row_wise)}")
+    if data_parallel:
+        notes.append(f"note: {len(data_parallel)} small table(s) run {DATA_PARALLEL} (a replica on every rank: their "
+                     "gradient all-reduce moves fewer floats than their pooled output's all-to-all): "
+                     f"{', '.join(found.tables[t].qualified_name for t in data_parallel)}")
+    return replace(found, tables=tables, rows=rows, task=new_task, no_split=no_split, notes=found.notes + notes)

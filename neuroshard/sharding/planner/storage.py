@@ -23,7 +23,7 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import halvings
 from ...data.tasks import ShardStorage
-from .types import COLUMN_WISE, FUSED, ROW_WISE, TABLE_WISE, PlannedTable
+from .types import COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_WISE, PlannedTable
 
 DEFAULT_RESERVATION = 0.15  # TorchRec's EmbeddingShardingPlanner(heuristical_storage_reservation_percentage=)
 
@@ -93,20 +93,26 @@ def reserved_budget(reservation, topology, batch_size: int, module, sharders, co
 def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: bool = False) -> dict:
     """The caller's constraints with each table's sharding types cut to those NeuroShard places (table_wise,
     column_wise and/or row_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as
-    given. `decided`: `tables` holds the row blocks of the tables NeuroShard shards row-wise (`row_wise.py`), and
-    only those may go row-wise, and only row-wise (the plan TorchRec's planner makes of the same choice)."""
+    given (data_parallel on TorchRec's `dense` kernel). `decided`: `tables` holds the row blocks of the tables
+    NeuroShard shards row-wise and the replicas of those it runs data-parallel (`row_wise.py`), and only those may go
+    row-wise or data-parallel, and only so (the plan TorchRec's planner makes of the same choice)."""
     from torchrec.distributed.planner import ParameterConstraints
 
     out = dict(constraints)
     for table in tables:
+        kernels = [FUSED]
         if decided and table.row_block >= 0:
             kinds = [ROW_WISE]
+        elif decided and table.replica >= 0:
+            kinds, kernels = [DATA_PARALLEL], [DENSE]
         else:
             kinds = ([] if table.column_wise_only or table.row_wise_only else [TABLE_WISE]) + (
                 [COLUMN_WISE] if table.splittable else []) + ([ROW_WISE] if table.row_wise and not decided else [])
+            if table.data_parallel and not decided:
+                kinds, kernels = kinds + [DATA_PARALLEL], [FUSED, DENSE]
         given = constraints.get(table.name)
-        out[table.name] = (dataclasses.replace(given, sharding_types=kinds, compute_kernels=[FUSED]) if given is not None
-                           else ParameterConstraints(sharding_types=kinds, compute_kernels=[FUSED]))
+        out[table.name] = (dataclasses.replace(given, sharding_types=kinds, compute_kernels=kernels)
+                           if given is not None else ParameterConstraints(sharding_types=kinds, compute_kernels=kernels))
     return out
 
 

@@ -18,7 +18,8 @@ from ...data.tasks import ShardingTask
 from ..plan import Placement
 from ..search import Placements, ShardTable
 
-TABLE_WISE, COLUMN_WISE, ROW_WISE, FUSED = "table_wise", "column_wise", "row_wise", "fused"
+TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", "row_wise", "data_parallel"
+FUSED, DENSE = "fused", "dense"  # the kernels: fused for sharded tables, dense for data-parallel ones (TorchRec's)
 
 
 @dataclass
@@ -33,6 +34,8 @@ class PlannedTable:
     row_wise: bool = False    # row-wise allowed (by the constraints and the sharder)
     row_wise_only: bool = False  # neither table-wise nor column-wise allowed: row-wise it is
     row_block: int = -1       # this entry is row block r of a row-wise table, on rank r (`row_wise.py`); -1: whole
+    data_parallel: bool = False  # data-parallel allowed (by the constraints, the sharder and the dense kernel)
+    replica: int = -1         # this entry is rank r's replica of a data-parallel table (`row_wise.py`); -1: not one
 
     def narrowest(self, dim: int) -> int:
         """The narrowest shard of this table (of `dim` columns) the search may cut: the smallest column halving of at
@@ -47,7 +50,8 @@ class PlannedTable:
 
     @property
     def where(self) -> str:
-        block = f"row block {self.row_block} of " if self.row_block >= 0 else ""
+        block = (f"row block {self.row_block} of " if self.row_block >= 0 else
+                 f"replica {self.replica} of " if self.replica >= 0 else "")
         return f"{block}table {self.name!r} of EmbeddingBagCollection {self.module_path or '<root>'!r}"
 
 

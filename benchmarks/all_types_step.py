@@ -1,15 +1,16 @@
-"""A table no rank holds: NeuroShardPlanner's row-wise plan against TorchRec's planner's, in DMP steps (issue 64).
+"""NeuroShardPlanner against TorchRec's planner, every sharding type either places, in DMP steps (issue 64).
 
-    python benchmarks/row_wise_step.py [--set criteo_kaggle] [--ddr_mb 36] [--rounds 12] [--models_dir models]
+    python benchmarks/all_types_step.py [--set criteo_kaggle] [--ddr_mb 35] [--rounds 12] [--models_dir models]
 
 The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
 EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
 constraints (TorchRec cuts no column shard narrower than 128 columns by default, so the sets' tables of 16-32
 columns stay whole either way), on `--ndevices` CPU ranks of `--ddr_mb` MB of DDR each (counted as TorchRec counts
-it, after its default storage reservation), so that the largest tables fit no rank. Both planners get the same
+it, after its default storage reservation): small enough that the largest tables fit no rank, or as large as a
+user's ranks. Both planners get the same
 topology, batch, constraints and sharder (`RowWiseSharder`: row_wise offered on cpu): `NeuroShardPlanner` with
-its defaults (its row-wise blocks for the tables no rank holds, the search around them, compared with TorchRec's
-plan of the same sharding types), and TorchRec's `EmbeddingShardingPlanner` as the user calls it (every sharding
+its defaults (row-wise blocks for the tables no rank holds, replicas of the small tables, the search around them,
+compared with TorchRec's plan of the same sharding types), and TorchRec's `EmbeddingShardingPlanner` as the user calls it (every sharding
 type the sharder offers). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
 `--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md, .json record beside it): each
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
@@ -36,8 +37,8 @@ from neuroshard.core.intervals import paired_interval  # noqa: E402
 
 
 @dataclass
-class RowWiseStepConfig:
-    """NeuroShardPlanner's row-wise plan against TorchRec's in DMP steps (benchmarks/row_wise_step.py)."""
+class AllTypesStepConfig:
+    """NeuroShardPlanner against TorchRec's planner, every sharding type, in DMP steps (benchmarks/all_types_step.py)."""
 
     set: str = flag("criteo_kaggle", "table set of benchmarks/real_tables/")
     ndevices: int = flag(4, "gloo CPU ranks (cost models for this many in --models_dir)")
@@ -46,9 +47,9 @@ class RowWiseStepConfig:
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
     models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt")
-    out: str = flag("results/row_wise_step.md", "the summary; its .json record beside it")
+    out: str = flag("results/all_types_step.md", "the summary; its .json record beside it")
 
-    def check(self) -> "RowWiseStepConfig":
+    def check(self) -> "AllTypesStepConfig":
         if self.set not in SCALES:
             raise UserError(f"--set: unknown table set {self.set!r}; choose from {', '.join(SCALES)}")
         check_int("--ndevices", self.ndevices, 2, 16)
@@ -60,7 +61,7 @@ class RowWiseStepConfig:
         return self
 
 
-def plans(tl, a: RowWiseStepConfig, batch_per_rank: int):
+def plans(tl, a: AllTypesStepConfig, batch_per_rank: int):
     """(NeuroShardPlanner's PlannerResult, its spec, TorchRec's plan as parameter specs) of the set's tables."""
     import torch
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -97,7 +98,7 @@ def kinds_text(spec: dict) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
-def run(a: RowWiseStepConfig) -> dict:
+def run(a: AllTypesStepConfig) -> dict:
     from neuroshard.data.table_list import load_table_list
     from neuroshard.hardware.backends import resolve_hardware
     from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
@@ -133,10 +134,10 @@ def run(a: RowWiseStepConfig) -> dict:
 
 
 def main(argv=None) -> None:
-    C = RowWiseStepConfig
+    C = AllTypesStepConfig
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     row = run(a)
-    text = (f"# NeuroShardPlanner (row-wise) against TorchRec's planner, DMP steps\n\n"
+    text = (f"# NeuroShardPlanner against TorchRec's planner, every sharding type, DMP steps\n\n"
             f"{row['set']}, {row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "
             f"{row['rounds']} interleaved rounds\n\n"
             f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
