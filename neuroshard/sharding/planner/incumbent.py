@@ -91,8 +91,8 @@ SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wi
 
 def from_parameter_specs(spec: dict, world: int):
     """The `EmbeddingModuleShardingPlan` of one module's `parameter_specs` entry on `world` ranks; a damaged one (a
-    field of the wrong kind, a rank or placement outside the world, sizes that are not positive whole numbers) is
-    one `UserError`."""
+    field of the wrong kind, a rank or placement outside the world, sizes that are not whole numbers >= 0: TorchRec
+    gives a row-wise table of fewer rows than ranks shards of 0 rows) is one `UserError`."""
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
 
@@ -119,7 +119,7 @@ def from_parameter_specs(spec: dict, world: int):
                 if placed is None:
                     raise ValueError(s["placement"])
                 rank(int(placed.group(1)))
-                shards.append(ShardMetadata(shard_offsets=whole(s["offsets"], 0), shard_sizes=whole(s["sizes"], 1),
+                shards.append(ShardMetadata(shard_offsets=whole(s["offsets"], 0), shard_sizes=whole(s["sizes"], 0),
                                             placement=s["placement"]))
             out[t["name"]] = ParameterSharding(
                 sharding_type=t["sharding_type"], compute_kernel=t["compute_kernel"],
