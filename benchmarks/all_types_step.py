@@ -14,7 +14,8 @@ compared with TorchRec's plan of the same sharding types), and TorchRec's `Embed
 type the sharder offers). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
 `--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md, .json record beside it): each
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
-interval) and NeuroShard's predicted step against its measured one.
+interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
+calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`).
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ class AllTypesStepConfig:
     warmup_iter: int = flag(2, "warm-up steps per plan per round")
     num_iter: int = flag(5, "timed steps per plan per round (their median)")
     models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt")
+    calibration: str = flag("", "a calibration of these tables (tools/shard_tables.py --calibrate K --calibrate_dmp "
+                                "saves <plan>.calibration.pt): NeuroShardPlanner plans with it; empty: the models")
     out: str = flag("results/all_types_step.md", "the summary; its .json record beside it")
 
     def check(self) -> "AllTypesStepConfig":
@@ -81,8 +84,13 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int):
                    for n, p, d in zip(tl.names, tl.task.pooling_factors, tl.task.dims)}
     topology = Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.ddr_mb * 2**20))
     sharders = [RowWiseSharder()]
+    simulator = None
+    if a.calibration:
+        from neuroshard.planning.calibration_file import read_calibration
+
+        simulator = read_calibration(a.calibration)
     planner = NeuroShardPlanner(topology, batch_size=batch_per_rank, constraints=constraints,
-                                models_dir=a.models_dir, debug=False)
+                                models_dir=a.models_dir, debug=False, simulator=simulator)
     planner.plan(ebc, sharders)
     theirs = torchrec_full_plan(topology, batch_per_rank, constraints, default_reservation(), ebc, sharders)
     if theirs is None:
@@ -143,7 +151,8 @@ def main(argv=None) -> None:
             f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
             f"- TorchRec: {row['torchrec_types']}; median step {row['torchrec_ms']:.1f} ms\n"
             f"- NeuroShard / TorchRec: {row['ratio']:.3f} [{row['ratio_lo']:.3f}, {row['ratio_hi']:.3f}] (paired, 95%)\n"
-            f"- NeuroShard's predicted step (uncalibrated) / measured: {row['predicted_over_measured']:.2f}\n")
+            f"- NeuroShard's predicted step ({'calibrated' if a.calibration else 'uncalibrated'}) / measured: "
+            f"{row['predicted_over_measured']:.2f}\n")
     print(text)
     write_results(Path(a.out).with_suffix(".json"), [row], config=a.__dict__)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
