@@ -93,8 +93,9 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
             _check_row_blocks(at, t, world)
             continue
         if t.get("sharding_type") == "data_parallel":
-            if not isinstance(shards, list) or [(s.get("col_offset"), s.get("width"), s.get("rank")) if isinstance(
-                    s, dict) else None for s in shards] != [(0, dim, r) for r in range(world)]:
+            if not isinstance(shards, list) or len(shards) != world or not all(isinstance(x, dict) for x in shards) or [
+                    tuple(_whole(at, k, x.get(k), 0, MAX_ROWS) for k in ("col_offset", "width", "rank"))
+                    for x in shards] != [(0, dim, r) for r in range(world)]:
                 raise UserError(f"{at}: a data_parallel table needs a whole shard on every rank, in rank order "
                                 f"(col_offset 0, width {dim}, rank 0..{world - 1})")
             continue

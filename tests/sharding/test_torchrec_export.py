@@ -83,3 +83,40 @@ def test_distributed_model_parallel_runs_the_written_plan_file(tmp_path):
             for r, (_, held) in got.items()}
     assert cols[0] == {"a": [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]}
     assert cols[1] == {"a": [8, 9, 10, 11], "b": list(range(8)), "c": list(range(32))}
+
+
+def test_row_wise_and_data_parallel_entries_are_torchrecs_or_one_line():
+    """A row-wise entry (NeuroShardPlanner's) must hold TorchRec's own row blocks, one per rank, and a data-parallel
+    one a whole replica on every rank; both become TorchRec's row_wise() and data_parallel() shardings, and anything
+    else is one line naming the entry."""
+    import copy
+
+    from neuroshard.sharding.torchrec_export import check_spec
+
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "a", "rows": 11, "dim": 8, "sharding_type": "row_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 0, "row_offset": 0, "rows": 6},
+                    {"col_offset": 0, "width": 8, "rank": 1, "row_offset": 6, "rows": 5}]},
+        {"name": "b", "rows": 10, "dim": 4, "sharding_type": "data_parallel",
+         "shards": [{"col_offset": 0, "width": 4, "rank": 0}, {"col_offset": 0, "width": 4, "rank": 1}]}]}
+    plan = to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused").plan[""]
+    assert plan["a"].sharding_type == "row_wise" and plan["a"].compute_kernel == "fused"
+    assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in plan["a"].sharding_spec.shards] == [
+        ([0, 0], [6, 8], 0), ([6, 0], [5, 8], 1)]
+    assert plan["b"].sharding_type == "data_parallel" and plan["b"].compute_kernel == "dense"
+    for table, shard, change, fragment in [
+            (0, 1, {"rows": 6, "row_offset": 5}, "row block 0 must be rows 0..6 of every column on rank 0"),
+            (0, 0, {"width": 4}, "row block 0 must be rows 0..6"),
+            (0, 1, {"rank": True}, "rank True outside"),
+            (1, 1, {"rank": True}, "rank True outside"),
+            (1, 0, {"rank": 1}, "a data_parallel table needs a whole shard on every rank, in rank order")]:
+        bad = copy.deepcopy(spec)
+        bad["tables"][table]["shards"][shard].update(change)
+        if table == 0 and "row_offset" in change:
+            bad["tables"][0]["shards"][0]["rows"] = 5
+        with pytest.raises(UserError, match=fragment):
+            check_spec(bad)
+    short = copy.deepcopy(spec)
+    short["tables"][0]["shards"].pop()
+    with pytest.raises(UserError, match=r"a row_wise table needs one shard per rank \(2\)"):
+        check_spec(short)
