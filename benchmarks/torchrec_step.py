@@ -171,7 +171,8 @@ def user_plans(name: str, a: TorchRecStepConfig, tmp: Path):
 
 def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
     """`NeuroShardPlanner.plan` of the set's EmbeddingBagCollection (one feature per table, the tables' pooling
-    factors as constraints, each rank's DDR = --planner_ddr_gb, counted as TorchRec counts it): its `PlannerResult`
+    factors and the sharding types table_wise and column_wise as constraints, each rank's DDR = --planner_ddr_gb,
+    counted as TorchRec counts it; benchmarks/all_types_step.py compares every type): its `PlannerResult`
     (the Placement it chose, and TorchRec's plan of the same sharding types it compared); with `simulator`, planned
     with those (calibrated) models instead of the files in models/."""
     import torch
@@ -186,7 +187,8 @@ def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
                                                             feature_names=[n])
                                          for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
                                  device=torch.device("meta"))
-    constraints = {n: ParameterConstraints(pooling_factors=[float(p)]) for n, p in zip(tl.names, tl.task.pooling_factors)}
+    constraints = {n: ParameterConstraints(pooling_factors=[float(p)], sharding_types=["table_wise", "column_wise"])
+                   for n, p in zip(tl.names, tl.task.pooling_factors)}  # the types the other plans here use
     p = NeuroShardPlanner(Topology(world_size=a.ndevices, compute_device="cpu",
                                    ddr_cap=int(a.planner_ddr_gb * 2**30)),
                           constraints=constraints, debug=False, simulator=simulator)

@@ -3,6 +3,7 @@ EmbeddingBagCollection of a model (nested too) within each rank's memory, honour
 DistributedModelParallel runs the collective plan on 2 gloo ranks with the unsharded model's outputs;
 every input the planner cannot take is one clear UserError."""
 import logging
+import re
 import subprocess
 import sys
 
@@ -192,9 +193,11 @@ def test_every_constraint_field_is_honoured_or_refused(models):
         planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False,
                 kinds={"user": ["table_wise", "column_wise"]}).plan(w.TwoTowerModel(), sharders())
     # with row_wise allowed (TorchRec's sharder offers it on cuda) the table no rank holds goes row-wise
-    rw = planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False).plan(w.TwoTowerModel(),
-                                                                                              sharders())
-    assert rw.plan["top"]["user"].sharding_type == "row_wise"
+    rw_planner = planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False)
+    assert rw_planner.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == "row_wise"
+    stats = rw_planner.stats.format(rw_planner.last_result)  # one row for the table, its blocks' rows and ranks
+    assert re.search(r"# top\.user +400 x 64 +20 +row_wise +rows 200@0 rows 200@1 ", stats), stats
+    assert "5 tables" in stats
 
     given = dict(cache_params=CacheParams(load_factor=0.3), enforce_hbm=True, stochastic_rounding=False,
                  bounds_check_mode=BoundsCheckMode.NONE, output_dtype=DataType.FP16)
