@@ -268,13 +268,24 @@ def test_no_room_is_one_line(models):
 
 
 @pytest.mark.parametrize("kinds, fragment", [
-    ({"item": ["data_parallel"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
-                                  "column_wise, row_wise, the sharding types NeuroShardPlanner places"),
-    ({"tags": ["data_parallel", "table_row_wise"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
+    ({"item": ["table_column_wise"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
+                                      "column_wise, row_wise, data_parallel, the sharding types NeuroShardPlanner "
+                                      "places"),
+    ({"tags": ["table_row_wise", "grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
 ])
 def test_a_table_allowing_none_placed_is_one_error(models, kinds, fragment):
     with pytest.raises(UserError, match=fragment):
         planner(models, kinds=kinds).plan(w.TwoTowerModel(), sharders())
+
+
+def test_a_data_parallel_only_table_is_replicated(models):
+    """A table whose constraints allow only data_parallel is replicated whatever its size (TorchRec would place it
+    so), under the paper's cost too."""
+    for cost in ("step", "paper"):
+        plan = planner(models, kinds={"user": ["data_parallel"]}, debug=False, cost=cost).plan(w.TwoTowerModel(),
+                                                                                               sharders())
+        assert plan.plan["top"]["user"].sharding_type == "data_parallel", cost
+        assert plan.plan["top"]["item"].sharding_type in ("table_wise", "column_wise"), cost
 
 
 def test_a_row_wise_only_table_needs_a_sharder_offering_it(models):

@@ -75,21 +75,24 @@ class EmbeddingBagEnumerator(Enumerator):
         where = PlannedTable(path, name, False, False).where
         c = self.constraints.get(name)
         wanted = getattr(c, "sharding_types", None)
-        allowed = set(PLACED) & set(wanted or PLACED)
-        if not allowed:
-            raise UserError(f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow none of "
-                            f"{', '.join(PLACED)}, the sharding types NeuroShardPlanner places; add one of them")
-        allowed &= set(sharder.sharding_types(self.device_type))
-        if not allowed:
-            raise UserError(f"{where}: its sharder {type(sharder).__name__} offers none of {', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} "
-                            f"on {self.device_type}; pass torchrec's EmbeddingBagCollectionSharder() (or "
-                            "neuroshard.sharding.planner.sharders.RowWiseSharder() for row_wise on cpu)")
         kernels = getattr(c, "compute_kernels", None)
-        if kernels is not None and FUSED not in kernels:
+        offered = set(sharder.sharding_types(self.device_type))
+        data_parallel = DATA_PARALLEL in set(wanted or [DATA_PARALLEL]) and DATA_PARALLEL in offered and (
+            kernels is None or DENSE in kernels)
+        allowed = set(PLACED) & set(wanted or PLACED)
+        if not allowed and not data_parallel:
+            raise UserError(f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow none of "
+                            f"{', '.join(PLACED + (DATA_PARALLEL,))}, the sharding types NeuroShardPlanner places; "
+                            "add one of them")
+        allowed &= offered
+        if not allowed and not data_parallel:
+            raise UserError(f"{where}: its sharder {type(sharder).__name__} offers none of "
+                            f"{', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} on {self.device_type}; pass "
+                            "torchrec's EmbeddingBagCollectionSharder() (or neuroshard.sharding.planner.sharders."
+                            "RowWiseSharder() for row_wise on cpu)")
+        if allowed and kernels is not None and FUSED not in kernels:
             raise UserError(f"{where}: compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's cost "
                             f"models measure; allow {FUSED!r} or plan the model with EmbeddingShardingPlanner")
-        data_parallel = DATA_PARALLEL in set(wanted or [DATA_PARALLEL]) and DATA_PARALLEL in sharder.sharding_types(
-            self.device_type) and (kernels is None or DENSE in kernels)
         refuse_unplanned_fields(c, where, self.device_type, self.batch_size)
         pooling = DEFAULT_POOLING_FACTOR
         if c is not None:
@@ -108,7 +111,7 @@ class EmbeddingBagEnumerator(Enumerator):
         rows, dim = (int(x) for x in param.shape)
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
                              min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE},
-                             data_parallel=data_parallel)
+                             data_parallel=data_parallel, data_parallel_only=not allowed)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
 
 

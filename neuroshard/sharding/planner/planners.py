@@ -205,8 +205,7 @@ class NeuroShardPlanner:
         row_wise = needs_row_wise(found, cluster.fits)
         spare = more_row_wise(found, row_wise)
         N = cluster.num_devices
-        replicated = data_parallel_tables(found, row_wise, N, self.batch_size * N) if self.simulator.cost == "step" \
-            else []
+        replicated = data_parallel_tables(found, row_wise, N, self.batch_size * N, self.simulator.cost == "step")
         t0 = time.perf_counter()
         while True:
             replicated = [t for t in replicated if t not in row_wise]

@@ -59,12 +59,14 @@ def more_row_wise(found: Enumeration, row_wise: list[int]) -> list[int]:
     return sorted(rest, key=lambda t: (-size[t] if np.isfinite(size[t]) else -np.inf, t))
 
 
-def data_parallel_tables(found: Enumeration, row_wise: list[int], world: int, batch_size: int) -> list[int]:
-    """The tables to run data-parallel: those that allow it, are not row-wise, and whose gradient all-reduce moves
-    fewer floats per rank than their pooled output's all-to-all (2 (N - 1) / N x rows < the global batch)."""
+def data_parallel_tables(found: Enumeration, row_wise: list[int], world: int, batch_size: int,
+                         by_rule: bool = True) -> list[int]:
+    """The tables to run data-parallel: those that allow it, are not row-wise, and either allow nothing else or
+    have a gradient all-reduce that moves fewer floats per rank than their pooled output's all-to-all
+    (2 (N - 1) / N x rows < the global batch; only `by_rule`: the step cost, which prices that all-reduce)."""
     ring = 2.0 * (world - 1) / world
     return [t for t, table in enumerate(found.tables) if table.data_parallel and t not in row_wise
-            and ring * float(found.task.rows[t]) < batch_size]
+            and (table.data_parallel_only or (by_rule and ring * float(found.task.rows[t]) < batch_size))]
 
 
 def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_kind: str,

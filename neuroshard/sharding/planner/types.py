@@ -35,6 +35,7 @@ class PlannedTable:
     row_wise_only: bool = False  # neither table-wise nor column-wise allowed: row-wise it is
     row_block: int = -1       # this entry is row block r of a row-wise table, on rank r (`row_wise.py`); -1: whole
     data_parallel: bool = False  # data-parallel allowed (by the constraints, the sharder and the dense kernel)
+    data_parallel_only: bool = False  # no other type allowed: data-parallel it is
     replica: int = -1         # this entry is rank r's replica of a data-parallel table (`row_wise.py`); -1: not one
 
     def narrowest(self, dim: int) -> int:
