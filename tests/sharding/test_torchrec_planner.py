@@ -273,9 +273,17 @@ def test_no_room_is_one_line(models):
                                       "places"),
     ({"tags": ["table_row_wise", "grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
 ])
-def test_a_table_allowing_none_placed_is_one_error(models, kinds, fragment):
+def test_a_table_allowing_no_type_placed_gets_torchrecs_plan_or_one_line(models, kinds, fragment):
+    """Only types the search does not place: TorchRec's planner places the table, and its plan is handed out
+    unchanged, with the reason in the notes; without compare it is one line."""
+    p = planner(models, kinds=kinds, debug=False)
+    plan = p.plan(w.TwoTowerModel(), sharders())
+    (table, allowed), = kinds.items()
+    path = "top" if table == "item" else "tower.ebc"
+    assert p.last_result.plan is None and plan.plan[path][table].sharding_type in allowed
+    assert any(re.search(fragment, n) for n in p.last_result.notes), p.last_result.notes
     with pytest.raises(UserError, match=fragment):
-        planner(models, kinds=kinds).plan(w.TwoTowerModel(), sharders())
+        planner(models, kinds=kinds, compare=False).plan(w.TwoTowerModel(), sharders())
 
 
 def test_a_data_parallel_only_table_is_replicated(models):

@@ -80,16 +80,17 @@ class EmbeddingBagEnumerator(Enumerator):
         data_parallel = DATA_PARALLEL in set(wanted or [DATA_PARALLEL]) and DATA_PARALLEL in offered and (
             kernels is None or DENSE in kernels)
         allowed = set(PLACED) & set(wanted or PLACED)
+        unplaced = ""  # why the search cannot place it: TorchRec's planner's plan may still be handed out
         if not allowed and not data_parallel:
-            raise UserError(f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow none of "
-                            f"{', '.join(PLACED + (DATA_PARALLEL,))}, the sharding types NeuroShardPlanner places; "
-                            "add one of them")
+            unplaced = (f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow none of "
+                        f"{', '.join(PLACED + (DATA_PARALLEL,))}, the sharding types NeuroShardPlanner places; add one "
+                        "of them")
         allowed &= offered
-        if not allowed and not data_parallel:
-            raise UserError(f"{where}: its sharder {type(sharder).__name__} offers none of "
-                            f"{', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} on {self.device_type}; pass "
-                            "torchrec's EmbeddingBagCollectionSharder() (or neuroshard.sharding.planner.sharders."
-                            "RowWiseSharder() for row_wise on cpu)")
+        if not allowed and not data_parallel and not unplaced:
+            unplaced = (f"{where}: its sharder {type(sharder).__name__} offers none of "
+                        f"{', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} on {self.device_type}; pass "
+                        "torchrec's EmbeddingBagCollectionSharder() (or neuroshard.sharding.planner.sharders."
+                        "RowWiseSharder() for row_wise on cpu)")
         if allowed and kernels is not None and FUSED not in kernels:
             raise UserError(f"{where}: compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's cost "
                             f"models measure; allow {FUSED!r} or plan the model with EmbeddingShardingPlanner")
@@ -111,7 +112,8 @@ class EmbeddingBagEnumerator(Enumerator):
         rows, dim = (int(x) for x in param.shape)
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
                              min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE},
-                             data_parallel=data_parallel, data_parallel_only=not allowed)
+                             data_parallel=data_parallel, data_parallel_only=not allowed and data_parallel,
+                             unplaced=unplaced)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
 
 
@@ -170,6 +172,9 @@ def check_fits(found: Enumeration, cluster: Cluster, memory_kind: str, reserved:
     """Every table's narrowest allowed shard fits one rank's budget (`reserved`: what the budget is after), else one
     line naming the table, its storage, the budget and what would make it fit."""
     task = found.task
+    unplaced = [t.unplaced for t in found.tables if t.unplaced]
+    if unplaced:
+        raise NoRoom(unplaced[0], [])
     for t, table in enumerate(found.tables):
         dim = table.narrowest(task.dims[t])
         need = float(task.shard_sizes_gb([t], [dim])[0])

@@ -100,6 +100,11 @@ def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: 
 
     out = dict(constraints)
     for table in tables:
+        if table.unplaced:  # none of the types NeuroShard places: counted under any type (never used)
+            given = constraints.get(table.name)
+            if given is not None:
+                out[table.name] = dataclasses.replace(given, sharding_types=None, compute_kernels=None)
+            continue
         kernels = [FUSED]
         if decided and table.row_block >= 0:
             kinds = [ROW_WISE]
@@ -159,6 +164,8 @@ class StorageCounter:
         gb = np.full((len(tables), max(map(len, widths))), np.nan)
         for t, table in enumerate(tables):
             gb[t, :len(widths[t])] = np.inf
+            if table.unplaced:
+                continue  # fits no rank: the search cannot place it
             for k, width in enumerate(widths[t]):
                 kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
                 if width < table.narrowest(dims[t]):

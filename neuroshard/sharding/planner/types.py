@@ -36,6 +36,7 @@ class PlannedTable:
     row_block: int = -1       # this entry is row block r of a row-wise table, on rank r (`row_wise.py`); -1: whole
     data_parallel: bool = False  # data-parallel allowed (by the constraints, the sharder and the dense kernel)
     data_parallel_only: bool = False  # no other type allowed: data-parallel it is
+    unplaced: str = ""        # why the search cannot place it (no type it places is allowed); "": it can
     replica: int = -1         # this entry is rank r's replica of a data-parallel table (`row_wise.py`); -1: not one
 
     def narrowest(self, dim: int) -> int:
