@@ -28,6 +28,7 @@ from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.models.loading import cost_model_paths  # noqa: E402
 
 OUTCOMES = ("own", "torchrec's", "both refused")
+SHARDERS = ("torchrec", "row_wise")
 
 
 @dataclass
@@ -38,11 +39,15 @@ class PlannerCoverageConfig:
     ranks: tuple[int, ...] = flag((4,), "rank counts (cost models for each in --models_dir)", parse="int_list")
     models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt for each --ranks")
     seed: int = flag(0, "seed of the cases")
+    sharder: str = flag("torchrec", "torchrec (TorchRec's EmbeddingBagCollectionSharder: row_wise on cuda only) or "
+                                    "row_wise (neuroshard's RowWiseSharder: row_wise on cpu too), for both planners")
     out: str = flag("results/planner_coverage.csv", "one row per case; .md and .json beside it")
 
     def check(self) -> "PlannerCoverageConfig":
         check_int("--cases", self.cases, 1, 100_000)
         check_int("--seed", self.seed, 0, 2**32 - 1)
+        if self.sharder not in SHARDERS:
+            raise UserError(f"--sharder must be one of {', '.join(SHARDERS)}, got {self.sharder!r}")
         if not str(self.out).strip() or Path(self.out).parent.is_file():
             raise UserError(f"--out {self.out!r} must name a CSV file in a folder")
         for n in self.ranks:
@@ -69,7 +74,7 @@ def main(argv=None) -> None:
     rng, rows = np.random.default_rng(cfg.seed), []
     for i in tqdm(range(cfg.cases), desc="cases"):
         world, device = cfg.ranks[i % len(cfg.ranks)], ("cuda", "cpu")[i % 2]
-        case = random_case(rng, world, device)
+        case = random_case(rng, world, device, row_wise_sharder=cfg.sharder == "row_wise")
         result = check_case(case, cfg.models_dir)
         rows.append({"case": i, "ranks": world, "device": device, "tables": len(case.tables),
                      "cap_bytes": case.cap_bytes, "batch_size": case.batch_size, "optimizer": case.optimizer or "",

@@ -34,6 +34,7 @@ class CoverageCase:
     cap_bytes: int                              # each rank's DDR (cpu) or HBM (cuda)
     batch_size: int                             # per rank
     optimizer: str | None = None                # applied in backward to every table (optimizer state is stored)
+    row_wise_sharder: bool = False              # both planners get `sharders.RowWiseSharder` (row_wise on cpu too)
 
 
 @dataclass
@@ -44,13 +45,14 @@ class CoverageResult:
     detail: dict = field(default_factory=dict)
 
 
-def random_case(rng: np.random.Generator, world: int, device: str, max_tables: int = 9) -> CoverageCase:
+def random_case(rng: np.random.Generator, world: int, device: str, max_tables: int = 9,
+                row_wise_sharder: bool = False) -> CoverageCase:
     tables = [(f"t{i}", int(rng.integers(50, 20_000)), int(rng.choice(DIMS)), float(rng.uniform(0.5, 20)))
               for i in range(int(rng.integers(3, max_tables)))]
     optimizer = OPTIMIZERS[int(rng.integers(len(OPTIMIZERS)))]
     stored = sum(r * d * 4 for _, r, d, _ in tables) * (1 + STATE_PER_WEIGHT[optimizer])
     cap = int(stored / world * rng.uniform(0.3, 3.0) + 1_000_000)  # around what TorchRec's count needs
-    return CoverageCase(tables, world, device, cap, int(rng.choice([16, 32, 64])), optimizer)
+    return CoverageCase(tables, world, device, cap, int(rng.choice([16, 32, 64])), optimizer, row_wise_sharder)
 
 
 def build(case: CoverageCase):
@@ -72,6 +74,10 @@ def build(case: CoverageCase):
     memory = {"hbm_cap": case.cap_bytes} if case.device == "cuda" else {"ddr_cap": case.cap_bytes}
     topology = Topology(world_size=case.world, compute_device=case.device, **memory)
     constraints = {n: ParameterConstraints(pooling_factors=[pf]) for n, _, _, pf in case.tables}
+    if case.row_wise_sharder:
+        from .sharders import RowWiseSharder
+
+        return module, topology, constraints, [RowWiseSharder()]
     return module, topology, constraints, [EmbeddingBagCollectionSharder()]
 
 
