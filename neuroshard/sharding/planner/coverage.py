@@ -7,7 +7,8 @@ TorchRec's `EmbeddingShardingPlanner` as the user calls it, and says what happen
 
 - `own`: NeuroShard's plan, each shard counted by TorchRec's storage estimator (`storage.plan_storage`) against the
   budget TorchRec's default reservation leaves a rank (`used_share` of it on the fullest rank);
-- `torchrec's`: TorchRec's plan handed out unchanged (no table-wise/column-wise plan fits);
+- `torchrec's`: TorchRec's plan handed out unchanged (no plan of NeuroShard's fits, or a table allows only types
+  its search does not place);
 - `both refused`: TorchRec's planner finds no plan either.
 
 A `violation` names what must never happen: a refusal where TorchRec plans, a plan over the budget, a handed-out

@@ -234,8 +234,8 @@ def find_ebcs(module, sharders) -> list[tuple[str, object, object]]:
 
 
 class NoRoom(UserError):
-    """No table-wise/column-wise plan of NeuroShard's fits the ranks' memory (TorchRec's planner may still place the
-    tables in other ways): why, and the fixes the caller could make."""
+    """No plan of NeuroShard's fits the ranks' memory, or a table allows only types its search does not place
+    (TorchRec's planner may still place the tables in other ways): why, and the fixes the caller could make."""
 
     def __init__(self, reason: str, fixes: list[str]):
         self.reason, self.fixes = reason, fixes

@@ -161,9 +161,9 @@ class NeuroShardPlanner:
         """Enumerate the tables, widen the thresholds once, propose (the partitioner places every proposal, the
         perf model rates every placement), compare with TorchRec's and the heuristics' plans, rate the plan handed
         out. A predicted cost that cannot be true (any candidate's or the plan's) is one line naming the models
-        that predicted it, and no plan is handed out. Where no table-wise/column-wise plan fits, TorchRec's planner's
-        plan (every sharding type and kernel allowed) is handed out unchanged, or, where it has none either, the one
-        line that says why NeuroShard's does not fit."""
+        that predicted it, and no plan is handed out. Where no plan of NeuroShard's fits (or a table allows only
+        types it does not place), TorchRec's planner's plan (every sharding type and kernel allowed) is handed out
+        unchanged, or, where it has none either, the one line that says why NeuroShard's does not fit."""
         found = self.enumerator.enumerate(module, sharders)
         cluster = Cluster(self.cluster.num_devices, reserved_budget(
             self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,

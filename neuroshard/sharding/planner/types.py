@@ -72,9 +72,9 @@ class Enumeration:
 @dataclass
 class PlannerResult:
     """What `plan` decided: the tables and their task, NeuroShard's plan and predicted cost, one spec per EBC,
-    and what the statistics show about where it was planned. Where NeuroShard's table-wise/column-wise plans do not
-    fit and TorchRec's planner's does, that plan is handed out unchanged: `plan` and `cost` are None and the specs
-    are `incumbent.parameter_specs`."""
+    and what the statistics show about where it was planned. Where NeuroShard's plans do not fit (or a table allows
+    only types it does not place) and TorchRec's planner's does, that plan is handed out unchanged: `plan` and
+    `cost` are None and the specs are `incumbent.parameter_specs`."""
 
     tables: list[PlannedTable]
     task: ShardingTask
