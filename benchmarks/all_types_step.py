@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import SETS as SCALES, scaled_table_list  # noqa: E402
+from common import SETS as SCALES, scaled_table_list, table_list_ebc  # noqa: E402
 from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
@@ -65,21 +65,15 @@ class AllTypesStepConfig:
 
 
 def plans(tl, a: AllTypesStepConfig, batch_per_rank: int):
-    """(NeuroShardPlanner's PlannerResult, its spec, TorchRec's plan as parameter specs) of the set's tables."""
-    import torch
+    """(NeuroShardPlanner's PlannerResult, TorchRec's plan as parameter specs) of the set's tables."""
     from torchrec.distributed.planner import ParameterConstraints, Topology
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from neuroshard import NeuroShardPlanner
     from neuroshard.sharding.planner.incumbent import parameter_specs, torchrec_full_plan
     from neuroshard.sharding.planner.sharders import RowWiseSharder
     from neuroshard.sharding.planner.storage import default_reservation
 
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=int(d), num_embeddings=int(r),
-                                                            feature_names=[n])
-                                         for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
-                                 device=torch.device("meta"))
+    ebc = table_list_ebc(tl)
     constraints = {n: ParameterConstraints(pooling_factors=[float(p)], min_partition=int(d))
                    for n, p, d in zip(tl.names, tl.task.pooling_factors, tl.task.dims)}
     topology = Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.ddr_mb * 2**20))

@@ -54,6 +54,18 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
     return out
 
 
+def table_list_ebc(tl):
+    """An `EmbeddingBagCollection` of a table list's tables on the meta device, one feature per table, each named
+    as in the list: the module a TorchRec user would plan."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=int(d), num_embeddings=int(r),
+                                                             feature_names=[n])
+                                          for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
+                                  device=torch.device("meta"))
+
+
 def speed_probe_ms(repeats: int = 15) -> float:
     """Median ms of ten 512 x 512 float32 matmuls on one CPU thread: how fast this machine is right now.
 

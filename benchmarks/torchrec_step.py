@@ -57,7 +57,8 @@ from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from common import SETS as SCALES, check_sets, resolved_pairs, scaled_table_list  # noqa: E402  (sets, row scales)
+from common import (SETS as SCALES, check_sets, resolved_pairs, scaled_table_list,  # noqa: E402  (sets, row scales)
+                    table_list_ebc)
 from neuroshard.core.artifacts import (OutputLock, check_output_dir, check_output_file, source_digest,  # noqa: E402
                                        write_results)
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
@@ -175,18 +176,12 @@ def planner_plan(tl, a: TorchRecStepConfig, simulator=None):
     counted as TorchRec counts it; benchmarks/all_types_step.py compares every type): its `PlannerResult`
     (the Placement it chose, and TorchRec's plan of the same sharding types it compared); with `simulator`, planned
     with those (calibrated) models instead of the files in models/."""
-    import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from neuroshard import NeuroShardPlanner
 
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=int(d), num_embeddings=int(r),
-                                                            feature_names=[n])
-                                         for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
-                                 device=torch.device("meta"))
+    ebc = table_list_ebc(tl)
     constraints = {n: ParameterConstraints(pooling_factors=[float(p)], sharding_types=["table_wise", "column_wise"])
                    for n, p in zip(tl.names, tl.task.pooling_factors)}  # the types the other plans here use
     p = NeuroShardPlanner(Topology(world_size=a.ndevices, compute_device="cpu",

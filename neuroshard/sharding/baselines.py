@@ -1,5 +1,5 @@
 """Baseline sharders of DESIGN.md §3.6: random and four greedy heuristics (table-wise only; a row block of a
-row-wise table goes to its own rank)."""
+row-wise table and a replica of a data-parallel one go to their own ranks)."""
 from __future__ import annotations
 
 import numpy as np

@@ -4,7 +4,8 @@ Items are taken in the given order; each goes to the allowed device with the low
 (tie: smaller memory used, then lower device id) among devices where it fits `max_mem_gb`.
 `device_cost(items)` returns a device's cost for the whole set of items it holds and is
 re-evaluated after each placement, so it may be additive (heuristics) or not (a cost model). An item with a
-`pinned` rank (a row block of a row-wise table) goes to that rank alone, past the dim-sum cap.
+`pinned` rank (a row block of a row-wise table, a replica of a data-parallel one) goes to that rank alone, past
+the dim-sum cap.
 """
 from __future__ import annotations
 

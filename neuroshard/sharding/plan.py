@@ -116,7 +116,7 @@ def plan_from_slices(dims, num_devices: int, slices: dict[int, list[tuple[int, i
 
 def check_complete(task: ShardingTask, plan: Placement) -> None:
     """Raise `PlanError` unless every column of every table is placed exactly once on a real device, and every row
-    block of a row-wise table on its own rank."""
+    block of a row-wise table and replica of a data-parallel one on its own rank."""
     if len(plan.shards) != len(plan.device_of):
         raise PlanError(f"{len(plan.shards)} shards but {len(plan.device_of)} devices: every shard needs one device")
     bad = [d for d in plan.device_of if not 0 <= d < plan.num_devices]
@@ -135,7 +135,7 @@ def check_complete(task: ShardingTask, plan: Placement) -> None:
     pinned = task.pinned_ranks([s.table for s in plan.shards])
     for s, d, r in zip(plan.shards, plan.device_of, pinned):
         if r >= 0 and d != r:
-            raise PlanError(f"table {s.table}, row block {r} of a row-wise table, is on rank {d}, not on rank {r}")
+            raise PlanError(f"table {s.table}, a row block or replica pinned to rank {r}, is on rank {d}")
 
 
 def fits_memory(task: ShardingTask, plan: Placement, cluster: Cluster) -> bool:

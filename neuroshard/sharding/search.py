@@ -8,7 +8,8 @@ table-wise placements, every candidate scored by the simulator.
   predicted compute cost (tie: less memory, then lower id) among devices with memory room whose dim
   sum stays <= s * total_dim / N; the device's cost is re-predicted on its new set. Complete
   placements are scored by the simulator; the best one wins. A row block of a table TorchRec shards
-  row-wise (`ShardingTask.row_block`, `NeuroShardPlanner`) goes to its own rank, past the dim-sum cap.
+  row-wise and a replica of a data-parallel one (`ShardingTask.row_block`, `.replica`: `NeuroShardPlanner`) go to
+  their own ranks, past the dim-sum cap.
 - Beam search: width k; each state is expanded by splitting one candidate shard (union of the
   `num_candidates` largest and most expensive splittable shards); the k best new states go on;
   the best plan seen at any depth (including no split) is returned.
@@ -61,7 +62,7 @@ class ShardTable:
         self.dim = dims.astype(np.float64)
         self.comm_dim = comm_widths(task, tables, dims, sim.num_devices, sim.compute.meta.get("batch_size"))
         self.group = task.shard_groups(tables, dims)  # the shard's sharding group (`simulator.GROUPS`)
-        self.pinned = task.pinned_ranks(tables)     # the rank a row block must go to; -1: the search chooses
+        self.pinned = task.pinned_ranks(tables)     # the rank a row block or replica must go to; -1: the search chooses
         self.any_pinned = bool((self.pinned >= 0).any())
         self.input_words = input_words(task.pooling_factors[tables])
         self._member_emb: dict[int, np.ndarray] = {}
@@ -147,10 +148,11 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
         pos = order[exp_of, k]
         it = item[exp_of, pos]
         sz, dm = st.size[it], st.dim[it]
-        ok = (mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB) & (dsum + dm[:, None] <= cap[:, None] + MEM_TOL_GB)
-        if st.any_pinned:  # a row block goes to its own rank, past the dim-sum cap
+        room = mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB
+        ok = room & (dsum + dm[:, None] <= cap[:, None] + MEM_TOL_GB)
+        if st.any_pinned:  # a row block or replica goes to its own rank, past the dim-sum cap
             pin = st.pinned[it][:, None]
-            ok = (mem + sz[:, None] <= max_mem_gb + MEM_TOL_GB) & np.where(pin >= 0, np.arange(N)[None, :] == pin, ok)
+            ok = np.where(pin >= 0, room & (np.arange(N)[None, :] == pin), ok)
         fits = ok.any(axis=1)
         if not fits.all():
             keep = np.flatnonzero(fits)
@@ -283,7 +285,7 @@ def fitting_thresholds(task: ShardingTask, num_devices: int, params: SearchParam
     dims = np.asarray(task.dims, np.int64)
     if not len(dims) or dims.sum() <= 0:
         return params, None
-    pinned = task.pinned_ranks(np.arange(len(dims))) >= 0  # row blocks are past the cap
+    pinned = task.pinned_ranks(np.arange(len(dims))) >= 0  # row blocks and replicas are past the cap
     keep = [0 if pinned[t] else int(d) if t in no_split else smallest_shard_dim(d) for t, d in enumerate(dims)]
     t = int(np.argmax(keep))
     need = float(keep[t]) * num_devices / float(dims.sum())

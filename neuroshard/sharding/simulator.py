@@ -229,7 +229,8 @@ class Simulator:
         words [P, G, N] (groups as `GROUPS`); an absent group (no dims anywhere) costs nothing."""
         dims, input_sums = np.asarray(dim_sums, np.float64), np.asarray(input_sums, np.float64)
         used = np.flatnonzero(dims.sum(axis=(0, 2)) > 0)  # groups after the last one present anywhere cost nothing
-        dims, input_sums = dims[:, :used[-1] + 1 if len(used) else 1], input_sums[:, :used[-1] + 1 if len(used) else 1]
+        G = used[-1] + 1 if len(used) else 1
+        dims, input_sums = dims[:, :G], input_sums[:, :G]
         P, G, N = dims.shape
         present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
         a2a = ALL_TO_ALL[:G][None, :, None]                                           # [1, G, 1]
@@ -329,17 +330,21 @@ def comm_widths(task: ShardingTask, tables, dims, num_devices: int, batch_size: 
     tables, out = np.asarray(tables, np.int64), np.asarray(dims, np.float64).copy()
     if task.replica is not None:
         dp = np.asarray(task.replica)[tables] >= 0
-        ring = 2.0 * (num_devices - 1) / num_devices
-        out[dp] = ring * task.rows[tables[dp]] * out[dp] / float(batch_size or DEFAULT_BATCH)
+        out[dp] = allreduce_floats(task.rows[tables[dp]], num_devices) * out[dp] / float(batch_size or DEFAULT_BATCH)
     return out
+
+
+def allreduce_floats(rows, num_devices: int):
+    """Floats per column each rank sends in a ring all-reduce of a gradient of `rows` rows: 2 (N - 1) / N x rows."""
+    return 2.0 * (num_devices - 1) / num_devices * np.asarray(rows, np.float64)
 
 
 def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np.ndarray,
                num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
     of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise, 3 data-parallel), device,
-    width (`comm_widths`) and input
-    words -> per placement, group and device the dim sums and input words ([P, G, N] each), added in shard order."""
+    width (`comm_widths`) and input words -> per placement, group and device the width sums and input words
+    ([P, G, N] each), added in shard order."""
     P, L = group.shape
     at = (np.repeat(np.arange(P), L), group.ravel(), device.ravel())
     dims = np.zeros((P, len(GROUPS), num_devices))

@@ -89,15 +89,8 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
         dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
         shards = t.get("shards")
-        if t.get("sharding_type") == "row_wise":
-            _check_row_blocks(at, t, world)
-            continue
-        if t.get("sharding_type") == "data_parallel":
-            if not isinstance(shards, list) or len(shards) != world or not all(isinstance(x, dict) for x in shards) or [
-                    tuple(_whole(at, k, x.get(k), 0, MAX_ROWS) for k in ("col_offset", "width", "rank"))
-                    for x in shards] != [(0, dim, r) for r in range(world)]:
-                raise UserError(f"{at}: a data_parallel table needs a whole shard on every rank, in rank order "
-                                f"(col_offset 0, width {dim}, rank 0..{world - 1})")
+        if t.get("sharding_type") in ("row_wise", "data_parallel"):
+            _check_pinned_shards(at, t, world)
             continue
         if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
             raise UserError(f"{at}: shards must be a list of 1 to {dim} objects with col_offset, width and rank")
@@ -126,21 +119,34 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
     return spec
 
 
-def _check_row_blocks(at: str, t: dict, world: int) -> None:
-    """A row-wise entry (`NeuroShardPlanner`'s): one full-width shard per rank, rank r holding row block r of
-    TorchRec's own cut (`planner.row_wise.row_blocks`), each with its row_offset and rows."""
+def _check_pinned_shards(at: str, t: dict, world: int) -> None:
+    """A row-wise or data-parallel entry (`NeuroShardPlanner`'s): one shard of every column per rank, in rank order;
+    row-wise, rank r holds row block r of TorchRec's own cut (`planner.row_wise.row_blocks`), given by its row_offset
+    and rows, and data-parallel, every rank the whole table."""
     from .planner.row_wise import row_blocks
 
     shards, dim = t.get("shards"), t["dim"]
+    if t["sharding_type"] == "row_wise":
+        keys, want = ("col_offset", "width", "rank", "row_offset", "rows"), [
+            (0, dim, r, offset, rows) for r, (offset, rows) in enumerate(row_blocks(t["rows"], world))]
+        need = (f"a row_wise table needs one shard per rank ({world}), each an object with col_offset, width, rank, "
+                "row_offset and rows")
+
+        def wrong(r: int) -> str:
+            return (f"row block {r} must be rows {want[r][3]}..{want[r][3] + want[r][4]} of every column on rank {r} "
+                    "(TorchRec's row-wise cut)")
+    else:
+        keys, want = ("col_offset", "width", "rank"), [(0, dim, r) for r in range(world)]
+        need = (f"a data_parallel table needs a whole shard on every rank, in rank order (col_offset 0, width {dim}, "
+                f"rank 0..{world - 1})")
+
+        def wrong(r: int) -> str:
+            return need
     if not isinstance(shards, list) or len(shards) != world or not all(isinstance(x, dict) for x in shards):
-        raise UserError(f"{at}: a row_wise table needs one shard per rank ({world}), each an object with col_offset, "
-                        "width, rank, row_offset and rows")
-    for r, (s, (offset, rows)) in enumerate(zip(shards, row_blocks(t["rows"], world))):
-        got = tuple(_whole(at, key, s.get(key), 0, MAX_ROWS) for key in ("col_offset", "width", "rank", "row_offset",
-                                                                           "rows"))
-        if got != (0, dim, r, offset, rows):
-            raise UserError(f"{at}: row block {r} must be rows {offset}..{offset + rows} of every column on rank {r} "
-                            "(TorchRec's row-wise cut)")
+        raise UserError(f"{at}: {need}")
+    for r, (s, expected) in enumerate(zip(shards, want)):
+        if tuple(_whole(at, key, s.get(key), 0, MAX_ROWS) for key in keys) != expected:
+            raise UserError(f"{at}: {wrong(r)}")
 
 
 def _blocks(table: dict) -> tuple[int, list[int]]:

@@ -241,7 +241,8 @@ class NeuroShardPlanner:
         kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
                  for t in spec["tables"]}
         note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
-                f"do not price (data_parallel, table_row_wise and the UVM kernels are not in its search): {why}")
+                f"do not price (table_row_wise, table_column_wise, grid_shard and the UVM kernels are not in its search): "
+                f"{why}")
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
                              specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,
@@ -284,7 +285,7 @@ class NeuroShardPlanner:
         except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
             return (None, theirs)
         notes = [missing] if missing else []
-        if plan is not None and not fits(plan):
+        if plan is not None and not any("neuroshard" in c.names for c in ranked):  # `fits` dropped it
             notes.append("note: NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split "
                          "table as equal column blocks of its narrowest shard, each with its own input buffers): not a "
                          "candidate")

@@ -24,6 +24,7 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import MIN_ROWS
 from ...data.tasks import ShardStorage
+from ..simulator import allreduce_floats
 from .types import DATA_PARALLEL, DENSE, FUSED, ROW_WISE, Enumeration
 
 
@@ -64,9 +65,8 @@ def data_parallel_tables(found: Enumeration, row_wise: list[int], world: int, ba
     """The tables to run data-parallel: those that allow it, are not row-wise, and either allow nothing else or
     have a gradient all-reduce that moves fewer floats per rank than their pooled output's all-to-all
     (2 (N - 1) / N x rows < the global batch; only `by_rule`: the step cost, which prices that all-reduce)."""
-    ring = 2.0 * (world - 1) / world
     return [t for t, table in enumerate(found.tables) if table.data_parallel and t not in row_wise
-            and (table.data_parallel_only or (by_rule and ring * float(found.task.rows[t]) < batch_size))]
+            and (table.data_parallel_only or (by_rule and allreduce_floats(found.task.rows[t], world) < batch_size))]
 
 
 def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_kind: str,
@@ -77,52 +77,37 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     if not row_wise and not data_parallel:
         return found
     if found.storage is None:
-        raise UserError("row-wise tables need the storage counter of NeuroShardPlanner's own enumerator; pass no "
-                        "enumerator= or one that sets Enumeration.storage")
+        raise UserError("row-wise and data-parallel tables need the storage counter of NeuroShardPlanner's own "
+                        "enumerator; pass no enumerator= or one that sets Enumeration.storage")
     task, field = found.task, "ddr" if memory_kind == "DDR" else "hbm"
-    tables, rows, origin, block_rows, block_of, block_gb, replica_of = [], [], [], [], [], [], []
+    entries = []  # (the entry, its table-list row, the table it comes from, its rows, its storage GB or None)
     for t, table in enumerate(found.tables):
+        rows_t = int(task.rows[t])
         if t in data_parallel:
             counted = found.storage.shards(table.module_path, table.name, DATA_PARALLEL, DENSE, None)
             if counted is None or len(counted) != world:
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {DATA_PARALLEL} {DENSE} option")
-            for r, storage in enumerate(counted):
-                tables.append(replace(table, replica=r, splittable=False, column_wise_only=False))
-                rows.append(found.rows[t])
-                origin.append(t)
-                block_rows.append(int(task.rows[t]))
-                block_of.append(-1)
-                replica_of.append(r)
-                block_gb.append(getattr(storage, field) / 2**30)
-            continue
-        if t not in row_wise:
-            tables.append(table)
-            rows.append(found.rows[t])
-            origin.append(t)
-            block_rows.append(int(task.rows[t]))
-            block_of.append(-1)
-            replica_of.append(-1)
-            block_gb.append(None)
-            continue
-        blocks = row_blocks(int(task.rows[t]), world)
-        counted = found.storage.shards(table.module_path, table.name, ROW_WISE, FUSED,
-                                       [(n, int(task.dims[t])) for _, n in blocks])
-        if counted is None:
-            raise UserError(f"{table.where}: TorchRec's enumerator gives it no {ROW_WISE} {FUSED} option; allow "
-                            f"{ROW_WISE!r} and {FUSED!r} in its ParameterConstraints")
-        for r, ((_, n), storage) in enumerate(zip(blocks, counted)):
-            tables.append(replace(table, row_block=r, splittable=False, column_wise_only=False))
-            rows.append({**found.rows[t], "rows": n})
-            origin.append(t)
-            block_rows.append(n)
-            block_of.append(r)
-            replica_of.append(-1)
-            block_gb.append(getattr(storage, field) / 2**30)
-    origin_a, block_a = np.asarray(origin, np.int64), np.asarray(block_of, np.int64)
-    replica_a = np.asarray(replica_of, np.int64)
+            entries += [(replace(table, replica=r, splittable=False, column_wise_only=False), found.rows[t], t, rows_t,
+                         getattr(storage, field) / 2**30) for r, storage in enumerate(counted)]
+        elif t in row_wise:
+            blocks = row_blocks(rows_t, world)
+            counted = found.storage.shards(table.module_path, table.name, ROW_WISE, FUSED,
+                                           [(n, int(task.dims[t])) for _, n in blocks])
+            if counted is None:
+                raise UserError(f"{table.where}: TorchRec's enumerator gives it no {ROW_WISE} {FUSED} option; allow "
+                                f"{ROW_WISE!r} and {FUSED!r} in its ParameterConstraints")
+            entries += [(replace(table, row_block=r, splittable=False, column_wise_only=False),
+                         {**found.rows[t], "rows": n}, t, n, getattr(storage, field) / 2**30)
+                        for r, ((_, n), storage) in enumerate(zip(blocks, counted))]
+        else:
+            entries.append((table, found.rows[t], t, rows_t, None))
+    tables, rows, origin, block_rows, block_gb = (list(x) for x in zip(*entries))
+    origin_a = np.asarray(origin, np.int64)
+    block_a = np.array([e.row_block for e in tables], np.int64)
+    replica_a = np.array([e.replica for e in tables], np.int64)
     n_rows = np.asarray(block_rows, np.float64)
     features = task.data_features[origin_a].copy()
-    is_block = block_a >= 0
+    is_block, pinned = block_a >= 0, (block_a >= 0) | (replica_a >= 0)
     share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), np.where(replica_a >= 0, 1.0 / world, 1.0))
     features[is_block, 0] = np.maximum(MIN_ROWS, n_rows[is_block])
     features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups, the replica's local batch's
@@ -130,16 +115,15 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     if storage is not None:
         gb = storage.gb[origin_a].copy()
         for i, b in enumerate(block_gb):
-            if b is not None:  # a block is never cut into columns: those widths fit no rank
+            if b is not None:  # a block or replica is never cut into columns: those widths fit no rank
                 gb[i] = np.where(np.isnan(gb[i]), np.nan, np.inf)
                 gb[i, 0] = b
         storage = ShardStorage(task.dims[origin_a], gb)
     new_task = replace(task, table_ids=task.table_ids[origin_a], dims=task.dims[origin_a], data_features=features,
                        num_rows=n_rows, column_wise=None if task.column_wise is None else
-                       np.asarray(task.column_wise, bool)[origin_a] & ~is_block & (replica_a < 0),
+                       np.asarray(task.column_wise, bool)[origin_a] & ~pinned,
                        storage=storage, row_block=block_a, replica=replica_a)
-    no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or block_of[i] >= 0
-                         or replica_of[i] >= 0)
+    no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or pinned[i])
     notes = []
     if row_wise:
         notes.append(f"note: {len(row_wise)} table(s) sharded {ROW_WISE} in {world} row blocks (no rank holds them "

@@ -173,8 +173,8 @@ class StorageCounter:
                 counted = self.shards(table.module_path, table.name, kind, FUSED, [(int(rows[t]), width)])
                 if counted is not None:  # else a width the table may not take (table-wise only): fits no rank
                     gb[t, k] = getattr(counted[0], field) / 2**30
-            if not math.isfinite(gb[t, 0]) and not {(table.module_path, table.name, ROW_WISE, FUSED),
-                                                    (table.module_path, table.name, DATA_PARALLEL, DENSE)} & set(self.options):
+            if not math.isfinite(gb[t, 0]) and not any((table.module_path, table.name, kind, kernel) in self.options
+                                                       for kind, kernel in ((ROW_WISE, FUSED), (DATA_PARALLEL, DENSE))):
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in "
                                 "its ParameterConstraints.compute_kernels")
         return ShardStorage(np.asarray(dims, np.int64), gb)
