@@ -12,7 +12,8 @@ topology, batch, constraints and sharder (`RowWiseSharder`: row_wise offered on 
 its defaults (row-wise blocks for the tables no rank holds, replicas of the small tables, the search around them,
 compared with TorchRec's plan of the same sharding types), and TorchRec's `EmbeddingShardingPlanner` as the user calls it (every sharding
 type the sharder offers). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
-`--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md, .json record beside it): each
+`--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md; the .csv row, with its
+.meta.json, and the .json record with every round's step times, beside it): each
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
 interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
 calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`).
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 from common import SETS as SCALES, scaled_table_list, table_list_ebc  # noqa: E402
-from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
+from neuroshard.core.artifacts import check_output_dir, check_output_file, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
@@ -61,6 +62,7 @@ class AllTypesStepConfig:
         check_int("--warmup_iter", self.warmup_iter, 0, 10_000)
         check_int("--num_iter", self.num_iter, 1, 100_000)
         check_output_file(self.out, "--out")
+        check_output_dir(Path(self.out).parent, "--out")
         return self
 
 
@@ -100,7 +102,7 @@ def kinds_text(spec: dict) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
-def run(a: AllTypesStepConfig) -> dict:
+def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     from neuroshard.data.table_list import load_table_list
     from neuroshard.hardware.backends import resolve_hardware
     from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
@@ -132,13 +134,13 @@ def run(a: AllTypesStepConfig) -> dict:
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
            "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine))}
-    return row
+    return row, {"neuroshard": mine.tolist(), "torchrec": torchrec.tolist()}
 
 
 def main(argv=None) -> None:
     C = AllTypesStepConfig
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
-    row = run(a)
+    row, round_ms = run(a)
     text = (f"# NeuroShardPlanner against TorchRec's planner, every sharding type, DMP steps\n\n"
             f"{row['set']}, {row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "
             f"{row['rounds']} interleaved rounds\n\n"
@@ -148,9 +150,8 @@ def main(argv=None) -> None:
             f"- NeuroShard's predicted step ({'calibrated' if a.calibration else 'uncalibrated'}) / measured: "
             f"{row['predicted_over_measured']:.2f}\n")
     print(text)
-    write_results(Path(a.out).with_suffix(".json"), [row], config=a.__dict__)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text)
+    write_results(Path(a.out).with_suffix(".csv"), [row], markdown=text, record={"row": row, "round_ms": round_ms},
+                  **a.__dict__)
 
 
 if __name__ == "__main__":
