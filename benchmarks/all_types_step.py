@@ -1,6 +1,7 @@
 """NeuroShardPlanner against TorchRec's planner, every sharding type either places, in DMP steps (issue 64).
 
     python benchmarks/all_types_step.py [--set criteo_kaggle] [--ddr_mb 35] [--rounds 12] [--models_dir models]
+                                        [--ids_order popular_first --give_ids]
 
 The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
 EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
@@ -17,6 +18,10 @@ type the sharder offers). Both plans are measured as TorchRec training steps (`h
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
 interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
 calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`).
+
+Skewed row access (`--ids_order popular_first`): the synthesised ids (each table's reuse histogram, the published
+DLRM one) renumbered as a frequency-ordered vocabulary numbers them, so a row-wise table's first block takes most
+of its lookups; `--give_ids` passes NeuroShardPlanner the very ids the steps read.
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E4
 from neuroshard.core.intervals import paired_interval  # noqa: E402
 
 
+IDS_ORDERS = ("shuffled", "popular_first")
+
+
 @dataclass
 class AllTypesStepConfig:
     """NeuroShardPlanner against TorchRec's planner, every sharding type, in DMP steps (benchmarks/all_types_step.py)."""
@@ -51,11 +59,18 @@ class AllTypesStepConfig:
     models_dir: str = flag("models", "compute.pt and comm_<N>_{fw,bw}.pt")
     calibration: str = flag("", "a calibration of these tables (tools/shard_tables.py --calibrate K --calibrate_dmp "
                                 "saves <plan>.calibration.pt): NeuroShardPlanner plans with it; empty: the models")
+    ids_order: str = flag("shuffled", "where each table's synthesised ids sit in its rows: shuffled (hashed ids: hot "
+                                      "rows spread over the rows) or popular_first (a frequency-ordered vocabulary: "
+                                      "the most-read id is row 0, so TorchRec's first row block holds the hot rows)")
+    give_ids: bool = flag(False, "pass NeuroShardPlanner the step's ids (ids=): its reuse histograms and its row "
+                                 "blocks' shares of the lookups measured from them; TorchRec's planner takes none")
     out: str = flag("results/all_types_step.md", "the summary; its .json record beside it")
 
     def check(self) -> "AllTypesStepConfig":
         if self.set not in SCALES:
             raise UserError(f"--set: unknown table set {self.set!r}; choose from {', '.join(SCALES)}")
+        if self.ids_order not in IDS_ORDERS:
+            raise UserError(f"--ids_order: unknown order {self.ids_order[:40]!r}; choose from {', '.join(IDS_ORDERS)}")
         check_int("--ndevices", self.ndevices, 2, 16)
         check_float("--ddr_mb", self.ddr_mb, 0.0, 1e7, lo_open=True)
         check_int("--rounds", self.rounds, 2, 1000)
@@ -66,8 +81,9 @@ class AllTypesStepConfig:
         return self
 
 
-def plans(tl, a: AllTypesStepConfig, batch_per_rank: int):
-    """(NeuroShardPlanner's PlannerResult, TorchRec's plan as parameter specs) of the set's tables."""
+def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None):
+    """(NeuroShardPlanner's PlannerResult, TorchRec's plan as parameter specs) of the set's tables; `ids`: what
+    NeuroShardPlanner gets as ids= (None: none)."""
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
     from neuroshard import NeuroShardPlanner
@@ -86,7 +102,7 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int):
 
         simulator = read_calibration(a.calibration)
     planner = NeuroShardPlanner(topology, batch_size=batch_per_rank, constraints=constraints,
-                                models_dir=a.models_dir, debug=False, simulator=simulator)
+                                models_dir=a.models_dir, debug=False, simulator=simulator, ids=ids)
     planner.plan(ebc, sharders)
     theirs = torchrec_full_plan(topology, batch_per_rank, constraints, default_reservation(), ebc, sharders)
     if theirs is None:
@@ -115,12 +131,13 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         path = scaled_table_list(a.set, SCALES[a.set], Path(tmp) / f"{a.set}.json")
         tl = load_table_list(path, 1e6)
-        ours, theirs = plans(tl, a, batch // a.ndevices)
+        ds = user_tables_dataset(tl, batch, 0, Path(tmp), None, popular_first=a.ids_order == "popular_first")
+        ids = {n: ds.table_bags(t, batch)[0] for t, n in enumerate(tl.names)} if a.give_ids else None
+        ours, theirs = plans(tl, a, batch // a.ndevices, ids)
         if ours.plan is None:
             raise UserError("NeuroShardPlanner handed out TorchRec's plan unchanged (none of its own fits); raise --ddr_mb")
         spec = ours.specs[""]
         theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: tl.names.index(t["name"]))}
-        ds = user_tables_dataset(tl, batch, 0, Path(tmp), None)
         ids = np.arange(tl.task.num_tables)
         items = [TorchRecItem.of(spec, ids), TorchRecItem.of(theirs, ids)]
         settings = EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
@@ -129,7 +146,8 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in measured)
     ratio = paired_interval(mine, torchrec)
     predicted = float(ours.cost.cost_ms)
-    row = {"set": a.set, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb, "batch": batch, "rounds": a.rounds,
+    row = {"set": a.set, "ids_order": a.ids_order, "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb,
+           "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
@@ -142,7 +160,8 @@ def main(argv=None) -> None:
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     row, round_ms = run(a)
     text = (f"# NeuroShardPlanner against TorchRec's planner, every sharding type, DMP steps\n\n"
-            f"{row['set']}, {row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "
+            f"{row['set']} (ids {row['ids_order']}{'; NeuroShardPlanner given them' if a.give_ids else ''}), "
+            f"{row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "
             f"{row['rounds']} interleaved rounds\n\n"
             f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
             f"- TorchRec: {row['torchrec_types']}; median step {row['torchrec_ms']:.1f} ms\n"

@@ -104,6 +104,27 @@ def _raw(ids: list[np.ndarray], lengths: np.ndarray):
     return indices, offsets, lengths_t
 
 
+def popular_rows_first(indices: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, rows) -> torch.Tensor:
+    """Raw ids renumbered as a frequency-ordered vocabulary numbers them: in each table the most-read id becomes row
+    0, the next row 1, and so on (ties by id), and the least-read one its last row (`rows[t] - 1`, so the table's
+    `row` stays); bags and access counts are unchanged. Hashed ids spread a table's hot rows over its row range;
+    these put them in its first rows, where TorchRec's first row-wise block holds them."""
+    T, B = lengths.shape
+    out = indices.clone()
+    for t in range(T):
+        lo, hi = int(offsets[t * B]), int(offsets[(t + 1) * B])
+        if hi == lo:
+            continue
+        ids = indices[lo:hi].numpy()
+        uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        rank = np.empty(uniq.size, np.int64)
+        rank[np.lexsort((uniq, -counts))] = np.arange(uniq.size)
+        if uniq.size > 1 and int(rows[t]) > uniq.size:
+            rank[rank == uniq.size - 1] = int(rows[t]) - 1
+        out[lo:hi] = torch.from_numpy(rank[inverse])
+    return out
+
+
 def synthesize_tables(rows, pooling_factors, unique_shares, batch_size: int, seed: int = 0,
                       progress: bool = True):
     """Raw `(indices, offsets, lengths)` for given tables: per-sample lookups Poisson(pooling factor),

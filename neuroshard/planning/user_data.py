@@ -11,7 +11,7 @@ from pathlib import Path
 from ..core.errors import UserError
 from ..data.dataset import process_raw
 from ..data.raw import load_raw
-from ..data.synthetic import synthesize_tables
+from ..data.synthetic import popular_rows_first, synthesize_tables
 from ..data.table_list import TableList
 
 MEASURE_LIMIT_GB = 4.0  # --measure / --calibrate allocate every table: refuse more than this in total
@@ -52,9 +52,11 @@ def check_measure_budget(tl: TableList, batch: int, ndevices: int = 1) -> None:
                         "lower the pooling factors or measure fewer tables")
 
 
-def user_tables_dataset(tl: TableList, batch_size: int, seed: int, out_dir: Path, ids_path=None):
+def user_tables_dataset(tl: TableList, batch_size: int, seed: int, out_dir: Path, ids_path=None,
+                        popular_first: bool = False):
     """The user's tables as a processed dataset under `out_dir`: real ids (`ids_path`) or ids synthesised from
-    each table's rows, pooling factor and reuse histogram."""
+    each table's rows, pooling factor and reuse histogram (`popular_first`: renumbered hottest first,
+    `synthetic.popular_rows_first`)."""
     check_tables_fit(tl)
     if ids_path is not None:
         indices, offsets, lengths = load_raw(ids_path)
@@ -67,4 +69,7 @@ def user_tables_dataset(tl: TableList, batch_size: int, seed: int, out_dir: Path
         raw = synthesize_tables(tl.rows, tl.task.pooling_factors, tl.task.data_features[:, 2:], batch_size, seed,
                                 progress=False)
         source = {"source": "table list", "tables": tl.source, "seed": seed}
+        if popular_first:
+            raw = (popular_rows_first(*raw, tl.rows), *raw[1:])
+            source["ids_order"] = "popular rows first"
     return process_raw(*raw, out_dir=Path(out_dir) / "user_tables", source=source, progress=False)

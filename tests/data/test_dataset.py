@@ -162,3 +162,27 @@ def test_a_folder_of_other_files_is_never_replaced(small_raw, tmp_path):
         process_raw(*small_raw, out_dir=out, source={"source": "t"}, progress=False)
     assert (out / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_popular_rows_first_renumbers_hottest_first_and_keeps_counts():
+    """A frequency-ordered vocabulary: the most-read id of each table becomes row 0, the next row 1, the least-read
+    its last row; bags and the multiset of access counts stay."""
+    import numpy as np
+
+    from neuroshard.data.synthetic import popular_rows_first, synthesize_tables
+
+    indices, offsets, lengths = synthesize_tables([5000, 300], [3.0, 1.0], np.zeros((2, 17)), 256, seed=2,
+                                                  progress=False)
+    out = popular_rows_first(indices, offsets, lengths, [5000, 300])
+    B = lengths.shape[1]
+    for t, rows in enumerate([5000, 300]):
+        lo, hi = int(offsets[t * B]), int(offsets[(t + 1) * B])
+        before = np.unique(indices[lo:hi].numpy(), return_counts=True)[1]
+        ids, counts = np.unique(out[lo:hi].numpy(), return_counts=True)
+        assert sorted(before) == sorted(counts)
+        assert ids[0] == 0 and counts[0] == before.max() and ids.max() == rows - 1
+        assert (np.diff(counts[:-1]) <= 0).all()  # hottest first (the last id moved to the last row)
+        assert ids[:-1].tolist() == list(range(ids.size - 1))
+        pairs = np.unique(np.stack([indices[lo:hi].numpy(), out[lo:hi].numpy()]), axis=1)
+        assert pairs.shape[1] == before.size == ids.size  # one new row per old id: a renumbering
+    assert out.shape == indices.shape

@@ -548,3 +548,88 @@ def test_the_thresholds_are_widened_once_per_plan(models, monkeypatch):
     p = planner(models, kinds={"wide": ["table_wise"]}, debug=False)
     p.plan(w.ebc(WIDE), sharders())
     assert len(calls) == 1 and any("thresholds widened" in n for n in p.last_result.notes)
+
+
+def test_ids_measure_each_row_blocks_share_and_histogram(models):
+    """ids= given: a table's reuse histogram is measured from them, and so is each of its row blocks' share of the
+    lookups. "user" (400 rows, row-wise in blocks of 200 on 2 ranks) read only in its first 200 rows puts all 20
+    lookups a sample on rank 0's block, and the compute the perf model predicts for rank 0 rises accordingly."""
+    import numpy as np
+    import torch
+
+    from neuroshard.data.features import reuse_histogram
+
+    hot = torch.tensor([0] * 30 + [1] * 5 + list(range(2, 120)))  # all in block 0, a skewed histogram
+    spread = hot * 3  # 0..357: both blocks, in the same counts
+    got = {}
+    for name, ids in (("hot", hot), ("spread", spread), ("none", None)):
+        p = planner(models, TIGHT, debug=False, min_partition={"user": 64}, compare=False,
+                    ids=None if ids is None else {"user": ids, "geo": torch.tensor([0, 0, 1])})
+        assert p.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == "row_wise"
+        got[name] = p.last_result
+    res = got["hot"]
+    blocks = [i for i, t in enumerate(res.tables) if t.name == "user"]
+    assert [res.tables[i].row_block for i in blocks] == [0, 1]
+    assert res.task.data_features[blocks, 1].tolist() == [20.0, 0.0]  # all of the table's lookups in block 0
+    _, counts = np.unique(hot.numpy(), return_counts=True)
+    assert np.allclose(res.task.data_features[blocks[0], 2:], reuse_histogram(counts))
+    assert not res.task.data_features[blocks[1], 2:].any()
+    geo = next(i for i, t in enumerate(res.tables) if t.name == "geo")
+    assert np.allclose(res.task.data_features[geo, 2:], reuse_histogram(np.array([2, 1])))
+    assert any("user 1.00/0.00" in n for n in res.notes), res.notes
+    spread_blocks = got["spread"].task.data_features[blocks, 1].tolist()
+    assert spread_blocks == [20.0 * np.mean(spread.numpy() < 200), 20.0 * np.mean(spread.numpy() >= 200)]
+    assert got["none"].task.data_features[blocks, 1].tolist() == [10.0, 10.0]  # no ids: spread evenly over rows
+    assert any("published DLRM" in n for n in got["none"].notes)
+    # rank 0 does all of "user"'s lookups: its predicted compute is above any rank's where they spread evenly
+    assert res.cost.compute_ms[0] > max(got["none"].cost.compute_ms) + 1.0, (res.cost, got["none"].cost)
+
+
+@pytest.mark.parametrize("ids, fragment", [
+    ([1, 2], r"^ids must be a dict \{table name: 1-D tensor"),
+    ({3: [1]}, r"^ids\[.3.\]: keys must be table names"),
+    ({"user": [1, 2]}, r"^ids\['user'\]: pass a 1-D torch tensor or numpy array"),
+    ({"user": "torch.zeros(2, 2, dtype=torch.long)"}, r"^ids\['user'\]: pass a non-empty 1-D tensor .* shape \(2, 2\)"),
+    ({"user": "torch.zeros(0, dtype=torch.long)"}, r"^ids\['user'\]: pass a non-empty 1-D tensor .* shape \(0,\)"),
+    ({"user": "torch.tensor([0.5])"}, r"^ids\['user'\]: ids must be integers, got dtype float32"),
+    ({"user": "torch.tensor([-1, 3])"}, r"^ids\['user'\]: ids must be row numbers .*got -1"),
+    ({"user": "np.array([2**64 - 1], np.uint64)"}, r"^ids\['user'\]: ids must be row numbers"),
+])
+def test_bad_ids_are_one_line_at_construction(models, ids, fragment):
+    import numpy as np
+    import torch
+
+    env = {"np": np, "torch": torch}  # the parameters' tensors, made here
+    if isinstance(ids, dict):
+        ids = {k: eval(v, env) if isinstance(v, str) else v for k, v in ids.items()}
+    with pytest.raises(UserError, match=fragment):
+        planner(models, ids=ids)
+
+
+def test_ids_out_of_a_tables_rows_or_of_no_table_are_one_line_at_plan(models):
+    import torch
+
+    from neuroshard.sharding.planner.enumerators import EmbeddingBagEnumerator
+
+    with pytest.raises(UserError, match=r"^table 'geo' .*: ids\['geo'\] holds id 30, beyond its 30 rows"):
+        planner(models, ids={"geo": torch.tensor([0, 30])}).plan(w.TwoTowerModel(), sharders())
+    with pytest.raises(UserError, match=r"^ids= names table\(s\) no planned EmbeddingBagCollection has: usr"):
+        planner(models, ids={"usr": torch.tensor([0])}).plan(w.TwoTowerModel(), sharders())
+    with pytest.raises(UserError, match=r"^ids= reaches NeuroShardPlanner's own enumerator"):
+        planner(models, ids={"geo": torch.tensor([0])}, enumerator=EmbeddingBagEnumerator({}, "cuda", None, 32, "HBM"))
+
+
+def test_replicas_are_dropped_before_the_search_gives_up(models):
+    """A replica of a small table costs memory on every rank. At 112,000 bytes a rank the search finds no plan with
+    the replicas the data-parallel rule picks ("geo", "tags"), however many tables go row-wise; without them it
+    does, and that plan is handed out (not TorchRec's); at 120,000 the replicas fit and stay."""
+    kinds = {n: w.SHARDED + ["data_parallel"] for n, *_ in ALL}
+    tight = planner(models, 112_000, kinds=kinds, debug=False)
+    tight.plan(w.TwoTowerModel(), sharders())
+    res = tight.last_result
+    assert res.plan is not None and not any("handed out TorchRec" in n for n in res.notes), res.notes
+    assert not any(k.startswith("data_parallel") for k in res.sharding_types), res.sharding_types
+    roomy = planner(models, 120_000, kinds=kinds, debug=False)
+    roomy.plan(w.TwoTowerModel(), sharders())
+    kinds_of = dict(zip([t.name for t in roomy.last_result.tables], roomy.last_result.sharding_types))
+    assert kinds_of["geo"] == kinds_of["tags"] == "data_parallel", kinds_of

@@ -127,3 +127,15 @@ def test_the_source_digest_follows_the_code(tmp_path):
     assert digest() == source_digest()
     (pkg / "training" / "dct.py").write_text((pkg / "training" / "dct.py").read_text() + "\n# changed\n")
     assert digest() not in ("", source_digest())
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--ids_order", "sorted"], "--ids_order: unknown order 'sorted'; choose from shuffled, popular_first"),
+    (["--ids_order", "popular_first\nx"], r"--ids_order: unknown order 'popular_first\\nx'; choose from shuffled, "
+                                          "popular_first"),
+    (["--set", "criteo"], "--set: unknown table set 'criteo'; choose from .*"),
+    (["--ddr_mb", "nan"], "--ddr_mb must be a finite number > 0 and <= 1e\\+07, got nan"),
+])
+def test_all_types_step_refuses_bad_flags_before_any_work(capsys, tmp_path, argv, line):
+    refused(capsys, "benchmarks/all_types_step.py", *argv, "--out", tmp_path / "r.md", untouched=[tmp_path],
+            match=f"error: {line}")

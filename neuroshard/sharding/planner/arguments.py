@@ -68,6 +68,41 @@ def checked_constraints(constraints) -> dict:
     return dict(constraints or {})
 
 
+MAX_IDS_PER_TABLE = 100_000_000  # ids= per table: a batch's sample, not a dataset
+
+
+def checked_ids(ids) -> dict[str, np.ndarray]:
+    """{table name: 1-D int64 array}, a copy, from `ids=` (None: none): each value a 1-D tensor or array of whole
+    numbers >= 0, at least one; the range against each table's rows is checked when the tables are known
+    (`EmbeddingBagEnumerator`)."""
+    if ids is None:
+        return {}
+    if not isinstance(ids, dict):
+        raise UserError(f"ids must be a dict {{table name: 1-D tensor of the ids it is looked up with}}, got "
+                        f"{type(ids).__name__}")
+    out = {}
+    for name, value in ids.items():
+        where = f"ids[{str(name)[:60]!r}]"
+        if not isinstance(name, str):
+            raise UserError(f"{where}: keys must be table names (str), got {type(name).__name__}")
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        if not isinstance(value, np.ndarray):
+            raise UserError(f"{where}: pass a 1-D torch tensor or numpy array of ids, got {type(value).__name__}")
+        if value.ndim != 1 or not value.size:
+            raise UserError(f"{where}: pass a non-empty 1-D tensor of ids (the table's lookups in a batch), got shape "
+                            f"{tuple(value.shape)}")
+        if value.size > MAX_IDS_PER_TABLE:
+            raise UserError(f"{where}: {value.size:,} ids is more than {MAX_IDS_PER_TABLE:,}; pass a batch's sample")
+        if value.dtype.kind not in "iu":
+            raise UserError(f"{where}: ids must be integers, got dtype {value.dtype}")
+        if value.min() < 0 or (value.dtype.kind == "u" and value.max() > np.iinfo(np.int64).max):
+            raise UserError(f"{where}: ids must be row numbers (>= 0 and below the table's rows), got "
+                            f"{int(value.min()) if value.min() < 0 else int(value.max())}")
+        out[name] = value.astype(np.int64, copy=True)
+    return out
+
+
 def checked_search(search) -> SearchParams:
     if not isinstance(search, SearchParams):
         raise UserError(f"search must be a neuroshard.core.config.SearchParams, got {type(search).__name__}")

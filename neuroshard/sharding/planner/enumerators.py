@@ -3,8 +3,9 @@
 
 - Tables: rows and dim from each table's weight; the pooling factor is the sum over the table's features
   of `pooling_factors` (times `num_poolings` where given); a table without constraints gets TorchRec's
-  default, 1.0 (`POOLING_FACTOR`), and a note says so. No ids are seen, so the reuse histogram is the
-  published DLRM one (as for a table list without `bin_*` columns). Dims must be multiples of 4.
+  default, 1.0 (`POOLING_FACTOR`), and a note says so. The reuse histogram is measured from the ids the caller
+  gives for a table (`ids=`: a batch's lookups), else the published DLRM one (as for a table list without `bin_*`
+  columns); the ids also give its row blocks' shares of the lookups (`row_wise.py`). Dims must be multiples of 4.
 - Sharding types: NeuroShard places tables whole (`table_wise`), in column halves (`column_wise`) or, where no
   rank holds a table even in its narrowest column shard, in row blocks (`row_wise`, `row_wise.py`); a
   table that allows only table-wise is never split, one that allows only column-wise is handed out
@@ -29,8 +30,8 @@ from torch import nn
 
 from ...core.errors import UserError
 from ...core.costs import Cluster
-from ...data.features import can_split, table_size_gb
-from ...data.table_list import parse_table_rows
+from ...data.features import can_split, reuse_histogram, table_size_gb
+from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
 from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator,
                     PlannedTable)
@@ -42,9 +43,11 @@ logger = logging.getLogger(__name__)
 
 
 class EmbeddingBagEnumerator(Enumerator):
-    def __init__(self, constraints: dict, device_type: str, topology, batch_size: int, memory_kind: str):
+    def __init__(self, constraints: dict, device_type: str, topology, batch_size: int, memory_kind: str,
+                 ids: dict[str, np.ndarray] | None = None):
         self.constraints, self.device_type = constraints, device_type
         self.topology, self.batch_size, self.memory_kind = topology, batch_size, memory_kind
+        self.ids = ids or {}  # table name -> its ids (`arguments.checked_ids`)
 
     def enumerate(self, module, sharders) -> Enumeration:
         tables, rows, defaulted, unpriced = [], [], [], []
@@ -61,14 +64,19 @@ class EmbeddingBagEnumerator(Enumerator):
         if unknown:  # most likely a misspelt name: its constraints would be lost without a word
             logger.warning("NeuroShardPlanner: constraints name table(s) no planned EmbeddingBagCollection has, "
                            "unused: %s; use the names of the EmbeddingBagConfigs", _names(unknown))
+        unknown_ids = sorted(set(self.ids) - {t.name for t in tables})
+        if unknown_ids:
+            raise UserError(f"ids= names table(s) no planned EmbeddingBagCollection has: {_names(unknown_ids)}; use "
+                            "the names of the EmbeddingBagConfigs")
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
         task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
         counter = StorageCounter(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
                                  module, sharders)
         task = replace(task, storage=counter.halvings(tables, task.rows, task.dims, self.memory_kind))
+        ids = {t: self.ids[table.name] for t, table in enumerate(tables) if table.name in self.ids}
         return Enumeration(tables, [row for _, row in rows], task,
                            frozenset(t for t, table in enumerate(tables) if table.narrowest(task.dims[t]) == task.dims[t]),
-                           _notes(defaulted, unpriced, unknown), counter)
+                           _notes(defaulted, unpriced, unknown, len(ids) < len(tables)), counter, ids)
 
     def _table(self, path: str, name: str, param, sharder) -> tuple[PlannedTable, dict, bool]:
         """The table, its row for the table list, and whether its pooling factor is TorchRec's default."""
@@ -110,11 +118,20 @@ class EmbeddingBagEnumerator(Enumerator):
                                 f"feature; num_poolings the same length), got {factors!r}")
             pooling = sum(f * n for f, n in zip(factors, counts))
         rows, dim = (int(x) for x in param.shape)
+        measured = {}
+        if name in self.ids:
+            ids = self.ids[name]
+            if int(ids.max()) >= rows:
+                raise UserError(f"{where}: ids[{name!r}] holds id {int(ids.max())}, beyond its {rows:,} rows; pass the "
+                                "ids the table is looked up with (row numbers below its rows)")
+            _, counts = np.unique(ids, return_counts=True)
+            measured = dict(zip(BIN_COLUMNS, reuse_histogram(counts).tolist()))
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
                              min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE},
                              data_parallel=data_parallel, data_parallel_only=not allowed and data_parallel,
                              unplaced=unplaced)
-        return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling}, c is None
+        return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,
+                       **measured}, c is None
 
 
 # ParameterConstraints fields each ParameterSharding of the plan carries as the caller set them (as TorchRec's planner
@@ -265,8 +282,9 @@ def _names(x: list[str]) -> str:
     return ", ".join(x[:5]) + (", ..." if len(x) > 5 else "")
 
 
-def _notes(defaulted: list[str], unpriced: list[str], unknown: list[str]) -> list[str]:
-    notes = ["note: reuse histograms are the published DLRM dataset's (the planner sees no ids)"]
+def _notes(defaulted: list[str], unpriced: list[str], unknown: list[str], unseen_ids: bool = True) -> list[str]:
+    notes = ["note: reuse histograms are the published DLRM dataset's where no ids= are given (and row blocks' "
+             "lookups spread evenly over their rows)"] if unseen_ids else []
     if defaulted:
         notes.append(f"note: no ParameterConstraints for {len(defaulted)} table(s) ({_names(defaulted)}): pooling "
                      f"factor {DEFAULT_POOLING_FACTOR:g} (TorchRec's default); pass pooling_factors, the cost models "

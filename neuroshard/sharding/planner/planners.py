@@ -27,6 +27,10 @@ built by `torchrec_export.to_torchrec_plan`.
   `compute_device="cpu"`) after the storage reservation TorchRec's planner makes (`storage_reservation=`,
   default TorchRec's `HeuristicalStorageReservation(percentage=0.15)`), the smallest rank's where they differ.
   No plan over that budget is handed out; a table that fits no rank is refused in one line.
+- Ids (`ids=`, optional): {table name: a 1-D tensor of the ids the table is looked up with in a batch}. The
+  table's reuse histogram is measured from them, and so is each row block's share of the lookups: hot rows make
+  the blocks of a row-wise table unequal, which TorchRec's estimator (lookups spread evenly over rows) does not
+  see. Without them, the published DLRM histogram and an even spread.
 - Cost models: loaded once at construction (`Simulator.from_files`), refused with one line when missing or
   trained for another device count than `topology.world_size`; the stats name the files. `batch_size` is
   per rank, as in TorchRec; when `batch_size x world_size` differs from the batch the models were trained
@@ -70,8 +74,8 @@ from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_
 from .incumbent import from_parameter_specs, parameter_specs, torchrec_full_plan, torchrec_plan
 from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
-from .arguments import (ModelArguments, checked_constraints, checked_search, planner_batch_size, planner_simulator,
-                     topology_ranks)
+from .arguments import (ModelArguments, checked_constraints, checked_ids, checked_search, planner_batch_size,
+                        planner_simulator, topology_ranks)
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
@@ -95,7 +99,7 @@ class NeuroShardPlanner:
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
                  partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = USER_COST,
                  simulator: Simulator | tuple | None = None, compare: bool = True, min_gain: float = MIN_GAIN,
-                 storage_reservation=None):
+                 storage_reservation=None, ids=None):
         require_torchrec()
         ranks = topology_ranks(topology)
         self.topology, self.cluster = topology, ranks.cluster
@@ -109,8 +113,12 @@ class NeuroShardPlanner:
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         self.batch_size = planner_batch_size(batch_size, self.model_batch, self.cluster.num_devices)
         self.storage_reservation = checked_reservation(storage_reservation)
+        ids = checked_ids(ids)
+        if ids and enumerator is not None:
+            raise UserError("ids= reaches NeuroShardPlanner's own enumerator; pass them to yours instead, or no "
+                            "enumerator=")
         self.enumerator = enumerator or EmbeddingBagEnumerator(self.constraints, self.device_type, topology,
-                                                               self.batch_size, self.memory_kind)
+                                                               self.batch_size, self.memory_kind, ids)
         self.perf_model = perf_model or NeuralPerfModel(self.simulator)
         self.proposer = proposer or BeamSplitProposer(self.simulator)
         self.partitioner = partitioner or GridSearchPartitioner(self.simulator)
@@ -201,23 +209,28 @@ class NeuroShardPlanner:
         """(the tables as searched, the search's plan or None, the thresholds note, search seconds): the tables no
         rank holds go row-wise (`row_wise.needs_row_wise`), the small ones data-parallel under the step cost
         (`row_wise.data_parallel_tables`); while the search finds no plan, the largest table that may go row-wise
-        and has not is added to them and the search runs again."""
-        row_wise = needs_row_wise(found, cluster.fits)
-        spare = more_row_wise(found, row_wise)
-        N = cluster.num_devices
-        replicated = data_parallel_tables(found, row_wise, N, self.batch_size * N, self.simulator.cost == "step")
-        t0 = time.perf_counter()
-        while True:
-            replicated = [t for t in replicated if t not in row_wise]
-            searched = with_row_blocks(found, row_wise, N, self.memory_kind, replicated)
-            check_fits(searched, cluster, self.memory_kind, self._reserved_words())
-            params, widened = fitting_thresholds(searched.task, cluster.num_devices, self.search, searched.no_split,
-                                                 [t.qualified_name for t in searched.tables])
-            plan = self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
-                                         self.perf_model)
-            if plan is not None or not spare:
-                return searched, plan, widened, time.perf_counter() - t0
-            row_wise = sorted(row_wise + [spare.pop(0)])
+        and has not is added to them and the search runs again; where none is left, all of that again without the
+        replicas the rule chose (each costs memory on every rank)."""
+        needed = needs_row_wise(found, cluster.fits)
+        N, t0 = cluster.num_devices, time.perf_counter()
+        by_rule = data_parallel_tables(found, needed, N, self.batch_size * N, self.simulator.cost == "step")
+        only = data_parallel_tables(found, needed, N, self.batch_size * N, by_rule=False)
+        for replicated in ([by_rule, only] if len(only) < len(by_rule) else [by_rule]):
+            row_wise, spare = list(needed), more_row_wise(found, needed)
+            while True:
+                kept = [t for t in replicated if t not in row_wise]
+                searched = with_row_blocks(found, row_wise, N, self.memory_kind, kept)
+                check_fits(searched, cluster, self.memory_kind, self._reserved_words())
+                params, widened = fitting_thresholds(searched.task, N, self.search, searched.no_split,
+                                                     [t.qualified_name for t in searched.tables])
+                plan = self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
+                                             self.perf_model)
+                if plan is not None or not spare:
+                    break
+                row_wise = sorted(row_wise + [spare.pop(0)])
+            if plan is not None:
+                break
+        return searched, plan, widened, time.perf_counter() - t0
 
     def _fits_exported(self, found: Enumeration, plan: Placement, cluster: Cluster) -> bool:
         """Whether `plan`, as exported to TorchRec, is within each rank's budget by TorchRec's storage estimator."""

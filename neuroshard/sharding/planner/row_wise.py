@@ -4,7 +4,9 @@ constraints allow only `row_wise`) is sharded row-wise, as TorchRec runs it: cut
 r. Where the search then finds no plan, the largest
 table that may go row-wise is added and the search runs again (`more_row_wise`). The search sees each block as a
 table of its own, pinned to its rank (`ShardingTask.row_block`): its rows, the
-share of the table's lookups that falls in it (ids spread evenly over the rows), its storage as TorchRec's
+share of the table's lookups that falls in it and its reuse histogram (measured from the ids the caller gives,
+`NeuroShardPlanner(ids=)`: hot rows make blocks unequal; without them, ids spread evenly over the rows with the
+table's histogram), its storage as TorchRec's
 estimator counts a row-wise shard. The step cost prices the blocks as TorchRec's row-wise sharding group
 (`simulator.py`); the rest of the tables are placed around them.
 
@@ -22,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...core.errors import UserError
-from ...data.features import MIN_ROWS
+from ...data.features import MIN_ROWS, reuse_histogram
 from ...data.tasks import ShardStorage
 from ..simulator import allreduce_floats
 from .types import DATA_PARALLEL, DENSE, FUSED, ROW_WISE, Enumeration
@@ -109,6 +111,19 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     features = task.data_features[origin_a].copy()
     is_block, pinned = block_a >= 0, (block_a >= 0) | (replica_a >= 0)
     share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), np.where(replica_a >= 0, 1.0 / world, 1.0))
+    ids, shares = {}, {}
+    for i, e in enumerate(tables):  # where the caller gave a table's ids: each block's measured share and histogram
+        t = origin[i]
+        if t not in (found.ids or {}) or (e.row_block < 0 and e.replica >= 0):
+            continue
+        table_ids = found.ids[t]
+        lo = row_blocks(int(task.rows[t]), world)[e.row_block][0] if e.row_block >= 0 else 0
+        inside = table_ids[(table_ids >= lo) & (table_ids < lo + block_rows[i])] - lo
+        ids[i] = inside
+        if e.row_block >= 0:
+            share[i] = inside.size / table_ids.size
+            shares.setdefault(t, []).append(share[i])
+            features[i, 2:] = reuse_histogram(np.unique(inside, return_counts=True)[1])
     features[is_block, 0] = np.maximum(MIN_ROWS, n_rows[is_block])
     features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups, the replica's local batch's
     storage = task.storage
@@ -129,8 +144,12 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
         notes.append(f"note: {len(row_wise)} table(s) sharded {ROW_WISE} in {world} row blocks (no rank holds them "
                      f"even in their narrowest column shards, their constraints allow only {ROW_WISE}, or the search "
                      f"found no plan without): {', '.join(found.tables[t].qualified_name for t in row_wise)}")
+    if shares:
+        notes.append("note: the row blocks' shares of their table's lookups, from the ids given: " + "; ".join(
+            f"{found.tables[t].qualified_name} {'/'.join(f'{x:.2f}' for x in s)}" for t, s in shares.items()))
     if data_parallel:
         notes.append(f"note: {len(data_parallel)} small table(s) run {DATA_PARALLEL} (a replica on every rank: their "
                      "gradient all-reduce moves fewer floats than their pooled output's all-to-all): "
                      f"{', '.join(found.tables[t].qualified_name for t in data_parallel)}")
-    return replace(found, tables=tables, rows=rows, task=new_task, no_split=no_split, notes=found.notes + notes)
+    return replace(found, tables=tables, rows=rows, task=new_task, no_split=no_split, notes=found.notes + notes,
+                   ids=ids)

@@ -67,6 +67,7 @@ class Enumeration:
     no_split: frozenset[int]  # tables that stay whole (table-wise only, or min_partition)
     notes: list[str]          # defaulted pooling factors, fields the cost models do not price
     storage: object = None    # a `storage.StorageCounter` of the tables, to count an exported plan; None: none
+    ids: dict | None = None   # table index -> a sample of its ids (int64), where the caller gave them (`ids=`)
 
 
 @dataclass
