@@ -89,7 +89,7 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
         dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
         shards = t.get("shards")
-        if t.get("sharding_type") in ("row_wise", "data_parallel"):
+        if t.get("sharding_type") in ("row_wise", "table_row_wise", "data_parallel"):
             _check_pinned_shards(at, t, world)
             continue
         if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
@@ -107,8 +107,9 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         kind = t.get("sharding_type")  # NeuroShardPlanner's specs carry it; files written by shard_tables do not
         if kind is not None and (kind not in ("table_wise", "column_wise")
                                  or (kind == "table_wise" and len(shards) > 1)):
-            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise, row_wise or "
-                            f"data_parallel, got {kind!r}"[:300] + "; rewrite it with tools/shard_tables.py --torchrec_plan")
+            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise, row_wise, "
+                            f"table_row_wise or data_parallel, got {kind!r}"[:300]
+                            + "; rewrite it with tools/shard_tables.py --torchrec_plan")
         narrow = min(s["width"] for s in shards)
         uneven = [s["width"] for s in shards if s["width"] % narrow]
         if uneven:
@@ -126,11 +127,11 @@ def _check_pinned_shards(at: str, t: dict, world: int) -> None:
     from .planner.row_wise import row_blocks
 
     shards, dim = t.get("shards"), t["dim"]
-    if t["sharding_type"] == "row_wise":
+    if t["sharding_type"] in ("row_wise", "table_row_wise"):
         keys, want = ("col_offset", "width", "rank", "row_offset", "rows"), [
             (0, dim, r, offset, rows) for r, (offset, rows) in enumerate(row_blocks(t["rows"], world))]
-        need = (f"a row_wise table needs one shard per rank ({world}), each an object with col_offset, width, rank, "
-                "row_offset and rows")
+        need = (f"a {t['sharding_type']} table needs one shard per rank ({world}), each an object with col_offset, "
+                "width, rank, row_offset and rows")
 
         def wrong(r: int) -> str:
             return (f"row block {r} must be rows {want[r][3]}..{want[r][3] + want[r][4]} of every column on rank {r} "
@@ -168,6 +169,17 @@ def make_ebc(spec: dict, device: str = "meta"):
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
+def _with_kernel(generator, compute_kernel: str | None):
+    """TorchRec's sharding generator with the ParameterSharding's kernel set to `compute_kernel` (TorchRec's
+    `table_row_wise` takes none and picks the sharder's first); None: as it picks."""
+    def generate(*args):
+        sharding = generator(*args)
+        if compute_kernel:
+            sharding.compute_kernel = compute_kernel
+        return sharding
+    return generate
+
+
 def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda", compute_kernel: str | None = None,
                      local_size: int | None = None):
     """A real TorchRec `ShardingPlan` ({module_path: EmbeddingModuleShardingPlan}) for the spec's tables.
@@ -177,7 +189,7 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_row_wise, table_wise
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan as TorchRecShardingPlan
 
     check_spec(spec)
@@ -185,6 +197,11 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     for t in spec["tables"]:
         if t.get("sharding_type") == "row_wise":
             per_param[t["module_name"]] = row_wise(compute_kernel=compute_kernel)
+        elif t.get("sharding_type") == "table_row_wise":  # one host: the same blocks as row_wise (check_spec)
+            if local_size not in (None, spec["world_size"]):
+                raise UserError(f"table {t['name']!r} is planned table_row_wise over all {spec['world_size']} ranks, "
+                                f"but local_size={local_size} makes several hosts; plan it for this topology")
+            per_param[t["module_name"]] = _with_kernel(table_row_wise(host_index=0), compute_kernel)
         elif t.get("sharding_type") == "data_parallel":  # TorchRec's dense kernel
             per_param[t["module_name"]] = data_parallel()
         elif len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":

@@ -269,9 +269,9 @@ def test_no_room_is_one_line(models):
 
 @pytest.mark.parametrize("kinds, fragment", [
     ({"item": ["table_column_wise"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
-                                      "column_wise, row_wise, data_parallel, the sharding types NeuroShardPlanner "
-                                      "places"),
-    ({"tags": ["table_row_wise", "grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
+                                      "column_wise, row_wise, table_row_wise, data_parallel, the sharding types "
+                                      "NeuroShardPlanner places"),
+    ({"tags": ["table_column_wise", "grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
 ])
 def test_a_table_allowing_no_type_placed_gets_torchrecs_plan_or_one_line(models, kinds, fragment):
     """Only types the search does not place: TorchRec's planner places the table, and its plan is handed out
@@ -284,6 +284,27 @@ def test_a_table_allowing_no_type_placed_gets_torchrecs_plan_or_one_line(models,
     assert any(re.search(fragment, n) for n in p.last_result.notes), p.last_result.notes
     with pytest.raises(UserError, match=fragment):
         planner(models, kinds=kinds, compare=False).plan(w.TwoTowerModel(), sharders())
+
+
+def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models):
+    """table_row_wise alone: on a topology of one host TorchRec cuts it as row_wise, and NeuroShard places its
+    blocks so and hands them out as table_row_wise; over two hosts it cuts it over one host's ranks, which the
+    search does not place, so TorchRec's plan is handed out (and without compare it is one line)."""
+    from torchrec.distributed.planner import Topology
+
+    kinds = {"user": ["table_row_wise"]}
+    one = planner(models, kinds=kinds, debug=False)
+    plan = one.plan(w.TwoTowerModel(), sharders())
+    ps = plan.plan["top"]["user"]
+    assert ps.sharding_type == "table_row_wise" and one.last_result.plan is not None
+    assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in ps.sharding_spec.shards] == [
+        ([0, 0], [200, 64], 0), ([200, 0], [200, 64], 1)]
+    two = planner(models, kinds=kinds, debug=False)
+    two.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda", hbm_cap=10**6)
+    two.enumerator.topology = two.topology
+    assert two.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == "table_row_wise"
+    assert two.last_result.plan is None and any("places on a topology of one host only" in n
+                                                for n in two.last_result.notes), two.last_result.notes
 
 
 def test_a_data_parallel_only_table_is_replicated(models):
@@ -417,18 +438,22 @@ def test_collective_plan_runs_in_distributed_model_parallel(models):
     assert set(specs) == {"top", "tower.ebc"}
 
 
-def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(models):
+@pytest.mark.parametrize("user_kinds", [None, ["table_row_wise"]])
+def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(models, user_kinds):
     """2 gloo CPU ranks with `RowWiseSharder`: "user", kept whole by its min_partition and over a rank's budget,
-    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns), the tables with fewer rows
-    than the global batch that may go data-parallel are replicated, the others placed around them;
-    DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
+    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns; table_row_wise where only
+    that is allowed, on this one host), the tables with fewer rows than the global batch that may go data-parallel
+    are replicated, the others placed around them; DistributedModelParallel runs the plan's forward (the unsharded
+    model's outputs) and backward."""
     got = {}
-    run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), 125_000, 6, {"geo": None, "tags": None}),
+    kinds = {"geo": None, "tags": None, **({"user": user_kinds} if user_kinds else {})}
+    run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), 125_000, 6, kinds),
                   lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
     assert set(got) == {0, 1}
     for rank, (err, held, types, _) in got.items():
         assert err < 1e-5, (rank, err)
-        assert types["top"]["user"] == "row_wise" and held["user"] == [(200 * rank, 200, 0, 64)], (rank, held)
+        assert types["top"]["user"] == (user_kinds or ["row_wise"])[0], types
+        assert held["user"] == [(200 * rank, 200, 0, 64)], (rank, held)
         # fewer rows than the global batch of 64 (the planner batch of 32 a rank, 2 ranks): replicated
         assert types["top"]["geo"] == types["tower.ebc"]["tags"] == "data_parallel", types
         assert held["geo"] == [(0, 30, 0, 8)] and held["tags"] == [(0, 60, 0, 16)], held

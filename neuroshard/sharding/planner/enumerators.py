@@ -7,10 +7,11 @@
   gives for a table (`ids=`: a batch's lookups), else the published DLRM one (as for a table list without `bin_*`
   columns); the ids also give its row blocks' shares of the lookups (`row_wise.py`). Dims must be multiples of 4.
 - Sharding types: NeuroShard places tables whole (`table_wise`), in column halves (`column_wise`) or, where no
-  rank holds a table even in its narrowest column shard, in row blocks (`row_wise`, `row_wise.py`); a
-  table that allows only table-wise is never split, one that allows only column-wise is handed out
+  rank holds a table even in its narrowest column shard, in row blocks (`row_wise`, `row_wise.py`; handed out
+  as `table_row_wise` where only that is allowed and the topology is one host, on which TorchRec cuts both
+  alike); a table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
-  that allows none of the three is refused. The sharder's own sharding types count as well (TorchRec's
+  that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well (TorchRec's
   sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
   `dense` kernel) is allowed where the constraints, the sharder and the kernels allow it (`row_wise.py` picks the
   small tables that run so). Kernel: `fused`; a table excluding it is refused.
@@ -33,10 +34,10 @@ from ...core.costs import Cluster
 from ...data.features import can_split, reuse_histogram, table_size_gb
 from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
-from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator,
-                    PlannedTable)
+from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_ROW_WISE, TABLE_WISE, Enumeration,
+                    Enumerator, PlannedTable)
 
-PLACED = (TABLE_WISE, COLUMN_WISE, ROW_WISE)  # the sharding types NeuroShardPlanner places
+PLACED = (TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE)  # the sharding types NeuroShardPlanner places
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
 logger = logging.getLogger(__name__)
@@ -94,6 +95,12 @@ class EmbeddingBagEnumerator(Enumerator):
                         f"{', '.join(PLACED + (DATA_PARALLEL,))}, the sharding types NeuroShardPlanner places; add one "
                         "of them")
         allowed &= offered
+        if TABLE_ROW_WISE in allowed and getattr(self.topology, "local_world_size", None) != getattr(
+                self.topology, "world_size", None):
+            allowed.discard(TABLE_ROW_WISE)  # on several hosts it cuts a table over one host's ranks only
+            if not allowed and not data_parallel and not unplaced:
+                unplaced = (f"{where}: it allows only {TABLE_ROW_WISE} of the types NeuroShardPlanner places, which it "
+                            "places on a topology of one host only (local_world_size = world_size)")
         if not allowed and not data_parallel and not unplaced:
             unplaced = (f"{where}: its sharder {type(sharder).__name__} offers none of "
                         f"{', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} on {self.device_type}; pass "
@@ -127,9 +134,10 @@ class EmbeddingBagEnumerator(Enumerator):
             _, counts = np.unique(ids, return_counts=True)
             measured = dict(zip(BIN_COLUMNS, reuse_histogram(counts).tolist()))
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
-                             min_width(c, where), ROW_WISE in allowed, not allowed & {TABLE_WISE, COLUMN_WISE},
-                             data_parallel=data_parallel, data_parallel_only=not allowed and data_parallel,
-                             unplaced=unplaced)
+                             min_width(c, where), bool(allowed & {ROW_WISE, TABLE_ROW_WISE}),
+                             not allowed & {TABLE_WISE, COLUMN_WISE}, data_parallel=data_parallel,
+                             data_parallel_only=not allowed and data_parallel, unplaced=unplaced,
+                             row_wise_type=ROW_WISE if ROW_WISE in allowed else TABLE_ROW_WISE)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,
                        **measured}, c is None
 

@@ -8,7 +8,7 @@ import re
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from ..torchrec_baseline import sharding_slices
-from .types import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, Enumeration
+from .types import COLUMN_WISE, DATA_PARALLEL, ROW_WISE_KINDS, TABLE_WISE, Enumeration
 
 
 def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders,
@@ -31,15 +31,16 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
         for name, ps in module_plan.items():
             t = index.get((path, name, 0))
             table = found.tables[t] if t is not None else None
-            kind = None if table is None else (ROW_WISE if table.row_block == 0 else DATA_PARALLEL if table.replica == 0
-                                               else ps.sharding_type)
-            if table is None or ps.sharding_type != kind or kind not in (TABLE_WISE, COLUMN_WISE, ROW_WISE,
+            kind = None if table is None else (table.row_wise_type if table.row_block == 0 else DATA_PARALLEL
+                                               if table.replica == 0 else ps.sharding_type)
+            if table is None or ps.sharding_type != kind or kind not in (TABLE_WISE, COLUMN_WISE, *ROW_WISE_KINDS,
                                                                           DATA_PARALLEL):
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
             if kind in (TABLE_WISE, COLUMN_WISE):
                 shardings.append((t, ps))
                 continue
-            ranks = ([m.placement.rank() for m in ps.sharding_spec.shards] if kind == ROW_WISE else list(ps.ranks or []))
+            ranks = ([m.placement.rank() for m in ps.sharding_spec.shards] if kind in ROW_WISE_KINDS
+                     else list(ps.ranks or []))
             if ranks != list(range(topology.world_size)):  # block or replica r on rank r, as `row_wise.py` has them
                 raise PlanError(f"TorchRec's planner put {path}.{name} ({kind}) on ranks {ranks}")
             for r in ranks:

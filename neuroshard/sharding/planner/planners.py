@@ -17,7 +17,8 @@ process: enumerate, widen the dim-sum thresholds once where a whole block needs 
 `collective_plan` plans on rank 0 and sends the result to every rank. Both return a TorchRec `ShardingPlan`
 built by `torchrec_export.to_torchrec_plan`.
 
-- Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings), and `row_wise` for a table no
+- Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings), and `row_wise` (or, where only it is
+  allowed on a topology of one host, `table_row_wise`, which TorchRec cuts alike there) for a table no
   rank holds even in its narrowest column shards (or that allows only it): its row blocks, one per rank, are
   pinned to their ranks and the search places the rest around them (`row_wise.py`; on cpu the sharder must offer
   it: `sharders.RowWiseSharder`); under the step cost, `data_parallel` for a small table whose gradient all-reduce
@@ -80,7 +81,7 @@ from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
 from .row_wise import data_parallel_tables, more_row_wise, needs_row_wise, with_row_blocks
-from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, ROW_WISE, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
+from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
@@ -254,7 +255,8 @@ class NeuroShardPlanner:
         kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
                  for t in spec["tables"]}
         note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
-                f"do not price (table_row_wise, table_column_wise, grid_shard and the UVM kernels are not in its search): "
+                f"do not price (table_row_wise over several hosts, table_column_wise, grid_shard and the UVM kernels are not "
+                f"in its search): "
                 f"{why}")
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
@@ -395,13 +397,14 @@ class NeuroShardPlanner:
 
 
 def sharding_types(found: Enumeration, plan: Placement) -> list[str]:
-    """Per table (a row block counted as one), the sharding type TorchRec runs it in: row_wise for a row block,
+    """Per table (a row block counted as one), the sharding type TorchRec runs it in: the table's row-wise type
+    (`PlannedTable.row_wise_type`) for a row block,
     column_wise for a split table and for a whole one that must be (the step cost's groups,
     `ShardingTask.shard_groups`), else table_wise."""
     task, shard_tables = found.task, [s.table for s in plan.shards]
     group = np.zeros(len(found.tables), np.int64)
     np.maximum.at(group, shard_tables, task.shard_groups(shard_tables, [s.dim for s in plan.shards]))
-    return [(TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)[g] for g in group]
+    return [(TABLE_WISE, COLUMN_WISE, table.row_wise_type, DATA_PARALLEL)[g] for g, table in zip(group, found.tables)]
 
 
 def module_specs(found: Enumeration, plan: Placement, kinds: list[str]) -> dict[str, dict]:

@@ -93,11 +93,11 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
                          getattr(storage, field) / 2**30) for r, storage in enumerate(counted)]
         elif t in row_wise:
             blocks = row_blocks(rows_t, world)
-            counted = found.storage.shards(table.module_path, table.name, ROW_WISE, FUSED,
+            counted = found.storage.shards(table.module_path, table.name, table.row_wise_type, FUSED,
                                            [(n, int(task.dims[t])) for _, n in blocks])
             if counted is None:
-                raise UserError(f"{table.where}: TorchRec's enumerator gives it no {ROW_WISE} {FUSED} option; allow "
-                                f"{ROW_WISE!r} and {FUSED!r} in its ParameterConstraints")
+                raise UserError(f"{table.where}: TorchRec's enumerator gives it no {table.row_wise_type} {FUSED} option; "
+                                f"allow {table.row_wise_type!r} and {FUSED!r} in its ParameterConstraints")
             entries += [(replace(table, row_block=r, splittable=False, column_wise_only=False),
                          {**found.rows[t], "rows": n}, t, n, getattr(storage, field) / 2**30)
                         for r, ((_, n), storage) in enumerate(zip(blocks, counted))]

@@ -23,7 +23,7 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import halvings
 from ...data.tasks import ShardStorage
-from .types import COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_WISE, PlannedTable
+from .types import COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, TABLE_WISE, PlannedTable
 
 DEFAULT_RESERVATION = 0.15  # TorchRec's EmbeddingShardingPlanner(heuristical_storage_reservation_percentage=)
 
@@ -107,12 +107,13 @@ def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: 
             continue
         kernels = [FUSED]
         if decided and table.row_block >= 0:
-            kinds = [ROW_WISE]
+            kinds = [table.row_wise_type]
         elif decided and table.replica >= 0:
             kinds, kernels = [DATA_PARALLEL], [DENSE]
         else:
             kinds = ([] if table.column_wise_only or table.row_wise_only else [TABLE_WISE]) + (
-                [COLUMN_WISE] if table.splittable else []) + ([ROW_WISE] if table.row_wise and not decided else [])
+                [COLUMN_WISE] if table.splittable else []) + ([table.row_wise_type] if table.row_wise and not decided
+                                                              else [])
             if table.data_parallel and not decided:
                 kinds, kernels = kinds + [DATA_PARALLEL], [FUSED, DENSE]
         given = constraints.get(table.name)
@@ -174,7 +175,8 @@ class StorageCounter:
                 if counted is not None:  # else a width the table may not take (table-wise only): fits no rank
                     gb[t, k] = getattr(counted[0], field) / 2**30
             if not math.isfinite(gb[t, 0]) and not any((table.module_path, table.name, kind, kernel) in self.options
-                                                       for kind, kernel in ((ROW_WISE, FUSED), (DATA_PARALLEL, DENSE))):
+                                                       for kind, kernel in ((table.row_wise_type, FUSED),
+                                                                            (DATA_PARALLEL, DENSE))):
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {FUSED} option; allow {FUSED!r} in "
                                 "its ParameterConstraints.compute_kernels")
         return ShardStorage(np.asarray(dims, np.int64), gb)

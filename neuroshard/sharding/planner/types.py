@@ -19,6 +19,10 @@ from ..plan import Placement
 from ..search import Placements, ShardTable
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", "row_wise", "data_parallel"
+# on a topology of one host, TorchRec cuts a table_row_wise table exactly as a row_wise one (the same blocks on the
+# same ranks): NeuroShard places it so, priced in the row-wise group
+TABLE_ROW_WISE = "table_row_wise"
+ROW_WISE_KINDS = (ROW_WISE, TABLE_ROW_WISE)
 FUSED, DENSE = "fused", "dense"  # the kernels: fused for sharded tables, dense for data-parallel ones (TorchRec's)
 
 
@@ -38,6 +42,7 @@ class PlannedTable:
     data_parallel_only: bool = False  # no other type allowed: data-parallel it is
     unplaced: str = ""        # why the search cannot place it (no type it places is allowed); "": it can
     replica: int = -1         # this entry is rank r's replica of a data-parallel table (`row_wise.py`); -1: not one
+    row_wise_type: str = ROW_WISE  # what its row blocks are handed out as: row_wise, else table_row_wise (one host)
 
     def narrowest(self, dim: int) -> int:
         """The narrowest shard of this table (of `dim` columns) the search may cut: the smallest column halving of at
