@@ -248,3 +248,21 @@ def test_provenance_names_the_cpu_that_made_the_artifact():
         models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                   if line.startswith("model name")]
         assert not models or made["cpu"] == models[0]
+
+
+def test_provenance_names_the_commit_and_the_code():
+    """Every artifact's record names the checkout's commit (marked +dirty where tracked files differ) and the
+    code's digest; outside a git checkout the commit is None and the digest still names the code."""
+    import subprocess
+    from pathlib import Path
+
+    from neuroshard.core.artifacts import provenance, source_digest
+
+    p = provenance(step="x")
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if (root / ".git").exists() and head.returncode == 0:
+        assert p["commit"] in (head.stdout.strip(), head.stdout.strip() + "+dirty"), p["commit"]
+    else:
+        assert p["commit"] is None
+    assert p["code"] == source_digest() and len(p["code"]) == 12 and p["step"] == "x"

@@ -1,9 +1,11 @@
-"""Provenance: how an artifact was made (the arguments, versions, host and its CPU, time, and a digest of the code)."""
+"""Provenance: how an artifact was made (the arguments, versions, host and its CPU, time, the git commit of the
+checkout, and a digest of the code)."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,8 +51,27 @@ def source_digest() -> str:
     return h.hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The commit of the checkout the package runs from, with "+dirty" where tracked files differ from it; None
+    for an installed package or where git cannot tell (the code digest still names the code)."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode:
+            return None
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if changed.returncode or changed.stdout.strip() else "")
+
+
 def provenance(**made_with: Any) -> dict[str, Any]:
-    """Record of how an artifact was made: the given arguments plus versions, host, its CPU and time."""
+    """Record of how an artifact was made: the given arguments plus versions, host, its CPU, time, the commit
+    (`git_commit`) and the code's digest (`source_digest`)."""
     return {
         "format_version": FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -58,5 +79,7 @@ def provenance(**made_with: Any) -> dict[str, Any]:
         "cpu": cpu_name(),
         "argv": list(sys.argv),
         "versions": versions(),
+        "commit": git_commit(),
+        "code": source_digest(),
         **made_with,
     }
