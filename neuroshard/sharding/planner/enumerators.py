@@ -11,8 +11,8 @@
   as `table_row_wise` where only that is allowed and the topology is one host, on which TorchRec cuts both
   alike); a table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
-  that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well (TorchRec's
-  sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
+  that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well
+  (TorchRec's sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
   `dense` kernel) is allowed where the constraints, the sharder and the kernels allow it (`row_wise.py` picks the
   small tables that run so). Kernel: `fused`; a table excluding it is refused.
 - Storage: each shard the search can cut is counted as TorchRec counts it (`storage.StorageCounter`: weights,
