@@ -120,3 +120,22 @@ def test_row_wise_and_data_parallel_entries_are_torchrecs_or_one_line():
     short["tables"][0]["shards"].pop()
     with pytest.raises(UserError, match=r"a row_wise table needs one shard per rank \(2\)"):
         check_spec(short)
+
+
+def test_a_table_row_wise_entry_is_torchrecs_on_one_host_only():
+    """A table_row_wise entry holds the same row blocks as a row_wise one and becomes TorchRec's
+    table_row_wise(host_index=0) sharding with the kernel asked for; a local_size that makes several hosts (where
+    TorchRec would cut it over one host's ranks) is one line."""
+    import copy
+
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "a", "rows": 11, "dim": 8, "sharding_type": "table_row_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 0, "row_offset": 0, "rows": 6},
+                    {"col_offset": 0, "width": 8, "rank": 1, "row_offset": 6, "rows": 5}]}]}
+    plan = to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused").plan[""]
+    assert plan["a"].sharding_type == "table_row_wise" and plan["a"].compute_kernel == "fused"
+    assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in plan["a"].sharding_spec.shards] == [
+        ([0, 0], [6, 8], 0), ([6, 0], [5, 8], 1)]
+    with pytest.raises(UserError, match=r"^table 'a' is planned table_row_wise over all 2 ranks, but local_size=1 "
+                                        r"makes several hosts; plan it for this topology$"):
+        to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)
