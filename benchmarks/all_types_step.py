@@ -132,14 +132,14 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         path = scaled_table_list(a.set, SCALES[a.set], Path(tmp) / f"{a.set}.json")
         tl = load_table_list(path, 1e6)
         ds = user_tables_dataset(tl, batch, 0, Path(tmp), None, popular_first=a.ids_order == "popular_first")
-        ids = {n: ds.table_bags(t, batch)[0] for t, n in enumerate(tl.names)} if a.give_ids else None
-        ours, theirs = plans(tl, a, batch // a.ndevices, ids)
+        planner_ids = {n: ds.table_bags(t, batch)[0] for t, n in enumerate(tl.names)} if a.give_ids else None
+        ours, theirs = plans(tl, a, batch // a.ndevices, planner_ids)
         if ours.plan is None:
             raise UserError("NeuroShardPlanner handed out TorchRec's plan unchanged (none of its own fits); raise --ddr_mb")
         spec = ours.specs[""]
         theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: tl.names.index(t["name"]))}
-        ids = np.arange(tl.task.num_tables)
-        items = [TorchRecItem.of(spec, ids), TorchRecItem.of(theirs, ids)]
+        table_ids = np.arange(tl.task.num_tables)
+        items = [TorchRecItem.of(spec, table_ids), TorchRecItem.of(theirs, table_ids)]
         settings = EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
                                   step=DMPStep)
         measured = measure_fixed(settings, items, a.ndevices, a.rounds)

@@ -55,6 +55,11 @@ def reuse_histogram(counts: np.ndarray) -> np.ndarray:
     return np.bincount(reuse_bin(counts), minlength=NUM_BINS) / counts.size
 
 
+def ids_reuse_histogram(indices) -> np.ndarray:
+    """The reuse histogram of a sample of ids (`reuse_histogram` of each unique id's count; zeros if empty)."""
+    return reuse_histogram(np.unique(np.asarray(indices), return_counts=True)[1])
+
+
 def table_data_features(indices: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The 19 data features of one table from its ids and per-sample lengths."""
     indices = np.asarray(indices)
@@ -62,8 +67,7 @@ def table_data_features(indices: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     if indices.size == 0:
         row, hist = 1, np.zeros(NUM_BINS)
     else:
-        _, counts = np.unique(indices, return_counts=True)
-        row, hist = int(indices.max()) + 1, reuse_histogram(counts)
+        row, hist = int(indices.max()) + 1, ids_reuse_histogram(indices)
     pooling_factor = float(lengths.mean()) if lengths.size else 0.0
     return np.concatenate([[max(MIN_ROWS, row), pooling_factor], hist]).astype(np.float64)
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from ...core.errors import UserError
 from ...core.costs import Cluster
-from ...data.features import can_split, reuse_histogram, table_size_gb
+from ...data.features import can_split, ids_reuse_histogram, table_size_gb
 from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
 from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_ROW_WISE, TABLE_WISE, Enumeration,
@@ -131,8 +131,7 @@ class EmbeddingBagEnumerator(Enumerator):
             if int(ids.max()) >= rows:
                 raise UserError(f"{where}: ids[{name!r}] holds id {int(ids.max())}, beyond its {rows:,} rows; pass the "
                                 "ids the table is looked up with (row numbers below its rows)")
-            _, counts = np.unique(ids, return_counts=True)
-            measured = dict(zip(BIN_COLUMNS, reuse_histogram(counts).tolist()))
+            measured = dict(zip(BIN_COLUMNS, ids_reuse_histogram(ids).tolist()))
         table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
                              min_width(c, where), bool(allowed & {ROW_WISE, TABLE_ROW_WISE}),
                              not allowed & {TABLE_WISE, COLUMN_WISE}, data_parallel=data_parallel,

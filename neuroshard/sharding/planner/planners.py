@@ -80,7 +80,7 @@ from .arguments import (ModelArguments, checked_constraints, checked_ids, checke
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
-from .row_wise import data_parallel_tables, more_row_wise, needs_row_wise, with_row_blocks
+from .row_wise import data_parallel_tables, needs_row_wise, row_wise_attempts, with_row_blocks
 from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
@@ -216,19 +216,14 @@ class NeuroShardPlanner:
         N, t0 = cluster.num_devices, time.perf_counter()
         by_rule = data_parallel_tables(found, needed, N, self.batch_size * N, self.simulator.cost == "step")
         only = data_parallel_tables(found, needed, N, self.batch_size * N, by_rule=False)
-        for replicated in ([by_rule, only] if len(only) < len(by_rule) else [by_rule]):
-            row_wise, spare = list(needed), more_row_wise(found, needed)
-            while True:
-                kept = [t for t in replicated if t not in row_wise]
-                searched = with_row_blocks(found, row_wise, N, self.memory_kind, kept)
-                check_fits(searched, cluster, self.memory_kind, self._reserved_words())
-                params, widened = fitting_thresholds(searched.task, N, self.search, searched.no_split,
-                                                     [t.qualified_name for t in searched.tables])
-                plan = self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
-                                             self.perf_model)
-                if plan is not None or not spare:
-                    break
-                row_wise = sorted(row_wise + [spare.pop(0)])
+        for row_wise, replicated in row_wise_attempts(found, needed, [by_rule, only] if len(only) < len(by_rule)
+                                                      else [by_rule]):
+            searched = with_row_blocks(found, row_wise, N, self.memory_kind, replicated)
+            check_fits(searched, cluster, self.memory_kind, self._reserved_words())
+            params, widened = fitting_thresholds(searched.task, N, self.search, searched.no_split,
+                                                 [t.qualified_name for t in searched.tables])
+            plan = self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
+                                         self.perf_model)
             if plan is not None:
                 break
         return searched, plan, widened, time.perf_counter() - t0
@@ -255,9 +250,8 @@ class NeuroShardPlanner:
         kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
                  for t in spec["tables"]}
         note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
-                f"do not price (table_row_wise over several hosts, table_column_wise, grid_shard and the UVM kernels are not "
-                f"in its search): "
-                f"{why}")
+                "do not price (table_row_wise over several hosts, table_column_wise, grid_shard and the UVM kernels are not "
+                f"in its search): {why}")
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
                              specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,

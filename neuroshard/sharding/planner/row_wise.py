@@ -24,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...core.errors import UserError
-from ...data.features import MIN_ROWS, reuse_histogram
+from ...data.features import MIN_ROWS, ids_reuse_histogram
 from ...data.tasks import ShardStorage
 from ..simulator import allreduce_floats
 from .types import DATA_PARALLEL, DENSE, FUSED, ROW_WISE, Enumeration
@@ -62,6 +62,19 @@ def more_row_wise(found: Enumeration, row_wise: list[int]) -> list[int]:
     return sorted(rest, key=lambda t: (-size[t] if np.isfinite(size[t]) else -np.inf, t))
 
 
+def row_wise_attempts(found: Enumeration, needed: list[int], replica_sets: list[list[int]]):
+    """The (row-wise tables, replicated tables) `NeuroShardPlanner` searches with, in order, until one finds a plan:
+    for each set of replicas in turn, the tables in `needed` row-wise, then with the next table that may go row-wise
+    (`more_row_wise`) added at a time; a row-wise table is never also replicated."""
+    for replicated in replica_sets:
+        row_wise, spare = list(needed), more_row_wise(found, needed)
+        while True:
+            yield row_wise, [t for t in replicated if t not in row_wise]
+            if not spare:
+                break
+            row_wise = sorted(row_wise + [spare.pop(0)])
+
+
 def data_parallel_tables(found: Enumeration, row_wise: list[int], world: int, batch_size: int,
                          by_rule: bool = True) -> list[int]:
     """The tables to run data-parallel: those that allow it, are not row-wise, and either allow nothing else or
@@ -82,7 +95,8 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
         raise UserError("row-wise and data-parallel tables need the storage counter of NeuroShardPlanner's own "
                         "enumerator; pass no enumerator= or one that sets Enumeration.storage")
     task, field = found.task, "ddr" if memory_kind == "DDR" else "hbm"
-    entries = []  # (the entry, its table-list row, the table it comes from, its rows, its storage GB or None)
+    entries = []  # (the entry, its table-list row, the table it comes from, its rows, its storage GB or None, its
+    # first row in the table)
     for t, table in enumerate(found.tables):
         rows_t = int(task.rows[t])
         if t in data_parallel:
@@ -90,7 +104,7 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
             if counted is None or len(counted) != world:
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {DATA_PARALLEL} {DENSE} option")
             entries += [(replace(table, replica=r, splittable=False, column_wise_only=False), found.rows[t], t, rows_t,
-                         getattr(storage, field) / 2**30) for r, storage in enumerate(counted)]
+                         getattr(storage, field) / 2**30, 0) for r, storage in enumerate(counted)]
         elif t in row_wise:
             blocks = row_blocks(rows_t, world)
             counted = found.storage.shards(table.module_path, table.name, table.row_wise_type, FUSED,
@@ -99,11 +113,11 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
                 raise UserError(f"{table.where}: TorchRec's enumerator gives it no {table.row_wise_type} {FUSED} option; "
                                 f"allow {table.row_wise_type!r} and {FUSED!r} in its ParameterConstraints")
             entries += [(replace(table, row_block=r, splittable=False, column_wise_only=False),
-                         {**found.rows[t], "rows": n}, t, n, getattr(storage, field) / 2**30)
-                        for r, ((_, n), storage) in enumerate(zip(blocks, counted))]
+                         {**found.rows[t], "rows": n}, t, n, getattr(storage, field) / 2**30, first)
+                        for r, ((first, n), storage) in enumerate(zip(blocks, counted))]
         else:
-            entries.append((table, found.rows[t], t, rows_t, None))
-    tables, rows, origin, block_rows, block_gb = (list(x) for x in zip(*entries))
+            entries.append((table, found.rows[t], t, rows_t, None, 0))
+    tables, rows, origin, block_rows, block_gb, first_row = (list(x) for x in zip(*entries))
     origin_a = np.asarray(origin, np.int64)
     block_a = np.array([e.row_block for e in tables], np.int64)
     replica_a = np.array([e.replica for e in tables], np.int64)
@@ -112,18 +126,19 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     is_block, pinned = block_a >= 0, (block_a >= 0) | (replica_a >= 0)
     share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), np.where(replica_a >= 0, 1.0 / world, 1.0))
     ids, shares = {}, {}
-    for i, e in enumerate(tables):  # where the caller gave a table's ids: each block's measured share and histogram
-        t = origin[i]
-        if t not in (found.ids or {}) or (e.row_block < 0 and e.replica >= 0):
+    for i, (e, t) in enumerate(zip(tables, origin)):  # where the caller gave a table's ids: each block's share, histogram
+        table_ids = (found.ids or {}).get(t)
+        if table_ids is None or e.replica >= 0:
             continue
-        table_ids = found.ids[t]
-        lo = row_blocks(int(task.rows[t]), world)[e.row_block][0] if e.row_block >= 0 else 0
+        if e.row_block < 0:  # whole: every id is below its rows (`EmbeddingBagEnumerator` checked)
+            ids[i] = table_ids
+            continue
+        lo = first_row[i]
         inside = table_ids[(table_ids >= lo) & (table_ids < lo + block_rows[i])] - lo
         ids[i] = inside
-        if e.row_block >= 0:
-            share[i] = inside.size / table_ids.size
-            shares.setdefault(t, []).append(share[i])
-            features[i, 2:] = reuse_histogram(np.unique(inside, return_counts=True)[1])
+        share[i] = inside.size / table_ids.size
+        shares.setdefault(t, []).append(share[i])
+        features[i, 2:] = ids_reuse_histogram(inside)
     features[is_block, 0] = np.maximum(MIN_ROWS, n_rows[is_block])
     features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups, the replica's local batch's
     storage = task.storage
