@@ -75,6 +75,8 @@ def read_rows(path: str, columns: tuple[str, ...], flag_name: str) -> list[dict]
         if not all(math.isfinite(row[c]) and row[c] > 0 for c in columns if c not in ("task", "alg", "oom",
                                                                                      "members_sd_ms")):
             raise UserError(f"{flag_name} {path}: row {i + 2} holds a cost that is not a finite number > 0")
+        if "members_sd_ms" in row and not (math.isfinite(row["members_sd_ms"]) and row["members_sd_ms"] >= 0):
+            raise UserError(f"{flag_name} {path}: row {i + 2} holds a members' sd that is not a finite number >= 0")
         out.append(row)
     if not out:
         raise UserError(f"{flag_name} {path}: no measured plans in it")
@@ -119,6 +121,9 @@ def leave_one_task_out(rows: list[dict], level: float) -> dict:
 def run(a: IntervalMethodsConfig) -> tuple[dict, str]:
     train = read_rows(a.train, TRAIN_COLUMNS, "--train")
     test = read_rows(a.test, TEST_COLUMNS, "--test")
+    if len({r["task"] for r in train}) < 2 or not any(r["members_sd_ms"] > 0 for r in train):
+        raise UserError(f"--train {a.train}: needs the plans of 2 or more tasks, some with members that disagree (sd > "
+                        "0), to hold one task out; run benchmarks/risk_search.py --split train on more tasks")
     cv = leave_one_task_out(train, a.level)
     lo, hi = ratio_bounds(train, a.level)
     inside = [lo * r["sim_cost_ms"] <= r["cost_ms"] <= hi * r["sim_cost_ms"] for r in test]

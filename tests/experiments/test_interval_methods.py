@@ -57,3 +57,23 @@ def test_bad_csvs_are_one_line(capsys, tmp_path, content, line):
     refused(capsys, "benchmarks/interval_methods.py", "--train", p, "--test", test, "--out", tmp_path / "o" / "r.md",
             match="error: " + line.format(p=p).replace("(", r"\(").replace(")", r"\)").replace(".", r"\."),
             quiet=False, untouched=[tmp_path])
+
+
+@pytest.mark.parametrize("rows, line", [
+    ([["train", 0, "x", 1, 1, -0.1, 1]], "row 2 holds a members' sd that is not a finite number >= 0"),
+    ([["train", 0, "x", 1, 1, 0.1, 1], ["train", 0, "x", 2, 2, 0.1, 2]], "needs the plans of 2 or more tasks"),
+    ([["train", 0, "x", 1, 1, 0, 1], ["train", 1, "x", 2, 2, 0, 2]], "needs the plans of 2 or more tasks"),
+])
+def test_training_plans_that_cannot_be_held_out_are_one_line(capsys, tmp_path, rows, line):
+    train = _write(tmp_path / "train.csv", ["split", "task", "alg", "simulated_ms", "members_mean_ms", "members_sd_ms",
+                                            "measured_ms"], rows)
+    test = _write(tmp_path / "test.csv", ["task", "alg", "oom", "sim_cost_ms", "cost_ms"], [[0, "a", "False", 1, 1]])
+    refused(capsys, "benchmarks/interval_methods.py", "--train", train, "--test", test, "--out", tmp_path / "r.md",
+            match=f"error: --train {train}: " + line.replace("(", r"\(").replace(")", r"\)") + ".*",
+            quiet=False, untouched=[tmp_path])
+
+
+def test_an_output_name_with_a_newline_is_refused_before_any_work(capsys, tmp_path):
+    refused(capsys, "benchmarks/interval_methods.py", "--out", f"{tmp_path}/a\nb.md",
+            match=r"error: --out '.*a\\nb\.md': the path holds a control character \(a newline, a tab, \.\.\.\); "
+                  r"choose a name of printable characters", untouched=[tmp_path])

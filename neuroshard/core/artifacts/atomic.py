@@ -91,7 +91,11 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
 
 
 def check_output_file(path, flag: str) -> None:
-    """Refuse, before any work, an output path that names a folder."""
+    """Refuse, before any work, an output path that names a folder or holds a control character (a newline or a
+    tab would make files whose names break the lines of every listing and record)."""
+    if path is not None and any(not c.isprintable() for c in str(path)):
+        raise UserError(f"{flag} {str(path)[:80]!r}: the path holds a control character (a newline, a tab, ...); "
+                        "choose a name of printable characters")
     if path is not None and str(path) and Path(path).is_dir():
         raise UserError(f"{flag} {path} is a folder; name a file to write")
 
