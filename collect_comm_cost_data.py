@@ -1,5 +1,7 @@
 """Step 3b: measure forward/backward all-to-all costs for many dim layouts and delays (DESIGN.md §3.2), or with
---input_dist TorchRec's input distribution (its KJTAllToAll of ids and lengths, §3.4b) for many feature layouts.
+--input_dist TorchRec's input distribution (its KJTAllToAll of ids and lengths, §3.4b) for many feature layouts,
+or with --collectives the reduce-scatter, all-gather and all-reduce of TorchRec's row-wise and data-parallel
+groups at many widths.
 
 Spawns --ndevices ranks itself on one machine (gloo on CPU, NCCL on CUDA); under torchrun it runs
 as one rank of the launched group instead (rank 0 writes the file), and --ndevices defaults to its world size.

@@ -1,5 +1,6 @@
 """Step 4b: pre-train the forward and backward communication cost models (DESIGN.md §3.3), or with --input_dist
-the model of TorchRec's input distribution (§3.4b)."""
+the model of TorchRec's input distribution (§3.4b), or with --collectives the costs of the row-wise and
+data-parallel groups' collectives (reduce-scatter, all-gather, all-reduce: `neuroshard.models.collective_models`)."""
 from __future__ import annotations
 
 from neuroshard.core.cli import config_from_args, run_main, step_parser

@@ -108,7 +108,7 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None):
     if theirs is None:
         raise UserError(f"TorchRec's planner finds no plan of {a.set} within {a.ddr_mb:g} MB a rank; raise --ddr_mb")
     shapes = {("", n): (int(r), int(d)) for n, r, d in zip(tl.names, tl.rows, tl.task.dims)}
-    return planner.last_result, parameter_specs(theirs, shapes)[""]
+    return planner, parameter_specs(theirs, shapes)[""]
 
 
 def kinds_text(spec: dict) -> str:
@@ -133,7 +133,8 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         tl = load_table_list(path, 1e6)
         ds = user_tables_dataset(tl, batch, 0, Path(tmp), None, popular_first=a.ids_order == "popular_first")
         planner_ids = {n: ds.table_bags(t, batch)[0] for t, n in enumerate(tl.names)} if a.give_ids else None
-        ours, theirs = plans(tl, a, batch // a.ndevices, planner_ids)
+        planner, theirs = plans(tl, a, batch // a.ndevices, planner_ids)
+        ours = planner.last_result
         if ours.plan is None:
             raise UserError("NeuroShardPlanner handed out TorchRec's plan unchanged (none of its own fits); raise --ddr_mb")
         spec = ours.specs[""]
@@ -146,12 +147,17 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in measured)
     ratio = paired_interval(mine, torchrec)
     predicted = float(ours.cost.cost_ms)
+    planner_sim = planner.simulator  # the same plan priced with the all-to-all models for the collectives too
+    a2a_priced = float(planner_sim.with_collectives(None).plan_cost(ours.task, ours.plan).cost_ms) \
+        if planner_sim.coll is not None else None
     row = {"set": a.set, "ids_order": a.ids_order, "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb,
            "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
-           "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine))}
+           "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine)),
+           "collectives_priced": planner_sim.coll is not None,
+           "a2a_priced_over_measured": None if a2a_priced is None else a2a_priced / float(np.median(mine))}
     return row, {"neuroshard": mine.tolist(), "torchrec": torchrec.tolist()}
 
 
@@ -167,7 +173,10 @@ def main(argv=None) -> None:
             f"- TorchRec: {row['torchrec_types']}; median step {row['torchrec_ms']:.1f} ms\n"
             f"- NeuroShard / TorchRec: {row['ratio']:.3f} [{row['ratio_lo']:.3f}, {row['ratio_hi']:.3f}] (paired, 95%)\n"
             f"- NeuroShard's predicted step ({'calibrated' if a.calibration else 'uncalibrated'}) / measured: "
-            f"{row['predicted_over_measured']:.2f}\n")
+            f"{row['predicted_over_measured']:.2f}"
+            + ("" if row["a2a_priced_over_measured"] is None else
+               f" (the row-wise and data-parallel collectives priced by the all-to-all models instead: "
+               f"{row['a2a_priced_over_measured']:.2f})") + "\n")
     print(text)
     write_results(Path(a.out).with_suffix(".csv"), [row], markdown=text, record={"row": row, "round_ms": round_ms},
                   **a.__dict__)

@@ -60,7 +60,8 @@ def small_dataset(small_raw, tmp_path_factory) -> DLRMDataset:
 # the family mix collects 1.5 x compute_samples), one compute worker, 3 test tasks for the paired intervals.
 TINY = Preset(num_tables=24, batch_size=256, row_scale=1e-3, task_max_mem=0.02, max_mem=0.01, T_range=(4, 8),
               num_train_tasks=2, num_test_tasks=3, ndevices=(2,), compute_samples=10, compute_workers=1,
-              comm_samples=10, epochs=3, eval_warmup=1, eval_iters=2, eval_rounds=1, families=True)
+              comm_samples=10, epochs=3, eval_warmup=1, eval_iters=2, eval_rounds=1, collective_samples=10,
+              families=True)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ import numpy as np
 from .errors import UserError, check_float, check_int, check_range
 from .file_names import (COST_DATA_DIR, DATASET_DIR, MODELS_DIR, RESULTS_DIR, TASKS_DIR, comm_data_path,
                          comm_model_paths, compute_data_path, compute_model_path, eval_results_path,
-                         input_model_path, sim_results_path, tasks_path)
+                         collective_model_path, input_model_path, sim_results_path, tasks_path)
 from .costs import check_max_mem_gb
 
 
@@ -128,10 +128,13 @@ def check_not_empty(**paths) -> None:
             raise UserError(f"--{name} is empty; name a file, or leave the flag out for its default")
 
 
-def check_input_dist(input_dist: bool, mp_keep: float | None) -> None:
+def check_input_dist(input_dist: bool, mp_keep: float | None, collectives: bool = False) -> None:
     if input_dist and mp_keep is not None:
         raise UserError("--input_dist measures TorchRec's input distribution, which DCT-MP does not compress; drop "
                         "--mp_keep (one input-distribution model serves every --mp_keep)")
+    if collectives and (input_dist or mp_keep is not None):
+        raise UserError("--collectives measures the row-wise and data-parallel collectives alone; drop "
+                        f"{'--input_dist' if input_dist else '--mp_keep'}")
 
 
 @dataclass(frozen=True)
@@ -294,11 +297,14 @@ class CommCollectConfig:
     input_dist: bool = flag(False, "measure TorchRec's input distribution (its KJTAllToAll of ids and lengths; "
                                    "T_range features per sample, one-hot or multi-hot) instead of the pooled "
                                    "all-to-alls; writes comm_cost_data_<N>_input.pkl")
+    collectives: bool = flag(False, "measure the collectives of TorchRec's row-wise and data-parallel groups "
+                                    "(reduce-scatter, all-gather, all-reduce) at widths drawn per sample instead; "
+                                    "writes comm_cost_data_<N>_collectives.pkl")
 
     def check(self, num_ranks: int) -> "CommCollectConfig":
         HardwareConfig(gpu_devices=self.gpu_devices).check()
         self.mp_keep = check_mp_keep(self.mp_keep)
-        check_input_dist(self.input_dist, self.mp_keep)
+        check_input_dist(self.input_dist, self.mp_keep, self.collectives)
         check_int("--ndevices", num_ranks, 2, 1024)
         check_int("--data_size", self.data_size, 1, 10_000_000)
         check_range("--T_range", self.T_range, 1, strict=True)
@@ -363,17 +369,25 @@ class TrainCommConfig:
                                      "collected --sleep_range (default off: the paper's model)")
     input_dist: bool = flag(False, "train the input-distribution model from comm_cost_data_<N>_input.pkl instead")
     input_out_path: str | None = flag(None, "with --input_dist: default models/comm_<N>_input.pt")
+    collectives: bool = flag(False, "fit the row-wise and data-parallel collectives' costs from "
+                                    "comm_cost_data_<N>_collectives.pkl instead")
+    collectives_out_path: str | None = flag(None, "with --collectives: default models/comm_<N>_collectives.json")
     fit: FitConfig = field(default_factory=FitConfig)
     salvage: bool = flag(False, "keep the good records of a damaged file (the damaged ones are dropped)")
 
     @property
     def data_path(self) -> Path:
-        check_input_dist(self.input_dist, check_mp_keep(self.mp_keep))
-        return comm_data_path(self.data_dir, self.ndevices, check_mp_keep(self.mp_keep), self.input_dist)
+        check_input_dist(self.input_dist, check_mp_keep(self.mp_keep), self.collectives)
+        return comm_data_path(self.data_dir, self.ndevices, check_mp_keep(self.mp_keep), self.input_dist,
+                              self.collectives)
 
     def input_out(self) -> Path:
         check_not_empty(input_out_path=self.input_out_path)
         return Path(self.input_out_path or input_model_path(MODELS_DIR, self.ndevices))
+
+    def collectives_out(self) -> Path:
+        check_not_empty(collectives_out_path=self.collectives_out_path)
+        return Path(self.collectives_out_path or collective_model_path(MODELS_DIR, self.ndevices))
 
     def out_paths(self) -> tuple[Path, Path]:
         check_not_empty(fw_out_path=self.fw_out_path, bw_out_path=self.bw_out_path)
@@ -795,6 +809,7 @@ class Preset:
     eval_warmup: int
     eval_iters: int
     eval_rounds: int
+    collective_samples: int = 60  # row-wise and data-parallel collectives (`collect_comm_cost_data.py --collectives`)
     families: bool = False  # compute-cost data also from the table families (DESIGN.md §8); --families turns it on
 
 

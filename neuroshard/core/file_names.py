@@ -39,10 +39,11 @@ def compute_data_path(data_dir: str | Path) -> Path:
 
 
 def comm_data_path(data_dir: str | Path, num_devices: int, mp_keep: float | None = None,
-                   input_dist: bool = False) -> Path:
+                   input_dist: bool = False, collectives: bool = False) -> Path:
     """The comm cost-data file of `num_devices` ranks: comm_cost_data_<N>.pkl, or ..._<N>_mp<K>.pkl compressed, or
-    ..._<N>_input.pkl for the input distribution."""
-    tag = "_input" if input_dist else mp_tag(mp_keep)
+    ..._<N>_input.pkl for the input distribution, or ..._<N>_collectives.pkl for the row-wise and data-parallel
+    collectives."""
+    tag = "_collectives" if collectives else "_input" if input_dist else mp_tag(mp_keep)
     return Path(data_dir) / f"comm_cost_data_{num_devices}{tag}.pkl"
 
 
@@ -61,6 +62,11 @@ def comm_model_paths(models_dir: str | Path, num_devices: int, mp_keep: float | 
 def model_files(models_dir: str | Path, num_devices: int, mp_keep: float | None = None) -> tuple[Path, Path, Path]:
     """A models folder's (compute, forward comm, backward comm) cost models for `num_devices` devices."""
     return (compute_model_path(models_dir), *comm_model_paths(models_dir, num_devices, mp_keep))
+
+
+def collective_model_path(models_dir: str | Path, num_devices: int) -> Path:
+    """The row-wise and data-parallel collectives' costs for `num_devices` devices: comm_<N>_collectives.json."""
+    return Path(models_dir) / f"comm_{num_devices}_collectives.json"
 
 
 def input_model_path(models_dir: str | Path, num_devices: int) -> Path:

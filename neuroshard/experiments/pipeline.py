@@ -15,13 +15,13 @@ from typing import Callable
 
 from ..core.artifacts import check_results_csv
 from ..core.config import (PRESETS, CommCollectConfig, ComputeCollectConfig, CostModelFiles, DatasetConfig,
-                           EnsembleConfig, EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig, TasksConfig,
-                           TrainCommConfig, TrainComputeConfig)
+                           EnsembleConfig, EvalConfig, EvalSimConfig, FitConfig, HardwareConfig, PipelineConfig,
+                           TasksConfig, TrainCommConfig, TrainComputeConfig)
 from ..core.errors import UserError
 from ..core.file_names import (COST_DATA_DIR, DATASET_DIR, DATASET_TABLES, FAMILY_TABLES_DIR, MODELS_DIR, RESULTS_DIR,
-                               TASKS_DIR, comm_data_path, comm_model_paths, compute_data_path, compute_model_path,
-                               eval_results_path, input_model_path, meta_path, model_files, sim_results_path,
-                               tasks_path)
+                               TASKS_DIR, collective_model_path, comm_data_path, comm_model_paths, compute_data_path,
+                               compute_model_path, eval_results_path, input_model_path, meta_path, model_files,
+                               sim_results_path, tasks_path)
 from ..data.dataset import build_dataset
 from ..data.tasks import make_task_file
 from ..hardware.collect import collect_comm, collect_compute
@@ -112,6 +112,7 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
             Step(f"4 comm cost models ({N} devices)", _cmd("train_comm_cost_model.py", tm),
                  lambda tm=tm: train_comm_models(tm), [fw, bw]),
             *_input_steps(cost, models, N, P, gpus, fit),
+            *_collective_steps(cost, models, N, P, gpus),
             _ensemble_step(cost, data, models, N, fit),
             Step(f"5 simulate all algorithms ({N} devices)", _cmd("eval_simulator.py", sim),
                  lambda sim=sim: eval_simulator(sim), [sim_csv]),
@@ -145,6 +146,19 @@ def _input_steps(cost: Path, models: Path, N: int, P, gpus, fit: FitConfig) -> l
                  lambda: collect_comm(ci), redo_removes=[comm_data_path(cost, N, input_dist=True)]),
             Step(f"4 input-distribution model ({N} devices)", _cmd("train_comm_cost_model.py", ti),
                  lambda: train_comm_models(ti), [out])]
+
+
+def _collective_steps(cost: Path, models: Path, N: int, P, gpus) -> list[Step]:
+    """The costs of the row-wise and data-parallel groups' collectives for the step cost (`NeuroShardPlanner`
+    prices its row-wise and data-parallel tables with them; the paper's cost does not use them)."""
+    out = collective_model_path(models, N)
+    cc = CommCollectConfig(out_dir=str(cost), ndevices=N, data_size=P.collective_samples, batch_size=P.batch_size,
+                           gpu_devices=gpus, collectives=True)
+    tc = TrainCommConfig(data_dir=str(cost), ndevices=N, collectives=True, collectives_out_path=str(out))
+    return [Step(f"3 collectives cost data ({N} devices)", _cmd("collect_comm_cost_data.py", cc),
+                 lambda: collect_comm(cc), redo_removes=[comm_data_path(cost, N, collectives=True)]),
+            Step(f"4 collectives costs ({N} devices)", _cmd("train_comm_cost_model.py", tc),
+                 lambda: train_comm_models(tc), [out])]
 
 
 def run_pipeline(cfg: PipelineConfig, command: str = "") -> Path:

@@ -25,7 +25,8 @@ from ..core.file_names import comm_data_path, compute_data_path
 from ..data.dataset import DLRMDataset
 from ..data.features import check_max_dim
 from .backends import Hardware, resolve_device, resolve_hardware
-from .comm_bench import COMM_DATA_KIND, INPUT_MAX_POOLING, CommRankSettings, InputDist, comm_rank
+from .comm_bench import (COLLECTIVE_WIDTHS, COMM_DATA_KIND, INPUT_MAX_POOLING, CommRankSettings, InputDist,
+                         comm_rank)
 from .compute_bench import COMPUTE_DATA_KIND, ComputeWorkerSettings, compute_worker, family_collection
 from .launch import (cuda_ranks, in_torchrun, join_torchrun_group, rank_gpus, run_processes, torchrun_env,
                      torchrun_ranks)
@@ -33,8 +34,9 @@ from .launch import (cuda_ranks, in_torchrun, join_torchrun_group, rank_gpus, ru
 COMPUTE_MUST_MATCH = ("device", "backend", "batch_size", "dataset_fingerprint", "seed", "max_mem_gb", "max_tables",
                       "max_dim", "warmup_iter", "num_iter", "family_mix")
 COMM_MUST_MATCH = ("device", "ndevices", "batch_size", "seed", "T_range", "max_dim", "sleep_range", "warmup_iter",
-                   "num_iter", "mp_keep", "input_dist", "input_max_pooling")
+                   "num_iter", "mp_keep", "input_dist", "input_max_pooling", "collectives", "collective_widths")
 INPUT_UNUSED = ("max_dim", "sleep_range")  # settings of the pooled all-to-all's samples that input samples never use
+COLLECTIVES_UNUSED = ("T_range", "max_dim", "sleep_range")  # nor collectives samples (a width from the seed)
 
 
 def _index(record) -> int | None:
@@ -147,7 +149,9 @@ def collect_compute(cfg: ComputeCollectConfig) -> dict:
 
 def collect_comm(cfg: CommCollectConfig) -> dict:
     """Measure all-to-all samples on N ranks until OUT_DIR/comm_cost_data_<N>.pkl holds `cfg.data_size`
-    (with `cfg.mp_keep`: DCT-MP's compressed all-to-alls, into OUT_DIR/comm_cost_data_<N>_mp<K>.pkl)."""
+    (with `cfg.mp_keep`: DCT-MP's compressed all-to-alls, into OUT_DIR/comm_cost_data_<N>_mp<K>.pkl; with
+    `cfg.input_dist` / `cfg.collectives`: TorchRec's input distribution / the row-wise and data-parallel
+    collectives, into ..._<N>_input.pkl / ..._<N>_collectives.pkl)."""
     gpu_ids = list(cfg.gpu_devices) if cfg.gpu_devices else None
     N = len(gpu_ids) if gpu_ids else cfg.ndevices
     if in_torchrun():
@@ -161,7 +165,7 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     sample_args = {"seed": seed, "T_range": tuple(T_range), "max_dim": max_dim, "sleep_range": tuple(sleep_range)}
     # input samples draw features from the seed and T_range only: the embedding dims and the stragglers' delays
     # are neither recorded nor checked on resuming
-    unused = INPUT_UNUSED if cfg.input_dist else ()
+    unused = COLLECTIVES_UNUSED if cfg.collectives else INPUT_UNUSED if cfg.input_dist else ()
     meta = {**Hardware(dev, "torch.distributed").describe(), "ndevices": N, "batch_size": batch_size,
             "warmup_iter": warmup_iter, "num_iter": num_iter,
             **{k: v for k, v in sample_args.items() if k not in unused}, "mp_keep": cfg.mp_keep,
@@ -170,9 +174,12 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
     if cfg.input_dist:  # refused before any file is touched where TorchRec is missing (no key otherwise: older
         InputDist.check_torchrec()  # all-to-all files stay resumable)
         meta.update(input_dist=True, input_max_pooling=INPUT_MAX_POOLING)
-    path = comm_data_path(cfg.out_dir, N, cfg.mp_keep, cfg.input_dist)
+    if cfg.collectives:
+        meta.update(collectives=True, collective_widths=list(COLLECTIVE_WIDTHS))
+    path = comm_data_path(cfg.out_dir, N, cfg.mp_keep, cfg.input_dist, cfg.collectives)
     writer = not in_torchrun() or int(os.environ.get("RANK", 0)) == 0  # rank 0 keeps the file
-    what = "TorchRec's input distribution" if cfg.input_dist else f"{mp_text(cfg.mp_keep)} all-to-all"
+    what = ("the row-wise and data-parallel collectives" if cfg.collectives else
+            "TorchRec's input distribution" if cfg.input_dist else f"{mp_text(cfg.mp_keep)} all-to-all")
     print(f"{N} ranks on {dev}, batch {batch_size}, {what} -> {path}")
     if writer:
         log = open_cost_log(path, COMM_DATA_KIND, meta, must_match, cfg.salvage)
@@ -185,7 +192,8 @@ def collect_comm(cfg: CommCollectConfig) -> dict:
         if log is not None:
             log.close()
         return _report(0, len(log.records) if log else 0, float("nan"), path)
-    args = (CommRankSettings(todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep, cfg.input_dist),)
+    args = (CommRankSettings(todo, sample_args, batch_size, dev, warmup_iter, num_iter, cfg.mp_keep, cfg.input_dist,
+                             collectives=cfg.collectives),)
     run = lambda on_message: run_processes(comm_rank, N, args, on_message, group_device=dev, gpu_ids=gpu_ids)  # noqa
     if log is None:
         run(lambda _: None)

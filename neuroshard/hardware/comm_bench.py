@@ -16,6 +16,13 @@ With `input_dist` the collector measures TorchRec's input distribution instead (
 split sizes, then one per tensor). Rank r holds the global batch's [B/N] samples of every feature and receives
 all B samples of its own features; its input words are 2 x pooling + 2 per feature and sample (an int64 id or
 length being two 4-byte words), and the sample records them with each rank's cost.
+
+With `collectives` it measures the three collectives TorchRec's row-wise and data-parallel groups run
+(`Collectives`), for one width w drawn per sample (`sample_collective_width`; w is in the comm models' unit, floats
+per sample of the global batch B, the same on every rank): the reduce-scatter of a row-wise group's pooled partial
+sums (each rank's [B, w] summed and cut into [B/N, w] blocks), the all-gather of their gradients ([B/N, w] to
+[B, w]), and the all-reduce of a data-parallel group's gradient, sized so a ring sends w x B floats a rank
+(w x B x N / (2 (N - 1)) floats).
 """
 from __future__ import annotations
 
@@ -203,6 +210,50 @@ def measure_input(rank: int, pooling: list[list[int]], batch_size: int, device: 
         InputDist(pooling, batch_size, rank, device).run, device, 0.0, warmup, iters)], device)])
 
 
+COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")  # what a collectives sample measures, in this order
+COLLECTIVE_WIDTHS = (1, 2048)  # the range a sample's width is drawn from, log-uniformly (floats per sample)
+
+
+def sample_collective_width(index: int, seed: int) -> int:
+    """Sample `index`'s width, log-uniform over `COLLECTIVE_WIDTHS`."""
+    lo, hi = np.log(COLLECTIVE_WIDTHS[0]), np.log(COLLECTIVE_WIDTHS[1])
+    return int(round(float(np.exp(np.random.default_rng([seed, index, 2]).uniform(lo, hi)))))
+
+
+def all_reduce_floats(width: float, batch_size: int, N: int) -> int:
+    """Floats of the all-reduce whose ring sends `width` x `batch_size` floats a rank: w x B x N / (2 (N - 1))."""
+    return max(1, int(round(width * batch_size * N / (2 * (N - 1)))))
+
+
+class Collectives:
+    """One rank's buffers for the three collectives of a collectives sample (module docstring)."""
+
+    def __init__(self, width: int, batch_size: int, N: int, device: str):
+        bn = batch_size // N
+        self.rs_in = torch.randn(bn * N, width, device=device)
+        self.rs_out = torch.empty(bn, width, device=device)
+        self.ag_in = torch.randn(bn, width, device=device)
+        self.ag_out = torch.empty(bn * N, width, device=device)
+        self.ar = torch.randn(all_reduce_floats(width, batch_size, N), device=device)
+
+    def reduce_scatter(self):
+        dist.reduce_scatter_single(self.rs_out, self.rs_in)
+
+    def all_gather(self):
+        dist.all_gather_single(self.ag_out, self.ag_in)
+
+    def all_reduce(self):
+        dist.all_reduce(self.ar)
+
+
+def measure_collectives(width: int, batch_size: int, device: str, warmup: int, iters: int) -> dict:
+    """Every rank's ms of each of `COLLECTIVES` at `width` ({name: [N]}); call on all ranks together."""
+    c = Collectives(width, batch_size, dist.get_world_size(), device)
+    ms = [timed_collective(getattr(c, name), device, 0.0, warmup, iters) for name in COLLECTIVES]
+    got = gather_floats(ms, device)
+    return {f"{name}_ms": np.array([g[i] for g in got]) for i, name in enumerate(COLLECTIVES)}
+
+
 @dataclass(frozen=True)
 class CommRankSettings:
     """How the comm collector's ranks measure: the one settings object `comm_rank` takes."""
@@ -216,6 +267,7 @@ class CommRankSettings:
     mp_keep: float | None = None  # DCT-MP's compressed all-to-alls (None: uncompressed)
     input_dist: bool = False      # TorchRec's input distribution instead of the pooled all-to-alls
     input_layouts: tuple | None = None  # with input_dist: per index the ranks' pooling factors (else sampled)
+    collectives: bool = False     # the row-wise and data-parallel collectives instead (`measure_collectives`)
 
 
 def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
@@ -224,6 +276,12 @@ def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
     indices, sample_args, batch_size, device = s.indices, s.sample_args, s.batch_size, s.device
     warmup, iters, mp_keep = s.warmup, s.iters, s.mp_keep
     for index in indices:
+        if s.collectives:
+            width = sample_collective_width(index, sample_args["seed"])
+            ms = measure_collectives(width, batch_size, device, warmup, iters)
+            if rank == 0:
+                emit({"index": index, "width": width, **ms})
+            continue
         if s.input_dist:
             pooling = s.input_layouts[index] if s.input_layouts is not None else \
                 sample_input(index, sample_args["seed"], world, sample_args["T_range"])

@@ -13,8 +13,9 @@ from ..core.errors import UserError, check_int
 from ..core.costs import implausible_ms
 from ..data.dataset import DLRMDataset
 from ..hardware.collect import load_cost_data
-from ..hardware.comm_bench import COMM_DATA_KIND
+from ..hardware.comm_bench import COLLECTIVES, COMM_DATA_KIND
 from ..hardware.compute_bench import COMPUTE_DATA_KIND, cost_data_tables
+from .collective_models import CollectiveModels, fit_collective
 from .cost_models import (CommCostModel, ComputeCostModel, check_input_transform, comm_training_arrays,
                           compute_training_arrays, input_training_arrays, model_meta)
 
@@ -76,6 +77,8 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     fit = cfg.fit.check(MIN_SAMPLES)
     mp_keep = check_mp_keep(cfg.mp_keep)
     check_int("--ndevices", cfg.ndevices, 2, 4096)
+    if cfg.collectives:
+        return (train_collective_models(cfg, fit),)
     if cfg.input_dist:
         return (train_input_model(cfg, fit),)
     fw_out_path, bw_out_path = cfg.out_paths()
@@ -107,17 +110,26 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     return models[0], models[1]
 
 
-def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
-    """The input-distribution model (direction "input") on comm_cost_data_<N>_input.pkl."""
+def _other_comm_samples(cfg: TrainCommConfig, fit: FitConfig, flag: str, what: str, out, data_path
+                        ) -> tuple[dict, list[dict], int]:
+    """(meta, samples, N) of the `--<flag>` samples (`what` names them) an input-distribution or collectives fit
+    trains on, after the checks both make: no forward model's flag, the output apart from the data, and samples of
+    that kind for `cfg.ndevices` devices."""
     if cfg.fw_wait_term:
-        raise UserError("--fw_wait_term is for the forward model; drop it with --input_dist")
-    out, data_path = cfg.input_out(), cfg.data_path
-    check_outputs({"--input_out_path": out}, {"the input-distribution cost data": data_path})
+        raise UserError(f"--fw_wait_term is for the forward model; drop it with --{flag}")
+    check_outputs({f"--{'input' if flag == 'input_dist' else flag}_out_path": out}, {f"the {what} cost data": data_path})
     meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
     N = meta.get("ndevices")
-    if not meta.get("input_dist") or N != cfg.ndevices:
-        raise UserError(f"{data_path} does not hold {cfg.ndevices}-device input-distribution samples; collect them "
-                        f"with collect_comm_cost_data.py --input_dist --ndevices {cfg.ndevices}")
+    if not meta.get(flag) or N != cfg.ndevices:
+        raise UserError(f"{data_path} does not hold {cfg.ndevices}-device {what} samples; collect them with "
+                        f"collect_comm_cost_data.py --{flag} --ndevices {cfg.ndevices}")
+    return meta, samples, N
+
+
+def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
+    """The input-distribution model (direction "input") on comm_cost_data_<N>_input.pkl."""
+    out, data_path = cfg.input_out(), cfg.data_path
+    meta, samples, N = _other_comm_samples(cfg, fit, "input_dist", "input-distribution", out, data_path)
     try:  # real numbers only (no bools or strings cast), words up to MAX_INPUT_WORDS, plausible ms
         raw = [np.asarray(s[k]) for s in samples for k in ("input_words", "input_ms")]
         ok = all(a.dtype.kind in "iuf" for a in raw)
@@ -137,6 +149,35 @@ def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
     model.save(out)
     print(f"saved {out}")
     return model
+
+
+def train_collective_models(cfg: TrainCommConfig, fit: FitConfig) -> CollectiveModels:
+    """The row-wise and data-parallel collectives' costs (`collective_models.py`) on
+    comm_cost_data_<N>_collectives.pkl."""
+    out, data_path = cfg.collectives_out(), cfg.data_path
+    meta, samples, N = _other_comm_samples(cfg, fit, "collectives", "collectives", out, data_path)
+    try:  # real numbers only (no bools or strings cast), widths in range, plausible ms
+        ok = all(isinstance(s["width"], (int, np.integer)) and not isinstance(s["width"], bool) and
+                 not any(isinstance(v, bool) for k in COLLECTIVES for v in np.asarray(s[f"{k}_ms"], object).ravel())
+                 for s in samples)
+        w = np.asarray([s["width"] for s in samples])
+        ys = {k: np.asarray([s[f"{k}_ms"] for s in samples]) for k in COLLECTIVES}
+        ok = ok and w.dtype.kind in "iu" and w.shape == (len(samples),) and (w >= 1).all() and w.max() <= 1 << 24 and \
+            all(y.dtype.kind in "iuf" and y.shape == (len(samples), N) and implausible_ms(y, positive=True) is None
+                for y in ys.values())
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"{data_path} holds damaged collectives samples (each needs a whole width from 1 and {N} "
+                        f"plausible ms for each of {', '.join(COLLECTIVES)}); delete it and collect again")
+    costs = {k: fit_collective(w, y.mean(axis=1)) for k, y in ys.items()}
+    models = CollectiveModels(N, int(meta["batch_size"]), costs, model_meta(meta, data=str(data_path)))
+    for k, c in costs.items():
+        print(f"{k} ({N} devices, {meta['device']}): {c.latency_ms:.3f} ms + {c.ms_per_width * 1e3:.3f} us x width; "
+              f"held-out median error {100 * c.held_out_mape:.1f}% ({len(w)} samples, widths {w.min()}-{w.max()})")
+    models.save(out)
+    print(f"saved {out}")
+    return models
 
 
 def _fit_kwargs(fit: FitConfig) -> dict:

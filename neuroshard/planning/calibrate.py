@@ -179,7 +179,8 @@ def fine_tune_models(sim: Simulator, task, shards, measured: dict, in_words: np.
                                 np.asarray(measured["fw_ms"], np.float32), ctune, cheld, cfg, copy_model)
     bw, rep_bw = fine_tune_kept(sim.bw, (dims,), np.asarray(measured["bw_ms"], np.float32), ctune, cheld, cfg,
                                 copy_model)
-    return Simulator(compute, fw, bw, inp=inp), {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "input": rep_in}
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "input": rep_in}
+    return Simulator(compute, fw, bw, inp=inp, coll=sim.coll), report  # the collectives' costs are not re-measured
 
 
 def log_report(report: dict, measured_s: float, log) -> None:

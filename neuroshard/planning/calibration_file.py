@@ -22,6 +22,7 @@ from ..core.artifacts import atomic_torch_save, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.costs import Cluster, StepFit, implausible_ms
+from ..models.collective_models import CollectiveModels
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..sharding.plan import check_rank_shards
 from ..sharding.simulator import Simulator
@@ -99,7 +100,8 @@ def save_calibration(path, sim: Simulator, report: dict) -> Path:
                                                                   m.net.state_dict().items()}}
              for name, m in (("compute", sim.compute), ("fw", sim.fw), ("bw", sim.bw), ("input", sim.inp))
              if m is not None}
-    return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state})
+    return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state,
+                                    **({"collectives": sim.coll.to_json()} if sim.coll is not None else {})})
 
 
 
@@ -152,8 +154,10 @@ def find_calibration(path, inputs: dict | None, task=None, cluster: Cluster | No
         step_fit = None if fit is None else StepFit(fit["scale"], fit["overhead_ms"])
     except (TypeError, KeyError, UserError):
         raise UserError(f"{path} holds a damaged step fit; delete it to calibrate again") from None
+    coll = obj.get("collectives")  # the collectives' costs it was calibrated with (None: without them)
+    coll = None if coll is None else CollectiveModels.from_json(coll, str(path), "delete it to calibrate again")
     try:
-        sim = Simulator(*models[:3], step_fit=step_fit, inp=models[3])
+        sim = Simulator(*models[:3], step_fit=step_fit, inp=models[3], coll=coll)
     except UserError:  # models that disagree (direction, devices, hardware, batch)
         raise UserError(f"{path} is damaged (its models disagree); delete it to calibrate again") from None
     check_calibrated_predictions(sim, report, path)

@@ -25,13 +25,16 @@ column split adds the second group's three collectives. A table TorchRec shards 
 block r on rank r, priced by the compute model as a table of the block's rows and the block's share of the
 lookups (ids spread evenly over the rows) at the global batch; its input distribution is the bucketized ids
 (per sample 2 x the block's lookups + 2 words); its output is a reduce-scatter of every rank's partial sums
-(B x dim each), priced by the forward comm model as an all-to-all of dim columns from every rank, and its
-backward the all-gather of the gradients, by the backward model on the same dims. No collective of its own was
-measured for it: `--calibrate_dmp` fits the step to TorchRec's measured steps. A data-parallel table (a small
+(B x dim each) and its backward the all-gather of the gradients. A data-parallel table (a small
 table `NeuroShardPlanner` replicates) is a fourth group: its replica r on rank r does rank r's share of the
 lookups (the local batch's), reads its own ids and keeps its output (no input distribution, no forward
-all-to-all), and its gradient is all-reduced, priced by the backward model as the all-to-all of the same floats
-per rank (`comm_widths`). `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
+all-to-all), and its gradient is all-reduced (its width: the floats a ring sends per rank, over the batch,
+`comm_widths`). These three collectives are priced by their own measured costs where the models folder has them
+(`comm_<N>_collectives.json`, `models/collective_models.py`: the reduce-scatter on the group's dim sum, after the
+last-ready rank when it is the first group to synchronise; the all-gather on the same dims; the all-reduce on the
+group's width). Without that file the reduce-scatter is priced by the forward comm model as an all-to-all of dim
+columns from every rank, and the all-gather and all-reduce by the backward model on the same widths.
+`--calibrate_dmp` fits the step to TorchRec's measured steps either way. `Cost.bw_ms` then holds input distribution + backward, `fw_ms` the
 forward all-to-alls. The paper's cost (`cost="paper"`) is the default (`PAPER_COST`); a user's planning
 defaults to the step cost (`USER_COST`).
 
@@ -57,6 +60,8 @@ from ..core.errors import UserError
 from ..core.costs import Cluster, Cost, StepFit, round_ms
 from ..data.features import input_words, with_dim
 from ..data.tasks import ShardingTask
+from ..core.file_names import collective_model_path
+from ..models.collective_models import CollectiveModels
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..models.ensemble import member_dirs
 from ..models.loading import locate_cost_models
@@ -94,7 +99,7 @@ def check_cost(cost: str, name: str = "--cost") -> str:
 class Simulator:
     def __init__(self, compute: SetCostModel, fw: DeviceCostModel, bw: DeviceCostModel, cost: str = PAPER_COST,
                  step_fit: StepFit | None = None, inp: DeviceCostModel | None = None,
-                 members: tuple["Simulator", ...] = ()):
+                 members: tuple["Simulator", ...] = (), coll: CollectiveModels | None = None):
         for m, want in ((fw, "fw"), (bw, "bw"), (inp, "input")):
             if m is None:
                 continue
@@ -109,7 +114,10 @@ class Simulator:
         if inp is not None and inp.num_devices != fw.num_devices:
             raise UserError(f"the input-distribution model is for {inp.num_devices} devices, the comm models for "
                             f"{fw.num_devices}; pass models/comm_{fw.num_devices}_input.pt as --input_comm_model")
-        models = (compute, fw, bw) + ((inp,) if inp is not None else ())
+        if coll is not None and coll.num_devices != fw.num_devices:
+            raise UserError(f"the collectives costs are for {coll.num_devices} devices, the comm models for "
+                            f"{fw.num_devices}; use models/comm_{fw.num_devices}_collectives.json")
+        models = (compute, fw, bw) + ((inp,) if inp is not None else ()) + ((coll,) if coll is not None else ())
         for key, what in (("device", "hardware"), ("batch_size", "batch sizes")):
             vals = {str(m.meta.get(key)) for m in models if m.meta.get(key) is not None}
             if len(vals) > 1:
@@ -118,27 +126,33 @@ class Simulator:
         if fw.meta.get("mp_keep") != bw.meta.get("mp_keep"):
             raise UserError(f"the forward comm model was trained for mp_keep {fw.meta.get('mp_keep')}, the backward "
                             f"one for {bw.meta.get('mp_keep')}; train both from one comm cost-data file")
-        self.compute, self.fw, self.bw, self.inp = compute, fw, bw, inp
+        self.compute, self.fw, self.bw, self.inp, self.coll = compute, fw, bw, inp, coll
         self.cost = check_cost(cost)
         self.step_fit = step_fit
         self.num_devices = fw.num_devices
         self.mp_keep = fw.meta.get("mp_keep")  # DCT-MP's keep fraction the comm models know; None: uncompressed
-        # the ensemble members (`models/ensemble.py`), scoring plans the same way; () without them
-        self.members = tuple(m if (m.cost, m.step_fit) == (cost, step_fit) else
-                             Simulator(m.compute, m.fw, m.bw, cost, step_fit, m.inp) for m in members)
+        # the ensemble members (`models/ensemble.py`), scoring plans the same way (with these collectives' costs,
+        # which are not resampled); () without them
+        self.members = tuple(m if (m.cost, m.step_fit, m.coll) == (cost, step_fit, coll) else
+                             Simulator(m.compute, m.fw, m.bw, cost, step_fit, m.inp, coll=coll) for m in members)
 
     def with_cost(self, cost: str) -> "Simulator":
         """This simulator scoring plans by `cost` ("paper" or "step"; module docstring)."""
-        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit, self.inp, self.members)
+        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit, self.inp, self.members, self.coll)
 
     def with_step_fit(self, step_fit: StepFit | None) -> "Simulator":
         """This simulator with `step_fit` (None: without one) for its step cost."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp, self.members)
+        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp, self.members, self.coll)
 
     def with_members(self, members: tuple["Simulator", ...]) -> "Simulator":
         """This simulator with these ensemble members (a calibrated simulator keeps its pre-trained models'
         members: `sharding/risk.py` uses their relative spread around its own cost)."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, members)
+        return Simulator(self.compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, members, self.coll)
+
+    def with_collectives(self, coll: CollectiveModels | None) -> "Simulator":
+        """This simulator pricing the row-wise and data-parallel collectives by `coll` (None: by the all-to-all
+        models; module docstring). A calibrated simulator keeps its pre-trained models' collectives."""
+        return Simulator(self.compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, self.members, coll)
 
     def input_model_note(self) -> str | None:
         """One line when the step cost prices the input distribution without its own model; else None."""
@@ -148,6 +162,18 @@ class Simulator:
                 "TorchRec's input distribution by the backward comm model, which misses the fixed part of its "
                 f"collectives; make one with collect_comm_cost_data.py --input_dist --ndevices {self.num_devices} && "
                 f"train_comm_cost_model.py --input_dist --ndevices {self.num_devices}")
+
+    def collectives_note(self, task: ShardingTask) -> str | None:
+        """One line when the step cost prices a row-wise or data-parallel group of `task` without the collectives'
+        own costs; else None."""
+        grouped = any(g is not None and (np.asarray(g) >= 0).any() for g in (task.row_block, task.replica))
+        if self.cost != "step" or self.coll is not None or not grouped:
+            return None
+        N = self.num_devices
+        return (f"note: no collectives costs (models/comm_{N}_collectives.json); the step cost prices the row-wise "
+                "reduce-scatter and all-gather and the data-parallel all-reduce by the all-to-all models; make them "
+                f"with collect_comm_cost_data.py --collectives --ndevices {N} && train_comm_cost_model.py "
+                f"--collectives --ndevices {N}")
 
     @classmethod
     def from_files(cls, models: CostModelFiles | str | os.PathLike, num_devices: int, mp_keep: float | None = None,
@@ -159,7 +185,9 @@ class Simulator:
         if found is None:
             return None
         paths, input_path = found
-        sim = cls.load(*paths, num_devices=num_devices, mp_keep=mp_keep, input_path=input_path)
+        coll_path = collective_model_path(paths[2].parent, num_devices)  # beside the backward model, where it is
+        sim = cls.load(*paths, num_devices=num_devices, mp_keep=mp_keep, input_path=input_path,
+                       coll_path=coll_path if os.path.lexists(coll_path) else None)
         members = []
         for d in member_dirs(paths[0].parent):
             got = locate_cost_models(d, num_devices, mp_keep, required=False)
@@ -171,13 +199,14 @@ class Simulator:
 
     @classmethod
     def load(cls, compute_path, fw_path, bw_path, num_devices: int | None = None,
-             mp_keep: float | None = None, input_path=None) -> "Simulator":
+             mp_keep: float | None = None, input_path=None, coll_path=None) -> "Simulator":
         """The models in exactly these files (no defaults: `from_files` finds a run's); with `num_devices`,
         refused unless trained for that many devices; refused unless the comm models were trained on the
         all-to-all of `mp_keep` (None: uncompressed, else DCT-MP's keep fraction)."""
         sim = cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
                   CommCostModel.load_direction(bw_path, "bw"),
-                  inp=None if input_path is None else CommCostModel.load_direction(input_path, "input"))
+                  inp=None if input_path is None else CommCostModel.load_direction(input_path, "input"),
+                  coll=None if coll_path is None else CollectiveModels.load(coll_path))
         if num_devices is not None:
             sim.check_devices(num_devices)
         sim.check_mp_keep(mp_keep)
@@ -235,6 +264,10 @@ class Simulator:
         present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
         a2a = ALL_TO_ALL[:G][None, :, None]                                           # [1, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
+        if self.coll is not None:  # the row-wise group's all-gather, the data-parallel group's all-reduce
+            for g, name in ((2, "all_gather"), (3, "all_reduce")):
+                if g < G:
+                    bw[:, g] = self.coll.predict_np(name, dims[:, g])
         inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
         before = np.where(present, bw + np.where(a2a, inp, 0.0), 0.0).sum(axis=1)     # [P, N]
         ready = compute + before
@@ -242,8 +275,11 @@ class Simulator:
         # the first all-to-all group present waits for the last-ready rank; the groups after it start together
         first = np.argmax((present & a2a)[..., 0], axis=1)                           # [P]
         waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
-        fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1))
-        fw = np.where(present & a2a, fw.reshape(P, G, N), 0.0).sum(axis=1)
+        fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1)).reshape(P, G, N)
+        if self.coll is not None and G > 2:  # the row-wise group's reduce-scatter, after the last-ready rank's delay
+            rw = waits[:, 2]
+            fw[:, 2] = self.coll.predict_np("reduce_scatter", dims[:, 2]) + (rw.max(axis=1, keepdims=True) - rw)
+        fw = np.where(present & a2a, fw, 0.0).sum(axis=1)
         per_device = ready + fw  # (compute + bw) + fw, as Cost.per_device_ms adds them
         if self.step_fit is not None:
             per_device = self.step_fit.apply(per_device)

@@ -7,6 +7,7 @@ import pytest
 
 from neuroshard.core.config import PipelineConfig
 from neuroshard.experiments.pipeline import PRESETS, run_pipeline
+from neuroshard.models.collective_models import CollectiveModels
 from neuroshard.models.cost_models import ComputeCostModel
 
 from conftest import TINY
@@ -38,14 +39,16 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     shutil.copytree(done, tmp_path, dirs_exist_ok=True)
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out
-    assert second.count("skipped") == 9  # every step with outputs; the three collectors always run
+    assert second.count("skipped") == 10  # every step with outputs; the four collectors always run
     assert (done / "models/comm_2_input.pt").is_file()  # the step cost's input-distribution model
+    coll = CollectiveModels.load(done / "models/comm_2_collectives.json")  # and the collectives' costs
+    assert coll.num_devices == 2 and coll.batch_size == 256
     assert "measured 0 samples" in second
     # an interrupted run (the measured results missing) resumes at that step only
     (tmp_path / "results/eval_2.csv").unlink()
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     third = capsys.readouterr().out
-    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 8
+    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 9
     # --force redoes every step, collections included: each step starts with its outputs and the data it would
     # continue removed, as the first run started (what a step then does from nothing is the first run's). Here each
     # step checks that, then puts back the first run's files for the report.

@@ -496,3 +496,93 @@ def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_pric
                 [0.0] * first_fw + [ready[rank] - min(ready)] + [0.0] * (len(want) - first_fw - 1), (rank, delays)
             assert ready[rank] == compute[rank] + sum(d[2] for d in delays[:first_fw])  # + inputs + backwards
             assert parts[rank][1:] == [sum(d[2] for d in delays[first_fw:]), sum(d[2] for d in delays[:first_fw])]
+
+
+def test_collectives_collection_costs_and_their_bad_inputs(tmp_path, capsys):
+    """The row-wise and data-parallel collectives measured on 2 gloo ranks, their costs fitted and read back, and
+    bad inputs refused in one line."""
+    import json
+
+    from neuroshard.core.artifacts import RecordLog
+    from neuroshard.hardware.comm_bench import COLLECTIVE_WIDTHS, COLLECTIVES, sample_collective_width
+    from neuroshard.models.collective_models import CollectiveModels
+
+    args = ("--out_dir", tmp_path, "--ndevices", "2", "--batch_size", "64", "--num_iter", "2", "--warmup_iter", "1",
+            "--collectives")
+    proc = run_script("collect_comm_cost_data.py", *args, "--data_size", "10")
+    assert proc.returncode == 0, proc.stderr
+    meta, samples = load_cost_data(tmp_path / "comm_cost_data_2_collectives.pkl", COMM_DATA_KIND)
+    assert len(samples) == 10 and meta["collectives"] is True and "T_range" not in meta
+    for s in samples:
+        assert s["width"] == sample_collective_width(s["index"], 0)
+        assert COLLECTIVE_WIDTHS[0] <= s["width"] <= COLLECTIVE_WIDTHS[1]
+        assert all(s[f"{k}_ms"].shape == (2,) and np.all(s[f"{k}_ms"] > 0) for k in COLLECTIVES)
+    out = tmp_path / "coll.json"
+    train = ("--data_dir", tmp_path, "--ndevices", "2", "--collectives", "--collectives_out_path", out)
+    proc = run_script("train_comm_cost_model.py", *train)
+    assert proc.returncode == 0, proc.stderr
+    coll = CollectiveModels.load(out)
+    assert coll.num_devices == 2 and coll.batch_size == 64 and sorted(coll.costs) == sorted(COLLECTIVES)
+    for c in coll.costs.values():  # a cost that grows with width, nothing for no width, its held-out error kept
+        w = np.array([0, 1, 100, 1000])
+        ms = c.predict_np(w)
+        assert ms[0] == 0 and np.all(np.diff(ms[1:]) >= 0) and ms[1] > 0 and c.held_out_mape >= 0
+    # flags that do not go together
+    refused(capsys, "collect_comm_cost_data.py", *args, "--input_dist", untouched=[tmp_path],
+            match=re.escape("error: --collectives measures the row-wise and data-parallel collectives alone; drop "
+                            "--input_dist"))
+    refused(capsys, "train_comm_cost_model.py", *train, "--fw_wait_term", untouched=[tmp_path],
+            match=re.escape("error: --fw_wait_term is for the forward model; drop it with --collectives"))
+    # all-to-all samples under the collectives file's name, and damaged collectives samples, leave the costs as
+    # they were
+    saved = out.read_bytes()
+    header = {"ndevices": 2, "device": "cpu", "batch_size": 64}
+    good = {"width": 8, **{f"{k}_ms": [1.0, 2.0] for k in COLLECTIVES}}
+    damaged = (f"holds damaged collectives samples (each needs a whole width from 1 and 2 plausible ms for each of "
+               f"{', '.join(COLLECTIVES)}); delete it and collect again")
+    for name, head, rec, want in (
+            ("a2a", header, {"dim_sums": [1, 2]}, "does not hold 2-device collectives samples; collect them with "
+                                                  "collect_comm_cost_data.py --collectives --ndevices 2"),
+            ("neg", {**header, "collectives": True}, {**good, "all_reduce_ms": [1.0, -1.0]}, damaged),
+            ("boolw", {**header, "collectives": True}, {**good, "width": True}, damaged),
+            ("strms", {**header, "collectives": True}, {**good, "reduce_scatter_ms": ["1", "2"]}, damaged),
+            ("boolms", {**header, "collectives": True}, {**good, "reduce_scatter_ms": [True, 2.0]}, damaged),
+            ("nan", {**header, "collectives": True}, {**good, "all_gather_ms": [float("nan"), 1.0]}, damaged),
+            ("zerow", {**header, "collectives": True}, {**good, "width": 0}, damaged),
+            ("missing", {**header, "collectives": True}, {"width": 8}, damaged)):
+        path = tmp_path / name / "comm_cost_data_2_collectives.pkl"
+        with RecordLog(path, COMM_DATA_KIND, head) as log:
+            for j in range(10):
+                log.append({"index": j, **(rec if j == 3 else good)})
+        refused(capsys, "train_comm_cost_model.py", "--data_dir", path.parent, *train[2:], untouched=[tmp_path],
+                match=re.escape(f"error: {path} {want}"))
+    assert out.read_bytes() == saved
+    # a costs file edited or forged: one line naming it and the fix
+    fix = "; make it again with collect_comm_cost_data.py --collectives"
+    obj = json.loads(saved)
+    for name, edit, want in (
+            ("kind", lambda o: o.update(kind="x"), "not a collectives cost file"),
+            ("list", lambda o: o.clear(), "not a collectives cost file"),
+            ("devices", lambda o: o.update(num_devices=True), "num_devices must be a whole number from 2"),
+            ("batch", lambda o: o.update(batch_size=0), "batch_size must be a whole number from 1"),
+            ("missing", lambda o: o["collectives"].pop("all_reduce"), "collectives must hold exactly"),
+            ("extra", lambda o: o["collectives"].update(x={}), "collectives must hold exactly"),
+            ("negative", lambda o: o["collectives"]["all_gather"].update(latency_ms=-1),
+             "all_gather's latency_ms must be a number from 0"),
+            ("huge", lambda o: o["collectives"]["reduce_scatter"].update(ms_per_width=1e300),
+             "reduce_scatter's ms_per_width must be a number from 0"),
+            ("string", lambda o: o["collectives"]["all_reduce"].update(ms_per_width="0.1"),
+             "all_reduce's ms_per_width must be a number from 0"),
+            ("mape", lambda o: o["collectives"]["all_reduce"].update(held_out_mape=-0.5),
+             "all_reduce's held_out_mape must be a number from 0 or null"),
+            ("meta", lambda o: o.update(meta=[]), "meta must be an object")):
+        forged = json.loads(saved)
+        edit(forged)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(forged))
+        with pytest.raises(UserError, match=re.escape(f"{path}: {want}") + ".*" + re.escape(fix)):
+            CollectiveModels.load(path)
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps(obj).replace(str(obj["collectives"]["all_gather"]["latency_ms"]), "NaN", 1))
+    with pytest.raises(UserError, match="all_gather's latency_ms must be a number from 0"):
+        CollectiveModels.load(path)

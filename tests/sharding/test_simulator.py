@@ -170,3 +170,48 @@ def test_step_cost_search_scores_plans_as_the_simulator_does():
     assert len(top) >= 3 and any(p.splits for _, p in top)
     for cost, plan in top:
         assert cost == pytest.approx(sim.plan_cost(task, plan).cost_ms, abs=1e-6)
+
+
+def _rw_dp_task(with_table_wise: bool):
+    """Table 0 whole (dim 8, optional), tables 1-2 the two row blocks of a row-wise table (dim 16), tables 3-4 the
+    two replicas of a data-parallel one (dim 4, 500 rows)."""
+    feats = np.zeros((5, 19))
+    feats[:, 0] = [1000, 800, 800, 500, 500]
+    feats[:, 1] = [2.0, 3.0, 3.0, 1.0, 1.0]
+    keep = np.arange(5) if with_table_wise else np.arange(1, 5)
+    task = ShardingTask(np.arange(5)[keep], np.array([8, 16, 16, 4, 4])[keep], feats[keep],
+                        row_block=np.array([-1, 0, 1, -1, -1])[keep], replica=np.array([-1, -1, -1, 0, 1])[keep])
+    dev = np.array([0, 0, 1, 0, 1])[keep]
+    return task, Placement(2, apply_splits(task.dims, []), list(dev))
+
+
+def test_step_cost_prices_row_wise_and_data_parallel_collectives_by_their_own_costs():
+    from neuroshard.models.collective_models import CollectiveCost, CollectiveModels
+    from neuroshard.sharding.simulator import comm_widths
+
+    coll = CollectiveModels(2, 4096, {"reduce_scatter": CollectiveCost(2.0, 0.1), "all_gather": CollectiveCost(1.0, 0.05),
+                                      "all_reduce": CollectiveCost(3.0, 0.2)}, {})
+    plain = _sim(2).with_cost("step")
+    with_coll = plain.with_collectives(coll)
+    assert with_coll.with_step_fit(None).coll is coll and with_coll.with_cost("paper").coll is coll
+    for table_wise in (True, False):
+        task, plan = _rw_dp_task(table_wise)
+        a, b = plain.plan_cost(task, plan), with_coll.plan_cost(task, plan)
+        assert b.compute_ms == pytest.approx(a.compute_ms)
+        # backward: the row-wise group's all-gather of 16 columns, the data-parallel group's all-reduce of its width
+        # (floats a ring sends per sample), in place of the backward all-to-all model on the same widths
+        dp = float(comm_widths(task, [task.num_tables - 1], [4], 2, None)[0])
+        rw_bw, dp_bw = (plain.bw.predict_np(np.array([[w, w]]))[0] for w in (16.0, dp))
+        assert b.bw_ms - a.bw_ms == pytest.approx(1.0 + 0.05 * 16 - rw_bw + 3.0 + 0.2 * dp - dp_bw, abs=1e-6)
+        ready = b.compute_ms + b.bw_ms
+        if table_wise:  # the table-wise group's forward goes first and waits; the reduce-scatter starts together
+            assert b.fw_ms - (2.0 + 0.1 * 16) == pytest.approx(a.fw_ms - plain.fw.predict_np(
+                np.array([[16.0, 16.0, 0.0, 0.0]]))[0], abs=1e-6)
+        else:  # the reduce-scatter is the first group: each rank also waits for the last-ready one
+            assert b.fw_ms == pytest.approx(2.0 + 0.1 * 16 + (ready.max() - ready), abs=1e-6)
+    # the paper's cost has no such groups; collectives for another device count are refused
+    task, plan = _rw_dp_task(True)
+    assert with_coll.with_cost("paper").plan_cost(task, plan).cost_ms == plain.with_cost("paper").plan_cost(
+        task, plan).cost_ms
+    with pytest.raises(UserError, match="collectives costs are for 3 devices"):
+        plain.with_collectives(CollectiveModels(3, 4096, coll.costs, {}))
