@@ -1,7 +1,7 @@
 """NeuroShardPlanner against TorchRec's planner, every sharding type either places, in DMP steps (issue 64).
 
     python benchmarks/all_types_step.py [--set criteo_kaggle] [--ddr_mb 35] [--rounds 12] [--models_dir models]
-                                        [--ids_order popular_first --give_ids]
+                                        [--ids_order popular_first --give_ids] [--without_row_wise_by_cost]
 
 The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
 EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
@@ -17,7 +17,8 @@ type the sharder offers). Both plans are measured as TorchRec training steps (`h
 .meta.json, and the .json record with every round's step times, beside it): each
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
 interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
-calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`).
+calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`). `--without_row_wise_by_cost` adds
+a third plan to the same rounds: NeuroShard's with only the tables memory or constraints put row-wise.
 
 Skewed row access (`--ids_order popular_first`): the synthesised ids (each table's reuse histogram, the published
 DLRM one) renumbered as a frequency-ordered vocabulary numbers them, so a row-wise table's first block takes most
@@ -64,6 +65,9 @@ class AllTypesStepConfig:
                                       "the most-read id is row 0, so TorchRec's first row block holds the hot rows)")
     give_ids: bool = flag(False, "pass NeuroShardPlanner the step's ids (ids=): its reuse histograms and its row "
                                  "blocks' shares of the lookups measured from them; TorchRec's planner takes none")
+    without_row_wise_by_cost: bool = flag(False, "also plan NeuroShard with row_wise_by_cost=False (only the tables "
+                                                 "memory or constraints put row-wise) and measure that plan too, "
+                                                 "in the same rounds")
     out: str = flag("results/all_types_step.md", "the summary; its .json record beside it")
 
     def check(self) -> "AllTypesStepConfig":
@@ -81,8 +85,8 @@ class AllTypesStepConfig:
         return self
 
 
-def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None):
-    """(NeuroShardPlanner's PlannerResult, TorchRec's plan as parameter specs) of the set's tables; `ids`: what
+def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None, row_wise_by_cost: bool = True):
+    """(the NeuroShardPlanner that planned the set's tables, TorchRec's plan as parameter specs); `ids`: what
     NeuroShardPlanner gets as ids= (None: none)."""
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
@@ -102,7 +106,8 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None):
 
         simulator = read_calibration(a.calibration)
     planner = NeuroShardPlanner(topology, batch_size=batch_per_rank, constraints=constraints,
-                                models_dir=a.models_dir, debug=False, simulator=simulator, ids=ids)
+                                models_dir=a.models_dir, debug=False, simulator=simulator, ids=ids,
+                                row_wise_by_cost=row_wise_by_cost)
     planner.plan(ebc, sharders)
     theirs = torchrec_full_plan(topology, batch_per_rank, constraints, default_reservation(), ebc, sharders)
     if theirs is None:
@@ -141,10 +146,13 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: tl.names.index(t["name"]))}
         table_ids = np.arange(tl.task.num_tables)
         items = [TorchRecItem.of(spec, table_ids), TorchRecItem.of(theirs, table_ids)]
+        if a.without_row_wise_by_cost:
+            memory_only = plans(tl, a, batch // a.ndevices, planner_ids, row_wise_by_cost=False)[0].last_result
+            items.append(TorchRecItem.of(memory_only.specs[""], table_ids))
         settings = EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
                                   step=DMPStep)
         measured = measure_fixed(settings, items, a.ndevices, a.rounds)
-    mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in measured)
+    mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in measured[:2])
     ratio = paired_interval(mine, torchrec)
     predicted = float(ours.cost.cost_ms)
     planner_sim = planner.simulator  # the same plan priced with the all-to-all models for the collectives too
@@ -158,7 +166,16 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
            "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine)),
            "collectives_priced": planner_sim.coll is not None,
            "a2a_priced_over_measured": None if a2a_priced is None else a2a_priced / float(np.median(mine))}
-    return row, {"neuroshard": mine.tolist(), "torchrec": torchrec.tolist()}
+    rounds = {"neuroshard": mine.tolist(), "torchrec": torchrec.tolist()}
+    if a.without_row_wise_by_cost:
+        other = np.asarray(measured[2].round_ms, np.float64)
+        by_cost, vs_torchrec = paired_interval(mine, other), paired_interval(other, torchrec)
+        row.update(memory_only_types=kinds_text(memory_only.specs[""]), memory_only_ms=float(np.median(other)),
+                   by_cost_ratio=by_cost.estimate, by_cost_lo=by_cost.lo, by_cost_hi=by_cost.hi,
+                   memory_only_ratio=vs_torchrec.estimate, memory_only_lo=vs_torchrec.lo,
+                   memory_only_hi=vs_torchrec.hi)
+        rounds["neuroshard_memory_only"] = other.tolist()
+    return row, rounds
 
 
 def main(argv=None) -> None:
@@ -176,7 +193,12 @@ def main(argv=None) -> None:
             f"{row['predicted_over_measured']:.2f}"
             + ("" if row["a2a_priced_over_measured"] is None else
                f" (the row-wise and data-parallel collectives priced by the all-to-all models instead: "
-               f"{row['a2a_priced_over_measured']:.2f})") + "\n")
+               f"{row['a2a_priced_over_measured']:.2f})") + "\n"
+            + ("" if "by_cost_ratio" not in row else
+               f"- NeuroShard with row_wise_by_cost=False: {row['memory_only_types']}; median step "
+               f"{row['memory_only_ms']:.1f} ms; NeuroShard / it: {row['by_cost_ratio']:.3f} [{row['by_cost_lo']:.3f}, "
+               f"{row['by_cost_hi']:.3f}]; it / TorchRec: {row['memory_only_ratio']:.3f} [{row['memory_only_lo']:.3f}, "
+               f"{row['memory_only_hi']:.3f}]\n"))
     print(text)
     write_results(Path(a.out).with_suffix(".csv"), [row], markdown=text, record={"row": row, "round_ms": round_ms},
                   **a.__dict__)

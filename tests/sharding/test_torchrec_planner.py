@@ -443,8 +443,8 @@ def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(mod
     """2 gloo CPU ranks with `RowWiseSharder`: "user", kept whole by its min_partition and over a rank's budget,
     is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns; table_row_wise where only
     that is allowed, on this one host), the tables with fewer rows than the global batch that may go data-parallel
-    are replicated, the others placed around them; DistributedModelParallel runs the plan's forward (the unsharded
-    model's outputs) and backward."""
+    are replicated, and the others follow "user" row-wise where the step cost rates it cheaper (here both);
+    DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
     got = {}
     kinds = {"geo": None, "tags": None, **({"user": user_kinds} if user_kinds else {})}
     run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), 125_000, 6, kinds),
@@ -457,7 +457,9 @@ def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(mod
         # fewer rows than the global batch of 64 (the planner batch of 32 a rank, 2 ranks): replicated
         assert types["top"]["geo"] == types["tower.ebc"]["tags"] == "data_parallel", types
         assert held["geo"] == [(0, 30, 0, 8)] and held["tags"] == [(0, 60, 0, 16)], held
-        assert {types["top"]["item"], types["tower.ebc"]["history"]} <= {"table_wise", "column_wise"}
+        # the step cost (hand models) rates the rest cheaper row-wise too (row_wise_by_cost): no table-wise group
+        assert types["top"]["item"] == types["tower.ebc"]["history"] == "row_wise", types
+        assert held["item"] == [(60 * rank, 60, 0, 32)] and held["history"] == [(100 * rank, 100, 0, 32)], held
     assert got[0][3] > 0
 
 
@@ -658,3 +660,37 @@ def test_replicas_are_dropped_before_the_search_gives_up(models):
     roomy.plan(w.TwoTowerModel(), sharders())
     kinds_of = dict(zip([t.name for t in roomy.last_result.tables], roomy.last_result.sharding_types))
     assert kinds_of["geo"] == kinds_of["tags"] == "data_parallel", kinds_of
+
+
+def test_more_tables_go_row_wise_where_the_step_is_rated_cheaper(models, tmp_path):
+    """Where a table already goes row-wise, others follow it where the perf model rates the step cheaper. With
+    collectives' costs that make a row-wise group nearly free, every table that may go row-wise does (no table-wise
+    group left to pay for), each round rated cheaper than the last; without a row-wise table to start from, none
+    does (the rounds run only where memory or constraints put tables row-wise)."""
+    import shutil
+
+    from neuroshard.models.collective_models import CollectiveCost, CollectiveModels
+    from neuroshard.sharding.planner import planners
+
+    cheap = tmp_path / "models"
+    shutil.copytree(models, cheap)
+    CollectiveModels(2, 64, {k: CollectiveCost(0.001, 1e-6) for k in ("reduce_scatter", "all_gather", "all_reduce")},
+                     {}).save(cheap / "comm_2_collectives.json")
+    rated = {}
+    for rounds in (0, planners.ROW_WISE_ROUNDS):
+        pl = planner(cheap, kinds={"user": ["row_wise"]}, debug=False, row_wise_by_cost=rounds > 0)
+        pl.plan(w.TwoTowerModel(), sharders())
+        res = pl.last_result
+        kinds = dict(zip([t.name for t in res.tables], res.sharding_types))
+        rated[rounds] = res.cost.cost_ms
+        if rounds == 0:
+            assert kinds["user"] == "row_wise" and kinds["item"] in ("table_wise", "column_wise"), kinds
+        else:
+            assert set(kinds.values()) == {"row_wise"}, kinds
+            assert any("or the step costs less" in n for n in res.notes), res.notes
+    assert rated[planners.ROW_WISE_ROUNDS] < rated[0]
+    pl = planner(cheap, debug=False)
+    pl.plan(w.TwoTowerModel(), sharders())
+    assert "row_wise" not in pl.last_result.sharding_types, pl.last_result.sharding_types
+    with pytest.raises(UserError, match="^NeuroShardPlanner: row_wise_by_cost= must be True or False, got 'yes'"):
+        planner(cheap, row_wise_by_cost="yes")

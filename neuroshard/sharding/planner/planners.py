@@ -80,7 +80,8 @@ from .arguments import (ModelArguments, checked_constraints, checked_ids, checke
 from .partitioners import GridSearchPartitioner
 from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
-from .row_wise import data_parallel_tables, needs_row_wise, row_wise_attempts, with_row_blocks
+from .row_wise import (ROW_WISE_CANDIDATES, ROW_WISE_MIN_GAIN, ROW_WISE_ROUNDS, data_parallel_tables, more_row_wise,
+                       needs_row_wise, row_wise_attempts, with_row_blocks)
 from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
                     PlannerResult, Proposer, Stats)
 
@@ -100,7 +101,7 @@ class NeuroShardPlanner:
                  perf_model: PerfModel | None = None, proposer: Proposer | None = None,
                  partitioner: Partitioner | None = None, stats: Stats | None = None, cost: str = USER_COST,
                  simulator: Simulator | tuple | None = None, compare: bool = True, min_gain: float = MIN_GAIN,
-                 storage_reservation=None, ids=None):
+                 storage_reservation=None, ids=None, row_wise_by_cost: bool = True):
         require_torchrec()
         ranks = topology_ranks(topology)
         self.topology, self.cluster = topology, ranks.cluster
@@ -110,6 +111,9 @@ class NeuroShardPlanner:
         models = ModelArguments(models_dir, compute_model, fw_comm_model, bw_comm_model, input_comm_model)
         self.simulator, self.model_paths = planner_simulator(simulator, cost, self.cluster.num_devices, models)
         self.compare, self.debug = compare, debug
+        if not isinstance(row_wise_by_cost, bool):
+            raise UserError(f"NeuroShardPlanner: row_wise_by_cost= must be True or False, got {row_wise_by_cost!r:.40}")
+        self.row_wise_by_cost = row_wise_by_cost
         self.min_gain = check_min_gain(min_gain, "NeuroShardPlanner: min_gain=")
         self.model_batch = self.simulator.compute.meta.get("batch_size")
         self.batch_size = planner_batch_size(batch_size, self.model_batch, self.cluster.num_devices)
@@ -211,22 +215,55 @@ class NeuroShardPlanner:
         rank holds go row-wise (`row_wise.needs_row_wise`), the small ones data-parallel under the step cost
         (`row_wise.data_parallel_tables`); while the search finds no plan, the largest table that may go row-wise
         and has not is added to them and the search runs again; where none is left, all of that again without the
-        replicas the rule chose (each costs memory on every rank)."""
+        replicas the rule chose (each costs memory on every rank). Where the plan found has row-wise tables, more go
+        row-wise where the step is rated cheaper (`_more_row_wise_by_cost`)."""
         needed = needs_row_wise(found, cluster.fits)
         N, t0 = cluster.num_devices, time.perf_counter()
         by_rule = data_parallel_tables(found, needed, N, self.batch_size * N, self.simulator.cost == "step")
         only = data_parallel_tables(found, needed, N, self.batch_size * N, by_rule=False)
         for row_wise, replicated in row_wise_attempts(found, needed, [by_rule, only] if len(only) < len(by_rule)
                                                       else [by_rule]):
-            searched = with_row_blocks(found, row_wise, N, self.memory_kind, replicated)
-            check_fits(searched, cluster, self.memory_kind, self._reserved_words())
-            params, widened = fitting_thresholds(searched.task, N, self.search, searched.no_split,
-                                                 [t.qualified_name for t in searched.tables])
-            plan = self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
-                                         self.perf_model)
+            searched, plan, widened = self._propose_with(found, cluster, row_wise, replicated)
             if plan is not None:
                 break
+        if plan is not None and row_wise and self.row_wise_by_cost:
+            searched, plan, widened = self._more_row_wise_by_cost(found, cluster, row_wise, replicated,
+                                                                  (searched, plan, widened))
         return searched, plan, widened, time.perf_counter() - t0
+
+    def _propose_with(self, found: Enumeration, cluster: Cluster, row_wise: list[int], replicated: list[int]):
+        """(the tables as searched, the search's plan or None, the thresholds note) with these tables row-wise and
+        these replicated."""
+        searched = with_row_blocks(found, row_wise, cluster.num_devices, self.memory_kind, replicated)
+        check_fits(searched, cluster, self.memory_kind, self._reserved_words())
+        params, widened = fitting_thresholds(searched.task, cluster.num_devices, self.search, searched.no_split,
+                                             [t.qualified_name for t in searched.tables])
+        return searched, self.proposer.propose(searched.task, cluster, searched.no_split, params, self.partitioner,
+                                               self.perf_model), widened
+
+    def _more_row_wise_by_cost(self, found: Enumeration, cluster: Cluster, row_wise: list[int],
+                               replicated: list[int], best: tuple):
+        """Where tables already go row-wise, more of them by cost: each round tries adding each of the next
+        `ROW_WISE_CANDIDATES` tables that may go row-wise (the largest first, replicas left as they are), and all of
+        them at once (then no table-wise or column-wise group is left, and its collectives are saved); the one whose
+        plan the perf model rates cheapest, by at least `ROW_WISE_MIN_GAIN`, is kept. Until none is, or
+        `ROW_WISE_ROUNDS`."""
+        def rated(proposal) -> float:
+            return float(self.perf_model.rate(proposal[0].task, proposal[1]).cost_ms)
+
+        best_ms = rated(best)
+        for _ in range(ROW_WISE_ROUNDS):
+            tried, spare = [], [t for t in more_row_wise(found, row_wise) if t not in replicated]
+            # one table more, or every one left (no table-wise or column-wise group left: its collectives saved)
+            for extra in [[t] for t in spare[:ROW_WISE_CANDIDATES]] + ([spare] if len(spare) > 1 else []):
+                more = sorted(row_wise + extra)
+                proposal = self._propose_with(found, cluster, more, replicated)
+                if proposal[1] is not None:
+                    tried.append((rated(proposal), more, proposal))
+            if not tried or min(tried, key=lambda x: x[0])[0] > best_ms * (1 - ROW_WISE_MIN_GAIN):
+                break
+            best_ms, row_wise, best = min(tried, key=lambda x: x[0])
+        return best
 
     def _fits_exported(self, found: Enumeration, plan: Placement, cluster: Cluster) -> bool:
         """Whether `plan`, as exported to TorchRec, is within each rank's budget by TorchRec's storage estimator."""

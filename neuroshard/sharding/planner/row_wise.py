@@ -2,7 +2,10 @@
 constraints allow only `row_wise`) is sharded row-wise, as TorchRec runs it: cut into `world` row blocks of
 `ceil(rows / world)` rows (the last ones smaller, TorchRec's `calculate_shard_sizes_and_offsets`), block r on rank
 r. Where the search then finds no plan, the largest
-table that may go row-wise is added and the search runs again (`more_row_wise`). The search sees each block as a
+table that may go row-wise is added and the search runs again (`more_row_wise`). Where tables go row-wise, more may
+by cost: a round tries each of the next `ROW_WISE_CANDIDATES` tables added, and all the rest at once (no table-wise
+group left), and keeps the one whose plan is rated cheapest, by at least `ROW_WISE_MIN_GAIN`; rounds go on while one
+is (`NeuroShardPlanner._more_row_wise_by_cost`). The search sees each block as a
 table of its own, pinned to its rank (`ShardingTask.row_block`): its rows, the
 share of the table's lookups that falls in it and its reuse histogram (measured from the ids the caller gives,
 `NeuroShardPlanner(ids=)`: hot rows make blocks unequal; without them, ids spread evenly over the rows with the
@@ -60,6 +63,11 @@ def more_row_wise(found: Enumeration, row_wise: list[int]) -> list[int]:
     rest = [t for t, table in enumerate(found.tables) if table.row_wise and t not in row_wise]
     size = {t: float(task.shard_sizes_gb([t], [task.dims[t]])[0]) for t in rest}
     return sorted(rest, key=lambda t: (-size[t] if np.isfinite(size[t]) else -np.inf, t))
+
+
+ROW_WISE_CANDIDATES = 8   # where tables already go row-wise: the next tables that may, tried one at a time a round
+ROW_WISE_ROUNDS = 4       # rounds of adding one more row-wise table by cost, at most
+ROW_WISE_MIN_GAIN = 0.01  # the rated step cost a table added row-wise must save, at least
 
 
 def row_wise_attempts(found: Enumeration, needed: list[int], replica_sets: list[list[int]]):
@@ -157,8 +165,9 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     notes = []
     if row_wise:
         notes.append(f"note: {len(row_wise)} table(s) sharded {ROW_WISE} in {world} row blocks (no rank holds them "
-                     f"even in their narrowest column shards, their constraints allow only {ROW_WISE}, or the search "
-                     f"found no plan without): {', '.join(found.tables[t].qualified_name for t in row_wise)}")
+                     f"even in their narrowest column shards, their constraints allow only {ROW_WISE}, the search "
+                     f"found no plan without, or the step costs less): "
+                     f"{', '.join(found.tables[t].qualified_name for t in row_wise)}")
     if shares:
         notes.append("note: the row blocks' shares of their table's lookups, from the ids given: " + "; ".join(
             f"{found.tables[t].qualified_name} {'/'.join(f'{x:.2f}' for x in s)}" for t, s in shares.items()))
