@@ -7,7 +7,8 @@ are checked by the spec's one check (`check_spec`). The plan is applied to a tas
 for one (same count, rows and dims, in order) on as many devices as the plan has ranks; it is then measured
 and scored like any algorithm's plan, beside them, so a user compares the plan they run today with
 NeuroShard's in one interleaved run. Reading a plan file runs no code (JSON), and a file that is not a
-complete plan is refused with one line.
+complete plan is refused with one line, and so is one with row-wise or data-parallel tables (`NeuroShardPlanner`'s
+export): a task places whole tables and column shards, and those tables would be misread as whole.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .torchrec_export import SPEC_KIND, spec_from_json
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
+PINNED_KINDS = ("row_wise", "table_row_wise", "data_parallel")  # NeuroShardPlanner's kinds a task cannot place
 
 
 def plan_record(spec: dict, pooling_factors, **fields) -> dict:
@@ -56,6 +58,12 @@ class PlanFileSharder:
         self.path = Path(path)
         self.name = f"{PREFIX}{path}"
         self.spec = read_plan_file(path)
+        pinned = [t for t in self.spec["tables"] if t.get("sharding_type") in PINNED_KINDS]
+        if pinned:  # read as column slices they would be whole tables on their last rank: refused, not misread
+            raise UserError(f"{path}: table {pinned[0]['name']!r} is {pinned[0]['sharding_type']} "
+                            f"({len(pinned)} such table(s), as NeuroShardPlanner plans them); --alg plan: places "
+                            "whole tables and column shards only; run this plan in TorchRec's own step "
+                            "(neuroshard.sharding.torchrec_export.load_torchrec_plan, then DistributedModelParallel)")
 
     def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement:
         tables, world = self.spec["tables"], int(self.spec["world_size"])

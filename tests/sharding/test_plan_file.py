@@ -165,3 +165,28 @@ def test_rank_shard_lists_are_checked_as_the_drift_reference_needs():
             check_rank_shards(bad, rows, cluster, dims)
     with pytest.raises(PlanError, match="over a rank's memory"):
         check_rank_shards([[[0, 64]], [[1, 12]]], [10**7, 10], Cluster(2, 1.0), dims)
+
+
+def test_a_plan_with_row_wise_or_data_parallel_tables_is_refused_not_misread(tables, tmp_path, capsys):
+    """NeuroShardPlanner's export may hold row-wise and data-parallel tables: one shard of every column per rank.
+    Read as column slices they would be whole tables on their last rank; `--alg plan:` refuses them in one line,
+    before any work, and writes nothing."""
+    from neuroshard.sharding.planner.row_wise import row_blocks
+
+    path, tl = tables
+    spec = plan_spec(tl.names, tl.rows, tl.task.dims, Placement(2, apply_splits(tl.task.dims, []), [0, 1, 0, 1, 0, 1]))
+    spec["tables"][0].update(sharding_type="row_wise", shards=[
+        {"col_offset": 0, "width": 64, "rank": r, "row_offset": o, "rows": n}
+        for r, (o, n) in enumerate(row_blocks(20000, 2))])
+    spec["tables"][5].update(sharding_type="data_parallel",
+                             shards=[{"col_offset": 0, "width": 8, "rank": r} for r in range(2)])
+    (tmp_path / "rw.json").write_text(json.dumps(spec))
+    assert read_plan_file(tmp_path / "rw.json")["tables"][0]["sharding_type"] == "row_wise"  # a valid spec
+    line = (f"{tmp_path}/rw.json: table 'user_id' is row_wise (2 such table(s), as NeuroShardPlanner plans them); "
+            "--alg plan: places whole tables and column shards only; run this plan in TorchRec's own step "
+            "(neuroshard.sharding.torchrec_export.load_torchrec_plan, then DistributedModelParallel)")
+    with pytest.raises(UserError, match="^" + re.escape(line) + "$"):
+        PlanFileSharder(tmp_path / "rw.json")
+    refused(capsys, "tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'rw.json'}",
+            "--ndevices", 2, "--out", tmp_path / "plan.json", untouched=[tmp_path], quiet=False,
+            match=re.escape(f"error: {line}"))
