@@ -203,10 +203,15 @@ class Simulator:
         """The models in exactly these files (no defaults: `from_files` finds a run's); with `num_devices`,
         refused unless trained for that many devices; refused unless the comm models were trained on the
         all-to-all of `mp_keep` (None: uncompressed, else DCT-MP's keep fraction)."""
-        sim = cls(ComputeCostModel.load(compute_path), CommCostModel.load_direction(fw_path, "fw"),
-                  CommCostModel.load_direction(bw_path, "bw"),
-                  inp=None if input_path is None else CommCostModel.load_direction(input_path, "input"),
-                  coll=None if coll_path is None else CollectiveModels.load(coll_path))
+        coll = None if coll_path is None else CollectiveModels.load(coll_path)
+        fw = CommCostModel.load_direction(fw_path, "fw")
+        if coll is not None and coll.num_devices != fw.num_devices:
+            raise UserError(f"{coll_path} holds collectives costs for {coll.num_devices} devices, the comm models are "
+                            f"for {fw.num_devices}; make them with collect_comm_cost_data.py --collectives --ndevices "
+                            f"{fw.num_devices} && train_comm_cost_model.py --collectives --ndevices {fw.num_devices}, "
+                            "or delete the file")
+        sim = cls(ComputeCostModel.load(compute_path), fw, CommCostModel.load_direction(bw_path, "bw"),
+                  inp=None if input_path is None else CommCostModel.load_direction(input_path, "input"), coll=coll)
         if num_devices is not None:
             sim.check_devices(num_devices)
         sim.check_mp_keep(mp_keep)

@@ -9,6 +9,8 @@ so every term of §3.4 (compute per device, an empty device costing 0, the backw
 sums, the delays d_r = (compute_r + bw_r) - min, the forward model on dim sums + delays, the max
 over devices of the sum) changes the numbers below if it is broken.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -215,3 +217,26 @@ def test_step_cost_prices_row_wise_and_data_parallel_collectives_by_their_own_co
         task, plan).cost_ms
     with pytest.raises(UserError, match="collectives costs are for 3 devices"):
         plain.with_collectives(CollectiveModels(3, 4096, coll.costs, {}))
+
+
+def test_collectives_costs_beside_the_comm_models_are_loaded_or_refused_by_name(tmp_path):
+    """`Simulator.from_files` loads comm_<N>_collectives.json from beside the backward model (ensemble members
+    share it); one for another device count, or of another batch, is one line naming what differs."""
+    from analytic_models import save_hand_models
+
+    from neuroshard.models.collective_models import CollectiveCost, CollectiveModels
+
+    folder = save_hand_models(tmp_path / "models", 2, {"batch_size": 64})
+    assert Simulator.from_files(folder, 2).coll is None
+    costs = {k: CollectiveCost(1.0, 0.01) for k in ("reduce_scatter", "all_gather", "all_reduce")}
+    CollectiveModels(2, 64, costs, {"batch_size": 64}).save(folder / "comm_2_collectives.json")
+    sim = Simulator.from_files(folder, 2)
+    assert sim.coll.costs["all_reduce"].latency_ms == 1.0 and sim.with_cost("step").coll is sim.coll
+    CollectiveModels(4, 64, costs, {"batch_size": 64}).save(folder / "comm_2_collectives.json")
+    with pytest.raises(UserError, match=re.escape(f"{folder}/comm_2_collectives.json holds collectives costs for 4 "
+                                                  "devices, the comm models are for 2; make them with "
+                                                  "collect_comm_cost_data.py --collectives --ndevices 2")):
+        Simulator.from_files(folder, 2)
+    CollectiveModels(2, 128, costs, {"batch_size": 128}).save(folder / "comm_2_collectives.json")
+    with pytest.raises(UserError, match="cost models come from different batch sizes"):
+        Simulator.from_files(folder, 2)
