@@ -55,15 +55,10 @@ def scaled_table_list(name: str, row_scale: float, out: Path) -> Path:
 
 
 def table_list_ebc(tl):
-    """An `EmbeddingBagCollection` of a table list's tables on the meta device, one feature per table, each named
-    as in the list: the module a TorchRec user would plan."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    """The module a TorchRec user would plan for a table list (`neuroshard.planning.all_types.table_list_module`)."""
+    from neuroshard.planning.all_types import table_list_module
 
-    return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=int(d), num_embeddings=int(r),
-                                                             feature_names=[n])
-                                          for n, r, d in zip(tl.names, tl.rows, tl.task.dims)],
-                                  device=torch.device("meta"))
+    return table_list_module(tl)
 
 
 def speed_probe_ms(repeats: int = 15) -> float:

@@ -528,6 +528,11 @@ class ShardTablesConfig:
                                            "TorchRec training steps (DistributedModelParallel) on these ranks and fit "
                                            "the step cost to them (scale and per-step overhead); --calibrate_dmp "
                                            f"alone: P = {DEFAULT_CALIBRATE_DMP}", bare=DEFAULT_CALIBRATE_DMP)
+    sharding_types: tuple[str, ...] | None = flag(None, "plan over these TorchRec sharding types with "
+                                                        "NeuroShardPlanner (e.g. data_parallel,table_wise,column_wise,"
+                                                        "row_wise): row-wise blocks, replicas and column shards, memory "
+                                                        "as TorchRec counts it; default: the search's table-wise and "
+                                                        "column-wise shards", parse="str_list")
     measure: bool = flag(False, "measure NeuroShard's top plans, the heuristics' and TorchRec's in interleaved "
                                 "rounds and write the measured best")
     measure_engine: str = flag("emulated", "with --measure: emulated (independent devices emulated, one rank's compute "
@@ -580,6 +585,17 @@ class ShardTablesConfig:
         elif self.measure_engine != "emulated":  # it would be ignored without a word
             raise UserError(f"--measure_engine {self.measure_engine} chooses how --measure measures; add --measure "
                             "or drop --measure_engine")
+        if self.sharding_types is not None:
+            if self.alg != "neuroshard":
+                raise UserError(f"--sharding_types plans with NeuroShardPlanner (--alg neuroshard); drop --alg "
+                                f"{self.alg} or drop --sharding_types")
+            if self.measure:
+                raise UserError("--measure measures table-wise and column-wise plans; with --sharding_types measure "
+                                "the plan in TorchRec's own step (load it with load_torchrec_plan), or drop "
+                                "--sharding_types")
+            if self.mp_keep is not None:
+                raise UserError("--sharding_types plans TorchRec's own step, which has no DCT-MP all-to-all; drop "
+                                "--mp_keep or drop --sharding_types")
         if self.calibrate_dmp is not None:
             if self.calibrate is None:
                 raise UserError("--calibrate_dmp fits the step cost of calibrated models: pass --calibrate too, "

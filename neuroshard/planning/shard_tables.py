@@ -34,6 +34,7 @@ from ..sharding.registry import expand_algs, make_sharder, shard_task
 from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import SPEC_KIND, plan_spec, to_torchrec_plan, write_torchrec_plan
+from .all_types import check_sharding_types, plan_all_types
 from .calibrated_models import calibrated_simulator, models_words
 from .calibration_file import CALIBRATION_SUFFIX, calibration_path
 from .measure import MeasureConfig, candidate_plans, measure_candidates
@@ -66,6 +67,8 @@ def shard_tables(cfg: ShardTablesConfig) -> dict:
     """Plan the user's tables with `cfg.alg`, print the plan, write it (and optionally measure it)."""
     cfg.check()
     cluster = Cluster(cfg.ndevices, cfg.max_mem)
+    if cfg.sharding_types is not None:
+        check_sharding_types(cfg.sharding_types)
     if cfg.alg == "all" or expand_algs([cfg.alg]) != [cfg.alg]:
         raise UserError(f"--alg takes one algorithm here, got {cfg.alg!r}")
     if cfg.measure:
@@ -171,6 +174,8 @@ def plan_and_write(cfg: ShardTablesConfig, cluster: Cluster, inputs: PlanInputs,
                    calibration: dict | None, hw, models_fix: str) -> dict:
     """Steps 3 to 5: choose, print, measure (--measure), write; returns what was planned."""
     tl, batch = inputs.tables, inputs.batch
+    if cfg.sharding_types is not None:  # every sharding type: NeuroShardPlanner plans (`all_types.py`)
+        return plan_all_types(cfg, cluster, tl, sim, batch, inputs.model_paths)
     search_s, chosen = choose(cfg, cluster, inputs, sim)
     how = "predicted at batch " + str(batch) + " by the cost models" if sim else "no cost models"
     print_plan(f"\nper device ({how}; * = critical device), planned in {search_s:.2f} s", tl, chosen.plan,

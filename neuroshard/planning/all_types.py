@@ -1,0 +1,107 @@
+"""A user's table list planned over TorchRec's sharding types (`tools/shard_tables.py --sharding_types`).
+
+The tables become the module a TorchRec user would plan (`table_list_module`: one EmbeddingBagCollection on the meta
+device, one feature per table) and `NeuroShardPlanner` plans it with the simulator `shard_tables` built (the
+pre-trained models, or the calibration beside `--out`): each table's pooling factor and the sharding types given as
+its constraints, `--ndevices` ranks of `--max_mem` GB (DDR on cpu, HBM on cuda) as TorchRec counts memory, after its
+default storage reservation, and `RowWiseSharder` (which offers row_wise and table_row_wise on cpu too). So the plan
+may shard tables row-wise, replicate them (data_parallel) and split them into columns; it is handed out against the
+plan TorchRec's `EmbeddingShardingPlanner` makes with the same types (`NeuroShardPlanner`'s comparison).
+
+plan.json holds the plan as the TorchRec export spec (row offsets of row-wise blocks included), the planner's
+predicted step cost and its notes; `--torchrec_plan` writes the spec. `--alg plan:FILE` does not take such a plan
+(a task places whole tables and column shards only); `load_torchrec_plan` does. The reuse statistics of a table list
+(bin_0..bin_16) are not used here: `NeuroShardPlanner` takes a table's histogram from ids or the published one.
+"""
+from __future__ import annotations
+
+from ..core.artifacts import provenance, write_json
+from ..core.config import ShardTablesConfig
+from ..core.costs import Cluster
+from ..core.errors import UserError
+from ..core.tables import format_table
+from ..data.table_list import TableList
+from ..sharding.plan_file import PLAN_KIND, PINNED_KINDS
+from ..sharding.simulator import Simulator
+from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_torchrec_plan
+from .plan_report import predicted_record
+
+SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise",
+                  "grid_shard")  # TorchRec's `ShardingType` values a constraint may name
+
+
+def check_sharding_types(kinds) -> list[str]:
+    """--sharding_types: one or more of TorchRec's sharding types, each once."""
+    kinds = list(kinds)
+    bad = [k for k in kinds if k not in SHARDING_TYPES]
+    if not kinds or bad or len(set(kinds)) < len(kinds):
+        why = (f"unknown type {bad[0][:40]!r}" if bad else "a type named twice" if kinds else "no type")
+        raise UserError(f"--sharding_types: {why}; name one or more of {', '.join(SHARDING_TYPES)}, comma-separated, "
+                        "e.g. --sharding_types data_parallel,table_wise,column_wise,row_wise")
+    return kinds
+
+
+def table_list_module(tl: TableList):
+    """An `EmbeddingBagCollection` of a table list's tables on the meta device, one feature per table, each named
+    as TorchRec can take it (`torchrec_export.module_names`: the list's name, a dot made "_"): the module a TorchRec
+    user would plan."""
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=m, embedding_dim=int(d), num_embeddings=int(r),
+                                                             feature_names=[m])
+                                          for m, r, d in zip(module_names(tl.names), tl.rows, tl.task.dims)],
+                                  device=torch.device("meta"))
+
+
+def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim: Simulator, batch: int,
+                   model_paths) -> dict:
+    """Plan `tl` with `NeuroShardPlanner` over `cfg.sharding_types` (module docstring), print it, write plan.json
+    (and `--torchrec_plan`); returns what was planned."""
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+
+    from ..sharding.planner import NeuroShardPlanner
+    from ..sharding.planner.sharders import RowWiseSharder
+
+    kinds = check_sharding_types(cfg.sharding_types)
+    device = "cuda" if cfg.hardware.device == "cuda" else "cpu"
+    cap = int(cfg.max_mem * 2**30)
+    topology = Topology(world_size=cluster.num_devices, compute_device=device,
+                        **({"hbm_cap": cap} if device == "cuda" else {"ddr_cap": cap}))
+    legal = module_names(tl.names)
+    constraints = {m: ParameterConstraints(pooling_factors=[float(p)], sharding_types=list(kinds))
+                   for m, p in zip(legal, tl.task.pooling_factors)}
+    planner = NeuroShardPlanner(topology, batch_size=max(1, batch // cluster.num_devices), constraints=constraints,
+                                simulator=sim, debug=False, cost=cfg.cost,
+                                **({} if cfg.min_gain is None else {"min_gain": cfg.min_gain}))
+    planner.plan(table_list_module(tl), [RowWiseSharder()])
+    res = planner.last_result
+    user_name = dict(zip(legal, tl.names))  # the spec in the list's names, its module names TorchRec's
+    spec = {**res.specs[""], "tables": [{**t, "name": user_name[t["name"]], "module_name": t["name"]}
+                                        for t in res.specs[""]["tables"]]}
+    chosen = "neuroshard" if res.plan is not None else "torchrec"
+    for note in res.notes:
+        print(note)
+    print(f"\nper table ({chosen}'s plan; sharding types allowed: {', '.join(kinds)})")
+    print("\n".join(format_table(["table", "rows", "dim", "sharding type", "ranks"],
+                                 [[t["name"], t["rows"], t["dim"], t.get("sharding_type", "table_wise"),
+                                   ",".join(str(s["rank"]) for s in t["shards"])] for t in spec["tables"]],
+                                 style="text", align="lrrll")))
+    if res.cost is not None:
+        print(f"predicted step {res.cost.cost_ms:.3f} ms at batch {batch}")
+    record = {"kind": PLAN_KIND, "alg": "neuroshard", "chosen": chosen, "cost": cfg.cost,
+              "sharding_types": kinds, "ndevices": cluster.num_devices, "max_mem_gb": cfg.max_mem,
+              "tables": [{**t, "pooling_factor": float(p)} for t, p in zip(spec["tables"], tl.task.pooling_factors)],
+              "predicted": predicted_record(res.cost, batch), "notes": res.notes,
+              "provenance": provenance(source=tl.source, models=[str(p) for p in model_paths], seed=cfg.seed,
+                                       search=cfg.search.__dict__)}
+    to_torchrec_plan(spec)  # TorchRec must accept it before a file is written
+    write_json(cfg.out, record)
+    print(f"\nplan written to {cfg.out}")
+    if cfg.torchrec_plan:
+        write_torchrec_plan(cfg.torchrec_plan, spec, alg="neuroshard", source=tl.source)
+        print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
+              "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
+    pinned = sum(t.get("sharding_type") in PINNED_KINDS for t in spec["tables"])
+    return {"spec": spec, "result": res, "cost": res.cost, "pinned": pinned}

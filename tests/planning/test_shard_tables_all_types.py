@@ -1,0 +1,70 @@
+"""tools/shard_tables.py --sharding_types: a table list planned by NeuroShardPlanner over TorchRec's sharding types;
+plan.json and the TorchRec plan carry row-wise blocks and replicas; bad flags are one line before any work."""
+import json
+import re
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+from neuroshard.sharding.plan_file import read_plan_file  # noqa: E402
+from neuroshard.sharding.torchrec_export import load_torchrec_plan, read_torchrec_plan  # noqa: E402
+
+from analytic_models import save_hand_models  # noqa: E402
+from conftest import refused, run_here  # noqa: E402
+
+SCRIPT = "tools/shard_tables.py"
+# "user.id" (4 columns: no column split) is too large for one rank's 1.1 MB left after the reservation; "geo" and
+# "cat" have fewer rows than the global batch: replicated
+TABLES = "name,rows,dim,pooling_factor\nuser.id,80000,4,1\nitem,2000,32,2\ncat,40,16,3.5\ngeo,20,8,1\n"
+TYPES = "data_parallel,table_wise,column_wise,row_wise"
+
+
+def _args(tmp_path, *more):
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 64})
+    (tmp_path / "t.csv").write_text(TABLES)
+    return ("--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.0012, "--out", tmp_path / "plan.json",
+            "--compute_model", models / "compute.pt", "--fw_comm_model", models / "comm_2_fw.pt",
+            "--bw_comm_model", models / "comm_2_bw.pt", *more)
+
+
+def test_row_wise_and_replicated_tables_reach_plan_json_and_torchrec(tmp_path, capsys):
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", TYPES, "--torchrec_plan", tmp_path / "tr.json"))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    kinds = {t["name"]: t["sharding_type"] for t in rec["tables"]}
+    assert kinds["user.id"] == "row_wise" and kinds["cat"] == kinds["geo"] == "data_parallel", kinds
+    assert rec["sharding_types"] == TYPES.split(",") and rec["predicted"]["cost_ms"] > 0
+    user = next(t for t in rec["tables"] if t["name"] == "user.id")
+    assert user["module_name"] == "user_id"
+    assert [(s["row_offset"], s["rows"], s["rank"]) for s in user["shards"]] == [(0, 40000, 0), (40000, 40000, 1)]
+    assert "user.id  " in proc.stdout and "row_wise" in proc.stdout and "predicted step" in proc.stdout
+    # both files read back as the same spec; TorchRec takes it, row blocks and replicas included
+    spec = read_plan_file(tmp_path / "plan.json")
+    assert [t["shards"] for t in spec["tables"]] == [t["shards"] for t in read_torchrec_plan(tmp_path / "tr.json")
+                                                     ["tables"]]
+    plan = load_torchrec_plan(tmp_path / "tr.json", device_type="cpu")
+    assert plan.plan[""]["user_id"].sharding_type == "row_wise"
+    assert plan.plan[""]["geo"].sharding_type == "data_parallel"
+    # --alg plan: refuses such a plan rather than misread it
+    refused(capsys, SCRIPT, *_args(tmp_path / "again", "--alg", f"plan:{tmp_path / 'plan.json'}"),
+            untouched=[tmp_path], quiet=False, match=re.escape(f"error: {tmp_path}/plan.json: table 'user.id' is "
+                                                              "row_wise") + ".*load_torchrec_plan.*")
+
+
+@pytest.mark.parametrize("more, line", [
+    (("--sharding_types", "row_wise,sideways"), "--sharding_types: unknown type 'sideways'; name one or more of "
+                                                "data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
+                                                "table_column_wise, grid_shard, comma-separated, e.g. "
+                                                "--sharding_types data_parallel,table_wise,column_wise,row_wise"),
+    (("--sharding_types", "row_wise,row_wise"), "--sharding_types: a type named twice; name one or more of .*"),
+    (("--sharding_types", TYPES, "--alg", "dim_greedy"), "--sharding_types plans with NeuroShardPlanner (--alg "
+                                                         "neuroshard); drop --alg dim_greedy or drop --sharding_types"),
+    (("--sharding_types", TYPES, "--measure"), "--measure measures table-wise and column-wise plans; with "
+                                               "--sharding_types measure the plan in TorchRec's own step .*"),
+    (("--sharding_types", TYPES, "--mp_keep", "0.1"), "--sharding_types plans TorchRec's own step, which has no "
+                                                      "DCT-MP all-to-all; drop --mp_keep or drop --sharding_types"),
+])
+def test_bad_sharding_types_flags_are_one_line_before_any_work(tmp_path, capsys, more, line):
+    args = _args(tmp_path, *more)
+    refused(capsys, SCRIPT, *args, untouched=[tmp_path], match="error: " + (line if ".*" in line else re.escape(line)))
