@@ -589,10 +589,14 @@ class ShardTablesConfig:
             if self.alg != "neuroshard":
                 raise UserError(f"--sharding_types plans with NeuroShardPlanner (--alg neuroshard); drop --alg "
                                 f"{self.alg} or drop --sharding_types")
-            if self.measure:
-                raise UserError("--measure measures table-wise and column-wise plans; with --sharding_types measure "
-                                "the plan in TorchRec's own step (load it with load_torchrec_plan), or drop "
-                                "--sharding_types")
+            for name, given in (("--no_race", self.no_race), ("--measure_budget_s", self.measure_budget_s is not None),
+                                ("--measure_top", self.measure_top is not None)):
+                if given:  # it would be ignored without a word
+                    raise UserError(f"{name} has no effect with --sharding_types (--measure measures NeuroShard's plan "
+                                    f"and TorchRec's in a fixed number of rounds); drop {name}")
+            if self.measure and self.measure_engine != "torchrec":
+                raise UserError("--sharding_types plans row-wise and data-parallel tables, which the emulated engine "
+                                "does not run; add --measure_engine torchrec (TorchRec's own training step)")
             if self.mp_keep is not None:
                 raise UserError("--sharding_types plans TorchRec's own step, which has no DCT-MP all-to-all; drop "
                                 "--mp_keep or drop --sharding_types")

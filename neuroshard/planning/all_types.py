@@ -9,11 +9,16 @@ may shard tables row-wise, replicate them (data_parallel) and split them into co
 plan TorchRec's `EmbeddingShardingPlanner` makes with the same types (`NeuroShardPlanner`'s comparison).
 
 plan.json holds the plan as the TorchRec export spec (row offsets of row-wise blocks included), the planner's
-predicted step cost and its notes; `--torchrec_plan` writes the spec. `--alg plan:FILE` does not take such a plan
+predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--measure --measure_engine torchrec` the
+plan and TorchRec's are measured as TorchRec training steps on these ranks (`MEASURE_ROUNDS` interleaved rounds) and
+plan.json records both and their paired ratio; the plan written stays NeuroShard's (a line warns where TorchRec's
+measured faster). Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
 (a task places whole tables and column shards only); `load_torchrec_plan` does. The reuse statistics of a table list
 (bin_0..bin_16) are not used here: `NeuroShardPlanner` takes a table's histogram from ids or the published one.
 """
 from __future__ import annotations
+
+import sys
 
 from ..core.artifacts import provenance, write_json
 from ..core.config import ShardTablesConfig
@@ -26,6 +31,7 @@ from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_torchrec_plan
 from .plan_report import predicted_record
 
+MEASURE_ROUNDS = 8  # interleaved rounds of NeuroShard's plan and TorchRec's with --measure
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise",
                   "grid_shard")  # TorchRec's `ShardingType` values a constraint may name
 
@@ -62,7 +68,9 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
     from ..sharding.planner import NeuroShardPlanner
+    from ..sharding.planner.incumbent import torchrec_full_plan
     from ..sharding.planner.sharders import RowWiseSharder
+    from ..sharding.planner.storage import default_reservation
 
     kinds = check_sharding_types(cfg.sharding_types)
     device = "cuda" if cfg.hardware.device == "cuda" else "cpu"
@@ -75,27 +83,42 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     planner = NeuroShardPlanner(topology, batch_size=max(1, batch // cluster.num_devices), constraints=constraints,
                                 simulator=sim, debug=False, cost=cfg.cost,
                                 **({} if cfg.min_gain is None else {"min_gain": cfg.min_gain}))
-    planner.plan(table_list_module(tl), [RowWiseSharder()])
+    module, sharders = table_list_module(tl), [RowWiseSharder()]
+    planner.plan(module, sharders)
     res = planner.last_result
+    if res.plan is None:
+        for note in res.notes:
+            print(note)
+        raise UserError("NeuroShardPlanner found no plan of its own for these tables (it would hand out TorchRec's "
+                        "EmbeddingShardingPlanner's unchanged, e.g. on UVM caching); plan them with TorchRec's planner, "
+                        "or raise --max_mem or add devices")
     user_name = dict(zip(legal, tl.names))  # the spec in the list's names, its module names TorchRec's
     spec = {**res.specs[""], "tables": [{**t, "name": user_name[t["name"]], "module_name": t["name"]}
                                         for t in res.specs[""]["tables"]]}
-    chosen = "neuroshard" if res.plan is not None else "torchrec"
     for note in res.notes:
         print(note)
-    print(f"\nper table ({chosen}'s plan; sharding types allowed: {', '.join(kinds)})")
+    print(f"\nper table (NeuroShard's plan; sharding types allowed: {', '.join(kinds)})")
     print("\n".join(format_table(["table", "rows", "dim", "sharding type", "ranks"],
                                  [[t["name"], t["rows"], t["dim"], t.get("sharding_type", "table_wise"),
                                    ",".join(str(s["rank"]) for s in t["shards"])] for t in spec["tables"]],
                                  style="text", align="lrrll")))
     if res.cost is not None:
         print(f"predicted step {res.cost.cost_ms:.3f} ms at batch {batch}")
-    record = {"kind": PLAN_KIND, "alg": "neuroshard", "chosen": chosen, "cost": cfg.cost,
+    measured = None
+    if cfg.measure:
+        theirs = torchrec_full_plan(topology, planner.batch_size, constraints, default_reservation(), module, sharders)
+        measured = measure_against_torchrec(cfg, tl, spec, theirs, batch, legal) if theirs is not None else None
+        if theirs is None:
+            print("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables with these types: nothing "
+                  "to measure against")
+    record = {"kind": PLAN_KIND, "alg": "neuroshard", "chosen": "neuroshard", "cost": cfg.cost,
               "sharding_types": kinds, "ndevices": cluster.num_devices, "max_mem_gb": cfg.max_mem,
               "tables": [{**t, "pooling_factor": float(p)} for t, p in zip(spec["tables"], tl.task.pooling_factors)],
               "predicted": predicted_record(res.cost, batch), "notes": res.notes,
               "provenance": provenance(source=tl.source, models=[str(p) for p in model_paths], seed=cfg.seed,
                                        search=cfg.search.__dict__)}
+    if measured is not None:
+        record["measured"] = measured
     to_torchrec_plan(spec)  # TorchRec must accept it before a file is written
     write_json(cfg.out, record)
     print(f"\nplan written to {cfg.out}")
@@ -104,4 +127,47 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
         print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
               "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
     pinned = sum(t.get("sharding_type") in PINNED_KINDS for t in spec["tables"])
-    return {"spec": spec, "result": res, "cost": res.cost, "pinned": pinned}
+    return {"spec": spec, "result": res, "cost": res.cost, "pinned": pinned, "measured": measured}
+
+
+def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs, batch: int,
+                             legal: list[str]) -> dict:
+    """NeuroShard's plan (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured as TorchRec training steps
+    on these ranks in `MEASURE_ROUNDS` interleaved rounds, on the tables' ids (`--ids`, else synthesised from each
+    table's rows, pooling factor and reuse histogram): each plan's median step and their paired ratio."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from ..core.intervals import paired_interval
+    from ..hardware.backends import resolve_hardware
+    from ..hardware.dmp_step import DMPStep, TorchRecItem
+    from ..hardware.engine import EngineSettings, measure_fixed
+    from ..sharding.planner.incumbent import parameter_specs
+    from .user_data import user_tables_dataset
+
+    shapes = {("", m): (int(r), int(d)) for m, r, d in zip(legal, tl.rows, tl.task.dims)}
+    torchrec_spec = parameter_specs(theirs, shapes)[""]
+    torchrec_spec = {**torchrec_spec, "tables": sorted(torchrec_spec["tables"], key=lambda t: legal.index(t["name"]))}
+    ours = {**spec, "tables": [{**t, "name": t["module_name"]} for t in spec["tables"]]}  # named as the module's
+    table_ids = np.arange(tl.task.num_tables)
+    hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, cfg.hardware.gpu_ids)
+    print(f"\nmeasuring NeuroShard's plan and TorchRec's as TorchRec training steps (DistributedModelParallel) on "
+          f"{cfg.ndevices} ranks, {MEASURE_ROUNDS} interleaved rounds")
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = user_tables_dataset(tl, batch, cfg.seed, Path(tmp), cfg.ids)
+        settings = EngineSettings(str(ds.path), hw, batch, cfg.warmup_iter, cfg.num_iter, step=DMPStep)
+        got = measure_fixed(settings, [TorchRecItem.of(ours, table_ids), TorchRecItem.of(torchrec_spec, table_ids)],
+                            cfg.ndevices, MEASURE_ROUNDS)
+    mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in got)
+    ratio = paired_interval(mine, torchrec)
+    print(f"measured step: NeuroShard {np.median(mine):.2f} ms, TorchRec {np.median(torchrec):.2f} ms; NeuroShard / "
+          f"TorchRec {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
+    if ratio.lo > 1:
+        print("warning: TorchRec's plan measured faster here; plan.json holds NeuroShard's (use TorchRec's "
+              "EmbeddingShardingPlanner with the same constraints for its plan)", file=sys.stderr)
+    return {"engine": "torchrec", "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
+            "torchrec_ms": torchrec.tolist(), "torchrec_types": sorted({t["sharding_type"]
+                                                                       for t in torchrec_spec["tables"]}),
+            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi}

@@ -60,11 +60,32 @@ def test_row_wise_and_replicated_tables_reach_plan_json_and_torchrec(tmp_path, c
     (("--sharding_types", "row_wise,row_wise"), "--sharding_types: a type named twice; name one or more of .*"),
     (("--sharding_types", TYPES, "--alg", "dim_greedy"), "--sharding_types plans with NeuroShardPlanner (--alg "
                                                          "neuroshard); drop --alg dim_greedy or drop --sharding_types"),
-    (("--sharding_types", TYPES, "--measure"), "--measure measures table-wise and column-wise plans; with "
-                                               "--sharding_types measure the plan in TorchRec's own step .*"),
+    (("--sharding_types", TYPES, "--measure"), "--sharding_types plans row-wise and data-parallel tables, which the "
+                                               "emulated engine does not run; add --measure_engine torchrec "
+                                               "(TorchRec's own training step)"),
+    (("--sharding_types", TYPES, "--measure", "--measure_engine", "torchrec", "--measure_top", "4"),
+     "--measure_top has no effect with --sharding_types (--measure measures NeuroShard's plan and TorchRec's in a "
+     "fixed number of rounds); drop --measure_top"),
     (("--sharding_types", TYPES, "--mp_keep", "0.1"), "--sharding_types plans TorchRec's own step, which has no "
                                                       "DCT-MP all-to-all; drop --mp_keep or drop --sharding_types"),
 ])
 def test_bad_sharding_types_flags_are_one_line_before_any_work(tmp_path, capsys, more, line):
     args = _args(tmp_path, *more)
     refused(capsys, SCRIPT, *args, untouched=[tmp_path], match="error: " + (line if ".*" in line else re.escape(line)))
+
+
+def test_measure_runs_both_plans_in_torchrecs_step(tmp_path, capsys):
+    """--measure --measure_engine torchrec: NeuroShard's plan (row-wise and replicated tables) and TorchRec's are
+    measured as DistributedModelParallel steps on 2 gloo ranks in interleaved rounds; plan.json records both."""
+    from neuroshard.planning.all_types import MEASURE_ROUNDS
+
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", TYPES, "--measure", "--measure_engine",
+                                           "torchrec", "--warmup_iter", 1, "--num_iter", 2))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    m = rec["measured"]
+    assert m["engine"] == "torchrec" and m["rounds"] == MEASURE_ROUNDS
+    assert len(m["neuroshard_ms"]) == len(m["torchrec_ms"]) == MEASURE_ROUNDS
+    assert min(m["neuroshard_ms"] + m["torchrec_ms"]) > 0 and m["ratio_lo"] <= m["ratio"] <= m["ratio_hi"]
+    assert "row_wise" in {t["sharding_type"] for t in rec["tables"]}
+    assert "measured step: NeuroShard" in proc.stdout
