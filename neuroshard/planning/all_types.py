@@ -13,8 +13,10 @@ predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--me
 plan and TorchRec's are measured as TorchRec training steps on these ranks (`MEASURE_ROUNDS` interleaved rounds) and
 plan.json records both and their paired ratio; the plan written stays NeuroShard's (a line warns where TorchRec's
 measured faster). Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
-(a task places whole tables and column shards only); `load_torchrec_plan` does. The reuse statistics of a table list
-(bin_0..bin_16) are not used here: `NeuroShardPlanner` takes a table's histogram from ids or the published one.
+(a task places whole tables and column shards only); `load_torchrec_plan` does. With `--ids` the planner gets each
+table's ids of a batch (`planner_ids`): its reuse histogram and its row blocks' shares of the lookups are measured
+from them. The reuse statistics of a table list (bin_0..bin_16) are not used: without ids, `NeuroShardPlanner` takes
+the published histogram.
 """
 from __future__ import annotations
 
@@ -61,6 +63,20 @@ def table_list_module(tl: TableList):
                                   device=torch.device("meta"))
 
 
+def planner_ids(ids_path, legal: list[str], batch: int) -> dict | None:
+    """With `--ids`: per table (its module name) the ids of its first `batch` samples, as `NeuroShardPlanner(ids=)`
+    takes them (each table's reuse histogram and each row block's share of the lookups measured from them); None
+    without."""
+    if ids_path is None:
+        return None
+    from ..data.raw import load_raw
+
+    indices, offsets, lengths = load_raw(ids_path, "--ids")
+    B = lengths.shape[1]
+    n = min(batch, B)
+    return {m: indices[offsets[t * B]: offsets[t * B + n]] for t, m in enumerate(legal)}
+
+
 def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim: Simulator, batch: int,
                    model_paths) -> dict:
     """Plan `tl` with `NeuroShardPlanner` over `cfg.sharding_types` (module docstring), print it, write plan.json
@@ -81,7 +97,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     constraints = {m: ParameterConstraints(pooling_factors=[float(p)], sharding_types=list(kinds))
                    for m, p in zip(legal, tl.task.pooling_factors)}
     planner = NeuroShardPlanner(topology, batch_size=max(1, batch // cluster.num_devices), constraints=constraints,
-                                simulator=sim, debug=False, cost=cfg.cost,
+                                simulator=sim, debug=False, cost=cfg.cost, ids=planner_ids(cfg.ids, legal, batch),
                                 **({} if cfg.min_gain is None else {"min_gain": cfg.min_gain}))
     module, sharders = table_list_module(tl), [RowWiseSharder()]
     planner.plan(module, sharders)

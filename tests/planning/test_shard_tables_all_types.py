@@ -89,3 +89,21 @@ def test_measure_runs_both_plans_in_torchrecs_step(tmp_path, capsys):
     assert min(m["neuroshard_ms"] + m["torchrec_ms"]) > 0 and m["ratio_lo"] <= m["ratio"] <= m["ratio_hi"]
     assert "row_wise" in {t["sharding_type"] for t in rec["tables"]}
     assert "measured step: NeuroShard" in proc.stdout
+
+
+def test_ids_reach_the_planner(tmp_path, capsys):
+    """--ids with --sharding_types: the tables come from the ids and NeuroShardPlanner gets each table's ids of a
+    batch (its notes list the row blocks' shares of the lookups, measured from them)."""
+    from neuroshard.data.raw import save_raw
+    from neuroshard.data.synthetic import synthesize_tables
+
+    raw = synthesize_tables([80000, 2000, 40, 20], [1, 2, 3, 1], [[0.0]] * 4, 128, seed=1, progress=False)
+    save_raw(tmp_path / "ids.pt", *raw)
+    args = list(_args(tmp_path, "--sharding_types", TYPES))
+    i = args.index("--tables")
+    args[i:i + 2] = ["--ids", tmp_path / "ids.pt", "--dims", "4,32,16,8"]
+    proc = run_here(capsys, SCRIPT, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "the row blocks' shares of their table's lookups, from the ids given: table_0 " in proc.stdout
+    kinds = {t["name"]: t["sharding_type"] for t in json.loads((tmp_path / "plan.json").read_text())["tables"]}
+    assert kinds["table_0"] == "row_wise", kinds
