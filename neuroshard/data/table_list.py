@@ -171,7 +171,7 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
         if max_mem_gb is not None:
             smallest = smallest_shard_dim(dim)
             if n_rows * smallest * 4 / 2**30 > max_mem_gb + 1e-9:
-                raise UserError(f"{where}: table {name!r} ({size_gb:.3f} GB) does not fit a device of {max_mem_gb} GB "
+                raise UserError(f"{where}: table {name!r} ({size_gb:.4g} GB) does not fit a device of {max_mem_gb:g} GB "
                                 f"even split into column shards of {smallest}; raise --max_mem or shrink the table")
         names.append(name)
         n_rows_all.append(int(n_rows))

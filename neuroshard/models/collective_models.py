@@ -89,6 +89,8 @@ class CollectiveModels:
             raise bad(f"collectives must hold exactly {', '.join(COLLECTIVES)}")
         if not isinstance(meta, dict):
             raise bad("meta must be an object")
+        if meta.get("batch_size", B) != B:  # the batch the other models are checked against is meta's
+            raise bad(f"batch_size {B} but meta.batch_size {str(meta.get('batch_size'))[:40]}")
         costs = {}
         for name in COLLECTIVES:
             c = got[name]

@@ -5,6 +5,8 @@ dataset given, enough samples, valid training settings) and write the model atom
 """
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
 from ..core.config import FitConfig, TrainCommConfig, TrainComputeConfig, check_mp_keep, mp_text
@@ -78,6 +80,11 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     mp_keep = check_mp_keep(cfg.mp_keep)
     check_int("--ndevices", cfg.ndevices, 2, 4096)
     if cfg.collectives:
+        ignored = [f.name for f in fields(FitConfig) if f.name != "num_samples"
+                   and getattr(cfg.fit, f.name) != getattr(FitConfig(), f.name)]
+        if ignored:  # a least-squares fit: no epochs, learning rate, batches, splits or resamples
+            raise UserError(f"--{ignored[0]} has no effect with --collectives (each collective's cost is a "
+                            f"least-squares fit on 4 of every 5 samples); drop --{ignored[0]}")
         return (train_collective_models(cfg, fit),)
     if cfg.input_dist:
         return (train_input_model(cfg, fit),)

@@ -20,7 +20,9 @@ the published histogram.
 """
 from __future__ import annotations
 
+import logging
 import sys
+from contextlib import contextmanager
 
 from ..core.artifacts import provenance, write_json
 from ..core.config import ShardTablesConfig
@@ -33,6 +35,7 @@ from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_torchrec_plan
 from .plan_report import predicted_record
 
+PLACED = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")  # what NeuroShardPlanner places
 MEASURE_ROUNDS = 8  # interleaved rounds of NeuroShard's plan and TorchRec's with --measure
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise",
                   "grid_shard")  # TorchRec's `ShardingType` values a constraint may name
@@ -46,7 +49,16 @@ def check_sharding_types(kinds) -> list[str]:
         why = (f"unknown type {bad[0][:40]!r}" if bad else "a type named twice" if kinds else "no type")
         raise UserError(f"--sharding_types: {why}; name one or more of {', '.join(SHARDING_TYPES)}, comma-separated, "
                         "e.g. --sharding_types data_parallel,table_wise,column_wise,row_wise")
+    if not set(kinds) & set(PLACED):
+        raise UserError(f"--sharding_types {','.join(kinds)}: NeuroShardPlanner places none of them (it places "
+                        f"{', '.join(PLACED)}); add one of them")
     return kinds
+
+
+def row_wise_allowed(kinds) -> bool:
+    """Whether --sharding_types lets a table too large for any rank go row-wise (the table list's own check of
+    that is then the planner's)."""
+    return kinds is not None and bool({"row_wise", "table_row_wise"} & set(kinds))
 
 
 def table_list_module(tl: TableList):
@@ -63,6 +75,21 @@ def table_list_module(tl: TableList):
                                   device=torch.device("meta"))
 
 
+@contextmanager
+def quiet_planner_logs():
+    """TorchRec's planner logs a warning for a `Topology` made directly and one per data-parallel table ("Sharding
+    spec not found"): lines on stderr that say nothing to a user of the command; muted while it plans."""
+    loggers = [logging.getLogger(n) for n in ("torchrec.distributed.planner.types", "root")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def planner_ids(ids_path, legal: list[str], batch: int) -> dict | None:
     """With `--ids`: per table (its module name) the ids of its first `batch` samples, as `NeuroShardPlanner(ids=)`
     takes them (each table's reuse histogram and each row block's share of the lookups measured from them); None
@@ -74,7 +101,12 @@ def planner_ids(ids_path, legal: list[str], batch: int) -> dict | None:
     indices, offsets, lengths = load_raw(ids_path, "--ids")
     B = lengths.shape[1]
     n = min(batch, B)
-    return {m: indices[offsets[t * B]: offsets[t * B + n]] for t, m in enumerate(legal)}
+    ids = {m: indices[offsets[t * B]: offsets[t * B + n]] for t, m in enumerate(legal)}
+    empty = [m for m, x in ids.items() if x.numel() == 0]
+    if empty:  # a table no sample of the batch reads: priced by the published histogram, as without ids
+        print(f"note: --ids: {len(empty)} table(s) have no lookups in the first {n} samples; their reuse histograms "
+              f"are the published DLRM one ({', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''})")
+    return {m: x for m, x in ids.items() if x.numel() > 0} or None
 
 
 def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim: Simulator, batch: int,
@@ -100,7 +132,8 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
                                 simulator=sim, debug=False, cost=cfg.cost, ids=planner_ids(cfg.ids, legal, batch),
                                 **({} if cfg.min_gain is None else {"min_gain": cfg.min_gain}))
     module, sharders = table_list_module(tl), [RowWiseSharder()]
-    planner.plan(module, sharders)
+    with quiet_planner_logs():
+        planner.plan(module, sharders)
     res = planner.last_result
     if res.plan is None:
         for note in res.notes:
@@ -113,7 +146,8 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
                                         for t in res.specs[""]["tables"]]}
     for note in res.notes:
         print(note)
-    print(f"\nper table (NeuroShard's plan; sharding types allowed: {', '.join(kinds)})")
+    print(f"\nper table ({res.chosen}'s plan, handed out by NeuroShardPlanner; sharding types allowed: "
+          f"{', '.join(kinds)})")
     print("\n".join(format_table(["table", "rows", "dim", "sharding type", "ranks"],
                                  [[t["name"], t["rows"], t["dim"], t.get("sharding_type", "table_wise"),
                                    ",".join(str(s["rank"]) for s in t["shards"])] for t in spec["tables"]],
@@ -122,12 +156,14 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
         print(f"predicted step {res.cost.cost_ms:.3f} ms at batch {batch}")
     measured = None
     if cfg.measure:
-        theirs = torchrec_full_plan(topology, planner.batch_size, constraints, default_reservation(), module, sharders)
+        with quiet_planner_logs():
+            theirs = torchrec_full_plan(topology, planner.batch_size, constraints, default_reservation(), module,
+                                        sharders)
         measured = measure_against_torchrec(cfg, tl, spec, theirs, batch, legal) if theirs is not None else None
         if theirs is None:
             print("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables with these types: nothing "
                   "to measure against")
-    record = {"kind": PLAN_KIND, "alg": "neuroshard", "chosen": "neuroshard", "cost": cfg.cost,
+    record = {"kind": PLAN_KIND, "alg": "neuroshard", "chosen": res.chosen, "cost": cfg.cost,
               "sharding_types": kinds, "ndevices": cluster.num_devices, "max_mem_gb": cfg.max_mem,
               "tables": [{**t, "pooling_factor": float(p)} for t, p in zip(spec["tables"], tl.task.pooling_factors)],
               "predicted": predicted_record(res.cost, batch), "notes": res.notes,

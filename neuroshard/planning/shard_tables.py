@@ -34,7 +34,7 @@ from ..sharding.registry import expand_algs, make_sharder, shard_task
 from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import SPEC_KIND, plan_spec, to_torchrec_plan, write_torchrec_plan
-from .all_types import check_sharding_types, plan_all_types
+from .all_types import check_sharding_types, plan_all_types, row_wise_allowed
 from .calibrated_models import calibrated_simulator, models_words
 from .calibration_file import CALIBRATION_SUFFIX, calibration_path
 from .measure import MeasureConfig, candidate_plans, measure_candidates
@@ -126,8 +126,10 @@ def check_replaces_only(label: str, path: Path, kind: str) -> None:
 def load_inputs(cfg: ShardTablesConfig) -> PlanInputs:
     """Step 1: the tables and the pre-trained cost models; refuses, before any work, tables --measure or
     --calibrate cannot build on this machine."""
-    tl = load_table_list(cfg.tables, cfg.max_mem) if cfg.tables is not None else \
-        tables_from_ids(cfg.ids, list(cfg.dims), cfg.max_mem)
+    # a table no device holds whole may still go row-wise with --sharding_types: the planner checks memory then
+    fit_mem = None if row_wise_allowed(cfg.sharding_types) else cfg.max_mem
+    tl = load_table_list(cfg.tables, fit_mem) if cfg.tables is not None else \
+        tables_from_ids(cfg.ids, list(cfg.dims), fit_mem)
     sim = Simulator.from_files(cfg.models, cfg.ndevices, cfg.mp_keep,
                                required=cfg.alg == "neuroshard" or cfg.calibrate is not None)
     # the model files a calibration depends on: the input-distribution model too where one is used

@@ -533,6 +533,9 @@ def test_collectives_collection_costs_and_their_bad_inputs(tmp_path, capsys):
                             "--input_dist"))
     refused(capsys, "train_comm_cost_model.py", *train, "--fw_wait_term", untouched=[tmp_path],
             match=re.escape("error: --fw_wait_term is for the forward model; drop it with --collectives"))
+    refused(capsys, "train_comm_cost_model.py", *train, "--lr", "5", untouched=[tmp_path],
+            match=re.escape("error: --lr has no effect with --collectives (each collective's cost is a least-squares "
+                            "fit on 4 of every 5 samples); drop --lr"))
     # all-to-all samples under the collectives file's name, and damaged collectives samples, leave the costs as
     # they were
     saved = out.read_bytes()
@@ -575,7 +578,8 @@ def test_collectives_collection_costs_and_their_bad_inputs(tmp_path, capsys):
              "all_reduce's ms_per_width must be a number from 0"),
             ("mape", lambda o: o["collectives"]["all_reduce"].update(held_out_mape=-0.5),
              "all_reduce's held_out_mape must be a number from 0 or null"),
-            ("meta", lambda o: o.update(meta=[]), "meta must be an object")):
+            ("meta", lambda o: o.update(meta=[]), "meta must be an object"),
+            ("metabatch", lambda o: o["meta"].update(batch_size=128), "batch_size 64 but meta.batch_size 128")):
         forged = json.loads(saved)
         edit(forged)
         path = tmp_path / f"{name}.json"

@@ -39,6 +39,7 @@ def test_row_wise_and_replicated_tables_reach_plan_json_and_torchrec(tmp_path, c
     assert user["module_name"] == "user_id"
     assert [(s["row_offset"], s["rows"], s["rank"]) for s in user["shards"]] == [(0, 40000, 0), (40000, 40000, 1)]
     assert "user.id  " in proc.stdout and "row_wise" in proc.stdout and "predicted step" in proc.stdout
+    assert "WARNING" not in proc.stderr, proc.stderr  # TorchRec's planner logs nothing a user needs here
     # both files read back as the same spec; TorchRec takes it, row blocks and replicas included
     spec = read_plan_file(tmp_path / "plan.json")
     assert [t["shards"] for t in spec["tables"]] == [t["shards"] for t in read_torchrec_plan(tmp_path / "tr.json")
@@ -58,6 +59,10 @@ def test_row_wise_and_replicated_tables_reach_plan_json_and_torchrec(tmp_path, c
                                                 "table_column_wise, grid_shard, comma-separated, e.g. "
                                                 "--sharding_types data_parallel,table_wise,column_wise,row_wise"),
     (("--sharding_types", "row_wise,row_wise"), "--sharding_types: a type named twice; name one or more of .*"),
+    (("--sharding_types", "grid_shard,table_column_wise"), "--sharding_types grid_shard,table_column_wise: "
+                                                           "NeuroShardPlanner places none of them (it places "
+                                                           "data_parallel, table_wise, column_wise, row_wise, "
+                                                           "table_row_wise); add one of them"),
     (("--sharding_types", TYPES, "--alg", "dim_greedy"), "--sharding_types plans with NeuroShardPlanner (--alg "
                                                          "neuroshard); drop --alg dim_greedy or drop --sharding_types"),
     (("--sharding_types", TYPES, "--measure"), "--sharding_types plans row-wise and data-parallel tables, which the "
@@ -94,11 +99,20 @@ def test_measure_runs_both_plans_in_torchrecs_step(tmp_path, capsys):
 def test_ids_reach_the_planner(tmp_path, capsys):
     """--ids with --sharding_types: the tables come from the ids and NeuroShardPlanner gets each table's ids of a
     batch (its notes list the row blocks' shares of the lookups, measured from them)."""
+    import torch
+
     from neuroshard.data.raw import save_raw
     from neuroshard.data.synthetic import synthesize_tables
 
     raw = synthesize_tables([80000, 2000, 40, 20], [1, 2, 3, 1], [[0.0]] * 4, 128, seed=1, progress=False)
-    save_raw(tmp_path / "ids.pt", *raw)
+    indices, offsets, lengths = raw  # table 3 read by no sample of the batch: the published histogram, a note
+    keep = torch.ones(len(indices), dtype=torch.bool)
+    keep[offsets[3 * 128]: offsets[4 * 128]] = False
+    lengths = lengths.clone()
+    lengths[3] = 0
+    indices = indices[keep]
+    offsets = torch.cat([torch.zeros(1, dtype=offsets.dtype), torch.cumsum(lengths.reshape(-1), 0)]).to(offsets.dtype)
+    save_raw(tmp_path / "ids.pt", indices, offsets, lengths)
     args = list(_args(tmp_path, "--sharding_types", TYPES))
     i = args.index("--tables")
     args[i:i + 2] = ["--ids", tmp_path / "ids.pt", "--dims", "4,32,16,8"]
@@ -107,3 +121,26 @@ def test_ids_reach_the_planner(tmp_path, capsys):
     assert "the row blocks' shares of their table's lookups, from the ids given: table_0 " in proc.stdout
     kinds = {t["name"]: t["sharding_type"] for t in json.loads((tmp_path / "plan.json").read_text())["tables"]}
     assert kinds["table_0"] == "row_wise", kinds
+    assert "note: --ids: 1 table(s) have no lookups in the first 64 samples; their reuse histograms are the " \
+        "published DLRM one (table_3)" in proc.stdout
+
+
+def test_the_plan_is_named_as_handed_out_and_a_table_too_large_for_a_device_goes_row_wise(tmp_path, capsys):
+    """Where the comparison hands out TorchRec's or a heuristic's plan, plan.json and the printed heading name it
+    (not NeuroShard's). A table larger than one device, which the search alone refuses, is planned row-wise when
+    --sharding_types allows it."""
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", TYPES, "--max_mem", 0.01))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    handed = next(n for n in rec["notes"] if "plan handed out" in n)
+    assert (rec["chosen"] == "neuroshard" and "plan handed out: NeuroShard's" in handed) or \
+        f"plan handed out: {rec['chosen']}'s" in handed, (rec["chosen"], handed)
+    assert f"({rec['chosen']}'s plan, handed out by NeuroShardPlanner" in proc.stdout
+    # 0.0011 GB a rank: "user.id" (1.2 MB) fits no device whole; only row-wise allowed, it is cut into row blocks
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path / "rw", "--sharding_types", "row_wise", "--max_mem", 0.0011))
+    assert proc.returncode == 0, proc.stderr
+    kinds = {t["sharding_type"] for t in json.loads((tmp_path / "rw" / "plan.json").read_text())["tables"]}
+    assert kinds == {"row_wise"}
+    refused(capsys, SCRIPT, *_args(tmp_path / "tw", "--max_mem", 0.0011), untouched=[tmp_path / "tw" / "x"],
+            match=re.escape("error: ") + r".*table 'user\.id' \(0\.001192 GB\) does not fit a device of 0\.0011 GB "
+                                         r"even split into column shards of 4; raise --max_mem or shrink the table")

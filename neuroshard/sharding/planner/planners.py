@@ -206,9 +206,9 @@ class NeuroShardPlanner:
         kinds = sharding_types(found, plan)
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, plan, cost, kinds, module_specs(found, plan, kinds), search_s,
-                             self._notes(found, compared[2:] if compared else (), widened, cluster), cluster,
+                             self._notes(found, compared[3:] if compared else (), widened, cluster), cluster,
                              self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?",
-                             incumbent)
+                             incumbent, compared[2] if compared else "neuroshard")
 
     def _propose(self, found: Enumeration, cluster: Cluster) -> tuple:
         """(the tables as searched, the search's plan or None, the thresholds note, search seconds): the tables no
@@ -292,7 +292,8 @@ class NeuroShardPlanner:
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
                              specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,
-                             self.model_batch, meta.get("device_name") or meta.get("device") or "?")
+                             self.model_batch, meta.get("device_name") or meta.get("device") or "?",
+                             chosen="torchrec")
 
     def _check_proposed(self, found: Enumeration, plan: Placement | None, cluster: Cluster) -> None:
         """A plan, complete, within memory (as exported too) and splitting no table-wise-only table."""
@@ -313,7 +314,8 @@ class NeuroShardPlanner:
                          ["raise the topology's memory", "leave compare on to consider the other plans"])
 
     def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders) -> tuple:
-        """(plan, TorchRec's plan compared or None, notes...): the plan handed out among NeuroShard's, the caller's own TorchRec planner's
+        """(plan, TorchRec's plan compared or None, the names the plan goes by, notes...): the plan handed out among
+        NeuroShard's, the caller's own TorchRec planner's
         (`incumbent.torchrec_plan`) and each greedy heuristic's of the same tables, as the perf model rates them
         (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only table or is over a rank's
         budget is not a candidate)."""
@@ -329,7 +331,7 @@ class NeuroShardPlanner:
                                              no_split=found.no_split, min_gain=self.min_gain,
                                              rate=self.perf_model.rate, torchrec_plan=theirs, fits=fits)
         except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
-            return (None, theirs)
+            return (None, theirs, "neuroshard")
         notes = [missing] if missing else []
         if plan is not None and not any("neuroshard" in c.names for c in ranked):  # `fits` dropped it
             notes.append("note: NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split "
@@ -337,7 +339,7 @@ class NeuroShardPlanner:
                          "candidate")
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         searched = "" if plan is not None else "NeuroShard's search found no plan within memory; "
-        return (best.plan, theirs, f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
+        return (best.plan, theirs, "/".join(best.names), f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
                            f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}", *notes)
 
     def _notes(self, found: Enumeration, compared: tuple[str, ...], widened: str | None, cluster: Cluster) -> list[str]:

@@ -95,6 +95,8 @@ class PlannerResult:
     model_batch: int | None    # the global batch the cost models were trained at
     hardware: str              # what the cost models were measured on
     incumbent: Placement | None = None  # TorchRec's plan of the same sharding types, as compared (None: none)
+    chosen: str = "neuroshard"  # whose plan `plan` is, as the comparison names it ("neuroshard", "torchrec",
+                                # "size_greedy/torchrec", ...); "torchrec" where TorchRec's is handed out unchanged
 
 
 class Enumerator(abc.ABC):
