@@ -11,8 +11,8 @@ plan TorchRec's `EmbeddingShardingPlanner` makes with the same types (`NeuroShar
 plan.json holds the plan as the TorchRec export spec (row offsets of row-wise blocks included), the planner's
 predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--measure --measure_engine torchrec` the
 plan and TorchRec's are measured as TorchRec training steps on these ranks (`MEASURE_ROUNDS` interleaved rounds) and
-plan.json records both and their paired ratio; the plan written stays NeuroShard's (a line warns where TorchRec's
-measured faster). Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
+plan.json records both and their paired ratio; the plan written stays the one the planner handed out (a line warns
+where TorchRec's measured faster). Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
 (a task places whole tables and column shards only); `load_torchrec_plan` does. With `--ids` the planner gets each
 table's ids of a batch (`planner_ids`): its reuse histogram and its row blocks' shares of the lookups are measured
 from them. The reuse statistics of a table list (bin_0..bin_16) are not used: without ids, `NeuroShardPlanner` takes
@@ -36,7 +36,7 @@ from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_tor
 from .plan_report import predicted_record
 
 PLACED = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")  # what NeuroShardPlanner places
-MEASURE_ROUNDS = 8  # interleaved rounds of NeuroShard's plan and TorchRec's with --measure
+MEASURE_ROUNDS = 8  # interleaved rounds of the plan handed out and TorchRec's with --measure
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise",
                   "grid_shard")  # TorchRec's `ShardingType` values a constraint may name
 
@@ -184,7 +184,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
 
 def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs, batch: int,
                              legal: list[str]) -> dict:
-    """NeuroShard's plan (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured as TorchRec training steps
+    """The plan handed out (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured as TorchRec training steps
     on these ranks in `MEASURE_ROUNDS` interleaved rounds, on the tables' ids (`--ids`, else synthesised from each
     table's rows, pooling factor and reuse histogram): each plan's median step and their paired ratio."""
     import tempfile
@@ -205,7 +205,7 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
     ours = {**spec, "tables": [{**t, "name": t["module_name"]} for t in spec["tables"]]}  # named as the module's
     table_ids = np.arange(tl.task.num_tables)
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, cfg.hardware.gpu_ids)
-    print(f"\nmeasuring NeuroShard's plan and TorchRec's as TorchRec training steps (DistributedModelParallel) on "
+    print(f"\nmeasuring the plan handed out and TorchRec's as TorchRec training steps (DistributedModelParallel) on "
           f"{cfg.ndevices} ranks, {MEASURE_ROUNDS} interleaved rounds")
     with tempfile.TemporaryDirectory() as tmp:
         ds = user_tables_dataset(tl, batch, cfg.seed, Path(tmp), cfg.ids)
@@ -214,10 +214,10 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
                             cfg.ndevices, MEASURE_ROUNDS)
     mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in got)
     ratio = paired_interval(mine, torchrec)
-    print(f"measured step: NeuroShard {np.median(mine):.2f} ms, TorchRec {np.median(torchrec):.2f} ms; NeuroShard / "
-          f"TorchRec {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
+    print(f"measured step: the plan handed out {np.median(mine):.2f} ms, TorchRec's {np.median(torchrec):.2f} ms; "
+          f"handed out / TorchRec's {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
     if ratio.lo > 1:
-        print("warning: TorchRec's plan measured faster here; plan.json holds NeuroShard's (use TorchRec's "
+        print("warning: TorchRec's plan measured faster here; plan.json holds the plan handed out (use TorchRec's "
               "EmbeddingShardingPlanner with the same constraints for its plan)", file=sys.stderr)
     return {"engine": "torchrec", "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
             "torchrec_ms": torchrec.tolist(), "torchrec_types": sorted({t["sharding_type"]
