@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .artifacts.atomic import check_output_file
 from .errors import UserError, check_float, check_int, check_range
 from .file_names import (COST_DATA_DIR, DATASET_DIR, MODELS_DIR, RESULTS_DIR, TASKS_DIR, comm_data_path,
                          comm_model_paths, compute_data_path, compute_model_path, eval_results_path,
@@ -383,10 +384,12 @@ class TrainCommConfig:
 
     def input_out(self) -> Path:
         check_not_empty(input_out_path=self.input_out_path)
+        check_output_file(self.input_out_path, "--input_out_path")
         return Path(self.input_out_path or input_model_path(MODELS_DIR, self.ndevices))
 
     def collectives_out(self) -> Path:
         check_not_empty(collectives_out_path=self.collectives_out_path)
+        check_output_file(self.collectives_out_path, "--collectives_out_path")  # before Path() drops a trailing '/'
         return Path(self.collectives_out_path or collective_model_path(MODELS_DIR, self.ndevices))
 
     def out_paths(self) -> tuple[Path, Path]:

@@ -533,6 +533,9 @@ def test_collectives_collection_costs_and_their_bad_inputs(tmp_path, capsys):
                             "--input_dist"))
     refused(capsys, "train_comm_cost_model.py", *train, "--fw_wait_term", untouched=[tmp_path],
             match=re.escape("error: --fw_wait_term is for the forward model; drop it with --collectives"))
+    refused(capsys, "train_comm_cost_model.py", *train[:-1], f"{tmp_path}/new/", untouched=[tmp_path],
+            match=re.escape(f"error: --collectives_out_path {tmp_path}/new/ ends in '/', which names a folder; name "
+                            "a file to write"))
     refused(capsys, "train_comm_cost_model.py", *train, "--lr", "5", untouched=[tmp_path],
             match=re.escape("error: --lr has no effect with --collectives (each collective's cost is a least-squares "
                             "fit on 4 of every 5 samples); drop --lr"))

@@ -91,13 +91,16 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
 
 
 def check_output_file(path, flag: str) -> None:
-    """Refuse, before any work, an output path that names a folder or holds a control character (a newline or a
-    tab would make files whose names break the lines of every listing and record)."""
+    """Refuse, before any work, an output path that names a folder (one there, or one ending in '/') or holds a
+    control character (a newline or a tab would make files whose names break the lines of every listing and
+    record)."""
     if path is not None and any(not c.isprintable() for c in str(path)):
         raise UserError(f"{flag} {str(path)[:80]!r}: the path holds a control character (a newline, a tab, ...); "
                         "choose a name of printable characters")
     if path is not None and str(path) and Path(path).is_dir():
         raise UserError(f"{flag} {path} is a folder; name a file to write")
+    if path is not None and str(path).endswith(("/", os.sep)):  # a folder not made yet: it would become a file
+        raise UserError(f"{flag} {path} ends in '/', which names a folder; name a file to write")
 
 
 def check_output_dir(path, flag: str) -> None:
@@ -181,6 +184,9 @@ def check_outputs(outputs: dict[str, Any], inputs: dict[str, Any] | None = None,
     (`check_writable_file`), no two name one file (the second would replace the first) and none names a file
     the run reads (`inputs`, label -> path), which it would replace. Returns the (label, path) pairs checked."""
     fixes = fixes or {}
+    for label, p in outputs.items():  # before Path() drops it: a trailing '/' names a folder, not a file
+        if p is not None and str(p).endswith(("/", os.sep)):
+            raise UserError(f"{label} {p} ends in '/', which names a folder; name a file to write")
     outs = [(label, Path(p)) for label, p in outputs.items() if p is not None and str(p)]
     ins = [(label, Path(p)) for label, p in (inputs or {}).items() if p is not None and str(p)]
     for i, (label, path) in enumerate(outs):
