@@ -144,8 +144,10 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     user_name = dict(zip(legal, tl.names))  # the spec in the list's names, its module names TorchRec's
     spec = {**res.specs[""], "tables": [{**t, "name": user_name[t["name"]], "module_name": t["name"]}
                                         for t in res.specs[""]["tables"]]}
+    printed = sim.input_model_note()  # shard_tables printed it with the models
     for note in res.notes:
-        print(note)
+        if note != printed:
+            print(note)
     print(f"\nper table ({res.chosen}'s plan, handed out by NeuroShardPlanner; sharding types allowed: "
           f"{', '.join(kinds)})")
     print("\n".join(format_table(["table", "rows", "dim", "sharding type", "ranks"],

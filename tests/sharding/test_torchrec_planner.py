@@ -490,7 +490,7 @@ def test_components_are_replaceable_and_a_misspelt_constraint_is_a_warning(model
         got = placements(custom.plan(w.TwoTowerModel(), sharders()))
     assert got == placements(default.plan(w.TwoTowerModel(), sharders()))
     assert CountingPartitioner.calls >= 2  # the unsplit shards, then every depth of the beam
-    assert "NeuroShard planner: 2 EmbeddingBagCollection(s)" in stats.kept and "note: cost models " in stats.kept
+    assert "NeuroShard planner: 2 EmbeddingBagCollection(s)" in stats.kept and "note: cost models: " in stats.kept
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("unused: small, tiny, usr, wide;" in m for m in warned), warned
 

@@ -290,8 +290,8 @@ def _names(x: list[str]) -> str:
 
 
 def _notes(defaulted: list[str], unpriced: list[str], unknown: list[str], unseen_ids: bool = True) -> list[str]:
-    notes = ["note: reuse histograms are the published DLRM dataset's where no ids= are given (and row blocks' "
-             "lookups spread evenly over their rows)"] if unseen_ids else []
+    notes = ["note: reuse histograms are the published DLRM dataset's where no ids are given (ids=, or --ids; and row "
+             "blocks' lookups spread evenly over their rows)"] if unseen_ids else []
     if defaulted:
         notes.append(f"note: no ParameterConstraints for {len(defaulted)} table(s) ({_names(defaulted)}): pooling "
                      f"factor {DEFAULT_POOLING_FACTOR:g} (TorchRec's default); pass pooling_factors, the cost models "

@@ -347,7 +347,7 @@ class NeuroShardPlanner:
         the hardware and the widened thresholds."""
         fit = self.simulator.step_fit if self.simulator.cost == "step" else None
         fitted = "" if fit is None else f", fitted to TorchRec steps (x {fit.scale:.3f} + {fit.overhead_ms:.2f} ms)"
-        notes = found.notes + [self._memory_note(cluster), f"note: cost models {', '.join(str(p) for p in self.model_paths)}; plans scored "
+        notes = found.notes + [self._memory_note(cluster), f"note: cost models: {', '.join(str(p) for p in self.model_paths)}; plans scored "
                                f"by the simulated {self.simulator.cost} cost{fitted}"] + list(compared)
         notes += [n for n in [self.simulator.input_model_note(), self.simulator.collectives_note(found.task)] if n]
         batch = self.batch_size * self.cluster.num_devices
