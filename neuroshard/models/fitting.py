@@ -117,14 +117,14 @@ def train_comm_models(cfg: TrainCommConfig) -> tuple[CommCostModel, ...]:
     return models[0], models[1]
 
 
-def _other_comm_samples(cfg: TrainCommConfig, fit: FitConfig, flag: str, what: str, out, data_path
+def _other_comm_samples(cfg: TrainCommConfig, fit: FitConfig, flag: str, what: str, out_flag: str, out, data_path
                         ) -> tuple[dict, list[dict], int]:
     """(meta, samples, N) of the `--<flag>` samples (`what` names them) an input-distribution or collectives fit
-    trains on, after the checks both make: no forward model's flag, the output apart from the data, and samples of
-    that kind for `cfg.ndevices` devices."""
+    trains on, after the checks both make: no forward model's flag, the output (`out_flag`) apart from the data, and
+    samples of that kind for `cfg.ndevices` devices."""
     if cfg.fw_wait_term:
         raise UserError(f"--fw_wait_term is for the forward model; drop it with --{flag}")
-    check_outputs({f"--{'input' if flag == 'input_dist' else flag}_out_path": out}, {f"the {what} cost data": data_path})
+    check_outputs({out_flag: out}, {f"the {what} cost data": data_path})
     meta, samples = _samples(data_path, COMM_DATA_KIND, fit.num_samples, cfg.salvage)
     N = meta.get("ndevices")
     if not meta.get(flag) or N != cfg.ndevices:
@@ -136,7 +136,8 @@ def _other_comm_samples(cfg: TrainCommConfig, fit: FitConfig, flag: str, what: s
 def train_input_model(cfg: TrainCommConfig, fit: FitConfig) -> CommCostModel:
     """The input-distribution model (direction "input") on comm_cost_data_<N>_input.pkl."""
     out, data_path = cfg.input_out(), cfg.data_path
-    meta, samples, N = _other_comm_samples(cfg, fit, "input_dist", "input-distribution", out, data_path)
+    meta, samples, N = _other_comm_samples(cfg, fit, "input_dist", "input-distribution", "--input_out_path", out,
+                                           data_path)
     try:  # real numbers only (no bools or strings cast), words up to MAX_INPUT_WORDS, plausible ms
         raw = [np.asarray(s[k]) for s in samples for k in ("input_words", "input_ms")]
         ok = all(a.dtype.kind in "iuf" for a in raw)
@@ -162,7 +163,8 @@ def train_collective_models(cfg: TrainCommConfig, fit: FitConfig) -> CollectiveM
     """The row-wise and data-parallel collectives' costs (`collective_models.py`) on
     comm_cost_data_<N>_collectives.pkl."""
     out, data_path = cfg.collectives_out(), cfg.data_path
-    meta, samples, N = _other_comm_samples(cfg, fit, "collectives", "collectives", out, data_path)
+    meta, samples, N = _other_comm_samples(cfg, fit, "collectives", "collectives", "--collectives_out_path", out,
+                                           data_path)
     try:  # real numbers only (no bools or strings cast), widths in range, plausible ms
         ok = all(isinstance(s["width"], (int, np.integer)) and not isinstance(s["width"], bool) and
                  not any(isinstance(v, bool) for k in COLLECTIVES for v in np.asarray(s[f"{k}_ms"], object).ravel())

@@ -30,12 +30,14 @@ from ..core.costs import Cluster
 from ..core.errors import UserError
 from ..core.tables import format_table
 from ..data.table_list import TableList
-from ..sharding.plan_file import PLAN_KIND, PINNED_KINDS
+from ..sharding.plan_file import PLAN_KIND
+from ..sharding.planner.enumerators import PLACED as ENUMERATED
+from ..sharding.planner.types import DATA_PARALLEL
 from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_torchrec_plan
 from .plan_report import predicted_record
 
-PLACED = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")  # what NeuroShardPlanner places
+PLACED = (DATA_PARALLEL, *ENUMERATED)  # the sharding types NeuroShardPlanner places
 MEASURE_ROUNDS = 8  # interleaved rounds of the plan handed out and TorchRec's with --measure
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise",
                   "grid_shard")  # TorchRec's `ShardingType` values a constraint may name
@@ -180,8 +182,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
         write_torchrec_plan(cfg.torchrec_plan, spec, alg="neuroshard", source=tl.source)
         print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
               "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
-    pinned = sum(t.get("sharding_type") in PINNED_KINDS for t in spec["tables"])
-    return {"spec": spec, "result": res, "cost": res.cost, "pinned": pinned, "measured": measured}
+    return {"spec": spec, "result": res, "cost": res.cost, "measured": measured}
 
 
 def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs, batch: int,

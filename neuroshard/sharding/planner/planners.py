@@ -260,9 +260,10 @@ class NeuroShardPlanner:
                 proposal = self._propose_with(found, cluster, more, replicated)
                 if proposal[1] is not None:
                     tried.append((rated(proposal), more, proposal))
-            if not tried or min(tried, key=lambda x: x[0])[0] > best_ms * (1 - ROW_WISE_MIN_GAIN):
+            cheapest = min(tried, key=lambda x: x[0]) if tried else None
+            if cheapest is None or cheapest[0] > best_ms * (1 - ROW_WISE_MIN_GAIN):
                 break
-            best_ms, row_wise, best = min(tried, key=lambda x: x[0])
+            best_ms, row_wise, best = cheapest
         return best
 
     def _fits_exported(self, found: Enumeration, plan: Placement, cluster: Cluster) -> bool:
