@@ -438,12 +438,18 @@ class EvalConfig(EvalSimConfig):
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     salvage: bool = flag(False, "keep the good records of a damaged progress log (the damaged ones are measured "
                                 "again)")
+    plan_ratios: str | None = flag(None, "a file written by --plan_ratios_out on other (training) tasks: the plans of "
+                                   "the algorithms it names are stated at the models' cost x their measured / "
+                                   "modelled ratio there, with a 90 percent interval (sharding/plan_ratios.py)")
+    plan_ratios_out: str | None = flag(None, "after measuring, write each algorithm's measured / modelled cost ratios "
+                                       "here, for --plan_ratios of a run on other tasks")
 
     def check(self) -> "EvalConfig":
         super().check()
         check_iters(self.warmup_iter, self.num_iter)
         check_int("--rounds", self.rounds, 1, 1000)
         self.hardware.check()
+        check_not_empty(plan_ratios=self.plan_ratios, plan_ratios_out=self.plan_ratios_out)
         return self
 
 

@@ -74,6 +74,12 @@ def input_model_path(models_dir: str | Path, num_devices: int) -> Path:
     return Path(models_dir) / f"comm_{num_devices}_input.pt"
 
 
+def plan_ratios_path(models_dir: str | Path, num_devices: int) -> Path:
+    """Each search's measured / modelled cost ratios on the training tasks (eval.py --plan_ratios_out):
+    plan_ratios_<N>.json."""
+    return Path(models_dir) / f"plan_ratios_{num_devices}.json"
+
+
 def sim_results_path(results_dir: str | Path, tag: str | int) -> Path:
     """Step 5's results CSV: sim_<tag>.csv (the tag: the algorithms, or the pipeline's device count)."""
     return Path(results_dir) / f"sim_{tag}.csv"

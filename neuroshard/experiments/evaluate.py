@@ -31,11 +31,15 @@ from ..hardware.backends import resolve_hardware
 from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
 from ..hardware.launch import rank_gpus
 from ..sharding.registry import SEARCHES, algs_file_tag, expand_algs, make_sharders, shard_rows, without_unavailable
+from ..sharding.plan_ratios import PlanRatios
 from ..sharding.risk import predicted_interval
 from ..sharding.simulator import Simulator
 from .task_summary import print_paired, print_summary, summarize
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
+# how a plan's stated cost and interval were made (the results' `stated_by`): its algorithm's training plans' ratio
+# (--plan_ratios), or the models' cost with the ensemble members' spread (`risk.predicted_interval`)
+STATED_BY_RATIO, STATED_BY_SPREAD = "training plans' ratio", "members' spread"
 ARRAY = (list, np.ndarray)
 
 
@@ -138,6 +142,33 @@ def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordL
     return log
 
 
+def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths) -> dict:
+    """The algorithms' `PlanRatio`s from --plan_ratios ({} without it), checked against these models."""
+    if (cfg.plan_ratios or cfg.plan_ratios_out) and sim is None:
+        flag = "--plan_ratios" if cfg.plan_ratios else "--plan_ratios_out"
+        raise UserError(f"{flag} needs the cost models the plans are rated with ({', '.join(map(str, paths))}); "
+                        "train them first (make reproduce does), or leave the flag out")
+    if not cfg.plan_ratios:
+        return {}
+    fix = (f"write it again with python eval.py --task_path <the training tasks> --plan_ratios_out {cfg.plan_ratios} "
+           "and these models, or leave out --plan_ratios")
+    return PlanRatios.load(cfg.plan_ratios, N, paths, fix).ratios
+
+
+def _stated(sim: Simulator | None, task, res, sim_ms: float, ratio) -> dict:
+    """A plan's stated cost and 90% interval: from its algorithm's `ratio` where --plan_ratios has one, else the
+    models' cost and the ensemble members' spread (`risk.predicted_interval`); NaN where neither applies."""
+    nan = float("nan")
+    if sim is None or res.oom or not np.isfinite(sim_ms):
+        return {"pred_ms": nan, "pred_lo_ms": nan, "pred_hi_ms": nan, "stated_by": ""}
+    if ratio is not None:
+        interval, by, pred = ratio.interval_ms(sim_ms), STATED_BY_RATIO, ratio.stated_ms(sim_ms)
+    else:
+        interval, by, pred = predicted_interval(sim, task, res.plan, sim_ms), STATED_BY_SPREAD, sim_ms
+    lo, hi = interval or (nan, nan)
+    return {"pred_ms": pred, "pred_lo_ms": lo, "pred_hi_ms": hi, "stated_by": by}
+
+
 def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     """Step 5: simulated cost of every (task, algorithm) plan -> results CSV."""
     cfg.check()
@@ -180,6 +211,9 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     algs = expand_algs(cfg.alg)
     out = Path(cfg.results_csv or eval_results_path(RESULTS_DIR, algs_file_tag(algs)))
     check_output_file(out, "--results_csv")
+    check_output_file(cfg.plan_ratios_out, "--plan_ratios_out")
+    if cfg.plan_ratios_out is not None and Path(cfg.plan_ratios_out).resolve() in (out.resolve(), progress_path(out).resolve()):
+        raise UserError(f"--plan_ratios_out {cfg.plan_ratios_out} is the results file; name another file")
     gpu_ids = cfg.hardware.gpu_ids
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     N = cfg.hardware.num_ranks(cfg.ndevices)
@@ -193,13 +227,12 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     paths = cfg.models.paths(N, cfg.mp_keep)
     sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity
     algs = without_unavailable(algs, cfg.alg, sim)
+    ratios = _plan_ratios(cfg, sim, N, paths)
     rows, plans, negative = [], {}, []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
             if sim is not None and not res.oom else float("nan")
-        interval = (predicted_interval(sim, task, res.plan, row["sim_cost_ms"])
-                    if sim is not None and not res.oom and np.isfinite(row["sim_cost_ms"]) else None)
-        row["pred_lo_ms"], row["pred_hi_ms"] = interval or (float("nan"), float("nan"))
+        row.update(_stated(sim, task, res, row["sim_cost_ms"], ratios.get(row["alg"])))
         rows.append(row)
         if not res.oom:
             plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
@@ -248,8 +281,16 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
             lo, hi = m.interval()
             r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc, cost_ci_lo_ms=lo,
                      cost_ci_hi_ms=hi, spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
+    if cfg.plan_ratios_out is not None:  # before the CSV: a run stopped in between measures nothing again
+        fitted = PlanRatios.fit(rows, N, paths)
+        fitted.save(cfg.plan_ratios_out, task_path=str(task_path), results_csv=str(out), **settings)
+        for alg, r in fitted.ratios.items():
+            ends = "too few plans for a 90% interval" if r.lo is None else f"90% interval x [{r.lo:.3f}, {r.hi:.3f}]"
+            print(f"{alg}: measured / modelled cost over {r.plans} plans: median {r.median:.3f}, {ends}")
+        print(f"plan ratios -> {cfg.plan_ratios_out}")
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
-                  models=[str(p) for p in paths] if sim else None, search=search.__dict__)
+                  models=[str(p) for p in paths] if sim else None, search=search.__dict__,
+                  plan_ratios=cfg.plan_ratios)
     log_path.unlink(missing_ok=True)  # the CSV now holds every result
     summary = summarize(rows, "cost_ms")
     print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")

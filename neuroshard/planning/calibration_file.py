@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.artifacts import atomic_torch_save, load_torch
+from ..core.artifacts import atomic_torch_save, file_digest, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.costs import Cluster, StepFit, implausible_ms
@@ -41,15 +41,6 @@ INPUT_NAMES = {"tables": "tables", "ids": "ids", "hardware": "hardware", "batch_
                "method": "calibration method"}
 
 
-def _file_digest(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-
 def _digest(obj) -> str:
     """SHA-256 of plain data (lists, dicts, numbers, strings) in one canonical JSON form."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()).hexdigest()
@@ -63,10 +54,10 @@ def calibration_inputs(task, hw_desc: dict, batch_size: int, num_devices: int, m
     Reuse compares these (`differences`), so a calibration is reused for exactly the tables it measured."""
     return {"tables": {"features": np.asarray(task.data_features, np.float64).tolist(),
                        "dims": [int(d) for d in task.dims], "rows": [int(r) for r in task.rows]},
-            "ids": None if ids_path is None else _file_digest(ids_path),
+            "ids": None if ids_path is None else file_digest(ids_path),
             "hardware": {k: hw_desc.get(k) for k in ("device", "backend", "device_name")},
             "batch_size": int(batch_size), "num_devices": int(num_devices), "max_mem_gb": float(max_mem_gb),
-            "models": [_file_digest(p) for p in model_paths], "method": method}
+            "models": [file_digest(p) for p in model_paths], "method": method}
 
 
 def fingerprint_of(inputs: dict) -> str:

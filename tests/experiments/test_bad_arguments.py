@@ -122,6 +122,14 @@ CASES = {
         ("--max_mem", "-3", "--max_mem must be a finite number > 0 and <= 1e+06, got -3"),
         ("--gpu_devices", "a,b", "--gpu_devices must be comma-separated integers such as 0,1,2,3, got 'a,b'"),
         ("--mp_keep", "1.5", "--mp_keep must be a finite number > 0 and <= 1, got 1.5"),
+        ("--plan_ratios", "", "--plan_ratios is empty; name a file, or leave the flag out for its default"),
+        ("--plan_ratios_out", " ", "--plan_ratios_out is empty; name a file, or leave the flag out for its default"),
+        ("--plan_ratios", "r.json", "--plan_ratios needs the cost models the plans are rated with (models/compute.pt, "
+                                     "models/comm_4_fw.pt, models/comm_4_bw.pt); train them first (make reproduce "
+                                     "does), or leave the flag out"),
+        ("--plan_ratios_out", "r.json", "--plan_ratios_out needs the cost models the plans are rated with (models/compute.pt, "
+                                     "models/comm_4_fw.pt, models/comm_4_bw.pt); train them first (make reproduce "
+                                     "does), or leave the flag out"),
     ],
 }
 
@@ -157,7 +165,8 @@ def test_bad_number_is_refused_before_any_file(small_dataset, tmp_path, capsys, 
     ("tools/shard_tables.py", "--torchrec_plan", "choose another --torchrec_plan"),
     ("tools/train_dlrm.py", "--results_csv", "name a file to write"),
     ("eval_simulator.py", "--results_csv", "name a file to write"),
-    ("eval.py", "--results_csv", "name a file to write")])
+    ("eval.py", "--results_csv", "name a file to write"),
+    ("eval.py", "--plan_ratios_out", "name a file to write")])
 def test_output_path_that_is_a_folder_is_refused_first(small_dataset, tmp_path, capsys, script, flag, fix):
     base = [str(a) for a in _base(script, small_dataset, tmp_path)]
     folder = tmp_path / "a_folder"
@@ -173,3 +182,11 @@ def test_mp_keep_without_dct_mp_is_refused(tmp_path, capsys):
     refused(capsys, "tools/train_dlrm.py", "--results_csv", tmp_path / "out" / "dct.csv", "--dct", "dp",
             "--mp_keep", "0.3", match=re.escape("error: --mp_keep sets DCT-MP, which --dct dp does not run; pass --dct "
                                                 "mp (or both), or drop --mp_keep"), untouched=[tmp_path])
+
+
+def test_plan_ratios_out_naming_the_results_file_is_refused(small_dataset, tmp_path, capsys):
+    base = [str(a) for a in _base("eval.py", small_dataset, tmp_path)]
+    results = base[base.index("--results_csv") + 1]
+    refused(capsys, "eval.py", *base, "--plan_ratios_out", results,
+            match=re.escape(f"error: --plan_ratios_out {results} is the results file; name another file"),
+            untouched=[tmp_path])

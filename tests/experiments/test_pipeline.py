@@ -2,6 +2,7 @@
 per test session (conftest's tiny_pipeline); the reruns here redo only what they must."""
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -9,6 +10,7 @@ from neuroshard.core.config import PipelineConfig
 from neuroshard.experiments.pipeline import PRESETS, run_pipeline
 from neuroshard.models.collective_models import CollectiveModels
 from neuroshard.models.cost_models import ComputeCostModel
+from neuroshard.sharding.plan_ratios import PlanRatios
 
 from conftest import TINY
 
@@ -32,6 +34,22 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     assert "Simulator fidelity" in text and "neuroshard" in text and (done / "results/summary.png").stat().st_size
     assert "**neuroshard: measured cost" in text and "**neuroshard_risk: measured cost" in text
     assert sorted(p.name for p in (done / "models/ensemble").iterdir()) == ["b1", "b2", "b3", "b4", "b5"]
+    # the searches' plans for the training tasks, measured: each test plan of theirs is stated at the models' cost x
+    # their median measured / modelled ratio (2 training plans give no 90% interval); the others keep the spread
+    models = [done / "models" / f for f in ("compute.pt", "comm_2_fw.pt", "comm_2_bw.pt")]
+    ratios = PlanRatios.load(done / "models/plan_ratios_2.json", 2, models, "").ratios
+    train = pd.read_csv(done / "results/eval_train_2.csv")
+    assert set(ratios) == set(train.alg) == {"neuroshard", "neuroshard_risk"}
+    for alg, r in ratios.items():
+        got = train[train.alg == alg]
+        assert r.plans == len(got) == TINY.num_train_tasks and r.lo is None
+        assert r.median == pytest.approx(float(np.median(got.cost_ms / got.sim_cost_ms)))
+    test = pd.read_csv(done / "results/eval_2.csv")
+    ours = test[test.alg.isin(list(ratios))]
+    assert (ours.stated_by == "training plans' ratio").all() and len(ours) == 2 * TINY.num_test_tasks
+    assert np.allclose(ours.pred_ms, ours.sim_cost_ms * ours.alg.map(lambda a: ratios[a].median))
+    assert (test[~test.alg.isin(list(ratios)) & test.sim_cost_ms.notna()].stated_by == "members' spread").all()
+    assert "Median stated / measured cost" in text
     # with the family mix the compute model takes log inputs, and the logged command says so
     assert ComputeCostModel.load(done / "models/compute.pt").input_transform == "log"
     assert "--input_transform log" in first
@@ -39,7 +57,7 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     shutil.copytree(done, tmp_path, dirs_exist_ok=True)
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out
-    assert second.count("skipped") == 10  # every step with outputs; the four collectors always run
+    assert second.count("skipped") == 11  # every step with outputs; the four collectors always run
     assert (done / "models/comm_2_input.pt").is_file()  # the step cost's input-distribution model
     coll = CollectiveModels.load(done / "models/comm_2_collectives.json")  # and the collectives' costs
     assert coll.num_devices == 2 and coll.batch_size == 256
@@ -48,7 +66,7 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     (tmp_path / "results/eval_2.csv").unlink()
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     third = capsys.readouterr().out
-    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 9
+    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 10
     # --force redoes every step, collections included: each step starts with its outputs and the data it would
     # continue removed, as the first run started (what a step then does from nothing is the first run's). Here each
     # step checks that, then puts back the first run's files for the report.

@@ -40,6 +40,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def file_digest(path) -> str:
+    """SHA-256 (hex) of a file's bytes: which file of several an artifact was made from."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """12 hex digits of SHA-256 over the neuroshard package's Python sources (relative paths and bytes,

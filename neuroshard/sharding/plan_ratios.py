@@ -1,0 +1,139 @@
+"""A plan's stated cost and 90% interval from how the same algorithm's plans measured on training tasks (issue 63).
+
+A search keeps the plan its cost models rate lowest, so its plans measure dearer than the models say; the ensemble
+members share that error, so their spread does not show it (docs/findings.md). What does show it is the same
+algorithm's plans for other tasks, measured on the same machine in the same run. For each algorithm, over its
+plans for the training tasks, r = measured cost / models' cost. A new plan of that algorithm is then stated as:
+
+- cost: the models' cost x median(r);
+- `level` interval: the models' cost x [r_(k), r_(n+1-k)], the k-th smallest and k-th largest of the n ratios, with
+  k = floor((n + 1)(1 - level) / 2). This is a split-conformal interval: where the tasks are exchangeable, a new
+  plan's measured cost falls inside with probability at least `level` (n = 20, level 0.9: k = 1, the smallest and
+  largest ratio, 19/21 = 90.5%). Fewer than 19 plans give no 90% interval (k = 0), only the stated cost.
+
+It holds while the machine measures as it did when the ratios were measured: the pipeline measures the training
+tasks' plans right before the test tasks' (`experiments/pipeline.py`).
+
+The file (`plan_ratios_<N>.json`, kind `neuroshard.plan_ratios`, written by `eval.py --plan_ratios_out`) is JSON,
+every field checked on reading, with the SHA-256 of the cost-model files the ratios were measured against: ratios of
+other models are refused.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.artifacts import file_digest, provenance, read_json, write_json
+from ..core.errors import UserError
+
+PLAN_RATIOS_KIND = "neuroshard.plan_ratios"
+RATIO_LEVEL = 0.9
+MAX_RATIO = 1e3  # measured / modelled: far beyond any model worth stating an interval for
+
+
+@dataclass(frozen=True)
+class PlanRatio:
+    """One algorithm's measured / modelled cost over its training plans: `plans` of them, their median, and the
+    split-conformal interval's ends (None where too few plans give one)."""
+    plans: int
+    median: float
+    lo: float | None
+    hi: float | None
+
+    def stated_ms(self, model_ms: float) -> float:
+        return model_ms * self.median
+
+    def interval_ms(self, model_ms: float) -> tuple[float, float] | None:
+        return None if self.lo is None else (model_ms * self.lo, model_ms * self.hi)
+
+
+def conformal_ends(ratios, level: float = RATIO_LEVEL) -> tuple[float, float] | None:
+    """The k-th smallest and k-th largest of `ratios`, k = floor((n + 1)(1 - level) / 2); None when k = 0."""
+    r = np.sort(np.asarray(ratios, np.float64))
+    k = int(math.floor((len(r) + 1) * (1 - level) / 2 + 1e-9))
+    return None if k < 1 else (float(r[k - 1]), float(r[len(r) - k]))
+
+
+def fit_ratios(rows, level: float = RATIO_LEVEL) -> dict[str, PlanRatio]:
+    """Each algorithm's `PlanRatio` over measured result rows (`alg`, `sim_cost_ms`, `cost_ms`; plans with either
+    cost missing or not positive left out)."""
+    by_alg: dict[str, list[float]] = {}
+    for r in rows:
+        sim, meas = float(r.get("sim_cost_ms", np.nan)), float(r.get("cost_ms", np.nan))
+        if np.isfinite(sim) and np.isfinite(meas) and sim > 0 and meas > 0:
+            by_alg.setdefault(r["alg"], []).append(meas / sim)
+    out = {}
+    for alg, ratios in by_alg.items():
+        ends = conformal_ends(ratios, level)
+        out[alg] = PlanRatio(len(ratios), float(np.median(ratios)), *(ends or (None, None)))
+    return out
+
+
+@dataclass(frozen=True)
+class PlanRatios:
+    """The ratios of every algorithm measured, for `num_devices` ranks, against the cost-model files whose SHA-256
+    are `model_digests` (in the order `EvalConfig.models.paths` lists them)."""
+    num_devices: int
+    level: float
+    model_digests: tuple[str, ...]
+    ratios: dict[str, PlanRatio]
+
+    @classmethod
+    def fit(cls, rows, num_devices: int, model_paths, level: float = RATIO_LEVEL) -> "PlanRatios":
+        return cls(num_devices, level, tuple(file_digest(p) for p in model_paths), fit_ratios(rows, level))
+
+    def save(self, path, **made_with) -> Path:
+        return write_json(path, {
+            "kind": PLAN_RATIOS_KIND, "num_devices": self.num_devices, "level": self.level,
+            "model_digests": list(self.model_digests),
+            "ratios": {a: {"plans": r.plans, "median": r.median, "lo": r.lo, "hi": r.hi} for a, r in self.ratios.items()},
+            "provenance": provenance(**made_with)})
+
+    @classmethod
+    def load(cls, path, num_devices: int, model_paths, fix: str) -> "PlanRatios":
+        """The ratios in `path`, every field checked, for `num_devices` ranks and the models in `model_paths`;
+        anything else is one line naming the file and ending with `fix`."""
+        obj = read_json(path, "plan ratios file", "plan ratios file", fix)
+
+        def bad(what: str) -> UserError:
+            return UserError(f"{path}: {what}; {fix}")
+
+        if not isinstance(obj, dict) or obj.get("kind") != PLAN_RATIOS_KIND:
+            raise bad(f"not a plan ratios file (kind {PLAN_RATIOS_KIND!r} expected)")
+        N, level, digests, got = obj.get("num_devices"), obj.get("level"), obj.get("model_digests"), obj.get("ratios")
+        if not _whole(N) or N != num_devices:
+            raise bad(f"made for {str(N)[:40]} devices, not {num_devices}")
+        if not _real(level) or not 0 < level < 1:
+            raise bad(f"level must be a number between 0 and 1, got {str(level)[:40]}")
+        if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+            raise bad("model_digests must be a list of strings")
+        if digests != [file_digest(p) for p in model_paths]:
+            raise bad(f"measured against other cost models than {', '.join(map(str, model_paths))}")
+        if not isinstance(got, dict) or not got:
+            raise bad("ratios must be an object naming at least one algorithm")
+        ratios = {}
+        for alg, r in got.items():
+            if not isinstance(r, dict):
+                raise bad(f"{alg[:40]!r}'s ratio must be an object")
+            n, med, lo, hi = r.get("plans"), r.get("median"), r.get("lo"), r.get("hi")
+            if not _whole(n) or n < 1:
+                raise bad(f"{alg[:40]!r}'s plans must be a whole number from 1, got {str(n)[:40]}")
+            for name, v in (("median", med), ("lo", lo), ("hi", hi)):
+                if not (v is None and name != "median") and not (_real(v) and 0 < v <= MAX_RATIO):
+                    raise bad(f"{alg[:40]!r}'s {name} must be a number above 0 and at most {MAX_RATIO:g}"
+                              + ("" if name == "median" else " or null") + f", got {str(v)[:40]}")
+            if (lo is None) != (hi is None) or (lo is not None and not lo <= med <= hi):
+                raise bad(f"{alg[:40]!r}'s lo <= median <= hi does not hold (or only one end is null)")
+            ratios[alg] = PlanRatio(n, float(med), None if lo is None else float(lo), None if hi is None else float(hi))
+        return cls(N, float(level), tuple(digests), ratios)
+
+
+def _real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1 << 24
