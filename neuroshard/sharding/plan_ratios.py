@@ -106,8 +106,8 @@ class PlanRatios:
         N, level, digests, got = obj.get("num_devices"), obj.get("level"), obj.get("model_digests"), obj.get("ratios")
         if not _whole(N) or N != num_devices:
             raise bad(f"made for {str(N)[:40]} devices, not {num_devices}")
-        if not _real(level) or not 0 < level < 1:
-            raise bad(f"level must be a number between 0 and 1, got {str(level)[:40]}")
+        if not _real(level) or level != RATIO_LEVEL:
+            raise bad(f"level must be {RATIO_LEVEL} (the results state 90% intervals), got {str(level)[:40]}")
         if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
             raise bad("model_digests must be a list of strings")
         if digests != [file_digest(p) for p in model_paths]:
