@@ -91,7 +91,8 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None, row_
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
     from neuroshard import NeuroShardPlanner
-    from neuroshard.sharding.planner.incumbent import parameter_specs, torchrec_full_plan
+    from neuroshard.planning.all_types import torchrec_spec
+    from neuroshard.sharding.planner.incumbent import torchrec_full_plan
     from neuroshard.sharding.planner.sharders import RowWiseSharder
     from neuroshard.sharding.planner.storage import default_reservation
 
@@ -112,8 +113,7 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None, row_
     theirs = torchrec_full_plan(topology, batch_per_rank, constraints, default_reservation(), ebc, sharders)
     if theirs is None:
         raise UserError(f"TorchRec's planner finds no plan of {a.set} within {a.ddr_mb:g} MB a rank; raise --ddr_mb")
-    shapes = {("", n): (int(r), int(d)) for n, r, d in zip(tl.names, tl.rows, tl.task.dims)}
-    return planner, parameter_specs(theirs, shapes)[""]
+    return planner, torchrec_spec(theirs, tl.names, tl.rows, tl.task.dims)
 
 
 def kinds_text(spec: dict) -> str:
@@ -126,8 +126,7 @@ def kinds_text(spec: dict) -> str:
 def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     from neuroshard.data.table_list import load_table_list
     from neuroshard.hardware.backends import resolve_hardware
-    from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem
-    from neuroshard.hardware.engine import EngineSettings, measure_fixed
+    from neuroshard.planning.all_types import measure_specs
     from neuroshard.planning.user_data import user_tables_dataset
     from neuroshard.sharding.simulator import Simulator
 
@@ -143,16 +142,13 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         if ours.plan is None:
             raise UserError("NeuroShardPlanner handed out TorchRec's plan unchanged (none of its own fits); raise --ddr_mb")
         spec = ours.specs[""]
-        theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: tl.names.index(t["name"]))}
-        table_ids = np.arange(tl.task.num_tables)
-        items = [TorchRecItem.of(spec, table_ids), TorchRecItem.of(theirs, table_ids)]
+        specs = [spec, theirs]
         if a.without_row_wise_by_cost:
             memory_only = plans(tl, a, batch // a.ndevices, planner_ids, row_wise_by_cost=False)[0].last_result
-            items.append(TorchRecItem.of(memory_only.specs[""], table_ids))
-        settings = EngineSettings(str(ds.path), resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
-                                  step=DMPStep)
-        measured = measure_fixed(settings, items, a.ndevices, a.rounds)
-    mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in measured[:2])
+            specs.append(memory_only.specs[""])
+        measured = measure_specs(ds.path, resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter, specs,
+                                 a.ndevices, a.rounds)
+    mine, torchrec = measured[:2]
     ratio = paired_interval(mine, torchrec)
     predicted = float(ours.cost.cost_ms)
     planner_sim = planner.simulator  # the same plan priced with the all-to-all models for the collectives too
@@ -168,7 +164,7 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
            "a2a_priced_over_measured": None if a2a_priced is None else a2a_priced / float(np.median(mine))}
     rounds = {"neuroshard": mine.tolist(), "torchrec": torchrec.tolist()}
     if a.without_row_wise_by_cost:
-        other = np.asarray(measured[2].round_ms, np.float64)
+        other = measured[2]
         by_cost, vs_torchrec = paired_interval(mine, other), paired_interval(other, torchrec)
         row.update(memory_only_types=kinds_text(memory_only.specs[""]), memory_only_ms=float(np.median(other)),
                    by_cost_ratio=by_cost.estimate, by_cost_lo=by_cost.lo, by_cost_hi=by_cost.hi,

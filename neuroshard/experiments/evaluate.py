@@ -32,7 +32,7 @@ from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_devi
 from ..hardware.launch import rank_gpus
 from ..sharding.registry import SEARCHES, algs_file_tag, expand_algs, make_sharders, shard_rows, without_unavailable
 from ..sharding.plan_ratios import PlanRatios
-from ..sharding.risk import predicted_interval
+from ..sharding.risk import INTERVAL_LEVEL, predicted_interval
 from ..sharding.simulator import Simulator
 from .task_summary import print_paired, print_summary, summarize
 
@@ -156,17 +156,21 @@ def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths) -> dict:
 
 
 def _stated(sim: Simulator | None, task, res, sim_ms: float, ratio) -> dict:
-    """A plan's stated cost and 90% interval: from its algorithm's `ratio` where --plan_ratios has one, else the
-    models' cost and the ensemble members' spread (`risk.predicted_interval`); NaN where neither applies."""
+    """A plan's stated cost and interval (`pred_level`: the interval's nominal level): from its algorithm's `ratio`
+    where --plan_ratios has one, else the models' cost and the ensemble members' spread (`risk.predicted_interval`);
+    NaN where neither applies."""
     nan = float("nan")
     if sim is None or res.oom or not np.isfinite(sim_ms):
-        return {"pred_ms": nan, "pred_lo_ms": nan, "pred_hi_ms": nan, "stated_by": ""}
+        return {"pred_ms": nan, "pred_lo_ms": nan, "pred_hi_ms": nan, "pred_level": nan, "stated_by": ""}
     if ratio is not None:
         interval, by, pred = ratio.interval_ms(sim_ms), STATED_BY_RATIO, ratio.stated_ms(sim_ms)
+        level = ratio.nominal_level
     else:
         interval, by, pred = predicted_interval(sim, task, res.plan, sim_ms), STATED_BY_SPREAD, sim_ms
+        level = INTERVAL_LEVEL
     lo, hi = interval or (nan, nan)
-    return {"pred_ms": pred, "pred_lo_ms": lo, "pred_hi_ms": hi, "stated_by": by}
+    return {"pred_ms": pred, "pred_lo_ms": lo, "pred_hi_ms": hi, "pred_level": level if interval else nan,
+            "stated_by": by}
 
 
 def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
@@ -285,7 +289,8 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         fitted = PlanRatios.fit(rows, N, paths)
         fitted.save(cfg.plan_ratios_out, task_path=str(task_path), results_csv=str(out), **settings)
         for alg, r in fitted.ratios.items():
-            ends = "too few plans for a 90% interval" if r.lo is None else f"90% interval x [{r.lo:.3f}, {r.hi:.3f}]"
+            ends = ("too few plans for an interval" if r.lo is None else
+                    f"interval x [{r.lo:.3f}, {r.hi:.3f}] (nominal level {r.nominal_level:.1%})")
             print(f"{alg}: measured / modelled cost over {r.plans} plans: median {r.median:.3f}, {ends}")
         print(f"plan ratios -> {cfg.plan_ratios_out}")
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),

@@ -143,13 +143,14 @@ def coverage_lines(rows: list[dict]) -> list[str]:
     ok = [r for r in rows if np.isfinite(r.get("pred_lo_ms", np.nan)) and np.isfinite(r.get("pred_hi_ms", np.nan))]
     if not ok:
         return []
-    inside: dict[tuple[str, str], list[bool]] = {}
+    inside: dict[tuple[str, str, float], list[bool]] = {}
     for r in ok:
-        inside.setdefault((r["alg"], _method(r) or STATED_BY_SPREAD), []).append(
+        level = float(r.get("pred_level", 0.9))
+        inside.setdefault((r["alg"], _method(r) or STATED_BY_SPREAD, 0.9 if np.isnan(level) else level), []).append(
             r["pred_lo_ms"] <= r["cost_ms"] <= r["pred_hi_ms"])
-    return ["How often the stated 90% interval of a plan's cost held its measured cost (plans; the interval's "
-            "method): " + ", ".join(f"{alg} {np.mean(v):.0%} ({len(v)}; {m})" for (alg, m), v in inside.items())
-            + ".", ""]
+    return ["How often the stated interval of a plan's cost held its measured cost (plans; the interval's method "
+            "and nominal level): " + ", ".join(f"{alg} {np.mean(v):.1%} ({len(v)}; {m}, {lv:.1%})"
+                                               for (alg, m, lv), v in inside.items()) + ".", ""]
 
 
 def model_errors(model_paths: dict[str, Path]) -> pd.DataFrame:

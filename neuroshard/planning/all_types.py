@@ -185,6 +185,30 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     return {"spec": spec, "result": res, "cost": res.cost, "measured": measured}
 
 
+def torchrec_spec(theirs, names: list[str], rows, dims) -> dict:
+    """TorchRec's `ShardingPlan` of a table list's module (`table_list_module`, tables named `names`) as the export
+    spec, its tables in the list's order."""
+    from ..sharding.planner.incumbent import parameter_specs
+
+    spec = parameter_specs(theirs, {("", n): (int(r), int(d)) for n, r, d in zip(names, rows, dims)})[""]
+    return {**spec, "tables": sorted(spec["tables"], key=lambda t: names.index(t["name"]))}
+
+
+def measure_specs(ds_path, hw, batch: int, warmup_iter: int, num_iter: int, specs: list[dict], ndevices: int,
+                  rounds: int) -> list:
+    """Each export spec's step (ms) in each of `rounds` interleaved rounds, measured as TorchRec training steps
+    (`DistributedModelParallel`, `hardware.dmp_step.DMPStep`) on `ndevices` ranks over the dataset at `ds_path`."""
+    import numpy as np
+
+    from ..hardware.dmp_step import DMPStep, TorchRecItem
+    from ..hardware.engine import EngineSettings, measure_fixed
+
+    table_ids = np.arange(len(specs[0]["tables"]))
+    settings = EngineSettings(str(ds_path), hw, batch, warmup_iter, num_iter, step=DMPStep)
+    got = measure_fixed(settings, [TorchRecItem.of(s, table_ids) for s in specs], ndevices, rounds)
+    return [np.asarray(m.round_ms, np.float64) for m in got]
+
+
 def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs, batch: int,
                              legal: list[str]) -> dict:
     """The plan handed out (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured as TorchRec training steps
@@ -197,25 +221,17 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
 
     from ..core.intervals import paired_interval
     from ..hardware.backends import resolve_hardware
-    from ..hardware.dmp_step import DMPStep, TorchRecItem
-    from ..hardware.engine import EngineSettings, measure_fixed
-    from ..sharding.planner.incumbent import parameter_specs
     from .user_data import user_tables_dataset
 
-    shapes = {("", m): (int(r), int(d)) for m, r, d in zip(legal, tl.rows, tl.task.dims)}
-    torchrec_spec = parameter_specs(theirs, shapes)[""]
-    torchrec_spec = {**torchrec_spec, "tables": sorted(torchrec_spec["tables"], key=lambda t: legal.index(t["name"]))}
+    theirs_spec = torchrec_spec(theirs, legal, tl.rows, tl.task.dims)
     ours = {**spec, "tables": [{**t, "name": t["module_name"]} for t in spec["tables"]]}  # named as the module's
-    table_ids = np.arange(tl.task.num_tables)
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, cfg.hardware.gpu_ids)
     print(f"\nmeasuring the plan handed out and TorchRec's as TorchRec training steps (DistributedModelParallel) on "
           f"{cfg.ndevices} ranks, {MEASURE_ROUNDS} interleaved rounds")
     with tempfile.TemporaryDirectory() as tmp:
         ds = user_tables_dataset(tl, batch, cfg.seed, Path(tmp), cfg.ids)
-        settings = EngineSettings(str(ds.path), hw, batch, cfg.warmup_iter, cfg.num_iter, step=DMPStep)
-        got = measure_fixed(settings, [TorchRecItem.of(ours, table_ids), TorchRecItem.of(torchrec_spec, table_ids)],
-                            cfg.ndevices, MEASURE_ROUNDS)
-    mine, torchrec = (np.asarray(m.round_ms, np.float64) for m in got)
+        mine, torchrec = measure_specs(ds.path, hw, batch, cfg.warmup_iter, cfg.num_iter, [ours, theirs_spec],
+                                       cfg.ndevices, MEASURE_ROUNDS)
     ratio = paired_interval(mine, torchrec)
     print(f"measured step: the plan handed out {np.median(mine):.2f} ms, TorchRec's {np.median(torchrec):.2f} ms; "
           f"handed out / TorchRec's {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
@@ -224,5 +240,5 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
               "EmbeddingShardingPlanner with the same constraints for its plan)", file=sys.stderr)
     return {"engine": "torchrec", "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
             "torchrec_ms": torchrec.tolist(), "torchrec_types": sorted({t["sharding_type"]
-                                                                       for t in torchrec_spec["tables"]}),
+                                                                       for t in theirs_spec["tables"]}),
             "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi}

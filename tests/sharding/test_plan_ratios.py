@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from neuroshard.core.errors import UserError
-from neuroshard.sharding.plan_ratios import PlanRatio, PlanRatios, conformal_ends, fit_ratios
+from neuroshard.sharding.plan_ratios import PlanRatio, PlanRatios, conformal_ends, fit_ratios, nominal_level
 
 
 def test_conformal_ends_are_the_kth_smallest_and_largest():
@@ -14,9 +14,13 @@ def test_conformal_ends_are_the_kth_smallest_and_largest():
     rng = np.random.default_rng(0)
     assert conformal_ends(rng.permutation(r[:20])) == (0.1, 2.0)  # n = 20: k = 1
     assert conformal_ends(rng.permutation(r)) == (0.2, 3.9)  # n = 40: k = floor(41 x 0.05) = 2
-    assert conformal_ends(r[:18]) is None  # k = 0: no 90% interval from 18 plans
     assert conformal_ends(r[:19]) == (0.1, 1.9)
     assert conformal_ends(r[:10], level=0.8) == (0.1, 1.0)  # floor(11 x 0.1) = 1
+    # 13-18 plans: still the smallest and largest, at their own nominal level; 12 or fewer: none
+    assert conformal_ends(r[:18]) == (0.1, 1.8) and nominal_level(18) == pytest.approx(17 / 19)
+    assert conformal_ends(r[:13]) == (0.1, 1.3) and nominal_level(13) == pytest.approx(12 / 14)
+    assert conformal_ends(r[:12]) is None and conformal_ends(r[:1]) is None
+    assert nominal_level(20) == pytest.approx(19 / 21) and nominal_level(40) == pytest.approx(37 / 41)
 
 
 def test_conformal_interval_holds_its_level_on_new_plans():
