@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import RecordLog, check_output_file, fresh_path, provenance, write_results
+from ..core.artifacts import (RecordLog, check_output_file, check_writable_file, fresh_path, provenance,
+                              write_results)
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.file_names import RESULTS_DIR, eval_results_path, progress_path, sim_results_path
@@ -150,8 +151,8 @@ def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths) -> dict:
                         "train them first (make reproduce does), or leave the flag out")
     if not cfg.plan_ratios:
         return {}
-    fix = (f"write it again with python eval.py --task_path <the training tasks> --plan_ratios_out {cfg.plan_ratios} "
-           "and these models, or leave out --plan_ratios")
+    fix = ("name the file python eval.py --task_path <the training tasks> --plan_ratios_out FILE wrote with these "
+           "models, or leave out --plan_ratios")
     return PlanRatios.load(cfg.plan_ratios, N, paths, fix).ratios
 
 
@@ -216,8 +217,10 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     out = Path(cfg.results_csv or eval_results_path(RESULTS_DIR, algs_file_tag(algs)))
     check_output_file(out, "--results_csv")
     check_output_file(cfg.plan_ratios_out, "--plan_ratios_out")
-    if cfg.plan_ratios_out is not None and Path(cfg.plan_ratios_out).resolve() in (out.resolve(), progress_path(out).resolve()):
-        raise UserError(f"--plan_ratios_out {cfg.plan_ratios_out} is the results file; name another file")
+    if cfg.plan_ratios_out is not None:  # written after the measuring: refused now if it could not be
+        if Path(cfg.plan_ratios_out).resolve() in (out.resolve(), progress_path(out).resolve()):
+            raise UserError(f"--plan_ratios_out {cfg.plan_ratios_out} is the results file; name another file")
+        check_writable_file(cfg.plan_ratios_out, "--plan_ratios_out")
     gpu_ids = cfg.hardware.gpu_ids
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     N = cfg.hardware.num_ranks(cfg.ndevices)

@@ -190,3 +190,12 @@ def test_plan_ratios_out_naming_the_results_file_is_refused(small_dataset, tmp_p
     refused(capsys, "eval.py", *base, "--plan_ratios_out", results,
             match=re.escape(f"error: --plan_ratios_out {results} is the results file; name another file"),
             untouched=[tmp_path])
+
+
+def test_plan_ratios_out_that_cannot_be_written_is_refused_before_measuring(small_dataset, tmp_path, capsys):
+    base = [str(a) for a in _base("eval.py", small_dataset, tmp_path)]
+    (tmp_path / "a_file").write_text("x")
+    target = tmp_path / "a_file" / "r.json"
+    refused(capsys, "eval.py", *base, "--plan_ratios_out", target,
+            match=re.escape(f"error: --plan_ratios_out {target}: {tmp_path / 'a_file'} is a file, not a folder; ")
+            + ".*", untouched=[tmp_path])
