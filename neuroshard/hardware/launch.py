@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -113,10 +114,19 @@ def default_ndevices(args) -> None:
         args.ndevices = torchrun_env()[1]
 
 
+# deprecations TorchRec's own code triggers in torch (its row-wise collectives, DMP's buffer option): a line per
+# rank and plan that nothing in this package or a user's plan can change
+TORCHREC_DEPRECATIONS = (r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+                         r"`broadcast_buffers` is deprecated")
+
+
 def quiet_torchrec_logs() -> None:
     """TorchRec's KJT asks torch.fx whether it is tracing, and torch then warns once per rank that it was asked: a
-    line per rank that says nothing to a user of a TorchRec step or collective."""
+    line per rank that says nothing to a user of a TorchRec step or collective. The same for `TORCHREC_DEPRECATIONS`
+    (FutureWarnings only; every other warning still shows)."""
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    for message in TORCHREC_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
 def _mute_stderr() -> int | None:

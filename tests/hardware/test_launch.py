@@ -139,3 +139,24 @@ def test_a_tmpdir_too_long_for_the_servers_socket_still_runs(tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.strip() == str([(0, str(long_tmp)), (1, str(long_tmp))])
+
+
+def test_torchrec_deprecations_are_muted_and_other_warnings_kept():
+    """The FutureWarnings TorchRec's own code triggers in torch are muted in the ranks; any other warning still
+    shows, a FutureWarning included."""
+    import warnings
+
+    from neuroshard.hardware.launch import quiet_torchrec_logs
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_torchrec_logs()
+        for text in ("`torch.distributed.all_gather_into_tensor` is deprecated. Please use ...",
+                     "`torch.distributed.reduce_scatter_tensor` is deprecated. Please use ...",
+                     "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead."):
+            warnings.warn(text, FutureWarning)
+        warnings.warn("`torch.distributed.all_to_all_single` is deprecated", FutureWarning)
+        warnings.warn("`broadcast_buffers` is deprecated", UserWarning)
+    assert [(w.category, str(w.message)) for w in seen] == [
+        (FutureWarning, "`torch.distributed.all_to_all_single` is deprecated"),
+        (UserWarning, "`broadcast_buffers` is deprecated")]
