@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import (RecordLog, check_output_file, check_writable_file, fresh_path, provenance,
+from ..core.artifacts import (RecordLog, check_output_file, check_outputs, file_digest, fresh_path, provenance,
                               write_results)
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
-from ..core.file_names import RESULTS_DIR, eval_results_path, progress_path, sim_results_path
+from ..core.file_names import RESULTS_DIR, eval_results_path, meta_path, progress_path, sim_results_path
 from ..core.costs import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
@@ -143,8 +143,9 @@ def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordL
     return log
 
 
-def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths) -> dict:
-    """The algorithms' `PlanRatio`s from --plan_ratios ({} without it), checked against these models."""
+def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths, algs: list[str]) -> dict:
+    """The algorithms' `PlanRatio`s from --plan_ratios ({} without it), checked against these models; a note names
+    the algorithms of this run it has none for (their plans keep the models' cost)."""
     if (cfg.plan_ratios or cfg.plan_ratios_out) and sim is None:
         flag = "--plan_ratios" if cfg.plan_ratios else "--plan_ratios_out"
         raise UserError(f"{flag} needs the cost models the plans are rated with ({', '.join(map(str, paths))}); "
@@ -153,7 +154,12 @@ def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths) -> dict:
         return {}
     fix = ("name the file python eval.py --task_path <the training tasks> --plan_ratios_out FILE wrote with these "
            "models, or leave out --plan_ratios")
-    return PlanRatios.load(cfg.plan_ratios, N, paths, fix).ratios
+    ratios = PlanRatios.load(cfg.plan_ratios, N, paths, fix).ratios
+    missing = [a for a in algs if a not in ratios]
+    if missing:
+        print(f"note: {cfg.plan_ratios} has no ratio for {', '.join(missing)}: their plans are stated at the models' "
+              "cost, with the ensemble members' spread as the interval")
+    return ratios
 
 
 def _stated(sim: Simulator | None, task, res, sim_ms: float, ratio) -> dict:
@@ -217,10 +223,6 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     out = Path(cfg.results_csv or eval_results_path(RESULTS_DIR, algs_file_tag(algs)))
     check_output_file(out, "--results_csv")
     check_output_file(cfg.plan_ratios_out, "--plan_ratios_out")
-    if cfg.plan_ratios_out is not None:  # written after the measuring: refused now if it could not be
-        if Path(cfg.plan_ratios_out).resolve() in (out.resolve(), progress_path(out).resolve()):
-            raise UserError(f"--plan_ratios_out {cfg.plan_ratios_out} is the results file; name another file")
-        check_writable_file(cfg.plan_ratios_out, "--plan_ratios_out")
     gpu_ids = cfg.hardware.gpu_ids
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, gpu_ids)
     N = cfg.hardware.num_ranks(cfg.ndevices)
@@ -232,9 +234,14 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
     paths = cfg.models.paths(N, cfg.mp_keep)
+    # every file written, refused now if it could not be, or if it would replace another or an input
+    check_outputs({"--results_csv": out, "the results' provenance file": meta_path(out),
+                   "the results' progress log": progress_path(out), "--plan_ratios_out": cfg.plan_ratios_out},
+                  {"--task_path": task_path, "--plan_ratios": cfg.plan_ratios,
+                   **{f"cost model {p}": p for p in paths}})
     sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity
     algs = without_unavailable(algs, cfg.alg, sim)
-    ratios = _plan_ratios(cfg, sim, N, paths)
+    ratios = _plan_ratios(cfg, sim, N, paths, algs)
     rows, plans, negative = [], {}, []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
@@ -290,6 +297,10 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                      cost_ci_hi_ms=hi, spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
     if cfg.plan_ratios_out is not None:  # before the CSV: a run stopped in between measures nothing again
         fitted = PlanRatios.fit(rows, N, paths)
+        if not fitted.ratios:
+            raise UserError(f"--plan_ratios_out: none of the plans has both a models' cost and a measured cost (every "
+                            f"task out of memory at --max_mem {max_mem}?), so there are no ratios to write; give the "
+                            "tasks room, or leave out --plan_ratios_out")
         fitted.save(cfg.plan_ratios_out, task_path=str(task_path), results_csv=str(out), **settings)
         for alg, r in fitted.ratios.items():
             ends = ("too few plans for an interval" if r.lo is None else
@@ -298,7 +309,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         print(f"plan ratios -> {cfg.plan_ratios_out}")
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
                   models=[str(p) for p in paths] if sim else None, search=search.__dict__,
-                  plan_ratios=cfg.plan_ratios)
+                  plan_ratios=cfg.plan_ratios and {"path": cfg.plan_ratios, "sha256": file_digest(cfg.plan_ratios)})
     log_path.unlink(missing_ok=True)  # the CSV now holds every result
     summary = summarize(rows, "cost_ms")
     print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")

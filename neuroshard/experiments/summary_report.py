@@ -132,8 +132,8 @@ def stated_lines(rows: list[dict]) -> list[str]:
     if not by_alg:
         return []
     return ["Median stated / measured cost, where the stated cost is the models' cost x the median measured / "
-            "modelled ratio of the algorithm's plans for the training tasks, measured in the same run (eval.py "
-            "--plan_ratios): " + ", ".join(f"{a} {np.median(v):.3f} ({len(v)})" for a, v in by_alg.items()) + ".", ""]
+            "modelled ratio of the algorithm's plans for the training tasks (eval.py --plan_ratios; the pipeline "
+            "measures them right before the test tasks): " + ", ".join(f"{a} {np.median(v):.3f} ({len(v)})" for a, v in by_alg.items()) + ".", ""]
 
 
 def coverage_lines(rows: list[dict]) -> list[str]:

@@ -16,13 +16,12 @@ checked: reading it runs no code.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..core.artifacts import read_json, write_json
+from ..core.artifacts import json_real, read_json, write_json
 from ..core.errors import UserError
 from ..hardware.comm_bench import COLLECTIVES
 
@@ -98,16 +97,12 @@ class CollectiveModels:
                 raise bad(f"{name} must be an object")
             a, b, m = c.get("latency_ms"), c.get("ms_per_width"), c.get("held_out_mape")
             for field, v, top in (("latency_ms", a, MAX_LATENCY_MS), ("ms_per_width", b, MAX_MS_PER_WIDTH)):
-                if not _real(v) or not 0 <= v <= top:
+                if not json_real(v) or not 0 <= v <= top:
                     raise bad(f"{name}'s {field} must be a number from 0 to {top:g}, got {str(v)[:40]}")
-            if m is not None and (not _real(m) or m < 0):
+            if m is not None and (not json_real(m) or m < 0):
                 raise bad(f"{name}'s held_out_mape must be a number from 0 or null, got {str(m)[:40]}")
             costs[name] = CollectiveCost(float(a), float(b), None if m is None else float(m))
         return cls(N, B, costs, meta)
-
-
-def _real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def fit_collective(widths, ms) -> CollectiveCost:

@@ -29,13 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.artifacts import file_digest, provenance, read_json, write_json
+from ..core.artifacts import file_digest, json_real, provenance, read_json, write_json
 from ..core.errors import UserError
 
 PLAN_RATIOS_KIND = "neuroshard.plan_ratios"
 RATIO_LEVEL = 0.9
 MIN_NOMINAL_LEVEL = 0.85  # the smallest and largest ratio are stated as an interval only from this nominal level
 MAX_RATIO = 1e3  # measured / modelled: far beyond any model worth stating an interval for
+MODULE_RULE = "neuroshard/sharding/plan_ratios.py"
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,9 @@ class PlanRatios:
             raise bad(f"not a plan ratios file (kind {PLAN_RATIOS_KIND!r} expected)")
         N, level, digests, got = obj.get("num_devices"), obj.get("level"), obj.get("model_digests"), obj.get("ratios")
         if not _whole(N) or N != num_devices:
-            raise bad(f"made for {str(N)[:40]} devices, not {num_devices}")
-        if not _real(level) or level != RATIO_LEVEL:
-            raise bad(f"level must be {RATIO_LEVEL} (the results state 90% intervals), got {str(level)[:40]}")
+            raise bad(f"made for {_shown(N)} devices, not {num_devices}")
+        if not json_real(level) or level != RATIO_LEVEL:
+            raise bad(f"level must be {RATIO_LEVEL} (the results state 90% intervals), got {_shown(level)}")
         if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
             raise bad("model_digests must be a list of strings")
         if digests != [file_digest(p) for p in model_paths]:
@@ -135,23 +136,29 @@ class PlanRatios:
             raise bad("ratios must be an object naming at least one algorithm")
         ratios = {}
         for alg, r in got.items():
+            who = f"algorithm {alg[:40]!r}:"
             if not isinstance(r, dict):
-                raise bad(f"{alg[:40]!r}'s ratio must be an object")
+                raise bad(f"{who} its ratio must be an object")
             n, med, lo, hi = r.get("plans"), r.get("median"), r.get("lo"), r.get("hi")
             if not _whole(n) or n < 1:
-                raise bad(f"{alg[:40]!r}'s plans must be a whole number from 1, got {str(n)[:40]}")
+                raise bad(f"{who} plans must be a whole number from 1, got {_shown(n)}")
             for name, v in (("median", med), ("lo", lo), ("hi", hi)):
-                if not (v is None and name != "median") and not (_real(v) and 0 < v <= MAX_RATIO):
-                    raise bad(f"{alg[:40]!r}'s {name} must be a number above 0 and at most {MAX_RATIO:g}"
-                              + ("" if name == "median" else " or null") + f", got {str(v)[:40]}")
+                if not (v is None and name != "median") and not (json_real(v) and 0 < v <= MAX_RATIO):
+                    raise bad(f"{who} {name} must be a number above 0 and at most {MAX_RATIO:g}"
+                              + ("" if name == "median" else " or null") + f", got {_shown(v)}")
             if (lo is None) != (hi is None) or (lo is not None and not lo <= med <= hi):
-                raise bad(f"{alg[:40]!r}'s lo <= median <= hi does not hold (or only one end is null)")
+                raise bad(f"{who} lo <= median <= hi does not hold (or only one end is null)")
+            if (lo is None) != (_k(n, RATIO_LEVEL) < 1):
+                raise bad(f"{who} {n} plans give " + ("no interval, but lo and hi are set" if lo is not None else
+                                                      "an interval, but lo and hi are null")
+                          + f" (at least 13 give one: {MODULE_RULE})")
             ratios[alg] = PlanRatio(n, float(med), None if lo is None else float(lo), None if hi is None else float(hi))
         return cls(N, float(level), tuple(digests), ratios)
 
 
-def _real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _shown(v) -> str:
+    """A value as a line shows it: strings quoted (so "18" does not read as the number 18), at most 40 characters."""
+    return (repr(v) if isinstance(v, str) else str(v))[:40]
 
 
 def _whole(v) -> bool:

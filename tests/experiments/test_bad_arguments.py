@@ -188,8 +188,20 @@ def test_plan_ratios_out_naming_the_results_file_is_refused(small_dataset, tmp_p
     base = [str(a) for a in _base("eval.py", small_dataset, tmp_path)]
     results = base[base.index("--results_csv") + 1]
     refused(capsys, "eval.py", *base, "--plan_ratios_out", results,
-            match=re.escape(f"error: --plan_ratios_out {results} is the results file; name another file"),
-            untouched=[tmp_path])
+            match=re.escape(f"error: --results_csv and --plan_ratios_out both name {results}; one would "
+                            "replace the other: give each its own file"), untouched=[tmp_path])
+    log = results + ".progress.pkl"
+    refused(capsys, "eval.py", *base, "--plan_ratios_out", log,
+            match=re.escape(f"error: the results' progress log and --plan_ratios_out both name {log}; one would "
+                            "replace the other: give each its own file"), untouched=[tmp_path])
+    tasks = base[base.index("--task_path") + 1]
+    refused(capsys, "eval.py", *base, "--plan_ratios_out", tasks,
+            match=re.escape(f"error: --plan_ratios_out {tasks} is also the input --task_path; writing it would "
+                            "replace what this run reads: ") + ".*", untouched=[tmp_path])
+    (tmp_path / "r.json").write_text("{}")
+    refused(capsys, "eval.py", *base, "--plan_ratios", tmp_path / "r.json", "--plan_ratios_out", tmp_path / "r.json",
+            match=re.escape(f"error: --plan_ratios_out {tmp_path / 'r.json'} is also the input --plan_ratios; ")
+            + ".*", untouched=[tmp_path])
 
 
 def test_plan_ratios_out_that_cannot_be_written_is_refused_before_measuring(small_dataset, tmp_path, capsys):

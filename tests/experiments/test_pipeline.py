@@ -89,3 +89,26 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     forced = capsys.readouterr().out
     assert "skipped" not in forced and ran == [s.name for s in build_steps(PipelineConfig("tiny", str(tmp_path)))]
     assert "Simulator fidelity" in forced  # the report, from the files the steps put back
+
+
+def test_plan_ratios_with_no_plan_to_fit_and_for_other_algorithms(tiny, tiny_pipeline, tmp_path, capsys):
+    """--plan_ratios_out where every task is out of memory: one line, and neither the ratios nor the CSV written;
+    --plan_ratios for an algorithm it has no ratio for: a note, and that algorithm keeps the members' spread."""
+    from neuroshard.core.config import CostModelFiles, EvalConfig
+    from neuroshard.core.errors import UserError
+    from neuroshard.experiments.evaluate import eval_hardware
+
+    w = tiny_pipeline.work
+    models = CostModelFiles(str(w / "models/compute.pt"), str(w / "models/comm_2_fw.pt"), str(w / "models/comm_2_bw.pt"))
+    kw = dict(data_dir=str(w / "data/dlrm_datasets"), task_path=str(w / "data/tasks/train.pkl"), ndevices=2,
+              models=models, warmup_iter=0, num_iter=1, rounds=1)
+    with pytest.raises(UserError, match=r"^--plan_ratios_out: none of the plans has both a models' cost and a measured "
+                                        r"cost .*--max_mem 1e-06"):
+        eval_hardware(EvalConfig(**kw, alg=("neuroshard",), max_mem=1e-6, results_csv=str(tmp_path / "e.csv"),
+                                 plan_ratios_out=str(tmp_path / "r.json")))
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "e.csv").exists()
+    rows = eval_hardware(EvalConfig(**kw, alg=("dim_greedy",), max_mem=TINY.max_mem,
+                                    results_csv=str(tmp_path / "d.csv"),
+                                    plan_ratios=str(w / "models/plan_ratios_2.json")))
+    assert "has no ratio for dim_greedy: their plans are stated at the models' cost" in capsys.readouterr().out
+    assert {r["stated_by"] for r in rows if not r["oom"]} == {"members' spread"}

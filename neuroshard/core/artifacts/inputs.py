@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -85,3 +86,14 @@ def _unique_keys(pairs: list) -> dict:
             raise _DuplicateKey(key)
         out[key] = value
     return out
+
+
+def json_real(v) -> bool:
+    """A finite number as JSON gives it: an int or a float, not a bool, not an int beyond a float's range (a JSON
+    integer of hundreds of digits reads as an int that `float()` cannot hold)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
