@@ -32,15 +32,12 @@ from ..hardware.backends import resolve_hardware
 from ..hardware.engine import EngineSettings, Measured, measure_plans, plan_device_tables
 from ..hardware.launch import rank_gpus
 from ..sharding.registry import SEARCHES, algs_file_tag, expand_algs, make_sharders, shard_rows, without_unavailable
-from ..sharding.plan_ratios import PlanRatios
-from ..sharding.risk import INTERVAL_LEVEL, predicted_interval
+from ..sharding.plan_ratios import STATED_BY_RATIO, PlanRatios
+from ..sharding.risk import INTERVAL_LEVEL, STATED_BY_SPREAD, predicted_interval
 from ..sharding.simulator import Simulator
 from .task_summary import print_paired, print_summary, summarize
 
 EVAL_PROGRESS_KIND = "neuroshard.eval_progress"
-# how a plan's stated cost and interval were made (the results' `stated_by`): its algorithm's training plans' ratio
-# (--plan_ratios), or the models' cost with the ensemble members' spread (`risk.predicted_interval`)
-STATED_BY_RATIO, STATED_BY_SPREAD = "training plans' ratio", "members' spread"
 ARRAY = (list, np.ndarray)
 
 
@@ -143,23 +140,25 @@ def _open_progress(path: Path, settings: dict, N: int, salvage: bool) -> RecordL
     return log
 
 
-def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths, algs: list[str]) -> dict:
-    """The algorithms' `PlanRatio`s from --plan_ratios ({} without it), checked against these models; a note names
-    the algorithms of this run it has none for (their plans keep the models' cost)."""
+def _plan_ratios(cfg: EvalConfig, sim: Simulator | None, N: int, paths, algs: list[str]) -> tuple[dict, dict | None]:
+    """(the algorithms' `PlanRatio`s from --plan_ratios, the file's path and SHA-256 as read, for the provenance;
+    ({}, None) without it), checked against these models; a note names the algorithms of this run it has none for
+    (their plans keep the models' cost)."""
     if (cfg.plan_ratios or cfg.plan_ratios_out) and sim is None:
         flag = "--plan_ratios" if cfg.plan_ratios else "--plan_ratios_out"
         raise UserError(f"{flag} needs the cost models the plans are rated with ({', '.join(map(str, paths))}); "
                         "train them first (make reproduce does), or leave the flag out")
     if not cfg.plan_ratios:
-        return {}
+        return {}, None
     fix = ("name the file python eval.py --task_path <the training tasks> --plan_ratios_out FILE wrote with these "
            "models, or leave out --plan_ratios")
     ratios = PlanRatios.load(cfg.plan_ratios, N, paths, fix).ratios
+    read = {"path": cfg.plan_ratios, "sha256": file_digest(cfg.plan_ratios)}
     missing = [a for a in algs if a not in ratios]
     if missing:
         print(f"note: {cfg.plan_ratios} has no ratio for {', '.join(missing)}: their plans are stated at the models' "
               "cost, with the ensemble members' spread as the interval")
-    return ratios
+    return ratios, read
 
 
 def _stated(sim: Simulator | None, task, res, sim_ms: float, ratio) -> dict:
@@ -241,7 +240,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
                    **{f"cost model {p}": p for p in paths}})
     sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity
     algs = without_unavailable(algs, cfg.alg, sim)
-    ratios = _plan_ratios(cfg, sim, N, paths, algs)
+    ratios, ratios_read = _plan_ratios(cfg, sim, N, paths, algs)
     rows, plans, negative = [], {}, []
     for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
         row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
@@ -309,7 +308,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         print(f"plan ratios -> {cfg.plan_ratios_out}")
     write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
                   models=[str(p) for p in paths] if sim else None, search=search.__dict__,
-                  plan_ratios=cfg.plan_ratios and {"path": cfg.plan_ratios, "sha256": file_digest(cfg.plan_ratios)})
+                  plan_ratios=ratios_read)
     log_path.unlink(missing_ok=True)  # the CSV now holds every result
     summary = summarize(rows, "cost_ms")
     print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")

@@ -19,7 +19,8 @@ from scipy.stats import spearmanr
 
 from ..core.artifacts import atomic_write_bytes, atomic_write_text, load_torch, write_json
 from ..core.tables import format_table
-from .evaluate import STATED_BY_RATIO, STATED_BY_SPREAD
+from ..sharding.plan_ratios import STATED_BY_RATIO
+from ..sharding.risk import INTERVAL_LEVEL, STATED_BY_SPREAD
 from .task_summary import summarize
 from .paired import format_paired, paired_table, strongest
 
@@ -133,7 +134,8 @@ def stated_lines(rows: list[dict]) -> list[str]:
         return []
     return ["Median stated / measured cost, where the stated cost is the models' cost x the median measured / "
             "modelled ratio of the algorithm's plans for the training tasks (eval.py --plan_ratios; the pipeline "
-            "measures them right before the test tasks): " + ", ".join(f"{a} {np.median(v):.3f} ({len(v)})" for a, v in by_alg.items()) + ".", ""]
+            "measures them right before the test tasks): "
+            + ", ".join(f"{a} {np.median(v):.3f} ({len(v)})" for a, v in by_alg.items()) + ".", ""]
 
 
 def coverage_lines(rows: list[dict]) -> list[str]:
@@ -145,8 +147,9 @@ def coverage_lines(rows: list[dict]) -> list[str]:
         return []
     inside: dict[tuple[str, str, float], list[bool]] = {}
     for r in ok:
-        level = float(r.get("pred_level", 0.9))
-        inside.setdefault((r["alg"], _method(r) or STATED_BY_SPREAD, 0.9 if np.isnan(level) else level), []).append(
+        level = float(r.get("pred_level", INTERVAL_LEVEL))  # results from before the column: the spread's level
+        inside.setdefault((r["alg"], _method(r) or STATED_BY_SPREAD, INTERVAL_LEVEL if np.isnan(level) else level),
+                          []).append(
             r["pred_lo_ms"] <= r["cost_ms"] <= r["pred_hi_ms"])
     return ["How often the stated interval of a plan's cost held its measured cost (plans; the interval's method "
             "and nominal level): " + ", ".join(f"{alg} {np.mean(v):.1%} ({len(v)}; {m}, {lv:.1%})"

@@ -33,6 +33,7 @@ from ..core.artifacts import file_digest, json_real, provenance, read_json, writ
 from ..core.errors import UserError
 
 PLAN_RATIOS_KIND = "neuroshard.plan_ratios"
+STATED_BY_RATIO = "training plans' ratio"  # the results' `stated_by` of a plan stated from its algorithm's ratio
 RATIO_LEVEL = 0.9
 MIN_NOMINAL_LEVEL = 0.85  # the smallest and largest ratio are stated as an interval only from this nominal level
 MAX_RATIO = 1e3  # measured / modelled: far beyond any model worth stating an interval for

@@ -70,6 +70,7 @@ class PlanSpread:
 
 
 INTERVAL_LEVEL = 0.9
+STATED_BY_SPREAD = "members' spread"  # the results' `stated_by` of a plan whose interval is `predicted_interval`'s
 INTERVAL_WIDTH = 8.0  # the multiple of the members' spread that held 90% of training tasks' measured plans (docs/findings.md)
 
 

@@ -99,8 +99,14 @@ def check_output_file(path, flag: str) -> None:
                         "choose a name of printable characters")
     if path is not None and str(path) and Path(path).is_dir():
         raise UserError(f"{flag} {path} is a folder; name a file to write")
-    if path is not None and str(path).endswith(("/", os.sep)):  # a folder not made yet: it would become a file
-        raise UserError(f"{flag} {path} ends in '/', which names a folder; name a file to write")
+    _refuse_folder_name(path, flag)
+
+
+def _refuse_folder_name(path, label: str) -> None:
+    """A path ending in '/' names a folder not made yet, which would become a file: refused (before `Path()` drops
+    the '/')."""
+    if path is not None and str(path).endswith(("/", os.sep)):
+        raise UserError(f"{label} {path} ends in '/', which names a folder; name a file to write")
 
 
 def check_output_dir(path, flag: str) -> None:
@@ -184,9 +190,8 @@ def check_outputs(outputs: dict[str, Any], inputs: dict[str, Any] | None = None,
     (`check_writable_file`), no two name one file (the second would replace the first) and none names a file
     the run reads (`inputs`, label -> path), which it would replace. Returns the (label, path) pairs checked."""
     fixes = fixes or {}
-    for label, p in outputs.items():  # before Path() drops it: a trailing '/' names a folder, not a file
-        if p is not None and str(p).endswith(("/", os.sep)):
-            raise UserError(f"{label} {p} ends in '/', which names a folder; name a file to write")
+    for label, p in outputs.items():
+        _refuse_folder_name(p, label)
     outs = [(label, Path(p)) for label, p in outputs.items() if p is not None and str(p)]
     ins = [(label, Path(p)) for label, p in (inputs or {}).items() if p is not None and str(p)]
     for i, (label, path) in enumerate(outs):
