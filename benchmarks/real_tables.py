@@ -2,7 +2,7 @@
 
     python benchmarks/real_tables.py [--sets criteo_kaggle,criteo_terabyte_mlperf,criteo_multihot_mlperf_dcnv2,taobao_ad_x1_din]
         [--calibrate 120] [--calibrate_comm 18] [--measure_budget_s 90] [--no_race] [--models_dir models] [--ndevices 4]
-        [--max_mem 0.04] [--cost step|paper]
+        [--max_mem 0.04] [--cost step|paper] [--risk] [--refine R]
 
 The cost is the user's (`--cost step`, shard_tables' default: the search minimises the step TorchRec runs and
 `--measure`'s emulated engine measures it, per sharding group the input distribution and both all-to-alls);
@@ -13,7 +13,8 @@ For each cited table set in benchmarks/real_tables/ (26 Criteo features, or Taob
 scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kept as they are):
 1. every algorithm plans it; each plan is simulated with the pre-trained models;
 2. the models are calibrated on K measured shards of the set's tables (`--calibrate`);
-3. NeuroShard searches again with the calibrated models (its best 3 distinct plans);
+3. NeuroShard searches again with the calibrated models (its best 3 distinct plans); with `--refine R`, also
+   up to R rounds of calibration where that search goes (planning/refine.py), whose final plan is a candidate;
 4. every candidate (NeuroShard's 3, the pre-calibration NeuroShard plan, the four greedy heuristics,
    TorchRec) is measured in interleaved rounds on the same ranks (`measure_candidates`), until the
    best is told apart or the budget ends; rounds are the pairs of the paired 95% intervals. A candidate
@@ -54,6 +55,7 @@ from neuroshard.core.file_names import MODELS_DIR, RESULTS_DIR  # noqa: E402
 from neuroshard.core.costs import Cluster  # noqa: E402
 from neuroshard.data.table_list import load_table_list  # noqa: E402
 from neuroshard.planning.calibrate import CalibrationConfig, calibrate  # noqa: E402
+from neuroshard.planning.refine import check_rounds, refine  # noqa: E402
 from neuroshard.planning.measure import MeasureConfig, candidate_plans, measure_candidates  # noqa: E402
 from neuroshard.sharding.candidates import simulated_parts  # noqa: E402
 from neuroshard.experiments.paired import paired  # noqa: E402
@@ -84,6 +86,11 @@ class RealTablesConfig:
                              "paper (compute + one forward and one backward all-to-all)", choices=("step", "paper"))
     risk: bool = flag(False, "also measure --alg neuroshard_risk's plan, searched with the calibrated models and the "
                              "pre-trained models' ensemble members (models_dir/ensemble/, train_ensemble.py)")
+    refine: int = flag(0, "also measure the plan of the paper search refined where it goes: rounds of measuring the "
+                          "device shards of its plan that calibration has not measured, refitting the compute model "
+                          "and searching again (planning/refine.py); 0: none")
+    refine_concurrent: bool = flag(False, "--refine measures the plan's devices together on the ranks, as "
+                                          "--measure runs them, and in its first round the greedy heuristics' plans too")
     out_dir: str = flag(RESULTS_DIR)
 
     def calibration(self) -> CalibrationConfig:
@@ -95,6 +102,7 @@ class RealTablesConfig:
 
     def check(self) -> "RealTablesConfig":
         self.calibration(), self.measurement()
+        check_rounds(self.refine)
         check_sets(self.sets)
         return self
 
@@ -137,6 +145,19 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         if a.risk:
             extra["neuroshard_risk"] = shard_task(make_sharder("neuroshard_risk", 0, sim1, search, batch), tl.task,
                                                   cluster).plan
+        refined = {}
+        if a.refine:
+            def paper_search(sim):
+                return shard_task(make_sharder("neuroshard", 0, sim, search, batch), tl.task, cluster).plan
+            anchors = tuple(shard_task(make_sharder(h, 0, sim1, search, batch), tl.task, cluster).plan
+                            for h in HEURISTICS) if a.refine_concurrent else ()
+            _, extra["neuroshard_refined"], rep = refine(sim0, sim1, cal, tl, cluster, hw, batch, ccfg, paper_search,
+                                                         a.refine, concurrent=a.refine_concurrent,
+                                                         anchors=tuple(p for p in anchors if p is not None))
+            first = rep["rounds"][0]["predicted_over_measured"] if rep["rounds"] else np.nan
+            refined = {"refine_rounds": len(rep["rounds"]), "refine_shards": rep["shards_measured"],
+                       "refine_fixed_point": rep["fixed_point"], "refine_first_pred_meas": first,
+                       "refine_s": rep["seconds"]}
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra=extra)
         res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, calibration=cal)
         drift = res["drift"]
@@ -176,12 +197,13 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         ns_h = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx[best_h]])))
         ns_tr = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx["torchrec"]]))) \
             if "torchrec" in idx else nan
-        risk = {}
-        if "neuroshard_risk" in idx:  # issue 63: the risk-aware search against the paper's and the best heuristic's
-            rk = idx["neuroshard_risk"]
-            for key, other in (("risk_vs_ns", ns), ("risk_vs_heuristic", idx[best_h])):
-                r = paired(dict(enumerate(round_ms[rk])), dict(enumerate(round_ms[other])))
-                risk.update({key: r["ratio"], f"{key}_lo": r["ci_lo"], f"{key}_hi": r["ci_hi"]})
+        risk = dict(refined)
+        # issue 63: the risk-aware and the refined search against the paper's and the best heuristic's
+        for alg, short in (("neuroshard_risk", "risk"), ("neuroshard_refined", "refined")):
+            if alg in idx:
+                for key, other in ((f"{short}_vs_ns", ns), (f"{short}_vs_heuristic", idx[best_h])):
+                    r = paired(dict(enumerate(round_ms[idx[alg]])), dict(enumerate(round_ms[other])))
+                    risk.update({key: r["ratio"], f"{key}_lo": r["ci_lo"], f"{key}_hi": r["ci_hi"]})
         summary.append({"set": name, "cost": a.cost, **risk, "written": "/".join(cands[best].names), "rounds": R,
                         "separated": res["separated"],
                         "best_heuristic": best_h, "vs_heuristic": vs_h["ratio"], "vs_heuristic_lo": vs_h["ci_lo"],
@@ -252,12 +274,20 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: Re
           f"{100 * s['written_comm_share']:.0f}% / {100 * s['written_balance_headroom']:.1f}%",
           f"{s['probe_start_ms']:.0f} / {s['probe_end_ms']:.0f}", f"{s['seconds']:.0f}"] for s in summary],
         align="llrlrrrrrrrr")
-    risky = [s for s in summary if "risk_vs_ns" in s]
-    if risky:  # --risk (issue 63): measured cost of the risk-aware search's plan, paired over rounds
-        lines += ["", *format_table(["set", "neuroshard_risk vs neuroshard#1 (95% CI)",
-                                     "neuroshard_risk vs best heuristic (95% CI)"],
-                                    [[s["set"], _ci(s, "risk_vs_ns"), f"{_ci(s, 'risk_vs_heuristic')} "
-                                      f"({s['best_heuristic']})"] for s in risky], align="lrr")]
+    for alg, short in (("neuroshard_risk", "risk"), ("neuroshard_refined", "refined")):
+        got = [s for s in summary if f"{short}_vs_ns" in s]
+        if got:  # --risk / --refine (issue 63): the measured cost of that search's plan, paired over rounds
+            lines += ["", *format_table(["set", f"{alg} vs neuroshard#1 (95% CI)", f"{alg} vs best heuristic (95% CI)"],
+                                        [[s["set"], _ci(s, f"{short}_vs_ns"),
+                                          f"{_ci(s, f'{short}_vs_heuristic')} ({s['best_heuristic']})"] for s in got],
+                                        align="lrr")]
+    refined = [s for s in summary if "refine_rounds" in s]
+    if refined:
+        lines += ["", *format_table(["set", "refine rounds", "shards measured", "models' / measured of the first "
+                                     "round's shards", "every shard of the final plan measured", "seconds"],
+                                    [[s["set"], s["refine_rounds"], s["refine_shards"],
+                                      f"{s['refine_first_pred_meas']:.3f}", "yes" if s["refine_fixed_point"] else "no",
+                                      f"{s['refine_s']:.0f}"] for s in refined], align="lrrrlr")]
     text = "\n".join(lines) + "\n"
     write_results(out / "real_tables.json", markdown=text,
                   record={"config": asdict(a), "spearman_before": rho0, "spearman_after": rho1,

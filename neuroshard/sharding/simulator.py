@@ -144,6 +144,10 @@ class Simulator:
         """This simulator with `step_fit` (None: without one) for its step cost."""
         return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp, self.members, self.coll)
 
+    def with_compute(self, compute: SetCostModel) -> "Simulator":
+        """This simulator with another compute model (`planning/refine.py`'s refit); members and the rest kept."""
+        return Simulator(compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, self.members, self.coll)
+
     def with_members(self, members: tuple["Simulator", ...]) -> "Simulator":
         """This simulator with these ensemble members (a calibrated simulator keeps its pre-trained models'
         members: `sharding/risk.py` uses their relative spread around its own cost)."""
