@@ -87,10 +87,8 @@ class RealTablesConfig:
     risk: bool = flag(False, "also measure --alg neuroshard_risk's plan, searched with the calibrated models and the "
                              "pre-trained models' ensemble members (models_dir/ensemble/, train_ensemble.py)")
     refine: int = flag(0, "also measure the plan of the paper search refined where it goes: rounds of measuring the "
-                          "device shards of its plan that calibration has not measured, refitting the compute model "
-                          "and searching again (planning/refine.py); 0: none")
-    refine_concurrent: bool = flag(False, "--refine measures the plan's devices together on the ranks, as "
-                                          "--measure runs them, and in its first round the greedy heuristics' plans too")
+                          "device shards and the all-to-all layout of its plan that calibration has not measured, "
+                          "refitting the models and searching again (planning/refine.py); 0: none")
     out_dir: str = flag(RESULTS_DIR)
 
     def calibration(self) -> CalibrationConfig:
@@ -149,14 +147,13 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         if a.refine:
             def paper_search(sim):
                 return shard_task(make_sharder("neuroshard", 0, sim, search, batch), tl.task, cluster).plan
-            anchors = tuple(shard_task(make_sharder(h, 0, sim1, search, batch), tl.task, cluster).plan
-                            for h in HEURISTICS) if a.refine_concurrent else ()
             _, extra["neuroshard_refined"], rep = refine(sim0, sim1, cal, tl, cluster, hw, batch, ccfg, paper_search,
-                                                         a.refine, concurrent=a.refine_concurrent,
-                                                         anchors=tuple(p for p in anchors if p is not None))
-            first = rep["rounds"][0]["predicted_over_measured"] if rep["rounds"] else np.nan
+                                                         a.refine)
+            r0 = rep["rounds"][0] if rep["rounds"] else {}
             refined = {"refine_rounds": len(rep["rounds"]), "refine_shards": rep["shards_measured"],
-                       "refine_fixed_point": rep["fixed_point"], "refine_first_pred_meas": first,
+                       "refine_layouts": rep["layouts_measured"], "refine_fixed_point": rep["fixed_point"],
+                       "refine_first_pred_meas": r0.get("predicted_over_measured", np.nan),
+                       "refine_first_comm_pred_meas": r0.get("comm_predicted_over_measured", np.nan),
                        "refine_s": rep["seconds"]}
         cands = candidate_plans(tl.task, cluster, sim1, search, batch, 3, extra=extra)
         res = measure_candidates(tl, cluster, cands, hw, batch, mcfg, calibration=cal)
@@ -283,11 +280,13 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: Re
                                         align="lrr")]
     refined = [s for s in summary if "refine_rounds" in s]
     if refined:
-        lines += ["", *format_table(["set", "refine rounds", "shards measured", "models' / measured of the first "
-                                     "round's shards", "every shard of the final plan measured", "seconds"],
-                                    [[s["set"], s["refine_rounds"], s["refine_shards"],
-                                      f"{s['refine_first_pred_meas']:.3f}", "yes" if s["refine_fixed_point"] else "no",
-                                      f"{s['refine_s']:.0f}"] for s in refined], align="lrrrlr")]
+        lines += ["", *format_table(["set", "refine rounds", "shards / layouts measured", "models' / measured in the "
+                                     "first round: shards' compute, all-to-all", "everything of the final plan measured",
+                                     "seconds"],
+                                    [[s["set"], s["refine_rounds"], f"{s['refine_shards']} / {s['refine_layouts']}",
+                                      f"{s['refine_first_pred_meas']:.3f}, {s['refine_first_comm_pred_meas']:.3f}",
+                                      "yes" if s["refine_fixed_point"] else "no", f"{s['refine_s']:.0f}"]
+                                     for s in refined], align="lrrrlr")]
     text = "\n".join(lines) + "\n"
     write_results(out / "real_tables.json", markdown=text,
                   record={"config": asdict(a), "spearman_before": rho0, "spearman_after": rho1,

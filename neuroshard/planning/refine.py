@@ -5,20 +5,23 @@ one its calibrated models rate lowest, so where those models err low on a device
 selection (docs/findings.md). `refine` closes the loop for the user's tables, a round at a time:
 1. search with the current models;
 2. measure each device's shards of that plan that no calibration round has measured, exactly as calibration
-   measures them (one worker, cache flushed, median of the timed iterations), and note the models' error on them
-   before they are learned (the selection's optimism, on the plans the search actually picks);
-3. fine-tune the pre-trained compute model again on calibration's fine-tune shards plus every shard measured here,
-   kept only where calibration's held-out shards are not priced worse (the same rule as `calibrate`);
+   measures them (one worker, cache flushed, median of the timed iterations), and the plan's all-to-all layout
+   (its dim sums, each rank starting after the delay the models give it) if no round has measured it, on N ranks;
+   note the models' error on both before they are learned (the selection's optimism, on the plans the search
+   actually picks);
+3. fine-tune the pre-trained compute and forward / backward comm models again on calibration's fine-tune
+   measurements plus every one measured here, each kept only where calibration's held-out measurements are not
+   priced worse (the same rule as `calibrate`);
 4. search again.
-It stops when the search's plan has no unmeasured shard (every device of it is priced from a fit to its own
-measurement) or after `rounds`. The comm models are not touched: all-to-all layouts are not where the search's
-optimism was found. Each round costs one search and at most one measured shard per device.
+It stops when the search's plan has nothing unmeasured (every device's shards and its layout are priced from a fit
+to their own measurements) or after `rounds`. Each round costs one search, at most one measured shard per device
+and one all-to-all layout.
 """
 from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -27,10 +30,9 @@ import numpy as np
 from ..core.costs import Cluster, implausible_ms
 from ..core.errors import UserError, check_int
 from ..data.table_list import TableList
-from ..hardware.engine import EngineSettings, measure_fixed
 from ..sharding.plan import Placement
 from ..sharding.simulator import Simulator
-from .calibrate import CalibrationConfig, measure_shards
+from .calibrate import CalibrationConfig, measure_layouts, measure_shards
 from .fine_tune import compute_arrays, copy_model, fine_tune_kept, held_out_split
 from .user_data import user_tables_dataset
 
@@ -50,33 +52,29 @@ def shard_key(shard) -> tuple:
 
 @dataclass
 class RefineRound:
-    """One round: the shards measured, their measured ms and the models' ms for them before they were learned."""
+    """One round: what was measured and the models' ms for it before it was learned."""
     shards: list[list[list[int]]] = field(default_factory=list)  # per shard its [table, dim] pairs
-    measured_ms: list[float] = field(default_factory=list)
+    measured_ms: list[float] = field(default_factory=list)       # the shards' compute
     predicted_ms: list[float] = field(default_factory=list)
-    kept: bool = False  # whether the refit compute model was kept (calibration's held-out shards not priced worse)
+    dim_sums: list[int] | None = None                             # the plan's layout, if it was new
+    comm_measured_ms: list[float] | None = None                   # per rank forward + backward all-to-all
+    comm_predicted_ms: list[float] | None = None
+    kept: dict = field(default_factory=dict)  # per refit model, whether it was kept
 
     @property
     def predicted_over_measured(self) -> float:
         """Median of the models' / the measured ms of this round's shards (below 1: the search's optimism)."""
+        if not self.measured_ms:
+            return float("nan")
         return float(np.median(np.array(self.predicted_ms) / np.array(self.measured_ms)))
 
-
-def measure_plans_compute(ds, hw, batch_size: int, plans, N: int, known: set, cfg: CalibrationConfig):
-    """Each plan's devices measured together on N ranks (one round of the measurement engine); the device shards
-    not in `known` (first occurrence) and their compute ms."""
-    items = [[[(s.table, s.dim) for s in dev] for dev in p.per_device()] for p in plans]
-    measured = measure_fixed(EngineSettings(str(ds.path), hw, batch_size, cfg.warmup_iter, cfg.num_iter,
-                                            shuffle=False), items, N)
-    new, got, seen = [], [], set(known)
-    for p, m in zip(plans, measured):
-        for dev, ms in zip(p.per_device(), m.compute_ms):
-            sh = (np.array([s.table for s in dev], np.int64), np.array([s.dim for s in dev], np.int64))
-            if dev and shard_key(sh) not in seen:
-                seen.add(shard_key(sh))
-                new.append(sh)
-                got.append(float(ms))
-    return new, np.array(got)
+    @property
+    def comm_predicted_over_measured(self) -> float:
+        """The models' / the measured all-to-all ms of the plan's slowest rank by measurement."""
+        if self.comm_measured_ms is None:
+            return float("nan")
+        r = int(np.argmax(self.comm_measured_ms))
+        return float(self.comm_predicted_ms[r] / self.comm_measured_ms[r])
 
 
 def check_rounds(rounds: int, what: str = "--refine") -> int:
@@ -84,21 +82,38 @@ def check_rounds(rounds: int, what: str = "--refine") -> int:
     return rounds
 
 
+def _refit(models: dict, name: str, pretrained, inputs, y, n_cal: int, tune, held, cfg) -> bool:
+    """The pre-trained model fine-tuned on calibration's fine-tune part and every refine measurement (from n_cal
+    on); it replaces `models[name]` only where calibration's held-out part is not priced worse than by the
+    pre-trained model (otherwise the model in use stays). Returns whether it did."""
+    fit = np.concatenate([tune, np.arange(n_cal, len(y))])
+    tuned, rep = fine_tune_kept(pretrained, inputs, np.asarray(y, np.float32), fit, held, cfg, copy_model)
+    if rep["kept"]:
+        models[name] = tuned
+    return bool(rep["kept"])
+
+
 def refine(sim0: Simulator, sim_cal: Simulator, cal_report: dict, tl: TableList, cluster: Cluster, hw,
            batch_size: int, cfg: CalibrationConfig, search: Callable[[Simulator], Placement | None], rounds: int,
-           ids_path=None, log=print, concurrent: bool = False, anchors: tuple = ()
-           ) -> tuple[Simulator, Placement | None, dict]:
+           ids_path=None, log=print) -> tuple[Simulator, Placement | None, dict]:
     """The module docstring's loop from `calibrate`'s result (`sim_cal`, `cal_report`; `sim0` the pre-trained
     simulator it was calibrated from). Returns (the refined simulator, the search's last plan, a report)."""
     check_rounds(rounds)
     t0 = time.perf_counter()
-    task = tl.task
+    task, N = tl.task, cluster.num_devices
     measured = cal_report["measured"]
     shards = [(np.array([t for t, _ in sh], np.int64), np.array([d for _, d in sh], np.int64))
               for sh in measured["shards"]]
     y = [float(v) for v in measured["compute_ms"]]
-    tune, held = held_out_split(len(shards), cfg.seed)  # calibration's split: its held-out shards stay held out
+    n_shards = len(shards)
+    tune, held = held_out_split(n_shards, cfg.seed)  # calibration's splits: its held-out part stays held out
+    layouts = [np.concatenate([lay["dims"], lay["delays_ms"]]).astype(np.float32) for lay in measured["layouts"]]
+    fw_y, bw_y = [list(map(float, v)) for v in measured["fw_ms"]], [list(map(float, v)) for v in measured["bw_ms"]]
+    n_layouts = len(layouts)
+    ctune, cheld = held_out_split(n_layouts, cfg.seed + 1)
     known = {shard_key(s) for s in shards}
+    known_dims = {tuple(int(v) for v in lay["dims"]) for lay in measured["layouts"]}
+    models = {"compute": sim_cal.compute, "fw": sim_cal.fw, "bw": sim_cal.bw}
     sim, plan, done = sim_cal, search(sim_cal), []
     with tempfile.TemporaryDirectory(prefix="neuroshard-refine-") as tmp:
         ds = None
@@ -106,40 +121,66 @@ def refine(sim0: Simulator, sim_cal: Simulator, cal_report: dict, tl: TableList,
             if plan is None:
                 break
             new = [s for s in device_shards(plan) if shard_key(s) not in known]
-            if not new:
+            dims = plan.device_dim_sums()
+            new_layout = tuple(int(v) for v in dims) not in known_dims
+            if not new and not new_layout:
                 break
-            if ds is None:  # the same synthetic ids as calibration's (same seed)
-                ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
-            if concurrent:  # the plan's devices measured together on N ranks, as --measure runs them
-                new, got = measure_plans_compute(ds, hw, batch_size, [plan, *(anchors if r == 0 else ())],
-                                                 cluster.num_devices, known, cfg)
-            else:
-                got = measure_shards(ds, hw, batch_size, new, cfg.warmup_iter, cfg.num_iter)
-            pred = sim.compute.predict(*compute_arrays(task.data_features, new))
-            why = implausible_ms(got, True)
-            if why:
-                raise UserError(f"refining measured a compute cost that cannot be true ({why}): the timer or a worker "
-                                "failed; rerun the same command (nothing was saved)")
-            shards += new
-            y += [float(v) for v in got]
-            known |= {shard_key(s) for s in new}
-            fit = np.concatenate([tune, np.arange(len(measured["shards"]), len(shards))])
-            compute, rep = fine_tune_kept(sim0.compute, compute_arrays(task.data_features, shards),
-                                          np.asarray(y, np.float32), fit, held, cfg, copy_model)
-            done.append(RefineRound([[[int(t), int(d)] for t, d in zip(*sh)] for sh in new], [float(v) for v in got],
-                                    [float(v) for v in pred], bool(rep["kept"])))
-            log(f"  refine round {r + 1}: {len(new)} new device shard(s) of the search's plan; models' / measured "
-                f"{done[-1].predicted_over_measured:.3f} before learning them; compute model "
-                f"{'refit' if rep['kept'] else 'kept as calibrated (refit priced held-out shards worse)'}")
-            if rep["kept"]:
-                sim = sim_cal.with_compute(compute)
+            rnd = RefineRound(kept={})
+            if new:
+                if ds is None:  # the same synthetic ids as calibration's (same seed)
+                    ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
+                pred = sim.compute.predict(*compute_arrays(task.data_features, new))
+                got = check_measured(measure_shards(ds, hw, batch_size, new, cfg.warmup_iter, cfg.num_iter),
+                                     "compute")
+                shards += new
+                y += [float(v) for v in got]
+                known |= {shard_key(s) for s in new}
+                rnd.kept["compute"] = _refit(models, "compute", sim0.compute,
+                                             compute_arrays(task.data_features, shards), y, n_shards, tune, held, cfg)
+                rnd.shards = [[[int(t), int(d)] for t, d in zip(*sh)] for sh in new]
+                rnd.measured_ms, rnd.predicted_ms = [float(v) for v in got], [float(v) for v in pred]
+            if new_layout:  # the delays the models give this plan's ranks (their compute and what comes before the
+                # forward all-to-all, as the simulator's cost adds them)
+                cost = sim.plan_cost(task, plan)
+                ready = np.asarray(cost.compute_ms) + np.asarray(cost.bw_ms)
+                delays = ready - ready.min()
+                fw_m, bw_m = measure_layouts([(dims, delays)], N, batch_size, hw, cfg.warmup_iter, cfg.num_iter,
+                                             sim.mp_keep)
+                check_measured(np.concatenate([fw_m[0], bw_m[0]]), "all-to-all", positive=False)
+                layouts.append(np.concatenate([dims, delays]).astype(np.float32))
+                fw_y.append([float(v) for v in fw_m[0]])
+                bw_y.append([float(v) for v in bw_m[0]])
+                known_dims.add(tuple(int(v) for v in dims))
+                lay = np.stack(layouts)
+                rnd.kept["fw"] = _refit(models, "fw", sim0.fw, (lay,), fw_y, n_layouts, ctune, cheld, cfg)
+                rnd.kept["bw"] = _refit(models, "bw", sim0.bw, (lay[:, :N],), bw_y, n_layouts, ctune, cheld, cfg)
+                rnd.dim_sums = [int(v) for v in dims]
+                rnd.comm_measured_ms = [float(a + b) for a, b in zip(fw_m[0], bw_m[0])]
+                x = np.concatenate([dims, delays])[None].astype(np.float64)
+                rnd.comm_predicted_ms = (sim.fw.predict_np(x) + sim.bw.predict_np(x[:, :N]))[0].tolist()
+            done.append(rnd)
+            log(f"  refine round {r + 1}: {len(new)} new device shard(s) of the search's plan"
+                f"{' and its all-to-all layout' if new_layout else ''}; models' / measured before learning them: "
+                f"compute {rnd.predicted_over_measured:.3f}, all-to-all {rnd.comm_predicted_over_measured:.3f}; "
+                f"refit and kept: {', '.join(k for k, v in rnd.kept.items() if v) or 'none'}")
+            sim = sim_cal.with_models(**models)
             plan = search(sim)
-    fixed = plan is not None and all(shard_key(s) in known for s in device_shards(plan))
-    report = {"rounds": [{"shards": d.shards, "measured_ms": d.measured_ms, "predicted_ms": d.predicted_ms, "kept": d.kept,
-                          "predicted_over_measured": d.predicted_over_measured} for d in done],
+    fixed = plan is not None and all(shard_key(s) in known for s in device_shards(plan)) \
+        and tuple(int(v) for v in plan.device_dim_sums()) in known_dims
+    report = {"rounds": [{**asdict(d), "predicted_over_measured": d.predicted_over_measured,
+                          "comm_predicted_over_measured": d.comm_predicted_over_measured} for d in done],
               "fixed_point": fixed, "shards_measured": sum(len(d.measured_ms) for d in done),
+              "layouts_measured": sum(d.dim_sums is not None for d in done),
               "seconds": time.perf_counter() - t0}
-    log(f"  refining: {len(done)} round(s), {report['shards_measured']} shard(s) measured, "
-        f"{'every device shard of the final plan measured' if fixed else 'stopped at the round limit'}, "
+    log(f"  refining: {len(done)} round(s), {report['shards_measured']} shard(s) and {report['layouts_measured']} "
+        f"layout(s) measured, {'everything of the final plan measured' if fixed else 'stopped at the round limit'}, "
         f"{report['seconds']:.0f} s")
     return sim, plan, report
+
+
+def check_measured(values, what: str, positive: bool = True) -> np.ndarray:
+    why = implausible_ms(values, positive)
+    if why:
+        raise UserError(f"refining measured a {what} cost that cannot be true ({why}): the timer or a worker "
+                        "failed; rerun the same command (nothing was saved)")
+    return np.asarray(values)

@@ -144,9 +144,12 @@ class Simulator:
         """This simulator with `step_fit` (None: without one) for its step cost."""
         return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp, self.members, self.coll)
 
-    def with_compute(self, compute: SetCostModel) -> "Simulator":
-        """This simulator with another compute model (`planning/refine.py`'s refit); members and the rest kept."""
-        return Simulator(compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, self.members, self.coll)
+    def with_models(self, compute: SetCostModel | None = None, fw: DeviceCostModel | None = None,
+                    bw: DeviceCostModel | None = None) -> "Simulator":
+        """This simulator with the compute or forward / backward comm models given replaced (`planning/refine.py`'s
+        refits); the members and the rest kept."""
+        return Simulator(self.compute if compute is None else compute, self.fw if fw is None else fw,
+                         self.bw if bw is None else bw, self.cost, self.step_fit, self.inp, self.members, self.coll)
 
     def with_members(self, members: tuple["Simulator", ...]) -> "Simulator":
         """This simulator with these ensemble members (a calibrated simulator keeps its pre-trained models'

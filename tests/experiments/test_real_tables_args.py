@@ -32,6 +32,9 @@ def no_work(monkeypatch):
     (["--ndevices", "1"], "--ndevices must be >= 2 (an all-to-all needs peers)"),
     (["--max_mem", "inf"], "--max_mem must be a finite number > 0 and <= 1e+06, got inf"),
     (["--num_iter", "0"], "--num_iter must be >= 1 and <= 100000, got 0"),
+    (["--refine", "-1"], "--refine must be >= 0 and <= 20, got -1"),
+    (["--refine", "21"], "--refine must be >= 0 and <= 20, got 21"),
+    (["--refine", "two"], "argument --refine: invalid int value: 'two' (see real_tables.py --help)"),
     (["--cost", "steps"], "argument --cost: invalid choice: 'steps' (choose from 'step', 'paper') (see real_tables.py "
                           "--help)"),
 ])
