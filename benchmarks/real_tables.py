@@ -147,8 +147,9 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         if a.refine:
             def paper_search(sim):
                 return shard_task(make_sharder("neuroshard", 0, sim, search, batch), tl.task, cluster).plan
-            _, extra["neuroshard_refined"], rep = refine(sim0, sim1, cal, tl, cluster, hw, batch, ccfg, paper_search,
-                                                         a.refine)
+            _, plan, rep = refine(sim0, sim1, cal, tl, cluster, hw, batch, ccfg, paper_search, a.refine)
+            if plan is not None:
+                extra["neuroshard_refined"] = plan
             r0 = rep["rounds"][0] if rep["rounds"] else {}
             refined = {"refine_rounds": len(rep["rounds"]), "refine_shards": rep["shards_measured"],
                        "refine_layouts": rep["layouts_measured"], "refine_fixed_point": rep["fixed_point"],
