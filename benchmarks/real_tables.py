@@ -127,7 +127,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
     batch = int(sim0.compute.meta["batch_size"])
     hw = resolve_hardware("cpu", "auto")
     search = SearchParams()
-    rows, summary, parts = [], [], []
+    rows, summary, parts, refines = [], [], [], []
     t_all = time.perf_counter()
     for name in sets:
         t0 = time.perf_counter()
@@ -150,6 +150,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
             _, plan, rep = refine(sim0, sim1, cal, tl, cluster, hw, batch, ccfg, paper_search, a.refine)
             if plan is not None:
                 extra["neuroshard_refined"] = plan
+            refines.append({"set": name, **rep})  # every round: what was measured, and the models' ms for it before
             r0 = rep["rounds"][0] if rep["rounds"] else {}
             refined = {"refine_rounds": len(rep["rounds"]), "refine_shards": rep["shards_measured"],
                        "refine_layouts": rep["layouts_measured"], "refine_fixed_point": rep["fixed_point"],
@@ -220,7 +221,7 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
                         "written_balance_headroom": (res["step"] or {}).get("balance_headroom", np.nan),
                         "seconds": time.perf_counter() - t0})
         print(summary[-1])
-        text = write_tables(rows, summary, parts, a)  # after every set: an interrupted run keeps the sets it finished
+        text = write_tables(rows, summary, parts, a, refines)  # after every set: an interrupted run keeps the sets it finished
     print(text)
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
@@ -230,9 +231,11 @@ def _ci(s: dict, key: str) -> str:
     return f"{s[key]:.3f} [{s[key + '_lo']:.3f}, {s[key + '_hi']:.3f}]"
 
 
-def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: RealTablesConfig) -> str:
+def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: RealTablesConfig,
+                 refines: list[dict] = ()) -> str:
     """results/real_tables.{md,json} (+ .csv) for the sets measured so far; returns the markdown. The JSON also
-    holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms and its round costs (`parts`)."""
+    holds every plan's per-rank measured and simulated [compute, fw comm, bw comm] ms and its round costs (`parts`),
+    and with --refine each set's refine rounds (`refines`: what each measured, and the models' ms for it before)."""
     df, sm = pd.DataFrame(rows), pd.DataFrame(summary)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +295,8 @@ def write_tables(rows: list[dict], summary: list[dict], parts: list[dict], a: Re
     write_results(out / "real_tables.json", markdown=text,
                   record={"config": asdict(a), "spearman_before": rho0, "spearman_after": rho1,
                           "spearman_drift_corrected": rho2, "plans": json.loads(df.to_json(orient="records")),
-                          "sets": json.loads(sm.to_json(orient="records")), "per_rank_parts": parts})
+                          "sets": json.loads(sm.to_json(orient="records")), "per_rank_parts": parts,
+                          **({"refine": list(refines)} if refines else {})})
     return text
 
 
