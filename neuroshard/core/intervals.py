@@ -4,7 +4,8 @@
 ours / theirs (`ratio=True`, reported back as a geometric-mean ratio) or on the difference ours - theirs
 (`ratio=False`; `theirs=None`: the values themselves). The interval is scipy's: the Student-t interval
 (`scipy.stats.t`, n - 1 degrees of freedom) or the percentile bootstrap (`scipy.stats.bootstrap`,
-`paired=True`, pairs resampled with replacement, seeded). One pair: the interval is that value; none: NaN.
+`paired=True`, pairs resampled with replacement, seeded). Every pair the same: the interval is that value; one
+pair: the estimate, with no interval (NaN ends); none: NaN.
 
 Used by the paired comparisons of the results (`experiments/paired.py`), the measurement engine's stop rule,
 racing and ratio-to-best (`planning/measure.py`, `hardware/engine.py`) and the DCT benchmarks' tables
@@ -44,7 +45,9 @@ def paired_interval(ours, theirs=None, *, level: float = 0.95, method: str = "t"
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
     m = float(np.mean(a - b))
-    if n < 2 or np.ptp(a - b) == 0:
+    if n < 2:  # one pair shows no spread: no interval
+        return Interval(back(m), math.nan, math.nan, n)
+    if np.ptp(a - b) == 0:  # every pair the same (e.g. one plan against itself): the interval is that value
         return Interval(back(m), back(m), back(m), n)
     if method == "t":
         from scipy.stats import sem, t

@@ -27,6 +27,10 @@ def test_bootstrap_interval_narrows_with_more_tasks_and_is_exact_for_constant_ra
     many = {i: float(np.exp(rng.normal(-0.1, 0.2))) for i in range(200)}
     w = lambda p: p["ci_hi"] / p["ci_lo"]  # noqa: E731
     assert w(paired(many, {i: 1.0 for i in many})) < w(paired(few, {i: 1.0 for i in few}))
+    # one pair shows no spread, so it gets no interval (every pair the same, above, gets that value)
+    one = paired({0: 0.8}, {0: 1.0})
+    assert one["n"] == 1 and one["ratio"] == pytest.approx(0.8)
+    assert math.isnan(one["ci_lo"]) and math.isnan(one["ci_hi"])
 
 
 def test_paired_table_and_strongest():

@@ -122,7 +122,10 @@ def test_a_calibration_fits_the_step_to_dmp_steps_saves_it_and_refuses_an_edited
                              log=mlines.append, calibration=report)
     d = res["drift"]
     assert d["rounds"] == res["rounds"] >= 1 and d["groups"] == 12 and d["compute"] == d["comm"] == d["step"]
-    assert 0 < d["step"]["ci_lo"] <= d["step"]["ratio"] <= d["step"]["ci_hi"]
+    if d["rounds"] >= 2:
+        assert 0 < d["step"]["ci_lo"] <= d["step"]["ratio"] <= d["step"]["ci_hi"]
+    else:  # one round (a busy machine within the 6 s budget): the drift's estimate, with no interval
+        assert d["step"]["ratio"] > 0 and np.isnan([d["step"]["ci_lo"], d["step"]["ci_hi"]]).all()
     assert all(r["simulated_drift_ms"] == pytest.approx(r["simulated_ms"] * d["step"]["ratio"])
                for r in res["candidates"])
     assert any("TorchRec's step x" in l for l in mlines)
