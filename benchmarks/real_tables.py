@@ -196,14 +196,14 @@ def measure_sets(a: RealTablesConfig, sets: tuple[str, ...], ccfg: CalibrationCo
         ns_h = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx[best_h]])))
         ns_tr = paired(dict(enumerate(round_ms[ns])), dict(enumerate(round_ms[idx["torchrec"]]))) \
             if "torchrec" in idx else nan
-        risk = dict(refined)
+        searches = dict(refined)
         # issue 63: the risk-aware and the refined search against the paper's and the best heuristic's
         for alg, short in (("neuroshard_risk", "risk"), ("neuroshard_refined", "refined")):
             if alg in idx:
                 for key, other in ((f"{short}_vs_ns", ns), (f"{short}_vs_heuristic", idx[best_h])):
                     r = paired(dict(enumerate(round_ms[idx[alg]])), dict(enumerate(round_ms[other])))
-                    risk.update({key: r["ratio"], f"{key}_lo": r["ci_lo"], f"{key}_hi": r["ci_hi"]})
-        summary.append({"set": name, "cost": a.cost, **risk, "written": "/".join(cands[best].names), "rounds": R,
+                    searches.update({key: r["ratio"], f"{key}_lo": r["ci_lo"], f"{key}_hi": r["ci_hi"]})
+        summary.append({"set": name, "cost": a.cost, **searches, "written": "/".join(cands[best].names), "rounds": R,
                         "separated": res["separated"],
                         "best_heuristic": best_h, "vs_heuristic": vs_h["ratio"], "vs_heuristic_lo": vs_h["ci_lo"],
                         "vs_heuristic_hi": vs_h["ci_hi"], "vs_torchrec": vs_tr["ratio"],

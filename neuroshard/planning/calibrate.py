@@ -64,6 +64,15 @@ class CalibrationConfig:
 
 
 
+def refuse_implausible(values, what: str, positive: bool = True, doing: str = "calibrating") -> np.ndarray:
+    """`values` (ms) as an array, or one line saying which measured cost cannot be true (`implausible_ms`)."""
+    why = implausible_ms(values, positive)
+    if why:
+        raise UserError(f"{doing} measured a {what} cost that cannot be true ({why}): the timer or a worker "
+                        "failed; rerun the same command (nothing was saved)")
+    return np.asarray(values)
+
+
 def measure_shards(ds, hw, batch_size: int, shards, warmup: int, iters: int) -> np.ndarray:
     """Each shard's compute ms on one worker, one round of the measurement engine (`hardware.engine`)."""
     items = [[[(int(t), int(d)) for t, d in zip(*shard)]] for shard in shards]
@@ -148,10 +157,7 @@ def measure_comm(sim: Simulator, task, shards, y: np.ndarray, N: int, batch_size
     for what, values, positive in (("compute", y, True), ("forward all-to-all", fw_y, False),
                                    ("backward all-to-all", bw_y, False),
                                    *((("input distribution", in_y, True),) if in_layouts else ())):
-        why = implausible_ms(values, positive)
-        if why:
-            raise UserError(f"calibrating measured a {what} cost that cannot be true ({why}): the timer or a worker "
-                            "failed; rerun the same command (nothing was saved)")
+        refuse_implausible(values, what, positive)
     measured = {"shards": [[[int(t), int(d)] for t, d in zip(*sh)] for sh in shards],
                 "compute_ms": [float(v) for v in y],
                 "layouts": [{"dims": [int(v) for v in d], "delays_ms": [float(v) for v in w]} for d, w in layouts],

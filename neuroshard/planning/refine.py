@@ -27,12 +27,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.costs import Cluster, implausible_ms
-from ..core.errors import UserError, check_int
+from ..core.costs import Cluster
+from ..core.errors import check_int
 from ..data.table_list import TableList
 from ..sharding.plan import Placement
 from ..sharding.simulator import Simulator
-from .calibrate import CalibrationConfig, measure_layouts, measure_shards
+from .calibrate import CalibrationConfig, measure_layouts, measure_shards, refuse_implausible
 from .fine_tune import compute_arrays, copy_model, fine_tune_kept, held_out_split
 from .user_data import user_tables_dataset
 
@@ -114,24 +114,29 @@ def refine(sim0: Simulator, sim_cal: Simulator, cal_report: dict, tl: TableList,
     known = {shard_key(s) for s in shards}
     known_dims = {tuple(int(v) for v in lay["dims"]) for lay in measured["layouts"]}
     models = {"compute": sim_cal.compute, "fw": sim_cal.fw, "bw": sim_cal.bw}
+
+    def unmeasured(plan: Placement) -> tuple[list, np.ndarray, bool]:
+        """The plan's device shards nothing measured yet, its dim sums, and whether no layout of them was."""
+        dims = plan.device_dim_sums()
+        return ([s for s in device_shards(plan) if shard_key(s) not in known], dims,
+                tuple(int(v) for v in dims) not in known_dims)
+
     sim, plan, done = sim_cal, search(sim_cal), []
     with tempfile.TemporaryDirectory(prefix="neuroshard-refine-") as tmp:
         ds = None
         for r in range(rounds):
             if plan is None:
                 break
-            new = [s for s in device_shards(plan) if shard_key(s) not in known]
-            dims = plan.device_dim_sums()
-            new_layout = tuple(int(v) for v in dims) not in known_dims
+            new, dims, new_layout = unmeasured(plan)
             if not new and not new_layout:
                 break
-            rnd = RefineRound(kept={})
+            rnd = RefineRound()
             if new:
                 if ds is None:  # the same synthetic ids as calibration's (same seed)
                     ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
                 pred = sim.compute.predict(*compute_arrays(task.data_features, new))
-                got = check_measured(measure_shards(ds, hw, batch_size, new, cfg.warmup_iter, cfg.num_iter),
-                                     "compute")
+                got = refuse_implausible(measure_shards(ds, hw, batch_size, new, cfg.warmup_iter, cfg.num_iter),
+                                         "compute", doing="refining")
                 shards += new
                 y += [float(v) for v in got]
                 known |= {shard_key(s) for s in new}
@@ -146,7 +151,7 @@ def refine(sim0: Simulator, sim_cal: Simulator, cal_report: dict, tl: TableList,
                 delays = ready - ready.min()
                 fw_m, bw_m = measure_layouts([(dims, delays)], N, batch_size, hw, cfg.warmup_iter, cfg.num_iter,
                                              sim.mp_keep)
-                check_measured(np.concatenate([fw_m[0], bw_m[0]]), "all-to-all", positive=False)
+                refuse_implausible(np.concatenate([fw_m[0], bw_m[0]]), "all-to-all", False, "refining")
                 layouts.append(np.concatenate([dims, delays]).astype(np.float32))
                 fw_y.append([float(v) for v in fw_m[0]])
                 bw_y.append([float(v) for v in bw_m[0]])
@@ -165,8 +170,8 @@ def refine(sim0: Simulator, sim_cal: Simulator, cal_report: dict, tl: TableList,
                 f"refit and kept: {', '.join(k for k, v in rnd.kept.items() if v) or 'none'}")
             sim = sim_cal.with_models(**models)
             plan = search(sim)
-    fixed = plan is not None and all(shard_key(s) in known for s in device_shards(plan)) \
-        and tuple(int(v) for v in plan.device_dim_sums()) in known_dims
+    new, _, new_layout = unmeasured(plan) if plan is not None else ([None], None, True)
+    fixed = not new and not new_layout  # everything of the plan returned was measured
     report = {"rounds": [{**asdict(d), "predicted_over_measured": d.predicted_over_measured,
                           "comm_predicted_over_measured": d.comm_predicted_over_measured} for d in done],
               "fixed_point": fixed, "shards_measured": sum(len(d.measured_ms) for d in done),
@@ -176,11 +181,3 @@ def refine(sim0: Simulator, sim_cal: Simulator, cal_report: dict, tl: TableList,
         f"layout(s) measured, {'everything of the final plan measured' if fixed else 'stopped at the round limit'}, "
         f"{report['seconds']:.0f} s")
     return sim, plan, report
-
-
-def check_measured(values, what: str, positive: bool = True) -> np.ndarray:
-    why = implausible_ms(values, positive)
-    if why:
-        raise UserError(f"refining measured a {what} cost that cannot be true ({why}): the timer or a worker "
-                        "failed; rerun the same command (nothing was saved)")
-    return np.asarray(values)

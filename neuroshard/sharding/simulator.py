@@ -136,30 +136,36 @@ class Simulator:
         self.members = tuple(m if (m.cost, m.step_fit, m.coll) == (cost, step_fit, coll) else
                              Simulator(m.compute, m.fw, m.bw, cost, step_fit, m.inp, coll=coll) for m in members)
 
+    def _with(self, **changes) -> "Simulator":
+        """This simulator with the constructor arguments in `changes` replaced (checked again, as any)."""
+        args = {"compute": self.compute, "fw": self.fw, "bw": self.bw, "cost": self.cost, "step_fit": self.step_fit,
+                "inp": self.inp, "members": self.members, "coll": self.coll}
+        return Simulator(**{**args, **changes})
+
     def with_cost(self, cost: str) -> "Simulator":
         """This simulator scoring plans by `cost` ("paper" or "step"; module docstring)."""
-        return Simulator(self.compute, self.fw, self.bw, cost, self.step_fit, self.inp, self.members, self.coll)
+        return self._with(cost=cost)
 
     def with_step_fit(self, step_fit: StepFit | None) -> "Simulator":
         """This simulator with `step_fit` (None: without one) for its step cost."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, step_fit, self.inp, self.members, self.coll)
+        return self._with(step_fit=step_fit)
 
     def with_models(self, compute: SetCostModel | None = None, fw: DeviceCostModel | None = None,
                     bw: DeviceCostModel | None = None) -> "Simulator":
         """This simulator with the compute or forward / backward comm models given replaced (`planning/refine.py`'s
         refits); the members and the rest kept."""
-        return Simulator(self.compute if compute is None else compute, self.fw if fw is None else fw,
-                         self.bw if bw is None else bw, self.cost, self.step_fit, self.inp, self.members, self.coll)
+        given = {"compute": compute, "fw": fw, "bw": bw}
+        return self._with(**{k: v for k, v in given.items() if v is not None})
 
     def with_members(self, members: tuple["Simulator", ...]) -> "Simulator":
         """This simulator with these ensemble members (a calibrated simulator keeps its pre-trained models'
         members: `sharding/risk.py` uses their relative spread around its own cost)."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, members, self.coll)
+        return self._with(members=members)
 
     def with_collectives(self, coll: CollectiveModels | None) -> "Simulator":
         """This simulator pricing the row-wise and data-parallel collectives by `coll` (None: by the all-to-all
         models; module docstring). A calibrated simulator keeps its pre-trained models' collectives."""
-        return Simulator(self.compute, self.fw, self.bw, self.cost, self.step_fit, self.inp, self.members, coll)
+        return self._with(coll=coll)
 
     def input_model_note(self) -> str | None:
         """One line when the step cost prices the input distribution without its own model; else None."""
