@@ -443,13 +443,22 @@ class EvalConfig(EvalSimConfig):
                                    "modelled ratio there, with a 90 percent interval (sharding/plan_ratios.py)")
     plan_ratios_out: str | None = flag(None, "after measuring, write each algorithm's measured / modelled cost ratios "
                                        "here, for --plan_ratios of a run on other tasks")
+    ratio_tasks: str | None = flag(None, "a task file of other (training) tasks: the searches' plans for them are "
+                                   "measured interleaved with these plans, and each search's measured / modelled "
+                                   "ratio there states its plans here, as --plan_ratios would, but measured in the "
+                                   "same minutes (their rows: <results_csv stem>_ratio_tasks.csv; with "
+                                   "--plan_ratios_out the ratios are written too)")
 
     def check(self) -> "EvalConfig":
         super().check()
         check_iters(self.warmup_iter, self.num_iter)
         check_int("--rounds", self.rounds, 1, 1000)
         self.hardware.check()
-        check_not_empty(plan_ratios=self.plan_ratios, plan_ratios_out=self.plan_ratios_out)
+        check_not_empty(plan_ratios=self.plan_ratios, plan_ratios_out=self.plan_ratios_out,
+                        ratio_tasks=self.ratio_tasks)
+        if self.ratio_tasks and self.plan_ratios:
+            raise UserError("--ratio_tasks and --plan_ratios both say where the stated costs' ratios come from; "
+                            "give one of them")
         return self
 
 

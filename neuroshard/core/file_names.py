@@ -90,6 +90,12 @@ def eval_results_path(results_dir: str | Path, tag: str | int) -> Path:
     return Path(results_dir) / f"eval_{tag}.csv"
 
 
+def ratio_results_path(results_csv: str | Path) -> Path:
+    """Step 6's rows of the --ratio_tasks plans beside its results CSV: <stem>_ratio_tasks.csv."""
+    path = Path(results_csv)
+    return path.with_name(f"{path.stem}_ratio_tasks.csv")
+
+
 def meta_path(path: str | Path) -> Path:
     """The provenance sidecar of a results file: <file>.meta.json beside it."""
     path = Path(path)

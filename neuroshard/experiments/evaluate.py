@@ -24,7 +24,8 @@ from ..core.artifacts import (RecordLog, check_output_file, check_outputs, file_
                               write_results)
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
-from ..core.file_names import RESULTS_DIR, eval_results_path, meta_path, progress_path, sim_results_path
+from ..core.file_names import (RESULTS_DIR, eval_results_path, meta_path, progress_path, ratio_results_path,
+                               sim_results_path)
 from ..core.costs import Cluster, Cost, implausible_ms
 from ..data.dataset import DLRMDataset
 from ..data.tasks import ShardingTask, load_tasks
@@ -84,6 +85,8 @@ def _progress_problem(r: dict, N: int) -> str | None:
             return f"no {key!r}"
         if not isinstance(r[key], kind) or isinstance(r[key], bool):
             return f"{key!r} is a {type(r[key]).__name__}"
+    if r.get("split", "") not in ("", "ratio"):  # "ratio": a --ratio_tasks plan (no "split": one under test)
+        return f"'split' is {str(r['split'])[:20]!r}"
     try:
         json.dumps(r["plan"])
         costs = [np.asarray(r[k], dtype=np.float64) for k in ("compute_ms", "fw_ms", "bw_ms", "round_costs")]
@@ -215,8 +218,36 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     return rows
 
 
+def _ratio_tasks(cfg: EvalConfig, ds: DLRMDataset, cluster: Cluster, algs: list[str]) -> tuple[list, list[str]]:
+    """(--ratio_tasks' tasks, the searches of `algs` measured on them); ([], []) without the flag."""
+    if not cfg.ratio_tasks:
+        return [], []
+    if Path(cfg.ratio_tasks).resolve() == Path(cfg.task_path).resolve():
+        raise UserError(f"--ratio_tasks names the --task_path file ({cfg.task_path}): the ratios would be fitted on "
+                        "the plans they state; name other tasks (the pipeline's training tasks)")
+    searches = [a for a in algs if a in SEARCHES]
+    if not searches:
+        raise UserError(f"--ratio_tasks states the searches' plans ({', '.join(sorted(SEARCHES))}), and --alg names "
+                        "none of them; add one to --alg, or leave out --ratio_tasks")
+    _, _, tasks = _load_inputs(cfg.data_dir, cfg.ratio_tasks, cluster, cfg.batch_size)
+    return tasks, searches
+
+
+def _interleaved(groups: dict[str, dict[int, dict]]) -> dict:
+    """The plans of every group ({split: {task: {key: plan}}}) in one order in which each split's tasks are spread
+    evenly over the whole measurement (task i of n at (i + 0.5) / n), so a split measured beside another sees the
+    machine's speed of the same minutes."""
+    order = sorted(((i + 0.5) / len(tasks), split, t) for split, tasks in groups.items()
+                   for i, t in enumerate(tasks))
+    return {k: v for _, split, t in order for k, v in groups[split][t].items()}
+
+
 def eval_hardware(cfg: EvalConfig) -> list[dict]:
-    """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable)."""
+    """Step 6: measured cost of every (task, algorithm) plan on hardware -> results CSV (resumable).
+
+    With --ratio_tasks, the searches' plans for those tasks are measured in the same run, spread evenly among the
+    plans under test, and each search's measured / modelled ratio over them states its plans here
+    (sharding/plan_ratios.py); their rows go to `ratio_results_path(csv)`."""
     cfg.check()
     algs = expand_algs(cfg.alg)
     out = Path(cfg.results_csv or eval_results_path(RESULTS_DIR, algs_file_tag(algs)))
@@ -232,87 +263,125 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, cfg.batch_size)
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
+    ratio_tasks, ratio_algs = _ratio_tasks(cfg, ds, cluster, algs)
+    ratio_out = ratio_results_path(out) if ratio_tasks else None
     paths = cfg.models.paths(N, cfg.mp_keep)
     # every file written, refused now if it could not be, or if it would replace another or an input
     check_outputs({"--results_csv": out, "the results' provenance file": meta_path(out),
-                   "the results' progress log": progress_path(out), "--plan_ratios_out": cfg.plan_ratios_out},
-                  {"--task_path": task_path, "--plan_ratios": cfg.plan_ratios,
+                   "the results' progress log": progress_path(out), "--plan_ratios_out": cfg.plan_ratios_out,
+                   "the --ratio_tasks results": ratio_out,
+                   "their provenance file": meta_path(ratio_out) if ratio_out else None},
+                  {"--task_path": task_path, "--plan_ratios": cfg.plan_ratios, "--ratio_tasks": cfg.ratio_tasks,
                    **{f"cost model {p}": p for p in paths}})
     sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity
     algs = without_unavailable(algs, cfg.alg, sim)
     ratios, ratios_read = _plan_ratios(cfg, sim, N, paths, algs)
-    rows, plans, negative = [], {}, []
-    for row, task, res in shard_rows(make_sharders(algs, sim, search, batch, seed), tasks, cluster):
-        row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
-            if sim is not None and not res.oom else float("nan")
-        row.update(_stated(sim, task, res, row["sim_cost_ms"], ratios.get(row["alg"])))
-        rows.append(row)
-        if not res.oom:
-            plans[(row["alg"], row["task"])] = (plan_device_tables(task, res.plan), row["plan"])
+    entries, negative = [], []  # (split, row, task, result): split "" for the tasks under test, "ratio" for --ratio_tasks
+    groups: dict[str, dict[int, dict]] = {"": {}, "ratio": {}}
+    for split, task_list, names in (("", tasks, algs), ("ratio", ratio_tasks, ratio_algs)):
+        if not task_list:
+            continue
+        for row, task, res in shard_rows(make_sharders(names, sim, search, batch, seed), task_list, cluster):
+            row["sim_cost_ms"] = checked_cost(sim.plan_cost(task, res.plan), paths, row, negative).cost_ms \
+                if sim is not None and not res.oom else float("nan")
+            entries.append((split, row, task, res))
+            if not res.oom:
+                groups[split].setdefault(row["task"], {})[(split, row["alg"], row["task"])] = \
+                    (plan_device_tables(task, res.plan), row["plan"])
+    plans = _interleaved(groups)
     warn_negative(negative, paths)
     settings = {**hw.describe(), "batch_size": batch, "ndevices": N, "max_mem_gb": float(max_mem),
                 "warmup_iter": warmup_iter, "num_iter": num_iter, "rounds": rounds, "mp_keep": cfg.mp_keep,
                 "dataset_fingerprint": ds.fingerprint,
-                "tasks_fingerprint": _tasks_fingerprint(tasks)}
+                "tasks_fingerprint": _tasks_fingerprint(tasks),
+                "ratio_tasks_fingerprint": _tasks_fingerprint(ratio_tasks) if ratio_tasks else None}
     log_path = progress_path(out)
     log = _open_progress(log_path, settings, N, cfg.salvage)
     measured: dict[tuple, Measured] = {}
     try:
         for r in log.records:
-            key = (r["alg"], r["task"])
+            key = (r.get("split", ""), r["alg"], r["task"])
             if key in plans and json.dumps(plans[key][1]) == json.dumps(r["plan"]):
                 measured[key] = Measured(r["round_costs"],
                                          parts_ms=np.stack([r["compute_ms"], r["fw_ms"], r["bw_ms"]], axis=1))
         todo = {k: v[0] for k, v in plans.items() if k not in measured}
-        print(f"measuring {len(todo)} plans on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
+        n_ratio = sum(1 for k in todo if k[0])
+        also = (f" (+ {n_ratio} {', '.join(ratio_algs)} plans of the {len(ratio_tasks)} --ratio_tasks, spread "
+                "among them)" if ratio_tasks else "")
+        print(f"measuring {len(todo) - n_ratio} plans{also} on {N} ranks ({hw.backend}/{hw.device}, batch {batch}, "
               f"{mp_text(cfg.mp_keep)} all-to-all, each task's plans "
               f"interleaved in {rounds} rounds of {warmup_iter} warm-up + {max(1, num_iter // rounds)} timed iterations)"
               + (f"; {len(measured)} already measured in {log_path}" if measured else ""))
 
         def on_result(key, m: Measured):
+            what = f"{'--ratio_tasks ' if key[0] else ''}task {key[2]}'s {key[1]} plan"
             why = implausible_ms(m.parts.per_device_ms, positive=True) or implausible_ms(m.round_ms, positive=True)
             if why:
-                raise UserError(f"task {key[1]}'s {key[0]} plan measured a cost that cannot be true ({why}): a timer "
+                raise UserError(f"{what} measured a cost that cannot be true ({why}): a timer "
                                 f"or rank failed; rerun the same command (the {len(log.records)} plans measured "
                                 f"before it are kept in {log_path})")
-            log.append({"alg": key[0], "task": key[1], "plan": plans[key][1], "compute_ms": m.compute_ms,
-                        "fw_ms": m.fw_ms, "bw_ms": m.bw_ms, "round_costs": list(m.round_ms)})
+            log.append({"split": key[0], "alg": key[1], "task": key[2], "plan": plans[key][1],
+                        "compute_ms": m.compute_ms, "fw_ms": m.fw_ms, "bw_ms": m.bw_ms, "round_costs": list(m.round_ms)})
             measured[key] = m
             bar.update()
 
         engine = EngineSettings(str(ds.path), hw, batch, warmup_iter, max(1, num_iter // rounds), cfg.mp_keep,
                                 shuffle=False)
         with tqdm(total=len(todo), desc="plans") as bar:
-            measure_plans(engine, todo, N, rounds, on_result=on_result, gpu_ids=gpu_ids, group_of=lambda key: key[1])
+            measure_plans(engine, todo, N, rounds, on_result=on_result, gpu_ids=gpu_ids,
+                          group_of=lambda key: key[::2])
     finally:
         log.close()
-    for r in rows:
-        m = measured.get((r["alg"], r["task"]))
+    for split, r, _, _ in entries:
+        m = measured.get((split, r["alg"], r["task"]))
         r["cost_ms"] = m.cost_ms if m else float("nan")
         if m:
             rc = m.round_ms
             lo, hi = m.interval()
             r.update(compute_ms=m.compute_ms, fw_ms=m.fw_ms, bw_ms=m.bw_ms, round_costs_ms=rc, cost_ci_lo_ms=lo,
                      cost_ci_hi_ms=hi, spread_pct=float(100 * (rc.max() - rc.min()) / np.median(rc)))
+    rows = [r for split, r, _, _ in entries if not split]
+    ratio_rows = [r for split, r, _, _ in entries if split]
+    made_with = dict(**settings, seed=seed, dataset=str(ds.path), models=[str(p) for p in paths] if sim else None,
+                     search=search.__dict__)
+    if ratio_tasks:
+        fitted = PlanRatios.fit(ratio_rows, N, paths)
+        ratios = fitted.ratios
+        _print_ratios(fitted, f"--ratio_tasks {cfg.ratio_tasks}")
+        missing = [a for a in ratio_algs if a not in ratios]
+        if missing:
+            print(f"note: no --ratio_tasks plan of {', '.join(missing)} has both costs (all out of memory?): its "
+                  "plans are stated at the models' cost, with the ensemble members' spread as the interval")
+    for split, r, task, res in entries:
+        if not split:
+            r.update(_stated(sim, task, res, r["sim_cost_ms"], ratios.get(r["alg"])))
     if cfg.plan_ratios_out is not None:  # before the CSV: a run stopped in between measures nothing again
-        fitted = PlanRatios.fit(rows, N, paths)
+        fitted = PlanRatios.fit(ratio_rows if ratio_tasks else rows, N, paths)
         if not fitted.ratios:
             raise UserError(f"--plan_ratios_out: none of the plans has both a models' cost and a measured cost (every "
                             f"task out of memory at --max_mem {max_mem}?), so there are no ratios to write; give the "
                             "tasks room, or leave out --plan_ratios_out")
-        fitted.save(cfg.plan_ratios_out, task_path=str(task_path), results_csv=str(out), **settings)
-        for alg, r in fitted.ratios.items():
-            ends = ("too few plans for an interval" if r.lo is None else
-                    f"interval x [{r.lo:.3f}, {r.hi:.3f}] (nominal level {r.nominal_level:.1%})")
-            print(f"{alg}: measured / modelled cost over {r.plans} plans: median {r.median:.3f}, {ends}")
+        fitted.save(cfg.plan_ratios_out, task_path=str(cfg.ratio_tasks or task_path),
+                    results_csv=str(ratio_out or out), **settings)
+        if not ratio_tasks:
+            _print_ratios(fitted, str(task_path))
         print(f"plan ratios -> {cfg.plan_ratios_out}")
-    write_results(out, rows, **settings, seed=seed, task_path=str(task_path), dataset=str(ds.path),
-                  models=[str(p) for p in paths] if sim else None, search=search.__dict__,
-                  plan_ratios=ratios_read)
-    log_path.unlink(missing_ok=True)  # the CSV now holds every result
+    if ratio_tasks:
+        write_results(ratio_out, ratio_rows, **made_with, task_path=str(cfg.ratio_tasks))
+    write_results(out, rows, **made_with, task_path=str(task_path),
+                  plan_ratios=ratios_read or ({"ratio_tasks": cfg.ratio_tasks, "results_csv": str(ratio_out)}
+                                              if ratio_tasks else None))
+    log_path.unlink(missing_ok=True)  # the CSVs now hold every result
     summary = summarize(rows, "cost_ms")
     print_summary(summary, f"measured cost on hardware ({len(tasks)} tasks) -> {out}")
     for s in summary:
         print(f"{s['alg']}: average cost {s['mean_cost_ms']:.3f} ms  Valid {s['valid']} / {s['total']}")
     print_paired(rows, "cost_ms")
     return rows
+
+
+def _print_ratios(fitted: PlanRatios, where: str) -> None:
+    for alg, r in fitted.ratios.items():
+        ends = ("too few plans for an interval" if r.lo is None else
+                f"interval x [{r.lo:.3f}, {r.hi:.3f}] (nominal level {r.nominal_level:.1%})")
+        print(f"{alg}: measured / modelled cost over {r.plans} plans of {where}: median {r.median:.3f}, {ends}")

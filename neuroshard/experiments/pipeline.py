@@ -21,19 +21,17 @@ from ..core.errors import UserError
 from ..core.file_names import (COST_DATA_DIR, DATASET_DIR, DATASET_TABLES, FAMILY_TABLES_DIR, MODELS_DIR, RESULTS_DIR,
                                TASKS_DIR, collective_model_path, comm_data_path, comm_model_paths, compute_data_path,
                                compute_model_path, eval_results_path, input_model_path, meta_path, model_files,
-                               plan_ratios_path, sim_results_path, tasks_path)
+                               plan_ratios_path, ratio_results_path, sim_results_path, tasks_path)
 from ..data.dataset import build_dataset
 from ..data.tasks import make_task_file
 from ..hardware.collect import collect_comm, collect_compute
 from ..hardware.comm_bench import torchrec_available
 from ..models.ensemble import member_files, train_members
 from ..models.fitting import train_comm_models, train_compute_model
-from ..sharding.registry import SEARCHES
 from .evaluate import eval_hardware, eval_simulator
 from .summary_report import write_report
 
 
-RATIO_ALGS = tuple(sorted(SEARCHES))  # the algorithms whose plans the models select: measured on the training tasks
 
 
 @dataclass
@@ -107,14 +105,13 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
                                T_range=P.T_range, gpu_devices=gpus)
         tm = TrainCommConfig(data_dir=str(cost), ndevices=N, fw_out_path=str(fw), bw_out_path=str(bw), fit=fit)
         sim_csv, eval_csv = sim_results_path(results, N), eval_results_path(results, N)
-        train_csv, ratios = eval_results_path(results, f"train_{N}"), plan_ratios_path(models, N)
+        ratios = plan_ratios_path(models, N)
         sim = EvalSimConfig(**task_kw, results_csv=str(sim_csv))
-        measure_kw = dict(warmup_iter=P.eval_warmup, num_iter=P.eval_iters, rounds=P.eval_rounds,
-                          hardware=HardwareConfig(gpu_devices=gpus))
-        # the searches' plans for the training tasks, measured right before the test tasks' (sharding/plan_ratios.py)
-        ev_train = EvalConfig(**{**task_kw, "task_path": str(tasks_path(tasks, "train")), "alg": RATIO_ALGS},
-                              results_csv=str(train_csv), plan_ratios_out=str(ratios), **measure_kw)
-        ev = EvalConfig(**task_kw, results_csv=str(eval_csv), plan_ratios=str(ratios), **measure_kw)
+        # the searches' plans for the training tasks are measured spread among the test tasks' plans, and state the
+        # searches' costs of the test plans (sharding/plan_ratios.py)
+        ev = EvalConfig(**task_kw, results_csv=str(eval_csv), ratio_tasks=str(tasks_path(tasks, "train")),
+                        plan_ratios_out=str(ratios), warmup_iter=P.eval_warmup, num_iter=P.eval_iters,
+                        rounds=P.eval_rounds, hardware=HardwareConfig(gpu_devices=gpus))
         steps += [
             Step(f"3 comm cost data ({N} devices)", _cmd("collect_comm_cost_data.py", cm),
                  lambda cm=cm: collect_comm(cm), redo_removes=[comm_data_path(cost, N)]),
@@ -125,10 +122,8 @@ def build_steps(cfg: PipelineConfig) -> list[Step]:
             _ensemble_step(cost, data, models, N, fit),
             Step(f"5 simulate all algorithms ({N} devices)", _cmd("eval_simulator.py", sim),
                  lambda sim=sim: eval_simulator(sim), [sim_csv]),
-            Step(f"6 plan cost ratios on the training tasks ({N} devices)", _cmd("eval.py", ev_train),
-                 lambda ev_train=ev_train: eval_hardware(ev_train), [train_csv, ratios]),
             Step(f"6 measure all algorithms ({N} devices)", _cmd("eval.py", ev),
-                 lambda ev=ev: eval_hardware(ev), [eval_csv]),
+                 lambda ev=ev: eval_hardware(ev), [eval_csv, ratio_results_path(eval_csv), ratios]),
         ]
     return steps
 

@@ -125,7 +125,7 @@ def _method(r: dict) -> str:
 
 def stated_lines(rows: list[dict]) -> list[str]:
     """The median stated / measured cost of the algorithms whose stated cost is their training plans' ratio x the
-    models' cost (eval.py --plan_ratios)."""
+    models' cost (eval.py --ratio_tasks or --plan_ratios)."""
     by_alg: dict[str, list[float]] = {}
     for r in rows:
         if _method(r) == STATED_BY_RATIO and np.isfinite(r.get("pred_ms", np.nan)):
@@ -133,14 +133,14 @@ def stated_lines(rows: list[dict]) -> list[str]:
     if not by_alg:
         return []
     return ["Median stated / measured cost, where the stated cost is the models' cost x the median measured / "
-            "modelled ratio of the algorithm's plans for the training tasks (eval.py --plan_ratios; the pipeline "
-            "measures them right before the test tasks): "
+            "modelled ratio of the algorithm's plans for the training tasks (eval.py --ratio_tasks: the pipeline "
+            "measures them spread among the test tasks' plans): "
             + ", ".join(f"{a} {np.median(v):.3f} ({len(v)})" for a, v in by_alg.items()) + ".", ""]
 
 
 def coverage_lines(rows: list[dict]) -> list[str]:
     """How often each plan's stated 90% interval held its measured cost, by algorithm, with the interval's method
-    (the training plans' ratio from eval.py --plan_ratios, or the ensemble members' spread,
+    (the training plans' ratio from eval.py --ratio_tasks or --plan_ratios, or the ensemble members' spread,
     `sharding/risk.predicted_interval`)."""
     ok = [r for r in rows if np.isfinite(r.get("pred_lo_ms", np.nan)) and np.isfinite(r.get("pred_hi_ms", np.nan))]
     if not ok:

@@ -124,6 +124,7 @@ CASES = {
         ("--mp_keep", "1.5", "--mp_keep must be a finite number > 0 and <= 1, got 1.5"),
         ("--plan_ratios", "", "--plan_ratios is empty; name a file, or leave the flag out for its default"),
         ("--plan_ratios_out", " ", "--plan_ratios_out is empty; name a file, or leave the flag out for its default"),
+        ("--ratio_tasks", "", "--ratio_tasks is empty; name a file, or leave the flag out for its default"),
         ("--plan_ratios", "r.json", "--plan_ratios needs the cost models the plans are rated with (models/compute.pt, "
                                      "models/comm_4_fw.pt, models/comm_4_bw.pt); train them first (make reproduce "
                                      "does), or leave the flag out"),
@@ -211,3 +212,27 @@ def test_plan_ratios_out_that_cannot_be_written_is_refused_before_measuring(smal
     refused(capsys, "eval.py", *base, "--plan_ratios_out", target,
             match=re.escape(f"error: --plan_ratios_out {target}: {tmp_path / 'a_file'} is a file, not a folder; ")
             + ".*", untouched=[tmp_path])
+
+
+def test_ratio_tasks_that_cannot_state_these_plans_are_refused(small_dataset, tmp_path, capsys):
+    """--ratio_tasks: beside --plan_ratios, naming the tasks under test, with no search in --alg, or naming a file
+    the run writes: one line each, before anything is measured or written."""
+    base = [str(a) for a in _base("eval.py", small_dataset, tmp_path)]
+    tasks = base[base.index("--task_path") + 1]
+    save_tasks(tmp_path / "train.pkl", [{"table_ids": np.arange(6), "dims": np.full(6, 16)}], small_dataset)
+    (tmp_path / "r.json").write_text("{}")
+    refused(capsys, "eval.py", *base, "--ratio_tasks", tmp_path / "train.pkl", "--plan_ratios", tmp_path / "r.json",
+            match=re.escape("error: --ratio_tasks and --plan_ratios both say where the stated costs' ratios come "
+                            "from; give one of them"), untouched=[tmp_path])
+    refused(capsys, "eval.py", *base, "--ratio_tasks", tasks,
+            match=re.escape(f"error: --ratio_tasks names the --task_path file ({tasks}): the ratios would be fitted "
+                            "on the plans they state; name other tasks (the pipeline's training tasks)"), untouched=[tmp_path])
+    refused(capsys, "eval.py", *base, "--ratio_tasks", tmp_path / "train.pkl",
+            match=re.escape("error: --ratio_tasks states the searches' plans (neuroshard, neuroshard_risk), and --alg "
+                            "names none of them; add one to --alg, or leave out --ratio_tasks"), untouched=[tmp_path])
+    refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", tmp_path / "r.json",
+            match=re.escape(f"error: {tmp_path / 'r.json'} is not a readable task file") + ".*", untouched=[tmp_path])
+    results = base[base.index("--results_csv") + 1]
+    refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", tmp_path / "train.pkl",
+            "--plan_ratios_out", results[:-len(".csv")] + "_ratio_tasks.csv",
+            match=re.escape("error: --plan_ratios_out and the --ratio_tasks results both name ") + ".*", untouched=[tmp_path])

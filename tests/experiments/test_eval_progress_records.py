@@ -37,6 +37,8 @@ BAD = {
     "NaN cost": lambda: {**_good(5), "compute_ms": np.array([math.nan, 1.0])},
     "inf round": lambda: {**_good(5), "round_costs": [math.inf]},
     "negative cost": lambda: {**_good(5), "bw_ms": [-1.0, 0.0]},
+    "unknown split": lambda: {**_good(5), "split": "test"},
+    "split of a list": lambda: {**_good(5), "split": ["ratio"]},
 }
 
 

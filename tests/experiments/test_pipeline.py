@@ -34,11 +34,12 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     assert "Simulator fidelity" in text and "neuroshard" in text and (done / "results/summary.png").stat().st_size
     assert "**neuroshard: measured cost" in text and "**neuroshard_risk: measured cost" in text
     assert sorted(p.name for p in (done / "models/ensemble").iterdir()) == ["b1", "b2", "b3", "b4", "b5"]
-    # the searches' plans for the training tasks, measured: each test plan of theirs is stated at the models' cost x
-    # their median measured / modelled ratio (2 training plans give no 90% interval); the others keep the spread
+    # the searches' plans for the training tasks, measured among the test plans: each test plan of theirs is stated at
+    # the models' cost x their median measured / modelled ratio (2 training plans give no 90% interval); the others
+    # keep the spread
     models = [done / "models" / f for f in ("compute.pt", "comm_2_fw.pt", "comm_2_bw.pt")]
     ratios = PlanRatios.load(done / "models/plan_ratios_2.json", 2, models, "").ratios
-    train = pd.read_csv(done / "results/eval_train_2.csv")
+    train = pd.read_csv(done / "results/eval_2_ratio_tasks.csv")
     assert set(ratios) == set(train.alg) == {"neuroshard", "neuroshard_risk"}
     for alg, r in ratios.items():
         got = train[train.alg == alg]
@@ -59,7 +60,7 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     shutil.copytree(done, tmp_path, dirs_exist_ok=True)
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     second = capsys.readouterr().out
-    assert second.count("skipped") == 11  # every step with outputs; the four collectors always run
+    assert second.count("skipped") == 10  # every step with outputs; the four collectors always run
     assert (done / "models/comm_2_input.pt").is_file()  # the step cost's input-distribution model
     coll = CollectiveModels.load(done / "models/comm_2_collectives.json")  # and the collectives' costs
     assert coll.num_devices == 2 and coll.batch_size == 256
@@ -68,7 +69,7 @@ def test_pipeline_runs_resumes_and_reports(tiny, tiny_pipeline, tmp_path, capsys
     (tmp_path / "results/eval_2.csv").unlink()
     run_pipeline(PipelineConfig("tiny", str(tmp_path)))
     third = capsys.readouterr().out
-    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 10
+    assert "eval.py" in third and "eval_simulator.py" not in third and third.count("skipped") == 9
     # --force redoes every step, collections included: each step starts with its outputs and the data it would
     # continue removed, as the first run started (what a step then does from nothing is the first run's). Here each
     # step checks that, then puts back the first run's files for the report.
@@ -114,3 +115,48 @@ def test_plan_ratios_with_no_plan_to_fit_and_for_other_algorithms(tiny, tiny_pip
                                     plan_ratios=str(w / "models/plan_ratios_2.json")))
     assert "has no ratio for dim_greedy: their plans are stated at the models' cost" in capsys.readouterr().out
     assert {r["stated_by"] for r in rows if not r["oom"]} == {"members' spread"}
+
+
+def test_ratio_tasks_resume_from_the_progress_log(tiny, tiny_pipeline, tmp_path, capsys, monkeypatch):
+    """--ratio_tasks' plans are kept in the progress log beside the plans under test: a run stopped before its CSVs
+    are written measures nothing again, and states the searches' plans from the ratio tasks' rows it kept."""
+    from neuroshard.core.config import CostModelFiles, EvalConfig
+    from neuroshard.experiments import evaluate
+
+    w = tiny_pipeline.work
+    models = CostModelFiles(str(w / "models/compute.pt"), str(w / "models/comm_2_fw.pt"), str(w / "models/comm_2_bw.pt"))
+    cfg = EvalConfig(data_dir=str(w / "data/dlrm_datasets"), task_path=str(w / "data/tasks/test.pkl"), ndevices=2,
+                     models=models, warmup_iter=0, num_iter=1, rounds=1, max_mem=TINY.max_mem,
+                     alg=("neuroshard", "dim_greedy"), ratio_tasks=str(w / "data/tasks/train.pkl"),
+                     results_csv=str(tmp_path / "e.csv"))
+    write = evaluate.write_results
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "write_results", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.eval_hardware(cfg)
+    first = capsys.readouterr().out
+    n_test, n_ratio = 2 * TINY.num_test_tasks, TINY.num_train_tasks
+    assert f"measuring {n_test} plans (+ {n_ratio} neuroshard plans of the {n_ratio} --ratio_tasks, spread" in first
+    assert (tmp_path / "e.csv.progress.pkl").exists() and not (tmp_path / "e.csv").exists()
+    monkeypatch.setattr(evaluate, "write_results", write)
+    rows = evaluate.eval_hardware(cfg)
+    again = capsys.readouterr().out
+    assert "measuring 0 plans (+ 0 neuroshard plans" in again and f"{n_test + n_ratio} already measured" in again
+    kept = pd.read_csv(tmp_path / "e_ratio_tasks.csv")
+    assert list(kept.alg) == ["neuroshard"] * n_ratio and (kept.cost_ms > 0).all()
+    median = float(np.median(kept.cost_ms / kept.sim_cost_ms))
+    ours = [r for r in rows if r["alg"] == "neuroshard"]
+    assert {r["stated_by"] for r in ours} == {"training plans' ratio"}
+    assert np.allclose([r["pred_ms"] / r["sim_cost_ms"] for r in ours], median, rtol=3e-5)
+    assert not (tmp_path / "e.csv.progress.pkl").exists()
+
+
+def test_ratio_tasks_are_spread_over_the_measurement():
+    from neuroshard.experiments.evaluate import _interleaved
+
+    groups = {"": {t: {("", "a", t): t} for t in range(6)}, "ratio": {t: {("ratio", "a", t): t} for t in range(3)}}
+    order = [k[::2] for k in _interleaved(groups)]
+    assert order == [("", 0), ("ratio", 0), ("", 1), ("", 2), ("ratio", 1), ("", 3), ("", 4), ("ratio", 2), ("", 5)]

@@ -15,7 +15,7 @@ GOOD = "alg,task,oom,cost_ms,search_s,sim_cost_ms\nneuroshard,0,False,1.5,0.1,1.
 def _work(tmp_path, sim=GOOD, ev=GOOD, meta='{"device": "cpu"}'):
     res = tmp_path / "results"
     res.mkdir(exist_ok=True)
-    for name, text in (("sim_4.csv", sim), ("eval_4.csv", ev), ("eval_train_4.csv", GOOD)):
+    for name, text in (("sim_4.csv", sim), ("eval_4.csv", ev), ("eval_4_ratio_tasks.csv", GOOD)):
         if text is not None:
             (res / name).write_bytes(text if isinstance(text, bytes) else text.encode())
             (res / f"{name}.meta.json").write_text(meta)
