@@ -268,6 +268,7 @@ class CommRankSettings:
     input_dist: bool = False      # TorchRec's input distribution instead of the pooled all-to-alls
     input_layouts: tuple | None = None  # with input_dist: per index the ranks' pooling factors (else sampled)
     collectives: bool = False     # the row-wise and data-parallel collectives instead (`measure_collectives`)
+    collective_widths: tuple | None = None  # with collectives: per index the width (else sampled)
 
 
 def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
@@ -277,7 +278,8 @@ def comm_rank(rank: int, world: int, emit, settings: CommRankSettings) -> None:
     warmup, iters, mp_keep = s.warmup, s.iters, s.mp_keep
     for index in indices:
         if s.collectives:
-            width = sample_collective_width(index, sample_args["seed"])
+            width = s.collective_widths[index] if s.collective_widths is not None else \
+                sample_collective_width(index, sample_args["seed"])
             ms = measure_collectives(width, batch_size, device, warmup, iters)
             if rank == 0:
                 emit({"index": index, "width": width, **ms})

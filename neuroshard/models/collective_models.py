@@ -110,13 +110,14 @@ def fit_collective(widths, ms) -> CollectiveCost:
     coefficients kept >= 0), with its median absolute relative error on the fifth."""
     w, y = np.asarray(widths, np.float64), np.asarray(ms, np.float64)
     held = np.arange(len(w)) % 5 == 4
-    fit = _relative_fit(w[~held], y[~held])
+    fit = relative_fit(w[~held], y[~held])
     pred = fit.predict_np(w[held])
     mape = float(np.median(np.abs(pred - y[held]) / y[held])) if held.any() else None
     return CollectiveCost(fit.latency_ms, fit.ms_per_width, mape)
 
 
-def _relative_fit(w: np.ndarray, y: np.ndarray) -> CollectiveCost:
+def relative_fit(w: np.ndarray, y: np.ndarray) -> CollectiveCost:
+    """`ms = latency + ms_per_width x w` by least squares on relative error, both coefficients kept >= 0."""
     X = np.stack([np.ones_like(w), w], axis=1) / y[:, None]
     (a, b), *_ = np.linalg.lstsq(X, np.ones_like(y), rcond=None)
     if a < 0:  # no fixed part: through the origin

@@ -7,9 +7,11 @@ Pre-train, **calibrate**, search, verify. `calibrate`:
    (one worker, one thread, cache flushed, median of `num_iter` after `warmup_iter`);
 3. measures all-to-all layouts of the user's dims (`comm_layouts`) on N ranks, on the all-to-all the comm models
    were trained on (DCT-MP's compressed one for `--mp_keep` models), and with an input-distribution model as
-   many layouts of TorchRec's input distribution (`input_layouts`);
+   many layouts of TorchRec's input distribution (`input_layouts`), and with the collectives' costs as many
+   widths of the row-wise and data-parallel collectives (`collective_widths`);
 4. fine-tunes each model on two thirds of its measurements and keeps it only where its held-out error is not
-   worse than the pre-trained one's (`fine_tune.py`);
+   worse than the pre-trained one's (`fine_tune.py`); each collective's line is fitted afresh on its two thirds
+   and kept by the same rule;
 5. keeps a drift reference of the held-out shards (`drift_reference`), which `--measure` measures one group a
    round, so a machine that got faster or slower since calibrating shows as a ratio;
 6. with `dmp_plans`, measures random plans as TorchRec steps and fits the step cost to them (`step_fit.py`).
@@ -31,13 +33,14 @@ from ..core.config import (CALIBRATE_DMP_ROUNDS, CALIBRATE_NUM_ITER, CALIBRATE_W
 from ..core.errors import UserError, check_int
 from ..core.costs import Cluster, implausible_ms
 from ..data.table_list import TableList
-from ..hardware.comm_bench import CommRankSettings, comm_rank, torchrec_available
+from ..hardware.comm_bench import COLLECTIVES, CommRankSettings, comm_rank, torchrec_available
 from ..hardware.engine import EngineSettings, Layout, measure_fixed
 from ..hardware.launch import run_processes
 from ..sharding.simulator import Simulator
-from .calibration_sampling import (MIN_SPREAD_MS, comm_layouts, drift_reference, input_layouts, reference_layouts,
-                                   sample_user_shards)
-from .fine_tune import copy_model, fine_tune_compute, fine_tune_kept, held_out_split
+from ..models.collective_models import CollectiveCost, CollectiveModels, relative_fit
+from .calibration_sampling import (MIN_SPREAD_MS, collective_widths, comm_layouts, drift_reference, input_layouts,
+                                   reference_layouts, sample_user_shards)
+from .fine_tune import copy_model, fine_tune_compute, fine_tune_kept, held_out_error, held_out_split
 from .step_fit import fit_to_steps, measure_plans_dmp, sample_user_plans
 from .user_data import user_tables_dataset
 
@@ -103,6 +106,17 @@ def measure_input_layouts(layouts, N: int, batch_size: int, hw, warmup: int, ite
 
 
 
+def measure_collective_widths(widths, N: int, batch_size: int, hw, warmup: int, iters: int) -> dict[str, np.ndarray]:
+    """Per collective of `COLLECTIVES` every rank's ms at each width ({name: [len, N]}), on N ranks, as the
+    collectives collector measures them (`comm_bench.comm_rank`)."""
+    got: dict[int, dict] = {}
+    settings = CommRankSettings(list(range(len(widths))), {"seed": 0}, batch_size, hw.device, warmup, iters,
+                                collectives=True, collective_widths=tuple(int(w) for w in widths))
+    run_processes(comm_rank, N, (settings,), lambda m: got.__setitem__(int(m["index"]), m), group_device=hw.device)
+    return {name: np.array([got[i][f"{name}_ms"] for i in range(len(widths))], np.float64) for name in COLLECTIVES}
+
+
+
 def calibrate(sim: Simulator, tl: TableList, cluster: Cluster, hw, batch_size: int, cfg: CalibrationConfig,
               ids_path=None, log=print) -> tuple[Simulator, dict]:
     """Measure, fine-tune and check (module docstring); returns the calibrated simulator and a report."""
@@ -114,7 +128,8 @@ def calibrate(sim: Simulator, tl: TableList, cluster: Cluster, hw, batch_size: i
     log(f"calibrating: measuring {len(shards)} shards of these tables (the heaviest tables alone, the rest "
         f"random; {cfg.warmup_iter} warm-up + {cfg.num_iter} timed iterations each, {hw.backend}/{hw.device}) "
         f"and {cfg.comm_layouts} all-to-all layouts of their dims on {N} ranks"
-        f"{' (and of their input distribution)' if sim.inp is not None else ''}")
+        f"{' (and of their input distribution)' if sim.inp is not None else ''}"
+        f"{' and as many widths of the row-wise and data-parallel collectives' if sim.coll is not None else ''}")
     with tempfile.TemporaryDirectory(prefix="neuroshard-calibrate-") as tmp:
         ds = user_tables_dataset(tl, batch_size, cfg.seed, Path(tmp), ids_path)
         y = measure_shards(ds, hw, batch_size, shards, cfg.warmup_iter, cfg.num_iter)
@@ -154,9 +169,13 @@ def measure_comm(sim: Simulator, task, shards, y: np.ndarray, N: int, batch_size
         if sim.inp is not None and task.num_tables >= N and torchrec_available() else []
     in_words, in_y = (measure_input_layouts(in_layouts, N, batch_size, hw, cfg.warmup_iter,
                                             cfg.num_iter) if in_layouts else (None, None))
+    # the row-wise and data-parallel collectives, where the step cost prices them by their own costs
+    widths = collective_widths(task, cfg.comm_layouts, cfg.seed) if sim.coll is not None else []
+    coll_y = measure_collective_widths(widths, N, batch_size, hw, cfg.warmup_iter, cfg.num_iter) if widths else {}
     for what, values, positive in (("compute", y, True), ("forward all-to-all", fw_y, False),
                                    ("backward all-to-all", bw_y, False),
-                                   *((("input distribution", in_y, True),) if in_layouts else ())):
+                                   *((("input distribution", in_y, True),) if in_layouts else ()),
+                                   *((name.replace("_", "-"), v, True) for name, v in coll_y.items())):
         refuse_implausible(values, what, positive)
     measured = {"shards": [[[int(t), int(d)] for t, d in zip(*sh)] for sh in shards],
                 "compute_ms": [float(v) for v in y],
@@ -164,6 +183,8 @@ def measure_comm(sim: Simulator, task, shards, y: np.ndarray, N: int, batch_size
                 "fw_ms": fw_y.tolist(), "bw_ms": bw_y.tolist()}
     if in_layouts:
         measured.update(input_layouts=in_layouts, input_ms=in_y.tolist())
+    if widths:
+        measured["collectives"] = {"widths": widths, **{f"{k}_ms": v.tolist() for k, v in coll_y.items()}}
     return measured, in_words, reference, spread_ms
 
 
@@ -185,18 +206,44 @@ def fine_tune_models(sim: Simulator, task, shards, measured: dict, in_words: np.
                                 np.asarray(measured["fw_ms"], np.float32), ctune, cheld, cfg, copy_model)
     bw, rep_bw = fine_tune_kept(sim.bw, (dims,), np.asarray(measured["bw_ms"], np.float32), ctune, cheld, cfg,
                                 copy_model)
-    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "input": rep_in}
-    return Simulator(compute, fw, bw, inp=inp, coll=sim.coll), report  # the collectives' costs are not re-measured
+    coll, rep_coll = fit_collectives(sim.coll, measured.get("collectives"), cfg)
+    report = {"compute": rep_c, "fw": rep_fw, "bw": rep_bw, "input": rep_in, "collectives": rep_coll}
+    return Simulator(compute, fw, bw, inp=inp, coll=coll), report
+
+
+def fit_collectives(coll: CollectiveModels | None, measured: dict | None, cfg: CalibrationConfig
+                    ) -> tuple[CollectiveModels | None, dict | None]:
+    """Each collective's line fitted afresh (`relative_fit`) on two thirds of the widths measured (each width's
+    cost: the mean over ranks, as the collector's fit takes it), kept where its held-out MAPE is not worse than the
+    pre-trained line's: the collectives' costs and a report per collective (None, None without them)."""
+    if coll is None or not measured:
+        return coll, None
+    w = np.asarray(measured["widths"], np.float64)
+    tune, held = held_out_split(len(w), cfg.seed + 3)
+    costs, report = dict(coll.costs), {}
+    for name in COLLECTIVES:
+        y = np.asarray(measured[f"{name}_ms"], np.float64).mean(axis=1)
+        fit = relative_fit(w[tune], y[tune])
+        before = held_out_error(coll.costs[name].predict_np(w[held]), y[held])
+        after = held_out_error(fit.predict_np(w[held]), y[held])
+        kept = after["mape"] <= before["mape"]
+        if kept:
+            costs[name] = CollectiveCost(fit.latency_ms, fit.ms_per_width, after["mape"])
+        report[name] = {"before": before, "after": after, "kept": kept,
+                        "samples": {"fine_tune": int(len(tune)), "held_out": int(len(held))}}
+    meta = {**coll.meta, "calibrated": sorted(k for k, r in report.items() if r["kept"])}
+    return CollectiveModels(coll.num_devices, coll.batch_size, costs, meta), report
 
 
 def log_report(report: dict, measured_s: float, log) -> None:
     """Each model's held-out error before and after, and the time calibrating took."""
-    for name, key in (("compute", "compute"), ("fw comm", "fw"), ("bw comm", "bw"), ("input", "input")):
-        r = report[key]
+    coll = report.get("collectives") or {}
+    for name, r in (("compute", report["compute"]), ("fw comm", report["fw"]), ("bw comm", report["bw"]),
+                    ("input", report["input"]), *((k.replace("_", "-"), v) for k, v in coll.items())):
         if r is None:
             continue
         b, a = r["before"], r["after"]
-        log(f"  {name:<8} held-out MAPE {100 * b['mape']:6.1f}% -> {100 * a['mape']:6.1f}%   Spearman "
+        log(f"  {name:<14} held-out MAPE {100 * b['mape']:6.1f}% -> {100 * a['mape']:6.1f}%   Spearman "
             f"{b['spearman']:.3f} -> {a['spearman']:.3f}   ({r['samples']['fine_tune']} fine-tune / "
             f"{r['samples']['held_out']} held out){'' if r['kept'] else '  (not better: pre-trained model kept)'}")
     log(f"  calibration took {report['total_s']:.0f} s ({measured_s:.0f} s measuring)")

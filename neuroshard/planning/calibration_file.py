@@ -22,6 +22,7 @@ from ..core.artifacts import atomic_torch_save, file_digest, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.costs import Cluster, StepFit, implausible_ms
+from ..hardware.comm_bench import COLLECTIVES
 from ..models.collective_models import CollectiveModels
 from ..models.cost_models import CommCostModel, ComputeCostModel
 from ..sharding.plan import check_rank_shards
@@ -31,10 +32,10 @@ from .fine_tune import compute_arrays
 CALIBRATION_KIND = "neuroshard.calibration"
 # How `calibrate` measures and fine-tunes; part of what a calibration is made for, so a calibration saved by an
 # earlier method is measured again rather than reused. Change it whenever the sampler or the fine-tuning changes.
-CALIBRATION_METHOD = ("v5: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
+CALIBRATION_METHOD = ("v6: heaviest tables alone + random shards; relative squared error, full-batch Adam; "
                       "comm delays up to 10 ms in half the layouts, up to the slowest measured shard in the other half; "
                       "a drift reference of held-out shards; comm layouts measured on the comm models' own all-to-all "
-                      "(DCT-MP's for --mp_keep models)")
+                      "(DCT-MP's for --mp_keep models); the collectives' lines refitted on widths of the user's dims")
 # what `calibration_inputs` holds, named as the notes name what differs
 INPUT_NAMES = {"tables": "tables", "ids": "ids", "hardware": "hardware", "batch_size": "batch",
                "num_devices": "device count", "max_mem_gb": "device memory", "models": "pre-trained cost models",
@@ -201,7 +202,8 @@ def read_calibration(path) -> tuple[Simulator, dict]:
 def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
     """What a calibration file says it measured: shards of the task's tables ([table, dim] pairs, column shards
     of their tables, within a device's memory), each with a plausible compute ms; all-to-all ms per layout and
-    rank plausible too. One line naming the file otherwise."""
+    rank plausible too, and so the collectives' ms per width and rank where it measured them. One line naming the
+    file otherwise."""
     try:
         shards, ms = measured["shards"], np.asarray(measured["compute_ms"], np.float64)
         ok = isinstance(shards, list) and 1 <= len(shards) == len(ms) and implausible_ms(ms, positive=True) is None
@@ -211,6 +213,14 @@ def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
         for key in ("fw_ms", "bw_ms") + (("input_ms",) if "input_ms" in measured else ()):
             v = np.asarray(measured[key], np.float64)
             ok = ok and v.ndim == 2 and v.shape[1] == cluster.num_devices and implausible_ms(v) is None
+        coll = measured.get("collectives")  # calibrations made with the collectives' costs
+        if coll is not None:
+            w = coll["widths"]
+            ok = ok and isinstance(w, list) and 1 <= len(w) <= 100_000 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1 << 24 for x in w)
+            for name in COLLECTIVES:
+                v = np.asarray(coll[f"{name}_ms"], np.float64)
+                ok = ok and v.shape == (len(w), cluster.num_devices) and implausible_ms(v, positive=True) is None
     except (TypeError, KeyError, ValueError, IndexError):
         ok = False
     if not ok:

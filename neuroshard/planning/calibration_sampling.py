@@ -9,6 +9,8 @@ of the user's tables, and the drift reference kept from them. Every draw is seed
   user's plans have (tens of ms for multi-hot tables, beyond the pre-training's range).
 - `input_layouts`: random table-wise placements of the user's tables' pooling factors, at least one a rank.
 - `drift_reference`: the held-out shards in groups of one per rank, which `--measure` measures one a round.
+- `collective_widths`: widths of the row-wise and data-parallel collectives, log-uniform from the smallest dim to the
+  sum of the dims (at least to the top of the pre-training's range, at most `MAX_CALIBRATE_WIDTH`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import numpy as np
 from ..core.errors import UserError
 from ..core.costs import Cluster
 from ..data.features import can_split, table_size_gb
+from ..hardware.comm_bench import COLLECTIVE_WIDTHS
 
+MAX_CALIBRATE_WIDTH = 8192  # floats per sample: wider collectives are priced by the fit's slope (memory: ~0.3 GB)
 HEAVY_ALONE = 5  # calibration shards that are one heavy table alone (see sample_user_shards)
 MIN_SPREAD_MS = 10.0  # comm layouts' straggler spread reaches at least this (see comm_layouts)
 
@@ -118,3 +122,15 @@ def reference_layouts(groups: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]
     """Each reference group's all-to-all: its ranks' dim sums, no delays."""
     return [(np.array([sum(d for _, d in dev) for dev in g["devices"]], np.int64), np.zeros(len(g["devices"])))
             for g in groups]
+
+
+
+def collective_widths(task, count: int, seed: int) -> list[int]:
+    """Widths (floats per sample of the batch) of `count` collectives samples: log-uniform from the task's smallest
+    dim to the sum of its dims (a row-wise group of every table), at least to the top of the pre-training's range
+    and at most `MAX_CALIBRATE_WIDTH`; the narrowest and widest always among them."""
+    lo = float(max(1, task.dims.min()))
+    hi = float(min(MAX_CALIBRATE_WIDTH, max(COLLECTIVE_WIDTHS[1], task.dims.sum())))
+    rng = np.random.default_rng([seed, 36])
+    inner = np.exp(rng.uniform(np.log(lo), np.log(hi), max(0, count - 2)))
+    return [int(round(w)) for w in (lo, *inner, hi)][:count]

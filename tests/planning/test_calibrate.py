@@ -15,6 +15,8 @@ from neuroshard.planning.calibration_sampling import MIN_SPREAD_MS, comm_layouts
 from neuroshard.planning.fine_tune import held_out_split
 from neuroshard.data.features import table_size_gb
 from neuroshard.hardware.backends import resolve_hardware
+from neuroshard.hardware.comm_bench import COLLECTIVES
+from neuroshard.models.collective_models import CollectiveCost, CollectiveModels
 from neuroshard.models.cost_models import CommCostModel, ComputeCostModel
 from neuroshard.sharding.simulator import Simulator
 
@@ -103,9 +105,12 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
     sim = Simulator.load(*paths, num_devices=2)
     from analytic_models import hand_comm_model
 
-    # an input-distribution model far off this machine's (5 ms + 0.01 ms a word): calibration measures TorchRec's
+    # an input-distribution model far off this machine's (5 ms + 0.01 ms a word): calibration measures TorchRec's;
+    # and collectives' costs far off too (400 ms and more each): calibration measures them at the user's widths
+    far = CollectiveModels(2, 256, {k: CollectiveCost(400.0, 0.01) for k in COLLECTIVES},
+                           {"batch_size": 256, "device": "cpu"})
     sim = Simulator(sim.compute, sim.fw, sim.bw, inp=hand_comm_model(2, "input", meta={"batch_size": 256,
-                                                                                       "device": "cpu"}))
+                                                                                       "device": "cpu"}), coll=far)
     cluster = Cluster(2, 0.02)
     hw = resolve_hardware("cpu", "auto")
     cfg = CalibrationConfig(num_shards=15, comm_layouts=15, warmup_iter=1, num_iter=2, steps=50, lr=1e-3)
@@ -117,7 +122,19 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
     for name, attr in (("compute", "compute"), ("fw", "fw"), ("bw", "bw"), ("input", "inp")):
         assert (getattr(cal, attr) is not getattr(sim, attr)) == report[name]["kept"], name
         assert report[name]["samples"]["held_out"] >= 5 and np.isfinite(report[name]["after"]["mape"])
-    assert sum(l.count("held-out MAPE") for l in lines) == 4
+    assert sum(l.count("held-out MAPE") for l in lines) == 4 + 3
+    # the collectives: 15 widths from the smallest dim (8) to 2,048 (the dims sum to 216), each on both ranks; 400 ms
+    # is far off a 2-rank collective of 256 x w floats, so each refit is kept and prices within what was measured
+    # (these 2 timed iterations are too few to assert a closer fit)
+    coll = report["measured"]["collectives"]
+    assert len(coll["widths"]) == 15 and min(coll["widths"]) == 8 and max(coll["widths"]) == 2048
+    for k in COLLECTIVES:
+        ms = np.asarray(coll[f"{k}_ms"]).mean(axis=1)
+        assert report["collectives"][k]["kept"] and report["collectives"][k]["samples"] == {"fine_tune": 10,
+                                                                                            "held_out": 5}
+        pred = cal.coll.predict_np(k, coll["widths"])
+        assert (pred >= 0).all() and (pred <= 2 * ms.max()).all() and ms.max() < 100, k
+    assert cal.coll.meta["calibrated"] == sorted(COLLECTIVES) and any("reduce-scatter" in l for l in lines)
     # the input distribution: 15 placements of all six tables' pooling factors, every rank holding one or more
     m = report["measured"]
     assert len(m["input_layouts"]) == 15 and np.asarray(m["input_ms"]).shape == (15, 2)
@@ -135,6 +152,14 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
     assert np.allclose(again.compute.embed(feats), cal.compute.embed(feats))
     assert np.allclose(again.inp.predict_np([[40.0, 60.0]]), cal.inp.predict_np([[40.0, 60.0]]))
     assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
+    assert again.coll.to_json() == cal.coll.to_json()  # the calibrated collectives' costs travel in the file
+    fresh = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths)
+    for bad in ({**coll, "widths": [0] * 15}, {**coll, "widths": coll["widths"][:3]},
+                {**coll, "all_reduce_ms": [[1.0, float("nan")]] * 15}, {k: v for k, v in coll.items() if k != "widths"}):
+        save_calibration(path, cal, {**report, "made_for": fresh, "measured": {**report["measured"], "collectives": bad}})
+        with pytest.raises(UserError, match="holds damaged measurements"):
+            find_calibration(path, fresh, tl.task, cluster)
+    save_calibration(path, cal, {**report, "made_for": fp})
     other = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
     assert find_calibration(path, other) == (None, ["device memory"])
     older = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths, method="v2: an earlier fine-tuning")
