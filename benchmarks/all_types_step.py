@@ -154,6 +154,10 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     planner_sim = planner.simulator  # the same plan priced with the all-to-all models for the collectives too
     a2a_priced = float(planner_sim.with_collectives(None).plan_cost(ours.task, ours.plan).cost_ms) \
         if planner_sim.coll is not None else None
+    # with a calibration that refitted the collectives' costs: the plan priced with the pre-trained ones instead
+    pre_priced = float(planner_sim.with_collectives(sim.coll).plan_cost(ours.task, ours.plan).cost_ms) \
+        if a.calibration and planner_sim.coll is not None and sim.coll is not None \
+        and planner_sim.coll.to_json() != sim.coll.to_json() else None
     row = {"set": a.set, "ids_order": a.ids_order, "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb,
            "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
@@ -161,7 +165,8 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
            "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine)),
            "collectives_priced": planner_sim.coll is not None,
-           "a2a_priced_over_measured": None if a2a_priced is None else a2a_priced / float(np.median(mine))}
+           "a2a_priced_over_measured": None if a2a_priced is None else a2a_priced / float(np.median(mine)),
+           "pretrained_collectives_over_measured": None if pre_priced is None else pre_priced / float(np.median(mine))}
     rounds = {"neuroshard": mine.tolist(), "torchrec": torchrec.tolist()}
     if a.without_row_wise_by_cost:
         other = measured[2]
@@ -189,7 +194,10 @@ def main(argv=None) -> None:
             f"{row['predicted_over_measured']:.2f}"
             + ("" if row["a2a_priced_over_measured"] is None else
                f" (the row-wise and data-parallel collectives priced by the all-to-all models instead: "
-               f"{row['a2a_priced_over_measured']:.2f})") + "\n"
+               f"{row['a2a_priced_over_measured']:.2f})")
+            + ("" if row["pretrained_collectives_over_measured"] is None else
+               f"; with the pre-trained collectives' costs instead of the calibrated ones: "
+               f"{row['pretrained_collectives_over_measured']:.2f}") + "\n"
             + ("" if "by_cost_ratio" not in row else
                f"- NeuroShard with row_wise_by_cost=False: {row['memory_only_types']}; median step "
                f"{row['memory_only_ms']:.1f} ms; NeuroShard / it: {row['by_cost_ratio']:.3f} [{row['by_cost_lo']:.3f}, "
