@@ -344,10 +344,13 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     ratio_rows = [r for split, r, _, _ in entries if split]
     made_with = dict(**settings, seed=seed, dataset=str(ds.path), models=[str(p) for p in paths] if sim else None,
                      search=search.__dict__)
+    # the ratios fitted here: of the --ratio_tasks plans (they state this run's plans), else of this run's own
+    fitted = PlanRatios.fit(ratio_rows if ratio_tasks else rows, N, paths) \
+        if ratio_tasks or cfg.plan_ratios_out is not None else None
+    if fitted is not None:
+        _print_ratios(fitted, f"--ratio_tasks {cfg.ratio_tasks}" if ratio_tasks else str(task_path))
     if ratio_tasks:
-        fitted = PlanRatios.fit(ratio_rows, N, paths)
         ratios = fitted.ratios
-        _print_ratios(fitted, f"--ratio_tasks {cfg.ratio_tasks}")
         missing = [a for a in ratio_algs if a not in ratios]
         if missing:
             print(f"note: no --ratio_tasks plan of {', '.join(missing)} has both costs (all out of memory?): its "
@@ -356,15 +359,12 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
         if not split:
             r.update(_stated(sim, task, res, r["sim_cost_ms"], ratios.get(r["alg"])))
     if cfg.plan_ratios_out is not None:  # before the CSV: a run stopped in between measures nothing again
-        fitted = PlanRatios.fit(ratio_rows if ratio_tasks else rows, N, paths)
         if not fitted.ratios:
             raise UserError(f"--plan_ratios_out: none of the plans has both a models' cost and a measured cost (every "
                             f"task out of memory at --max_mem {max_mem}?), so there are no ratios to write; give the "
                             "tasks room, or leave out --plan_ratios_out")
         fitted.save(cfg.plan_ratios_out, task_path=str(cfg.ratio_tasks or task_path),
                     results_csv=str(ratio_out or out), **settings)
-        if not ratio_tasks:
-            _print_ratios(fitted, str(task_path))
         print(f"plan ratios -> {cfg.plan_ratios_out}")
     if ratio_tasks:
         write_results(ratio_out, ratio_rows, **made_with, task_path=str(cfg.ratio_tasks))
