@@ -218,19 +218,30 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     return rows
 
 
-def _ratio_tasks(cfg: EvalConfig, ds: DLRMDataset, cluster: Cluster, algs: list[str]) -> tuple[list, list[str]]:
-    """(--ratio_tasks' tasks, the searches of `algs` measured on them); ([], []) without the flag."""
+def _ratio_tasks(cfg: EvalConfig, tasks: list[ShardingTask], cluster: Cluster, algs: list[str]
+                 ) -> tuple[list, list[str]]:
+    """(--ratio_tasks' tasks, the searches of `algs` measured on them); ([], []) without the flag. Tasks that are
+    the ones under test (`tasks`: the same file, a link or a copy of it) are refused."""
     if not cfg.ratio_tasks:
         return [], []
+    if any(not c.isprintable() for c in str(cfg.ratio_tasks)):
+        raise UserError(f"--ratio_tasks {str(cfg.ratio_tasks)[:80]!r}: the path holds a control character (a newline, "
+                        "a tab, ...); rename the file to printable characters")
+    same = (f"--ratio_tasks names the --task_path file ({cfg.task_path}): the ratios would be fitted on the plans "
+            "they state; name other tasks (the pipeline's training tasks)")
     if Path(cfg.ratio_tasks).resolve() == Path(cfg.task_path).resolve():
-        raise UserError(f"--ratio_tasks names the --task_path file ({cfg.task_path}): the ratios would be fitted on "
-                        "the plans they state; name other tasks (the pipeline's training tasks)")
+        raise UserError(same)
     searches = [a for a in algs if a in SEARCHES]
     if not searches:
         raise UserError(f"--ratio_tasks states the searches' plans ({', '.join(sorted(SEARCHES))}), and --alg names "
                         "none of them; add one to --alg, or leave out --ratio_tasks")
-    _, _, tasks = _load_inputs(cfg.data_dir, cfg.ratio_tasks, cluster, cfg.batch_size)
-    return tasks, searches
+    try:
+        _, _, ratio_tasks = _load_inputs(cfg.data_dir, cfg.ratio_tasks, cluster, cfg.batch_size)
+    except UserError as e:
+        raise UserError(f"--ratio_tasks: {e}") from None
+    if _tasks_fingerprint(ratio_tasks) == _tasks_fingerprint(tasks):
+        raise UserError(same.replace("names the --task_path file", "holds the very tasks of --task_path"))
+    return ratio_tasks, searches
 
 
 def _interleaved(groups: dict[str, dict[int, dict]]) -> dict:
@@ -263,14 +274,14 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, cfg.batch_size)
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
-    ratio_tasks, ratio_algs = _ratio_tasks(cfg, ds, cluster, algs)
+    ratio_tasks, ratio_algs = _ratio_tasks(cfg, tasks, cluster, algs)
     ratio_out = ratio_results_path(out) if ratio_tasks else None
     paths = cfg.models.paths(N, cfg.mp_keep)
     # every file written, refused now if it could not be, or if it would replace another or an input
     check_outputs({"--results_csv": out, "the results' provenance file": meta_path(out),
                    "the results' progress log": progress_path(out), "--plan_ratios_out": cfg.plan_ratios_out,
                    "the --ratio_tasks results": ratio_out,
-                   "their provenance file": meta_path(ratio_out) if ratio_out else None},
+                   "the --ratio_tasks results' provenance file": meta_path(ratio_out) if ratio_out else None},
                   {"--task_path": task_path, "--plan_ratios": cfg.plan_ratios, "--ratio_tasks": cfg.ratio_tasks,
                    **{f"cost model {p}": p for p in paths}})
     sim = _simulator(cfg.models, ds, batch, N, required=bool(SEARCHES & set(algs)), mp_keep=cfg.mp_keep)  # also fidelity

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.artifacts import atomic_torch_save, file_digest, load_torch
+from ..core.artifacts import atomic_torch_save, file_digest, json_real, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.costs import Cluster, StepFit, implausible_ms
@@ -75,17 +75,23 @@ def differences(made_for, inputs: dict) -> list[str]:
 
 
 
-def _content_digest(report: dict) -> str:
-    """Digest of what a calibration file says it measured and what for: a file edited after it was saved (a
-    fingerprint or reference changed by hand) no longer matches its digest."""
+def _content_digest(report: dict, collectives=None) -> str:
+    """Digest of what a calibration file says it measured and what for, and of the collectives' costs it fitted
+    where it measured the collectives: a file edited after it was saved (a fingerprint, reference or cost changed
+    by hand) no longer matches its digest."""
     fitted = ("step_fit",) if report.get("step_fit") is not None else ()  # files without a fit keep their digest
     keys = ("made_for", "measured", "reference", "config") + fitted
-    return _digest({k: report.get(k) for k in keys})
+    content = {k: report.get(k) for k in keys}
+    measured = report.get("measured")
+    if isinstance(measured, dict) and "collectives" in measured:  # files of earlier methods keep their digest
+        content["fitted_collectives"] = collectives
+    return _digest(content)
 
 
 
 def save_calibration(path, sim: Simulator, report: dict) -> Path:
-    report = {**report, "digest": _content_digest(report)}
+    coll = sim.coll.to_json() if sim.coll is not None else None
+    report = {**report, "digest": _content_digest(report, coll)}
     if isinstance(report.get("made_for"), dict):
         report["fingerprint"] = fingerprint_of(report["made_for"])
     state = {name: {"kind": m.kind, "meta": m.meta, "state_dict": {k: v.detach().clone() for k, v in
@@ -93,7 +99,7 @@ def save_calibration(path, sim: Simulator, report: dict) -> Path:
              for name, m in (("compute", sim.compute), ("fw", sim.fw), ("bw", sim.bw), ("input", sim.inp))
              if m is not None}
     return atomic_torch_save(path, {"kind": CALIBRATION_KIND, "report": report, "models": state,
-                                    **({"collectives": sim.coll.to_json()} if sim.coll is not None else {})})
+                                    **({"collectives": coll} if coll is not None else {})})
 
 
 
@@ -112,8 +118,8 @@ def find_calibration(path, inputs: dict | None, task=None, cluster: Cluster | No
         raise UserError(f"{path} is not a neuroshard calibration; delete it or choose another --out")
     report = obj["report"]
     try:
-        unchanged = "digest" in report and report["digest"] == _content_digest(report)
-    except (TypeError, ValueError):  # a value no saved calibration holds (a tensor, bytes)
+        unchanged = "digest" in report and report["digest"] == _content_digest(report, obj.get("collectives"))
+    except (TypeError, ValueError, RecursionError):  # a value no saved calibration holds (a tensor, bytes, deep nesting)
         unchanged = False
     if not unchanged:
         raise UserError(f"{path} is damaged or was changed after it was saved (what it holds no longer matches "
@@ -218,9 +224,12 @@ def check_measured(measured, task, cluster: Cluster, where: str) -> dict:
             w = coll["widths"]
             ok = ok and isinstance(w, list) and 1 <= len(w) <= 100_000 and all(
                 isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1 << 24 for x in w)
+            ok = ok and sorted(coll) == sorted(["widths", *(f"{k}_ms" for k in COLLECTIVES)])
             for name in COLLECTIVES:
-                v = np.asarray(coll[f"{name}_ms"], np.float64)
-                ok = ok and v.shape == (len(w), cluster.num_devices) and implausible_ms(v, positive=True) is None
+                rows = coll[f"{name}_ms"]
+                ok = ok and isinstance(rows, list) and len(rows) == len(w) and all(
+                    isinstance(r, list) and len(r) == cluster.num_devices and all(json_real(x) for x in r)
+                    for r in rows) and implausible_ms(np.asarray(rows, np.float64), positive=True) is None
     except (TypeError, KeyError, ValueError, IndexError):
         ok = False
     if not ok:

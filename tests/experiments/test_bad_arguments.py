@@ -231,7 +231,18 @@ def test_ratio_tasks_that_cannot_state_these_plans_are_refused(small_dataset, tm
             match=re.escape("error: --ratio_tasks states the searches' plans (neuroshard, neuroshard_risk), and --alg "
                             "names none of them; add one to --alg, or leave out --ratio_tasks"), untouched=[tmp_path])
     refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", tmp_path / "r.json",
-            match=re.escape(f"error: {tmp_path / 'r.json'} is not a readable task file") + ".*", untouched=[tmp_path])
+            match=re.escape(f"error: --ratio_tasks: {tmp_path / 'r.json'} is not a readable task file") + ".*",
+            untouched=[tmp_path])
+    import shutil
+
+    shutil.copy(tasks, tmp_path / "copy.pkl")  # the same tasks under another name: a copy (or a hard link)
+    refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", tmp_path / "copy.pkl",
+            match=re.escape(f"error: --ratio_tasks holds the very tasks of --task_path ({tasks}): the ratios would "
+                            "be fitted on the plans they state; ") + ".*", untouched=[tmp_path])
+    refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", str(tmp_path / "train.pkl") + "\n",
+            match=re.escape("error: --ratio_tasks ") + ".*" + re.escape(": the path holds a control character"
+                                                                        " (a newline, a tab, ...); ") + ".*",
+            untouched=[tmp_path])
     results = base[base.index("--results_csv") + 1]
     refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", tmp_path / "train.pkl",
             "--plan_ratios_out", results[:-len(".csv")] + "_ratio_tasks.csv",

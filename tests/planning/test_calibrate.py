@@ -154,11 +154,34 @@ def test_calibration_measures_the_users_tables_saves_the_result_and_reuses_it(tm
     assert rep["compute"]["after"]["mape"] == c["after"]["mape"]
     assert again.coll.to_json() == cal.coll.to_json()  # the calibrated collectives' costs travel in the file
     fresh = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.02, paths)
+    nested = [1.0]
+    for _ in range(3000):
+        nested = [nested]
     for bad in ({**coll, "widths": [0] * 15}, {**coll, "widths": coll["widths"][:3]},
-                {**coll, "all_reduce_ms": [[1.0, float("nan")]] * 15}, {k: v for k, v in coll.items() if k != "widths"}):
+                {**coll, "all_reduce_ms": [[1.0, float("nan")]] * 15}, {k: v for k, v in coll.items() if k != "widths"},
+                {**coll, "all_gather_ms": [["1", "2"]] * 15}, {**coll, "all_gather_ms": [[True, True]] * 15},
+                {**coll, "extra_ms": coll["all_gather_ms"]}):
         save_calibration(path, cal, {**report, "made_for": fresh, "measured": {**report["measured"], "collectives": bad}})
         with pytest.raises(UserError, match="holds damaged measurements"):
             find_calibration(path, fresh, tl.task, cluster)
+    # nested too deep to digest, or the fitted collectives' costs edited after saving: damaged, in one line
+    save_calibration(path, cal, {**report, "made_for": fresh})
+    obj = torch.load(path, weights_only=True)
+    obj["collectives"]["collectives"]["all_reduce"]["latency_ms"] = 0.0
+    torch.save(obj, path)
+    with pytest.raises(UserError, match="is damaged or was changed after it was saved"):
+        find_calibration(path, fresh, tl.task, cluster)
+    obj["report"]["measured"] = {**obj["report"]["measured"], "collectives": {**coll, "all_reduce_ms": nested}}
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(30_000)  # only to write such a file
+    try:
+        torch.save(obj, path)
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(UserError, match="is damaged or was changed after it was saved"):
+        find_calibration(path, fresh, tl.task, cluster)
     save_calibration(path, cal, {**report, "made_for": fp})
     other = calibration_inputs(tl.task, hw.describe(), 256, 2, 0.04, paths)  # other device memory
     assert find_calibration(path, other) == (None, ["device memory"])
