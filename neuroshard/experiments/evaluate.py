@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..core.artifacts import (RecordLog, check_output_file, check_outputs, file_digest, fresh_path, provenance,
-                              write_results)
+from ..core.artifacts import (RecordLog, check_output_file, check_outputs, check_printable_path, file_digest, fresh_path,
+                              provenance, write_results)
 from ..core.config import EvalConfig, EvalSimConfig, mp_text
 from ..core.errors import UserError
 from ..core.file_names import (RESULTS_DIR, eval_results_path, meta_path, progress_path, ratio_results_path,
@@ -43,6 +43,7 @@ ARRAY = (list, np.ndarray)
 
 
 def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
+    check_printable_path(task_path, "--task_path", "rename the file to printable characters")
     ds = DLRMDataset.load(data_dir)
     batch = ds.check_batch(batch_size)
     tasks = load_tasks(task_path, ds)
@@ -224,9 +225,7 @@ def _ratio_tasks(cfg: EvalConfig, tasks: list[ShardingTask], cluster: Cluster, a
     the ones under test (`tasks`: the same file, a link or a copy of it) are refused."""
     if not cfg.ratio_tasks:
         return [], []
-    if any(not c.isprintable() for c in str(cfg.ratio_tasks)):
-        raise UserError(f"--ratio_tasks {str(cfg.ratio_tasks)[:80]!r}: the path holds a control character (a newline, "
-                        "a tab, ...); rename the file to printable characters")
+    check_printable_path(cfg.ratio_tasks, "--ratio_tasks", "rename the file to printable characters")
     same = (f"--ratio_tasks names the --task_path file ({cfg.task_path}): the ratios would be fitted on the plans "
             "they state; name other tasks (the pipeline's training tasks)")
     if Path(cfg.ratio_tasks).resolve() == Path(cfg.task_path).resolve():

@@ -82,7 +82,7 @@ class CollectiveModels:
         N, B = obj.get("num_devices"), obj.get("batch_size")
         for name, v, lo in (("num_devices", N, 2), ("batch_size", B, 1)):
             if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= 1 << 24):
-                raise bad(f"{name} must be a whole number from {lo}, got {str(v)[:40]}")
+                raise bad(f"{name} must be a whole number from {lo}, got {repr(v)[:40]}")
         got, meta = obj.get("collectives"), obj.get("meta")
         if not isinstance(got, dict) or sorted(got) != sorted(COLLECTIVES):
             raise bad(f"collectives must hold exactly {', '.join(COLLECTIVES)}")
@@ -98,9 +98,9 @@ class CollectiveModels:
             a, b, m = c.get("latency_ms"), c.get("ms_per_width"), c.get("held_out_mape")
             for field, v, top in (("latency_ms", a, MAX_LATENCY_MS), ("ms_per_width", b, MAX_MS_PER_WIDTH)):
                 if not json_real(v) or not 0 <= v <= top:
-                    raise bad(f"{name}'s {field} must be a number from 0 to {top:g}, got {str(v)[:40]}")
+                    raise bad(f"{name}'s {field} must be a number from 0 to {top:g}, got {repr(v)[:40]}")
             if m is not None and (not json_real(m) or m < 0):
-                raise bad(f"{name}'s held_out_mape must be a number from 0 or null, got {str(m)[:40]}")
+                raise bad(f"{name}'s held_out_mape must be a number from 0 or null, got {repr(m)[:40]}")
             costs[name] = CollectiveCost(float(a), float(b), None if m is None else float(m))
         return cls(N, B, costs, meta)
 

@@ -247,3 +247,13 @@ def test_ratio_tasks_that_cannot_state_these_plans_are_refused(small_dataset, tm
     refused(capsys, "eval.py", *base[:-1], "neuroshard", "--ratio_tasks", tmp_path / "train.pkl",
             "--plan_ratios_out", results[:-len(".csv")] + "_ratio_tasks.csv",
             match=re.escape("error: --plan_ratios_out and the --ratio_tasks results both name ") + ".*", untouched=[tmp_path])
+
+
+@pytest.mark.parametrize("script", ["eval.py", "eval_simulator.py"])
+def test_task_path_with_a_control_character_is_refused(small_dataset, tmp_path, capsys, script):
+    base = [str(a) for a in _base("eval.py", small_dataset, tmp_path)]
+    i = base.index("--task_path") + 1
+    base[i] += "\t"
+    refused(capsys, script, *base, match=re.escape("error: --task_path ") + ".*" + re.escape(
+        ": the path holds a control character (a newline, a tab, ...); rename the file to printable characters"),
+        untouched=[tmp_path])

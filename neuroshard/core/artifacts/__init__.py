@@ -12,7 +12,8 @@
   non-finite numbers as null) and the check of a results CSV (`check_results_csv`).
 """
 from .atomic import (OutputLock, atomic_torch_save, atomic_write_bytes, atomic_write_pickle, atomic_write_text,
-                     check_output_dir, check_output_file, check_outputs, check_writable_file)
+                     check_output_dir, check_output_file, check_outputs, check_printable_path,
+                     check_writable_file)
 from .inputs import MAX_TEXT_BYTES, READ_FIX, check_input_file, json_real, read_json, read_text
 from .pickles import (SafeUnpickler, decode, encode, load_pickle, load_torch, torch_load_failure, torch_load_plain,
                       written_by)
@@ -22,7 +23,7 @@ from .record_log import (FRAME_MAGIC, ParsedLog, RecordLog, deferred_interrupts,
 from .results_writer import check_results_csv, json_text, write_json, write_results
 
 __all__ = ["OutputLock", "cpu_name", "atomic_torch_save", "atomic_write_bytes", "atomic_write_pickle", "atomic_write_text",
-           "check_output_dir", "check_output_file", "check_outputs", "check_writable_file", "MAX_TEXT_BYTES",
+           "check_output_dir", "check_output_file", "check_outputs", "check_printable_path", "check_writable_file", "MAX_TEXT_BYTES",
            "READ_FIX", "check_input_file", "json_real", "read_json", "read_text", "SafeUnpickler", "decode", "encode",
            "load_pickle", "load_torch", "torch_load_failure", "torch_load_plain", "written_by", "FORMAT_VERSION", "file_digest", "provenance", "source_digest", "versions",
            "FRAME_MAGIC", "ParsedLog", "RecordLog", "deferred_interrupts", "frame", "fresh_path", "parse_record_log",

@@ -90,13 +90,18 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
     return path
 
 
-def check_output_file(path, flag: str) -> None:
-    """Refuse, before any work, an output path that names a folder (one there, or one ending in '/') or holds a
-    control character (a newline or a tab would make files whose names break the lines of every listing and
-    record)."""
+def check_printable_path(path, flag: str, fix: str = "choose a name of printable characters") -> None:
+    """Refuse a path that holds a control character (a newline or a tab would break the lines of every listing,
+    log and record that names it)."""
     if path is not None and any(not c.isprintable() for c in str(path)):
         raise UserError(f"{flag} {str(path)[:80]!r}: the path holds a control character (a newline, a tab, ...); "
-                        "choose a name of printable characters")
+                        f"{fix}")
+
+
+def check_output_file(path, flag: str) -> None:
+    """Refuse, before any work, an output path that names a folder (one there, or one ending in '/') or holds a
+    control character (`check_printable_path`)."""
+    check_printable_path(path, flag)
     if path is not None and str(path) and Path(path).is_dir():
         raise UserError(f"{flag} {path} is a folder; name a file to write")
     _refuse_folder_name(path, flag)
