@@ -46,11 +46,16 @@ def _load_inputs(data_dir, task_path, cluster: Cluster, batch_size):
     check_printable_path(task_path, "--task_path", "rename the file to printable characters")
     ds = DLRMDataset.load(data_dir)
     batch = ds.check_batch(batch_size)
+    return ds, batch, _load_tasks(ds, task_path, cluster)
+
+
+def _load_tasks(ds: DLRMDataset, task_path, cluster: Cluster) -> list[ShardingTask]:
+    """The tasks in `task_path`, each with at least a table per device."""
     tasks = load_tasks(task_path, ds)
     if min(t.num_tables for t in tasks) < cluster.num_devices:
         raise UserError(f"{cluster.num_devices} devices but a task in {task_path} has only "
                         f"{min(t.num_tables for t in tasks)} tables; use fewer --ndevices or larger tasks")
-    return ds, batch, tasks
+    return tasks
 
 
 def _simulator(models, ds: DLRMDataset, batch: int, N: int, required: bool, mp_keep: float | None) -> Simulator | None:
@@ -219,7 +224,7 @@ def eval_simulator(cfg: EvalSimConfig) -> list[dict]:
     return rows
 
 
-def _ratio_tasks(cfg: EvalConfig, tasks: list[ShardingTask], cluster: Cluster, algs: list[str]
+def _ratio_tasks(cfg: EvalConfig, ds: DLRMDataset, tasks: list[ShardingTask], cluster: Cluster, algs: list[str]
                  ) -> tuple[list, list[str]]:
     """(--ratio_tasks' tasks, the searches of `algs` measured on them); ([], []) without the flag. Tasks that are
     the ones under test (`tasks`: the same file, a link or a copy of it) are refused."""
@@ -235,7 +240,7 @@ def _ratio_tasks(cfg: EvalConfig, tasks: list[ShardingTask], cluster: Cluster, a
         raise UserError(f"--ratio_tasks states the searches' plans ({', '.join(sorted(SEARCHES))}), and --alg names "
                         "none of them; add one to --alg, or leave out --ratio_tasks")
     try:
-        _, _, ratio_tasks = _load_inputs(cfg.data_dir, cfg.ratio_tasks, cluster, cfg.batch_size)
+        ratio_tasks = _load_tasks(ds, cfg.ratio_tasks, cluster)
     except UserError as e:
         raise UserError(f"--ratio_tasks: {e}") from None
     if _tasks_fingerprint(ratio_tasks) == _tasks_fingerprint(tasks):
@@ -273,7 +278,7 @@ def eval_hardware(cfg: EvalConfig) -> list[dict]:
     ds, batch, tasks = _load_inputs(cfg.data_dir, task_path, cluster, cfg.batch_size)
     if batch % N:
         raise UserError(f"the batch of {batch} is not divisible by {N} ranks; pass a --batch_size divisible by {N}")
-    ratio_tasks, ratio_algs = _ratio_tasks(cfg, tasks, cluster, algs)
+    ratio_tasks, ratio_algs = _ratio_tasks(cfg, ds, tasks, cluster, algs)
     ratio_out = ratio_results_path(out) if ratio_tasks else None
     paths = cfg.models.paths(N, cfg.mp_keep)
     # every file written, refused now if it could not be, or if it would replace another or an input

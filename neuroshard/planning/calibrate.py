@@ -40,7 +40,7 @@ from ..sharding.simulator import Simulator
 from ..models.collective_models import CollectiveCost, CollectiveModels, relative_fit
 from .calibration_sampling import (MIN_SPREAD_MS, collective_widths, comm_layouts, drift_reference, input_layouts,
                                    reference_layouts, sample_user_shards)
-from .fine_tune import copy_model, fine_tune_compute, fine_tune_kept, held_out_error, held_out_split
+from .fine_tune import copy_model, fine_tune_compute, fine_tune_kept, held_out_split, kept_report
 from .step_fit import fit_to_steps, measure_plans_dmp, sample_user_plans
 from .user_data import user_tables_dataset
 
@@ -93,27 +93,32 @@ def measure_layouts(layouts, N: int, batch_size: int, hw, warmup: int, iters: in
 
 
 
+def comm_rank_samples(settings: CommRankSettings, N: int, hw) -> list[dict]:
+    """What the comm collector's rank function (`comm_bench.comm_rank`) emits for each of `settings.indices`, run on
+    N ranks, in index order."""
+    got: dict[int, dict] = {}
+    run_processes(comm_rank, N, (settings,), lambda m: got.__setitem__(int(m["index"]), m), group_device=hw.device)
+    return [got[i] for i in settings.indices]
+
+
+
 def measure_input_layouts(layouts, N: int, batch_size: int, hw, warmup: int, iters: int
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Per layout every rank's input words and TorchRec input-distribution ms ([len, N] each), on N ranks, as the
     input-distribution collector measures them (`comm_bench.comm_rank`)."""
-    got: dict[int, dict] = {}
-    settings = CommRankSettings(list(range(len(layouts))), {"seed": 0, "T_range": (1, 2)}, batch_size, hw.device,
-                                warmup, iters, None, True, tuple(layouts))
-    run_processes(comm_rank, N, (settings,), lambda m: got.__setitem__(int(m["index"]), m), group_device=hw.device)
-    return (np.array([got[i]["input_words"] for i in range(len(layouts))], np.float64),
-            np.array([got[i]["input_ms"] for i in range(len(layouts))], np.float64))
+    got = comm_rank_samples(CommRankSettings(list(range(len(layouts))), {"seed": 0, "T_range": (1, 2)}, batch_size,
+                                             hw.device, warmup, iters, None, True, tuple(layouts)), N, hw)
+    return (np.array([g["input_words"] for g in got], np.float64), np.array([g["input_ms"] for g in got], np.float64))
 
 
 
 def measure_collective_widths(widths, N: int, batch_size: int, hw, warmup: int, iters: int) -> dict[str, np.ndarray]:
     """Per collective of `COLLECTIVES` every rank's ms at each width ({name: [len, N]}), on N ranks, as the
     collectives collector measures them (`comm_bench.comm_rank`)."""
-    got: dict[int, dict] = {}
-    settings = CommRankSettings(list(range(len(widths))), {"seed": 0}, batch_size, hw.device, warmup, iters,
-                                collectives=True, collective_widths=tuple(int(w) for w in widths))
-    run_processes(comm_rank, N, (settings,), lambda m: got.__setitem__(int(m["index"]), m), group_device=hw.device)
-    return {name: np.array([got[i][f"{name}_ms"] for i in range(len(widths))], np.float64) for name in COLLECTIVES}
+    got = comm_rank_samples(CommRankSettings(list(range(len(widths))), {"seed": 0}, batch_size, hw.device, warmup,
+                                             iters, collectives=True, collective_widths=tuple(int(w) for w in widths)),
+                            N, hw)
+    return {name: np.array([g[f"{name}_ms"] for g in got], np.float64) for name in COLLECTIVES}
 
 
 
@@ -224,13 +229,9 @@ def fit_collectives(coll: CollectiveModels | None, measured: dict | None, cfg: C
     for name in COLLECTIVES:
         y = np.asarray(measured[f"{name}_ms"], np.float64).mean(axis=1)
         fit = relative_fit(w[tune], y[tune])
-        before = held_out_error(coll.costs[name].predict_np(w[held]), y[held])
-        after = held_out_error(fit.predict_np(w[held]), y[held])
-        kept = after["mape"] <= before["mape"]
-        if kept:
-            costs[name] = CollectiveCost(fit.latency_ms, fit.ms_per_width, after["mape"])
-        report[name] = {"before": before, "after": after, "kept": kept,
-                        "samples": {"fine_tune": int(len(tune)), "held_out": int(len(held))}}
+        report[name] = kept_report(coll.costs[name].predict_np(w[held]), fit.predict_np(w[held]), y[held], tune, held)
+        if report[name]["kept"]:
+            costs[name] = CollectiveCost(fit.latency_ms, fit.ms_per_width, report[name]["after"]["mape"])
     meta = {**coll.meta, "calibrated": sorted(k for k, r in report.items() if r["kept"])}
     return CollectiveModels(coll.num_devices, coll.batch_size, costs, meta), report
 

@@ -21,7 +21,8 @@ from ..core.costs import Cluster
 from ..data.features import can_split, table_size_gb
 from ..hardware.comm_bench import COLLECTIVE_WIDTHS
 
-MAX_CALIBRATE_WIDTH = 8192  # floats per sample: wider collectives are priced by the fit's slope (memory: ~0.3 GB)
+MAX_CALIBRATE_WIDTH = 8192  # floats per sample: wider collectives are priced by the fit's slope (the buffers of
+#                              one sample at batch 4,096 on 4 ranks: about 0.43 GB a rank)
 HEAVY_ALONE = 5  # calibration shards that are one heavy table alone (see sample_user_shards)
 MIN_SPREAD_MS = 10.0  # comm layouts' straggler spread reaches at least this (see comm_layouts)
 

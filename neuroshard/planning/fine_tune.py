@@ -28,17 +28,24 @@ def held_out_error(pred, y) -> dict:
 
 
 
+def kept_report(pred_before, pred_after, y_held, tune, held) -> dict:
+    """The one rule of calibration: a refitted model is kept only if its MAPE on the held-out measurements `y_held`
+    is not worse than the model it would replace. The report: both held-out errors, `kept`, the sample counts."""
+    before, after = held_out_error(pred_before, y_held), held_out_error(pred_after, y_held)
+    return {"before": before, "after": after, "kept": after["mape"] <= before["mape"],
+            "samples": {"fine_tune": int(len(tune)), "held_out": int(len(held))}}
+
+
+
 def fine_tune_kept(model, inputs, y, tune, held, cfg, copy_of) -> tuple[object, dict]:
     """Fine-tune a copy of `model`; keep it only if its held-out MAPE is not worse. Returns (model, report)."""
-    before = held_out_error(model.predict(*(x[held] for x in inputs)), y[held])
     tuned = copy_of(model)
     # the loss is relative: a cost below the timer's microsecond counts as one microsecond
     tuned.fine_tune(tuple(x[tune] for x in inputs), np.maximum(y[tune], 1e-3), steps=cfg.steps, lr=cfg.lr,
                     seed=cfg.seed)
-    after = held_out_error(tuned.predict(*(x[held] for x in inputs)), y[held])
-    kept = after["mape"] <= before["mape"]
-    return (tuned if kept else model), {"before": before, "after": after, "kept": kept,
-                                        "samples": {"fine_tune": int(len(tune)), "held_out": int(len(held))}}
+    report = kept_report(model.predict(*(x[held] for x in inputs)), tuned.predict(*(x[held] for x in inputs)),
+                         y[held], tune, held)
+    return (tuned if report["kept"] else model), report
 
 
 
