@@ -55,6 +55,8 @@ class ShardingTask:
     num_rows: np.ndarray | None = None  # real row counts, where they differ from the feature max(100, rows)
     column_wise: np.ndarray | None = None  # [T] bool: TorchRec shards the table column-wise even when whole
                                            # (`NeuroShardPlanner`'s column_wise-only tables); None: none
+    table_column_wise: np.ndarray | None = None  # [T] bool: its column shards run table_column_wise, a sharding group
+                                                 # of their own (`NeuroShardPlanner`, one host); None: none
     storage: ShardStorage | None = None  # what a shard occupies; None: its fp32 weights (rows x dim x 4 bytes)
     row_block: np.ndarray | None = None  # [T] int: the rank holding this table, a row block of a table TorchRec shards
                                          # row-wise (block r on rank r; `NeuroShardPlanner`), -1 for a table the
@@ -93,9 +95,11 @@ class ShardingTask:
     def shard_groups(self, tables, dims) -> np.ndarray:
         """Per shard (its table index and dim), the sharding group TorchRec runs it in (the step cost's groups,
         `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table, else
-        `column_wise_shards`'s 1 or 0."""
+        `column_wise_shards`'s 1 or 0, its 1 made 4 for a table whose column shards run table_column_wise."""
         tables = np.asarray(tables, np.int64)
         group = self.column_wise_shards(tables, dims)
+        if self.table_column_wise is not None:
+            group = np.where((group == 1) & np.asarray(self.table_column_wise, bool)[tables], 4, group)
         if self.row_block is not None:
             group = np.where(np.asarray(self.row_block)[tables] >= 0, 2, group)
         if self.replica is not None:

@@ -47,6 +47,8 @@ from .comm_bench import InputDist, gather_floats, make_all_to_all, timed_collect
 from .compute_bench import ComputeBenchmark
 from .launch import run_processes
 
+EMULATED_GROUPS = (0, 1, 4)  # the step cost's all-to-all groups (`simulator.GROUPS`) the emulated devices run
+
 
 # ----------------------------------------------------------------------------- settings and items
 
@@ -82,7 +84,8 @@ def plan_device_tables(task, plan) -> list[list[tuple[int, int]]]:
 @dataclass(frozen=True)
 class StepPlan:
     """A plan measured as the step cost prices it (`Simulator(cost="step")`): per device, each shard's (dataset
-    table id, dim, sharding group, pooling factor), the group 0 table-wise or 1 column-wise."""
+    table id, dim, sharding group, pooling factor), the group 0 table-wise, 1 column-wise or 4 table-column-wise
+    (`simulator.GROUPS`)."""
 
     devices: tuple
 
@@ -94,9 +97,13 @@ class StepPlan:
 
 def plan_step_item(task, plan) -> StepPlan:
     """The engine's item for a plan under the step cost: its shards by device with their sharding group
-    (`ShardingTask.column_wise_shards`, the simulator's rule) and their table's pooling factor."""
+    (`ShardingTask.shard_groups`, the simulator's rule) and their table's pooling factor. The emulated devices run the
+    all-to-all groups only: a plan with row blocks or replicas is refused (TorchRec's own step measures it)."""
     shards = plan.shards
-    group = task.column_wise_shards([s.table for s in shards], [s.dim for s in shards])
+    group = task.shard_groups([s.table for s in shards], [s.dim for s in shards])
+    if np.isin(group, EMULATED_GROUPS, invert=True).any():
+        raise UserError("the emulated engine does not run row-wise or data-parallel tables; measure this plan as "
+                        "TorchRec training steps (--measure_engine torchrec)")
     devices: list[list] = [[] for _ in range(plan.num_devices)]
     for i, (s, d) in enumerate(zip(shards, plan.device_of)):
         devices[d].append((int(task.table_ids[s.table]), int(s.dim), int(group[i]),
@@ -220,7 +227,7 @@ class EmulatedStep(Step):
         forwards, the input distributions + backwards], as the simulated step cost's."""
         s, rank, device = self.settings, self.rank, self.settings.hw.device
         a2as, before = [], 0.0
-        for dims, pooling in (item.group(g) for g in (0, 1)):
+        for dims, pooling in (item.group(g) for g in EMULATED_GROUPS):
             if not any(dims):  # a group absent from the plan runs no collectives
                 continue
             before += timed_collective(InputDist(pooling, s.batch_size, rank, device).run, device, 0.0, s.warmup,

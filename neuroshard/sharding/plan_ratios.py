@@ -14,8 +14,8 @@ plans for the training tasks, r = measured cost / models' cost. A new plan of th
   ratio, of nominal level (n - 1) / (n + 1), 85.7% to 89.5%, which the file and the results say. Fewer plans give
   no interval, only the stated cost.
 
-It holds while the machine measures as it did when the ratios were measured: the pipeline measures the training
-tasks' plans right before the test tasks' (`experiments/pipeline.py`).
+It holds while the machine measures as it did when the ratios were measured: `eval.py --ratio_tasks` (the
+pipeline's step 6) measures the training tasks' plans in the same run, spread evenly among the test tasks' plans.
 
 The file (`plan_ratios_<N>.json`, kind `neuroshard.plan_ratios`, written by `eval.py --plan_ratios_out`) is JSON,
 every field checked on reading, with the SHA-256 of the cost-model files the ratios were measured against: ratios of

@@ -29,7 +29,10 @@ lookups (ids spread evenly over the rows) at the global batch; its input distrib
 table `NeuroShardPlanner` replicates) is a fourth group: its replica r on rank r does rank r's share of the
 lookups (the local batch's), reads its own ids and keeps its output (no input distribution, no forward
 all-to-all), and its gradient is all-reduced (its width: the floats a ring sends per rank, over the batch,
-`comm_widths`). These three collectives are priced by their own measured costs where the models folder has them
+`comm_widths`). A table whose constraints allow `table_column_wise` and not `column_wise` runs its column shards in
+a fifth group, TorchRec's table-column-wise sharding: on one host the column-wise group's collectives over its own
+shards (input distribution, backward and forward all-to-all), priced as that group's. The row-wise and
+data-parallel groups' collectives are priced by their own measured costs where the models folder has them
 (`comm_<N>_collectives.json`, `models/collective_models.py`: the reduce-scatter on the group's dim sum, after the
 last-ready rank when it is the first group to synchronise; the all-gather on the same dims; the all-reduce on the
 group's width). Without that file the reduce-scatter is priced by the forward comm model as an all-to-all of dim
@@ -83,10 +86,10 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
-GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel")
+GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_column_wise")
 # per group: whether TorchRec moves its input and pooled output by all-to-all (a data-parallel table reads its
 # rank's own ids and keeps its output; only its gradient crosses ranks, in an all-reduce)
-ALL_TO_ALL = np.array([True, True, True, False])
+ALL_TO_ALL = np.array([True, True, True, False, True])
 
 
 def check_cost(cost: str, name: str = "--cost") -> str:
@@ -396,7 +399,8 @@ def allreduce_floats(rows, num_devices: int):
 def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np.ndarray,
                num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
-    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise, 3 data-parallel), device,
+    of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise, 3 data-parallel, 4
+    table-column-wise), device,
     width (`comm_widths`) and input words -> per placement, group and device the width sums and input words
     ([P, G, N] each), added in shard order."""
     P, L = group.shape

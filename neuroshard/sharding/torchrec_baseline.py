@@ -109,14 +109,14 @@ def shardings_placement(shardings, dims, num_devices: int) -> Placement:
 
 def sharding_slices(shardings, dims) -> dict[int, list[tuple[int, int, int]]]:
     """The (col_offset, width, rank) column slices of each table in TorchRec's `ParameterSharding`s ((table index,
-    sharding) pairs; table_wise or column_wise)."""
+    sharding) pairs; table_wise, column_wise or table_column_wise)."""
     from torchrec.distributed.types import ShardingType
 
     column_shards: dict[int, list[tuple[int, int, int]]] = {}
     for t, ps in shardings:
         if ps.sharding_type == ShardingType.TABLE_WISE.value:
             column_shards[t] = [(0, int(dims[t]), int(ps.ranks[0]))]
-        elif ps.sharding_type == ShardingType.COLUMN_WISE.value:
+        elif ps.sharding_type in (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value):
             column_shards[t] = sorted((int(m.shard_offsets[1]), int(m.shard_sizes[1]), int(m.placement.rank()))
                                       for m in ps.sharding_spec.shards)
         else:

@@ -105,10 +105,10 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
             first = next(j for j, c in enumerate(cols) if c != 1)
             raise UserError(f"{at}: columns not covered exactly once (column {first})")
         kind = t.get("sharding_type")  # NeuroShardPlanner's specs carry it; files written by shard_tables do not
-        if kind is not None and (kind not in ("table_wise", "column_wise")
+        if kind is not None and (kind not in ("table_wise", "column_wise", "table_column_wise")
                                  or (kind == "table_wise" and len(shards) > 1)):
-            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise, row_wise, "
-                            f"table_row_wise or data_parallel, got {kind!r}"[:300]
+            raise UserError(f"{at}: sharding_type must be table_wise (one shard), column_wise, table_column_wise, "
+                            f"row_wise, table_row_wise or data_parallel, got {kind!r}"[:300]
                             + "; rewrite it with tools/shard_tables.py --torchrec_plan")
         narrow = min(s["width"] for s in shards)
         uneven = [s["width"] for s in shards if s["width"] % narrow]
@@ -180,12 +180,22 @@ def _with_kernel(generator, compute_kernel: str | None):
     return generate
 
 
+def _as_type(generator, sharding_type: str):
+    """TorchRec's sharding generator with the ParameterSharding's type set to `sharding_type` (TorchRec has no helper
+    for table_column_wise: on one host its shards are column_wise's, `calculate_shard_sizes_and_offsets`)."""
+    def generate(*args):
+        sharding = generator(*args)
+        sharding.sharding_type = sharding_type
+        return sharding
+    return generate
+
+
 def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda", compute_kernel: str | None = None,
                      local_size: int | None = None):
     """A real TorchRec `ShardingPlan` ({module_path: EmbeddingModuleShardingPlan}) for the spec's tables.
 
     A table in one shard goes table-wise unless its entry says `"sharding_type": "column_wise"` (one
-    column block); `compute_kernel` (e.g. "fused") is passed to TorchRec, None lets TorchRec choose;
+    column block) or `"table_column_wise"` (its column blocks in a sharding group of their own, one host); `compute_kernel` (e.g. "fused") is passed to TorchRec, None lets TorchRec choose;
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -204,8 +214,14 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
             per_param[t["module_name"]] = _with_kernel(table_row_wise(host_index=0), compute_kernel)
         elif t.get("sharding_type") == "data_parallel":  # TorchRec's dense kernel
             per_param[t["module_name"]] = data_parallel()
-        elif len(t["shards"]) == 1 and t.get("sharding_type") != "column_wise":
+        elif len(t["shards"]) == 1 and t.get("sharding_type") not in ("column_wise", "table_column_wise"):
             per_param[t["module_name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
+        elif t.get("sharding_type") == "table_column_wise":  # one host: column_wise's blocks, in a group of their own
+            if local_size not in (None, spec["world_size"]):
+                raise UserError(f"table {t['name']!r} is planned table_column_wise over all {spec['world_size']} "
+                                f"ranks, but local_size={local_size} makes several hosts; plan it for this topology")
+            per_param[t["module_name"]] = _as_type(column_wise(ranks=_blocks(t)[1], compute_kernel=compute_kernel),
+                                                   "table_column_wise")
         else:
             _, ranks = _blocks(t)
             per_param[t["module_name"]] = column_wise(ranks=ranks, compute_kernel=compute_kernel)

@@ -456,8 +456,8 @@ def test_the_torchrec_step_builds_each_plan_again_every_rebuild_every_measuremen
 
 def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_prices():
     """The emulated engine's step item (`cost="step"`): per device its shards' (table id, dim, sharding group,
-    pooling factor), group 0 table-wise, 1 column-wise; a whole table TorchRec must shard column-wise is in the
-    column-wise group."""
+    pooling factor), group 0 table-wise, 1 column-wise, 4 table-column-wise; a whole table TorchRec must shard
+    column-wise is in the column-wise group; a row block is refused (the emulated devices run no row-wise group)."""
     from neuroshard.hardware.engine import plan_step_item
 
     item = plan_step_item(STEP_TASK, STEP_SPLIT)
@@ -466,6 +466,12 @@ def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_pr
     assert plan_step_item(STEP_TASK, STEP_WHOLE).group(1) == ([0, 0], [[], []])
     forced = replace(STEP_TASK, column_wise=np.array([False, False, True]))
     assert plan_step_item(forced, STEP_WHOLE).group(1) == ([0, 8], [[], [20.0]])
+    # a table_column_wise table's shards: group 4, its own all-to-alls (the emulated devices run it after group 1)
+    twcw = plan_step_item(replace(STEP_TASK, table_column_wise=np.array([True, False, False])), STEP_SPLIT)
+    assert twcw.group(4) == ([8, 8], [[1.0], [1.0]]) and twcw.group(1) == ([0, 0], [[], []])
+    with pytest.raises(UserError, match="emulated engine does not run row-wise or data-parallel tables; .*"
+                                        "--measure_engine torchrec"):
+        plan_step_item(replace(STEP_TASK, row_block=np.array([-1, -1, 0])), STEP_WHOLE)
 
 
 def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(gloo_steps):

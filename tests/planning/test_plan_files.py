@@ -68,8 +68,8 @@ CASES = [
     ({"tables__0__sharding_type": "row_wise", "tables__0__shards__0__row_offset": 0, "tables__0__shards__0__rows": 5,
       "tables__0__shards__1__row_offset": 5, "tables__0__shards__1__rows": 5},
      "row block 0 must be rows 0..25 of every column on rank 0 (TorchRec's row-wise cut)"),
-    ({"tables__0__sharding_type": 5}, "sharding_type must be table_wise (one shard), column_wise, row_wise, "
-                                      "table_row_wise or data_parallel, got 5"),
+    ({"tables__0__sharding_type": 5}, "sharding_type must be table_wise (one shard), column_wise, table_column_wise, "
+                                      "row_wise, table_row_wise or data_parallel, got 5"),
     ({"tables__0__sharding_type": "table_row_wise"}, "table 0 ('a'): row_offset None outside"),
     ({"tables__0__sharding_type": "data_parallel"}, "a data_parallel table needs a whole shard on every rank"),
     ({"tables__0__sharding_type": "table_wise"}, "sharding_type must be table_wise (one shard)"),  # a split table

@@ -53,16 +53,28 @@ def test_row_wise_and_replicated_tables_reach_plan_json_and_torchrec(tmp_path, c
                                                               "row_wise") + ".*load_torchrec_plan.*")
 
 
+def test_table_column_wise_tables_reach_plan_json_and_torchrec(tmp_path, capsys):
+    """--sharding_types table_column_wise on one host: every table is handed out table_column_wise (whole ones as one
+    column block) in both files, which TorchRec takes as such."""
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", "table_column_wise", "--max_mem", "0.01",
+                                           "--torchrec_plan", tmp_path / "tr.json"))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    assert {t["sharding_type"] for t in rec["tables"]} == {"table_column_wise"}, rec["tables"]
+    plan = load_torchrec_plan(tmp_path / "tr.json", device_type="cpu")
+    assert {n: ps.sharding_type for n, ps in plan.plan[""].items()} == {t["module_name"]: t["sharding_type"]
+                                                                       for t in rec["tables"]}
+
+
 @pytest.mark.parametrize("more, line", [
     (("--sharding_types", "row_wise,sideways"), "--sharding_types: unknown type 'sideways'; name one or more of "
                                                 "data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
                                                 "table_column_wise, grid_shard, comma-separated, e.g. "
                                                 "--sharding_types data_parallel,table_wise,column_wise,row_wise"),
     (("--sharding_types", "row_wise,row_wise"), "--sharding_types: a type named twice; name one or more of .*"),
-    (("--sharding_types", "grid_shard,table_column_wise"), "--sharding_types grid_shard,table_column_wise: "
-                                                           "NeuroShardPlanner places none of them (it places "
-                                                           "data_parallel, table_wise, column_wise, row_wise, "
-                                                           "table_row_wise); add one of them"),
+    (("--sharding_types", "grid_shard"), "--sharding_types grid_shard: NeuroShardPlanner places none of them (it "
+                                         "places data_parallel, table_wise, column_wise, table_column_wise, row_wise, "
+                                         "table_row_wise); add one of them"),
     (("--sharding_types", TYPES, "--alg", "dim_greedy"), "--sharding_types plans with NeuroShardPlanner (--alg "
                                                          "neuroshard); drop --alg dim_greedy or drop --sharding_types"),
     (("--sharding_types", TYPES, "--measure"), "--sharding_types plans row-wise and data-parallel tables, which the "

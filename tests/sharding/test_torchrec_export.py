@@ -139,3 +139,33 @@ def test_a_table_row_wise_entry_is_torchrecs_on_one_host_only():
     with pytest.raises(UserError, match=r"^table 'a' is planned table_row_wise over all 2 ranks, but local_size=1 "
                                         r"makes several hosts; plan it for this topology$"):
         to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)
+
+
+def test_a_table_column_wise_entry_is_torchrecs_on_one_host_only():
+    """A table_column_wise entry holds column blocks as a column_wise one and becomes TorchRec's table_column_wise
+    sharding of the same blocks on the same ranks (a whole table one block); its shards are checked as a column_wise
+    table's; a local_size that makes several hosts is one line."""
+    import copy
+
+    from neuroshard.sharding.torchrec_export import check_spec
+
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "a", "rows": 11, "dim": 16, "sharding_type": "table_column_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 1}, {"col_offset": 8, "width": 4, "rank": 0},
+                    {"col_offset": 12, "width": 4, "rank": 1}]},
+        {"name": "b", "rows": 5, "dim": 8, "sharding_type": "table_column_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 0}]}]}
+    plan = to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused").plan[""]
+    assert plan["a"].sharding_type == plan["b"].sharding_type == "table_column_wise"
+    assert plan["a"].compute_kernel == "fused"
+    assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in plan["a"].sharding_spec.shards] == [
+        ([0, 0], [11, 4], 1), ([0, 4], [11, 4], 1), ([0, 8], [11, 4], 0), ([0, 12], [11, 4], 1)]
+    assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in plan["b"].sharding_spec.shards] == [
+        ([0, 0], [5, 8], 0)]
+    bad = copy.deepcopy(spec)
+    bad["tables"][0]["shards"][1]["col_offset"] = 9
+    with pytest.raises(UserError, match=r"table 0 \('a'\): columns not covered exactly once \(column 8\)"):
+        check_spec(bad)
+    with pytest.raises(UserError, match=r"^table 'a' is planned table_column_wise over all 2 ranks, but local_size=1 "
+                                        r"makes several hosts; plan it for this topology$"):
+        to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)

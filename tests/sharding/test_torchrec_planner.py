@@ -6,6 +6,7 @@ import logging
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -268,10 +269,10 @@ def test_no_room_is_one_line(models):
 
 
 @pytest.mark.parametrize("kinds, fragment", [
-    ({"item": ["table_column_wise"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
-                                      "column_wise, row_wise, table_row_wise, data_parallel, the sharding types "
-                                      "NeuroShardPlanner places"),
-    ({"tags": ["table_column_wise", "grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
+    ({"item": ["grid_shard"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
+                               "column_wise, table_column_wise, row_wise, table_row_wise, data_parallel, the sharding "
+                               "types NeuroShardPlanner places"),
+    ({"tags": ["grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
 ])
 def test_a_table_allowing_no_type_placed_gets_torchrecs_plan_or_one_line(models, kinds, fragment):
     """Only types the search does not place: TorchRec's planner places the table, and its plan is handed out
@@ -303,6 +304,32 @@ def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models):
     two.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda", hbm_cap=10**6)
     two.enumerator.topology = two.topology
     assert two.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == "table_row_wise"
+    assert two.last_result.plan is None and any("places on a topology of one host only" in n
+                                                for n in two.last_result.notes), two.last_result.notes
+
+
+def test_a_table_column_wise_only_table_goes_in_its_own_group_on_one_host(models):
+    """table_column_wise alone: on one host NeuroShard cuts its column halvings and hands them out as
+    table_column_wise, priced in a sharding group of their own (the same plan with the table column_wise is priced
+    the column-wise group's collectives once, here twice); over two hosts TorchRec's plan is handed out."""
+    from torchrec.distributed.planner import Topology
+
+    kinds = {"user": ["table_column_wise"], "geo": ["column_wise"]}
+    one = planner(models, TIGHT, kinds=kinds, debug=False)
+    plan = one.plan(w.TwoTowerModel(), sharders())
+    ps, res = plan.plan["top"]["user"], one.last_result
+    assert ps.sharding_type == "table_column_wise" and res.plan is not None and res.chosen == "neuroshard"
+    assert plan.plan["top"]["geo"].sharding_type == "column_wise"
+    assert sorted((m.shard_offsets[1], m.shard_sizes[1]) for m in ps.sharding_spec.shards) == [(0, 32), (32, 32)]
+    user = [t.name for t in res.tables].index("user")
+    assert list(res.task.table_column_wise) == [t == user for t in range(len(res.tables))]
+    as_cw = replace(res.task, column_wise=res.task.column_wise | res.task.table_column_wise, table_column_wise=None)
+    sim = one.simulator
+    assert sim.plan_cost(res.task, res.plan).cost_ms > sim.plan_cost(as_cw, res.plan).cost_ms
+    two = planner(models, TIGHT, kinds=kinds, debug=False)
+    two.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda", hbm_cap=TIGHT)
+    two.enumerator.topology = two.topology
+    assert two.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == "table_column_wise"
     assert two.last_result.plan is None and any("places on a topology of one host only" in n
                                                 for n in two.last_result.notes), two.last_result.notes
 
@@ -415,13 +442,15 @@ def test_collective_plan_needs_a_matching_process_group(models, tmp_path):
         dist.destroy_process_group()
 
 
-def test_collective_plan_runs_in_distributed_model_parallel(models):
+@pytest.mark.parametrize("geo_kind", ["column_wise", "table_column_wise"])
+def test_collective_plan_runs_in_distributed_model_parallel(models, geo_kind):
     """2 gloo ranks: a model rank 0 refuses gives every rank the same error, and so does a rank whose model
     differs from rank 0's (no rank waits forever); then DistributedModelParallel(model,
     plan=planner.collective_plan(model, sharders, pg)) gives the unsharded model's pooled outputs, each
-    rank holding exactly the columns the plan gives it."""
+    rank holding exactly the columns the plan gives it ("geo" table_column_wise: a sharding group beside
+    "user"'s column_wise one)."""
     got = {}
-    kinds, bad = {"geo": ["column_wise"]}, {"item": ["row_wise"]}
+    kinds, bad = {"geo": [geo_kind]}, {"item": ["row_wise"]}
     run_processes(w.dmp_matches_unsharded, 2, (str(models), TIGHT, kinds, bad, 6),
                   lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
     assert set(got) == {0, 1}
@@ -434,7 +463,7 @@ def test_collective_plan_runs_in_distributed_model_parallel(models):
                                   for c in range(s["col_offset"], s["col_offset"] + s["width"]))
                 for spec in specs.values() for t in spec["tables"]}
         assert {n: sorted(c) for n, c in held.items()} == {n: c for n, c in want.items() if c}, rank
-        assert types["top"]["geo"] == "column_wise" and types["top"]["user"] == "column_wise"
+        assert types["top"]["geo"] == geo_kind and types["top"]["user"] == "column_wise"
     assert set(specs) == {"top", "tower.ebc"}
 
 

@@ -9,7 +9,8 @@
 - Sharding types: NeuroShard places tables whole (`table_wise`), in column halves (`column_wise`) or, where no
   rank holds a table even in its narrowest column shard, in row blocks (`row_wise`, `row_wise.py`; handed out
   as `table_row_wise` where only that is allowed and the topology is one host, on which TorchRec cuts both
-  alike); a table that allows only table-wise is never split, one that allows only column-wise is handed out
+  alike); column shards go `table_column_wise` where that is allowed and `column_wise` is not, on one host
+  (the same column blocks, run in a sharding group of their own, which the step cost prices); a table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
   that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well
   (TorchRec's sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
@@ -34,10 +35,12 @@ from ...core.costs import Cluster
 from ...data.features import can_split, ids_reuse_histogram, table_size_gb
 from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
-from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_ROW_WISE, TABLE_WISE, Enumeration,
-                    Enumerator, PlannedTable)
+from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_COLUMN_WISE, TABLE_ROW_WISE, TABLE_WISE,
+                    Enumeration, Enumerator, PlannedTable)
 
-PLACED = (TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE)  # the sharding types NeuroShardPlanner places
+# the sharding types NeuroShardPlanner places
+PLACED = (TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE)
+ONE_HOST = (TABLE_ROW_WISE, TABLE_COLUMN_WISE)  # placed on a topology of one host only
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
 logger = logging.getLogger(__name__)
@@ -70,7 +73,8 @@ class EmbeddingBagEnumerator(Enumerator):
             raise UserError(f"ids= names table(s) no planned EmbeddingBagCollection has: {_names(unknown_ids)}; use "
                             "the names of the EmbeddingBagConfigs")
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
-        task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool))  # priced as run
+        task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool),  # priced as run
+                       table_column_wise=np.array([t.column_wise_type == TABLE_COLUMN_WISE for t in tables], bool))
         counter = StorageCounter(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
                                  module, sharders)
         task = replace(task, storage=counter.halvings(tables, task.rows, task.dims, self.memory_kind))
@@ -95,12 +99,12 @@ class EmbeddingBagEnumerator(Enumerator):
                         f"{', '.join(PLACED + (DATA_PARALLEL,))}, the sharding types NeuroShardPlanner places; add one "
                         "of them")
         allowed &= offered
-        if TABLE_ROW_WISE in allowed and getattr(self.topology, "local_world_size", None) != getattr(
-                self.topology, "world_size", None):
-            allowed.discard(TABLE_ROW_WISE)  # on several hosts it cuts a table over one host's ranks only
+        hosts = allowed & set(ONE_HOST)
+        if hosts and getattr(self.topology, "local_world_size", None) != getattr(self.topology, "world_size", None):
+            allowed -= hosts  # on several hosts they cut a table over one host's ranks only
             if not allowed and not data_parallel and not unplaced:
-                unplaced = (f"{where}: it allows only {TABLE_ROW_WISE} of the types NeuroShardPlanner places, which it "
-                            "places on a topology of one host only (local_world_size = world_size)")
+                unplaced = (f"{where}: it allows only {' and '.join(sorted(hosts))} of the types NeuroShardPlanner "
+                            "places, which it places on a topology of one host only (local_world_size = world_size)")
         if not allowed and not data_parallel and not unplaced:
             unplaced = (f"{where}: its sharder {type(sharder).__name__} offers none of "
                         f"{', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} on {self.device_type}; pass "
@@ -132,11 +136,13 @@ class EmbeddingBagEnumerator(Enumerator):
                 raise UserError(f"{where}: ids[{name!r}] holds id {int(ids.max())}, beyond its {rows:,} rows; pass the "
                                 "ids the table is looked up with (row numbers below its rows)")
             measured = dict(zip(BIN_COLUMNS, ids_reuse_histogram(ids).tolist()))
-        table = PlannedTable(path, name, COLUMN_WISE in allowed and TABLE_WISE not in allowed, COLUMN_WISE in allowed,
+        columns = bool(allowed & {COLUMN_WISE, TABLE_COLUMN_WISE})
+        table = PlannedTable(path, name, columns and TABLE_WISE not in allowed, columns,
                              min_width(c, where), bool(allowed & {ROW_WISE, TABLE_ROW_WISE}),
-                             not allowed & {TABLE_WISE, COLUMN_WISE}, data_parallel=data_parallel,
+                             not allowed & {TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE}, data_parallel=data_parallel,
                              data_parallel_only=not allowed and data_parallel, unplaced=unplaced,
-                             row_wise_type=ROW_WISE if ROW_WISE in allowed else TABLE_ROW_WISE)
+                             row_wise_type=ROW_WISE if ROW_WISE in allowed else TABLE_ROW_WISE,
+                             column_wise_type=COLUMN_WISE if COLUMN_WISE in allowed or not columns else TABLE_COLUMN_WISE)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,
                        **measured}, c is None
 

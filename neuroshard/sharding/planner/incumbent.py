@@ -8,7 +8,7 @@ import re
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from ..torchrec_baseline import sharding_slices
-from .types import COLUMN_WISE, DATA_PARALLEL, ROW_WISE_KINDS, TABLE_WISE, Enumeration
+from .types import COLUMN_WISE_KINDS, DATA_PARALLEL, ROW_WISE_KINDS, TABLE_WISE, Enumeration
 
 
 def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders,
@@ -33,10 +33,10 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
             table = found.tables[t] if t is not None else None
             kind = None if table is None else (table.row_wise_type if table.row_block == 0 else DATA_PARALLEL
                                                if table.replica == 0 else ps.sharding_type)
-            if table is None or ps.sharding_type != kind or kind not in (TABLE_WISE, COLUMN_WISE, *ROW_WISE_KINDS,
-                                                                          DATA_PARALLEL):
+            if table is None or ps.sharding_type != kind or kind not in (TABLE_WISE, *COLUMN_WISE_KINDS,
+                                                                          *ROW_WISE_KINDS, DATA_PARALLEL):
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
-            if kind in (TABLE_WISE, COLUMN_WISE):
+            if kind in (TABLE_WISE, *COLUMN_WISE_KINDS):
                 shardings.append((t, ps))
                 continue
             ranks = ([m.placement.rank() for m in ps.sharding_spec.shards] if kind in ROW_WISE_KINDS

@@ -17,7 +17,9 @@ process: enumerate, widen the dim-sum thresholds once where a whole block needs 
 `collective_plan` plans on rank 0 and sends the result to every rank. Both return a TorchRec `ShardingPlan`
 built by `torchrec_export.to_torchrec_plan`.
 
-- Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings), and `row_wise` (or, where only it is
+- Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings; `table_column_wise` where only that
+  column type is allowed on a topology of one host: the same blocks in a sharding group of their own), and
+  `row_wise` (or, where only it is
   allowed on a topology of one host, `table_row_wise`, which TorchRec cuts alike there) for a table no
   rank holds even in its narrowest column shards (or that allows only it): its row blocks, one per rank, are
   pinned to their ranks and the search places the rest around them (`row_wise.py`; on cpu the sharder must offer
@@ -82,8 +84,8 @@ from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
 from .row_wise import (ROW_WISE_CANDIDATES, ROW_WISE_MIN_GAIN, ROW_WISE_ROUNDS, data_parallel_tables, more_row_wise,
                        needs_row_wise, row_wise_attempts, with_row_blocks)
-from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, TABLE_WISE, Enumeration, Enumerator, Partitioner, PerfModel,
-                    PlannerResult, Proposer, Stats)
+from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, TABLE_COLUMN_WISE, TABLE_WISE, Enumeration, Enumerator,
+                    Partitioner, PerfModel, PlannerResult, Proposer, Stats)
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
     from torch import nn
@@ -288,8 +290,8 @@ class NeuroShardPlanner:
         kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
                  for t in spec["tables"]}
         note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
-                "do not price (table_row_wise over several hosts, table_column_wise, grid_shard and the UVM kernels are not "
-                f"in its search): {why}")
+                "do not price (table_row_wise and table_column_wise over several hosts, grid_shard and the UVM kernels "
+                f"are not in its search): {why}")
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
                              specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,
@@ -432,13 +434,13 @@ class NeuroShardPlanner:
 
 def sharding_types(found: Enumeration, plan: Placement) -> list[str]:
     """Per table (a row block counted as one), the sharding type TorchRec runs it in: the table's row-wise type
-    (`PlannedTable.row_wise_type`) for a row block,
-    column_wise for a split table and for a whole one that must be (the step cost's groups,
-    `ShardingTask.shard_groups`), else table_wise."""
+    (`PlannedTable.row_wise_type`) for a row block, its column-wise type (`column_wise_type`) for a split table and
+    for a whole one that must be (the step cost's groups, `ShardingTask.shard_groups`), else table_wise."""
     task, shard_tables = found.task, [s.table for s in plan.shards]
     group = np.zeros(len(found.tables), np.int64)
     np.maximum.at(group, shard_tables, task.shard_groups(shard_tables, [s.dim for s in plan.shards]))
-    return [(TABLE_WISE, COLUMN_WISE, table.row_wise_type, DATA_PARALLEL)[g] for g, table in zip(group, found.tables)]
+    return [(TABLE_WISE, COLUMN_WISE, table.row_wise_type, DATA_PARALLEL, TABLE_COLUMN_WISE)[g]
+            for g, table in zip(group, found.tables)]
 
 
 def module_specs(found: Enumeration, plan: Placement, kinds: list[str]) -> dict[str, dict]:

@@ -160,6 +160,8 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     new_task = replace(task, table_ids=task.table_ids[origin_a], dims=task.dims[origin_a], data_features=features,
                        num_rows=n_rows, column_wise=None if task.column_wise is None else
                        np.asarray(task.column_wise, bool)[origin_a] & ~pinned,
+                       table_column_wise=None if task.table_column_wise is None else
+                       np.asarray(task.table_column_wise, bool)[origin_a] & ~pinned,
                        storage=storage, row_block=block_a, replica=replica_a)
     no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or pinned[i])
     notes = []

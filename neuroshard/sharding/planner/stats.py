@@ -7,7 +7,7 @@ import logging
 import textwrap
 
 from ...core.tables import format_table
-from .types import COLUMN_WISE, DATA_PARALLEL, ROW_WISE_KINDS, TABLE_WISE, PlannerResult, Stats
+from .types import COLUMN_WISE_KINDS, DATA_PARALLEL, ROW_WISE_KINDS, TABLE_WISE, PlannerResult, Stats
 
 NOTE_WIDTH = 100  # notes wrap at this many characters
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class NeuroShardStats(Stats):
         for r in range(N):
             kinds = [result.sharding_types[t] for t in per_rank[r]]
             body.append([f"{r}{' *' if r == cost.critical_device else ''}", str(len({name[t] for t in per_rank[r]})),
-                         "/".join(str(sum(k in group for k in kinds)) for group in ((TABLE_WISE,), (COLUMN_WISE,),
+                         "/".join(str(sum(k in group for k in kinds)) for group in ((TABLE_WISE,), COLUMN_WISE_KINDS,
                                                                                     ROW_WISE_KINDS, (DATA_PARALLEL,))),
                          f"{mem[r] * scale:.3f} ({100 * mem[r] / cap_gb:.0f}%)",
                          *(f"{x:.3f}" for x in (cost.compute_ms[r], cost.fw_ms[r], cost.bw_ms[r],

@@ -23,7 +23,7 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import halvings
 from ...data.tasks import ShardStorage
-from .types import COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, TABLE_WISE, PlannedTable
+from .types import DATA_PARALLEL, DENSE, FUSED, TABLE_WISE, PlannedTable
 
 DEFAULT_RESERVATION = 0.15  # TorchRec's EmbeddingShardingPlanner(heuristical_storage_reservation_percentage=)
 
@@ -92,7 +92,7 @@ def reserved_budget(reservation, topology, batch_size: int, module, sharders, co
 
 def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: bool = False) -> dict:
     """The caller's constraints with each table's sharding types cut to those NeuroShard places (table_wise,
-    column_wise and/or row_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as
+    column_wise (or table_column_wise) and/or row_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as
     given (data_parallel on TorchRec's `dense` kernel). `decided`: `tables` holds the row blocks of the tables
     NeuroShard shards row-wise and the replicas of those it runs data-parallel (`row_wise.py`), and only those may go
     row-wise or data-parallel, and only so (the plan TorchRec's planner makes of the same choice)."""
@@ -112,7 +112,7 @@ def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: 
             kinds, kernels = [DATA_PARALLEL], [DENSE]
         else:
             kinds = ([] if table.column_wise_only or table.row_wise_only else [TABLE_WISE]) + (
-                [COLUMN_WISE] if table.splittable else []) + ([table.row_wise_type] if table.row_wise and not decided
+                [table.column_wise_type] if table.splittable else []) + ([table.row_wise_type] if table.row_wise and not decided
                                                               else [])
             if table.data_parallel and not decided:
                 kinds, kernels = kinds + [DATA_PARALLEL], [FUSED, DENSE]
@@ -168,7 +168,7 @@ class StorageCounter:
             if table.unplaced:
                 continue  # fits no rank: the search cannot place it
             for k, width in enumerate(widths[t]):
-                kind = COLUMN_WISE if k > 0 or table.column_wise_only else TABLE_WISE
+                kind = table.column_wise_type if k > 0 or table.column_wise_only else TABLE_WISE
                 if width < table.narrowest(dims[t]):
                     continue  # narrower than min_partition: fits no rank
                 counted = self.shards(table.module_path, table.name, kind, FUSED, [(int(rows[t]), width)])

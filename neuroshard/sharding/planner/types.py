@@ -23,6 +23,10 @@ TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", 
 # same ranks): NeuroShard places it so, priced in the row-wise group
 TABLE_ROW_WISE = "table_row_wise"
 ROW_WISE_KINDS = (ROW_WISE, TABLE_ROW_WISE)
+# on one host, TorchRec cuts a table_column_wise table into the column blocks of a column_wise one, and runs them in a
+# sharding group of their own: NeuroShard places its column halvings so, priced in that group
+TABLE_COLUMN_WISE = "table_column_wise"
+COLUMN_WISE_KINDS = (COLUMN_WISE, TABLE_COLUMN_WISE)
 FUSED, DENSE = "fused", "dense"  # the kernels: fused for sharded tables, dense for data-parallel ones (TorchRec's)
 
 
@@ -43,6 +47,8 @@ class PlannedTable:
     unplaced: str = ""        # why the search cannot place it (no type it places is allowed); "": it can
     replica: int = -1         # this entry is rank r's replica of a data-parallel table (`row_wise.py`); -1: not one
     row_wise_type: str = ROW_WISE  # what its row blocks are handed out as: row_wise, else table_row_wise (one host)
+    column_wise_type: str = COLUMN_WISE  # what its column shards are handed out as: column_wise, else
+                                         # table_column_wise (one host, where only that is allowed)
 
     def narrowest(self, dim: int) -> int:
         """The narrowest shard of this table (of `dim` columns) the search may cut: the smallest column halving of at
