@@ -63,6 +63,8 @@ class ShardingTask:
                                          # search places; None: none
     replica: np.ndarray | None = None    # [T] int: the rank holding this table, its replica of a table TorchRec runs
                                          # data-parallel (`NeuroShardPlanner`), -1 for others; None: none
+    grid_shard: np.ndarray | None = None  # [T] bool: a row block of a table TorchRec runs grid_shard (a sharding group
+                                          # of its own; `NeuroShardPlanner`, one host); None: none
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -94,14 +96,17 @@ class ShardingTask:
 
     def shard_groups(self, tables, dims) -> np.ndarray:
         """Per shard (its table index and dim), the sharding group TorchRec runs it in (the step cost's groups,
-        `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table, else
-        `column_wise_shards`'s 1 or 0, its 1 made 4 for a table whose column shards run table_column_wise."""
+        `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table (5 of a
+        grid_shard one), else `column_wise_shards`'s 1 or 0, its 1 made 4 for a table whose column shards run
+        table_column_wise."""
         tables = np.asarray(tables, np.int64)
         group = self.column_wise_shards(tables, dims)
         if self.table_column_wise is not None:
             group = np.where((group == 1) & np.asarray(self.table_column_wise, bool)[tables], 4, group)
         if self.row_block is not None:
             group = np.where(np.asarray(self.row_block)[tables] >= 0, 2, group)
+        if self.grid_shard is not None:
+            group = np.where(np.asarray(self.grid_shard, bool)[tables], 5, group)
         if self.replica is not None:
             group = np.where(np.asarray(self.replica)[tables] >= 0, 3, group)
         return group

@@ -31,13 +31,10 @@ from ..core.errors import UserError
 from ..core.tables import format_table
 from ..data.table_list import TableList
 from ..sharding.plan_file import PLAN_KIND
-from ..sharding.planner.enumerators import PLACED as ENUMERATED
-from ..sharding.planner.types import DATA_PARALLEL
 from ..sharding.simulator import Simulator
 from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_torchrec_plan
 from .plan_report import predicted_record
 
-PLACED = (DATA_PARALLEL, *ENUMERATED)  # the sharding types NeuroShardPlanner places
 MEASURE_ROUNDS = 8  # interleaved rounds of the plan handed out and TorchRec's with --measure
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise", "table_column_wise",
                   "grid_shard")  # TorchRec's `ShardingType` values a constraint may name
@@ -51,16 +48,13 @@ def check_sharding_types(kinds) -> list[str]:
         why = (f"unknown type {bad[0][:40]!r}" if bad else "a type named twice" if kinds else "no type")
         raise UserError(f"--sharding_types: {why}; name one or more of {', '.join(SHARDING_TYPES)}, comma-separated, "
                         "e.g. --sharding_types data_parallel,table_wise,column_wise,row_wise")
-    if not set(kinds) & set(PLACED):
-        raise UserError(f"--sharding_types {','.join(kinds)}: NeuroShardPlanner places none of them (it places "
-                        f"{', '.join(PLACED)}); add one of them")
     return kinds
 
 
 def row_wise_allowed(kinds) -> bool:
     """Whether --sharding_types lets a table too large for any rank go row-wise (the table list's own check of
     that is then the planner's)."""
-    return kinds is not None and bool({"row_wise", "table_row_wise"} & set(kinds))
+    return kinds is not None and bool({"row_wise", "table_row_wise", "grid_shard"} & set(kinds))
 
 
 def table_list_module(tl: TableList):

@@ -23,7 +23,7 @@ from .torchrec_export import SPEC_KIND, spec_from_json
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
-PINNED_KINDS = ("row_wise", "table_row_wise", "data_parallel")  # NeuroShardPlanner's kinds a task cannot place
+PINNED_KINDS = ("row_wise", "table_row_wise", "grid_shard", "data_parallel")  # NeuroShardPlanner's kinds a task cannot place
 
 
 def plan_record(spec: dict, pooling_factors, **fields) -> dict:

@@ -31,8 +31,10 @@ lookups (the local batch's), reads its own ids and keeps its output (no input di
 all-to-all), and its gradient is all-reduced (its width: the floats a ring sends per rank, over the batch,
 `comm_widths`). A table whose constraints allow `table_column_wise` and not `column_wise` runs its column shards in
 a fifth group, TorchRec's table-column-wise sharding: on one host the column-wise group's collectives over its own
-shards (input distribution, backward and forward all-to-all), priced as that group's. The row-wise and
-data-parallel groups' collectives are priced by their own measured costs where the models folder has them
+shards (input distribution, backward and forward all-to-all), priced as that group's. A table whose constraints
+allow `grid_shard` and no other row type is a sixth group: on one host TorchRec's grid sharding holds on rank r its
+row block r of every column, as row-wise, and runs its collectives apart; priced as the row-wise group's. The
+row-wise and data-parallel groups' collectives are priced by their own measured costs where the models folder has them
 (`comm_<N>_collectives.json`, `models/collective_models.py`: the reduce-scatter on the group's dim sum, after the
 last-ready rank when it is the first group to synchronise; the all-gather on the same dims; the all-reduce on the
 group's width). Without that file the reduce-scatter is priced by the forward comm model as an all-to-all of dim
@@ -86,10 +88,11 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
-GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_column_wise")
+GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_column_wise", "grid_shard")
 # per group: whether TorchRec moves its input and pooled output by all-to-all (a data-parallel table reads its
 # rank's own ids and keeps its output; only its gradient crosses ranks, in an all-reduce)
-ALL_TO_ALL = np.array([True, True, True, False, True])
+ALL_TO_ALL = np.array([True, True, True, False, True, True])
+ROW_GROUPS = (2, 5)  # the groups of row blocks: a reduce-scatter forward, an all-gather backward
 
 
 def check_cost(cost: str, name: str = "--cost") -> str:
@@ -285,8 +288,8 @@ class Simulator:
         present = (dims.sum(axis=2) > 0)[..., None]                                   # [P, G, 1]
         a2a = ALL_TO_ALL[:G][None, :, None]                                           # [1, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
-        if self.coll is not None:  # the row-wise group's all-gather, the data-parallel group's all-reduce
-            for g, name in ((2, "all_gather"), (3, "all_reduce")):
+        if self.coll is not None:  # the row-wise groups' all-gather, the data-parallel group's all-reduce
+            for g, name in ((2, "all_gather"), (3, "all_reduce"), (5, "all_gather")):
                 if g < G:
                     bw[:, g] = self.coll.predict_np(name, dims[:, g])
         inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
@@ -297,9 +300,9 @@ class Simulator:
         first = np.argmax((present & a2a)[..., 0], axis=1)                           # [P]
         waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
         fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1)).reshape(P, G, N)
-        if self.coll is not None and G > 2:  # the row-wise group's reduce-scatter, after the last-ready rank's delay
-            rw = waits[:, 2]
-            fw[:, 2] = self.coll.predict_np("reduce_scatter", dims[:, 2]) + (rw.max(axis=1, keepdims=True) - rw)
+        for g in (g for g in ROW_GROUPS if self.coll is not None and g < G):  # the row-wise groups' reduce-scatter,
+            rw = waits[:, g]                                                  # after the last-ready rank's delay
+            fw[:, g] = self.coll.predict_np("reduce_scatter", dims[:, g]) + (rw.max(axis=1, keepdims=True) - rw)
         fw = np.where(present & a2a, fw, 0.0).sum(axis=1)
         per_device = ready + fw  # (compute + bw) + fw, as Cost.per_device_ms adds them
         if self.step_fit is not None:
@@ -400,7 +403,7 @@ def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np
                num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
     of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise, 3 data-parallel, 4
-    table-column-wise), device,
+    table-column-wise, 5 grid), device,
     width (`comm_widths`) and input words -> per placement, group and device the width sums and input words
     ([P, G, N] each), added in shard order."""
     P, L = group.shape

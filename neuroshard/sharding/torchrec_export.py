@@ -6,7 +6,9 @@ code) and what `read_torchrec_plan`, the file's one reader, gives back.
 `to_torchrec_plan(spec)` builds the TorchRec plan with TorchRec's own helpers: `table_wise(rank)`
 for a table in one piece, `column_wise(ranks=...)` for a split one, and the per-table step of
 `construct_module_sharding_plan` on each table's shape (no module is built); a `row_wise` entry
-(`NeuroShardPlanner`'s tables no rank holds) is TorchRec's `row_wise()`, its row blocks checked to be TorchRec's; a
+(`NeuroShardPlanner`'s tables no rank holds) is TorchRec's `row_wise()`, its row blocks checked to be TorchRec's (a
+`table_row_wise` or `grid_shard` entry holds the same blocks and is TorchRec's sharding of that type on one host; a
+`table_column_wise` one holds column blocks, as `column_wise`); a
 `data_parallel` entry (its replicated small tables) is TorchRec's `data_parallel()`, on its dense kernel. A NeuroShard table may be
 cut into halves of different widths (128 -> 64 + 32 + 32) while `column_wise` cuts equal blocks, so a split table is given as blocks of
 its narrowest shard's width, each on the rank of the shard that holds it: the same columns on the
@@ -28,6 +30,7 @@ from ..data.table_list import MAX_DIM, MAX_NAME_CHARS, MAX_ROWS, MAX_TABLES
 from .plan import Placement
 
 SPEC_KIND = "neuroshard.torchrec_plan"
+ROW_KINDS = ("row_wise", "table_row_wise", "grid_shard")  # entries of row blocks: on rank r its rows of every column
 MAX_WORLD_SIZE = 1024        # like --ndevices
 
 
@@ -89,7 +92,7 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
         dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
         shards = t.get("shards")
-        if t.get("sharding_type") in ("row_wise", "table_row_wise", "data_parallel"):
+        if t.get("sharding_type") in ROW_KINDS + ("data_parallel",):
             _check_pinned_shards(at, t, world)
             continue
         if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
@@ -127,7 +130,7 @@ def _check_pinned_shards(at: str, t: dict, world: int) -> None:
     from .planner.row_wise import row_blocks
 
     shards, dim = t.get("shards"), t["dim"]
-    if t["sharding_type"] in ("row_wise", "table_row_wise"):
+    if t["sharding_type"] in ROW_KINDS:
         keys, want = ("col_offset", "width", "rank", "row_offset", "rows"), [
             (0, dim, r, offset, rows) for r, (offset, rows) in enumerate(row_blocks(t["rows"], world))]
         need = (f"a {t['sharding_type']} table needs one shard per rank ({world}), each an object with col_offset, "
@@ -180,6 +183,15 @@ def _with_kernel(generator, compute_kernel: str | None):
     return generate
 
 
+def _grid_blocks(t: dict, world: int) -> int:
+    """How many column blocks TorchRec's grid_shard cuts the table into (its own rule, on one host of `world` ranks)."""
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+
+    sizes, _ = calculate_shard_sizes_and_offsets(torch.empty((t["rows"], t["dim"]), device="meta"), world, world,
+                                                 "grid_shard")
+    return len(sizes) // world
+
+
 def _as_type(generator, sharding_type: str):
     """TorchRec's sharding generator with the ParameterSharding's type set to `sharding_type` (TorchRec has no helper
     for table_column_wise: on one host its shards are column_wise's, `calculate_shard_sizes_and_offsets`)."""
@@ -199,7 +211,8 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_row_wise, table_wise
+    from torchrec.distributed.sharding_plan import (column_wise, data_parallel, grid_shard, row_wise, table_row_wise,
+                                                    table_wise)
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan as TorchRecShardingPlan
 
     check_spec(spec)
@@ -212,6 +225,12 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
                 raise UserError(f"table {t['name']!r} is planned table_row_wise over all {spec['world_size']} ranks, "
                                 f"but local_size={local_size} makes several hosts; plan it for this topology")
             per_param[t["module_name"]] = _with_kernel(table_row_wise(host_index=0), compute_kernel)
+        elif t.get("sharding_type") == "grid_shard":  # one host: every column block row-wise over its ranks
+            if local_size not in (None, spec["world_size"]):
+                raise UserError(f"table {t['name']!r} is planned grid_shard over all {spec['world_size']} ranks, "
+                                f"but local_size={local_size} makes several hosts; plan it for this topology")
+            per_param[t["module_name"]] = _with_kernel(grid_shard(host_indexes=[0] * _grid_blocks(t, spec["world_size"])),
+                                                       compute_kernel)
         elif t.get("sharding_type") == "data_parallel":  # TorchRec's dense kernel
             per_param[t["module_name"]] = data_parallel()
         elif len(t["shards"]) == 1 and t.get("sharding_type") not in ("column_wise", "table_column_wise"):

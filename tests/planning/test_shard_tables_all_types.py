@@ -72,9 +72,6 @@ def test_table_column_wise_tables_reach_plan_json_and_torchrec(tmp_path, capsys)
                                                 "table_column_wise, grid_shard, comma-separated, e.g. "
                                                 "--sharding_types data_parallel,table_wise,column_wise,row_wise"),
     (("--sharding_types", "row_wise,row_wise"), "--sharding_types: a type named twice; name one or more of .*"),
-    (("--sharding_types", "grid_shard"), "--sharding_types grid_shard: NeuroShardPlanner places none of them (it "
-                                         "places data_parallel, table_wise, column_wise, table_column_wise, row_wise, "
-                                         "table_row_wise); add one of them"),
     (("--sharding_types", TYPES, "--alg", "dim_greedy"), "--sharding_types plans with NeuroShardPlanner (--alg "
                                                          "neuroshard); drop --alg dim_greedy or drop --sharding_types"),
     (("--sharding_types", TYPES, "--measure"), "--sharding_types plans row-wise and data-parallel tables, which the "

@@ -169,3 +169,28 @@ def test_a_table_column_wise_entry_is_torchrecs_on_one_host_only():
     with pytest.raises(UserError, match=r"^table 'a' is planned table_column_wise over all 2 ranks, but local_size=1 "
                                         r"makes several hosts; plan it for this topology$"):
         to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)
+
+
+def test_a_grid_shard_entry_is_torchrecs_on_one_host_only():
+    """A grid_shard entry holds the row blocks of a row_wise one (checked alike) and becomes TorchRec's grid_shard of
+    its column blocks (TorchRec's width: 128 of 256 columns), each row-wise over the host's ranks: every rank its rows
+    of every column; a local_size that makes several hosts is one line."""
+    import copy
+
+    from neuroshard.sharding.torchrec_export import check_spec
+
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "g", "rows": 11, "dim": 256, "sharding_type": "grid_shard",
+         "shards": [{"col_offset": 0, "width": 256, "rank": 0, "row_offset": 0, "rows": 6},
+                    {"col_offset": 0, "width": 256, "rank": 1, "row_offset": 6, "rows": 5}]}]}
+    plan = to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused").plan[""]
+    assert plan["g"].sharding_type == "grid_shard" and plan["g"].compute_kernel == "fused"
+    assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in plan["g"].sharding_spec.shards] == [
+        ([0, 0], [6, 128], 0), ([6, 0], [5, 128], 1), ([0, 128], [6, 128], 0), ([6, 128], [5, 128], 1)]
+    bad = copy.deepcopy(spec)
+    bad["tables"][0]["shards"][1]["rank"] = 0
+    with pytest.raises(UserError, match="row block 1 must be rows 6..11 of every column on rank 1"):
+        check_spec(bad)
+    with pytest.raises(UserError, match=r"^table 'g' is planned grid_shard over all 2 ranks, but local_size=1 "
+                                        r"makes several hosts; plan it for this topology$"):
+        to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)

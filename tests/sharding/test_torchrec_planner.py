@@ -269,41 +269,57 @@ def test_no_room_is_one_line(models):
 
 
 @pytest.mark.parametrize("kinds, fragment", [
-    ({"item": ["grid_shard"]}, "table 'item' of EmbeddingBagCollection 'top'.*allow none of table_wise, "
-                               "column_wise, table_column_wise, row_wise, table_row_wise, data_parallel, the sharding "
-                               "types NeuroShardPlanner places"),
-    ({"tags": ["grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc'"),
+    ({"item": ["grid_shard"]}, "table 'item' of EmbeddingBagCollection 'top': it allows only grid_shard of the types "
+                               "NeuroShardPlanner places, which it places on a topology of one host only"),
+    ({"tags": ["table_column_wise", "grid_shard"]}, "table 'tags' of EmbeddingBagCollection 'tower.ebc': it allows "
+                                                    "only grid_shard and table_column_wise of the types"),
 ])
 def test_a_table_allowing_no_type_placed_gets_torchrecs_plan_or_one_line(models, kinds, fragment):
-    """Only types the search does not place: TorchRec's planner places the table, and its plan is handed out
-    unchanged, with the reason in the notes; without compare it is one line."""
-    p = planner(models, kinds=kinds, debug=False)
+    """Only types the search does not place (those of one host, on two): TorchRec's planner places the table, and
+    its plan is handed out unchanged, with the reason in the notes; without compare it is one line."""
+    from torchrec.distributed.planner import Topology
+
+    def two_hosts(**kw):
+        p = planner(models, kinds=kinds, **kw)
+        p.topology = p.enumerator.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda",
+                                                      hbm_cap=10**6)
+        return p
+
+    p = two_hosts(debug=False)
     plan = p.plan(w.TwoTowerModel(), sharders())
     (table, allowed), = kinds.items()
     path = "top" if table == "item" else "tower.ebc"
     assert p.last_result.plan is None and plan.plan[path][table].sharding_type in allowed
     assert any(re.search(fragment, n) for n in p.last_result.notes), p.last_result.notes
     with pytest.raises(UserError, match=fragment):
-        planner(models, kinds=kinds, compare=False).plan(w.TwoTowerModel(), sharders())
+        two_hosts(compare=False).plan(w.TwoTowerModel(), sharders())
 
 
-def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models):
-    """table_row_wise alone: on a topology of one host TorchRec cuts it as row_wise, and NeuroShard places its
-    blocks so and hands them out as table_row_wise; over two hosts it cuts it over one host's ranks, which the
-    search does not place, so TorchRec's plan is handed out (and without compare it is one line)."""
+@pytest.mark.parametrize("kind", ["table_row_wise", "grid_shard"])
+def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models, kind):
+    """table_row_wise (or grid_shard) alone: on a topology of one host TorchRec cuts it into the row blocks of
+    row_wise (grid: of each column block, here one), and NeuroShard places its blocks so and hands them out as that
+    type (grid's blocks priced in a group of their own, as the row-wise group's); over two hosts it cuts it over one
+    host's ranks, which the search does not place, so TorchRec's plan is handed out (and without compare it is one
+    line)."""
     from torchrec.distributed.planner import Topology
 
-    kinds = {"user": ["table_row_wise"]}
+    kinds = {"user": [kind]}
     one = planner(models, kinds=kinds, debug=False)
     plan = one.plan(w.TwoTowerModel(), sharders())
-    ps = plan.plan["top"]["user"]
-    assert ps.sharding_type == "table_row_wise" and one.last_result.plan is not None
+    ps, res = plan.plan["top"]["user"], one.last_result
+    assert ps.sharding_type == kind and res.plan is not None
     assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in ps.sharding_spec.shards] == [
         ([0, 0], [200, 64], 0), ([200, 0], [200, 64], 1)]
+    blocks = [t.name == "user" for t in res.tables]
+    assert list(res.task.grid_shard) == [b and kind == "grid_shard" for b in blocks]
+    if kind == "grid_shard":  # alone, the grid group costs what the row-wise group would
+        as_rw = replace(res.task, grid_shard=None)
+        assert one.simulator.plan_cost(res.task, res.plan).cost_ms == one.simulator.plan_cost(as_rw, res.plan).cost_ms
     two = planner(models, kinds=kinds, debug=False)
     two.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda", hbm_cap=10**6)
     two.enumerator.topology = two.topology
-    assert two.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == "table_row_wise"
+    assert two.plan(w.TwoTowerModel(), sharders()).plan["top"]["user"].sharding_type == kind
     assert two.last_result.plan is None and any("places on a topology of one host only" in n
                                                 for n in two.last_result.notes), two.last_result.notes
 
@@ -467,12 +483,13 @@ def test_collective_plan_runs_in_distributed_model_parallel(models, geo_kind):
     assert set(specs) == {"top", "tower.ebc"}
 
 
-@pytest.mark.parametrize("user_kinds", [None, ["table_row_wise"]])
+@pytest.mark.parametrize("user_kinds", [None, ["table_row_wise"], ["grid_shard"]])
 def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(models, user_kinds):
     """2 gloo CPU ranks with `RowWiseSharder`: "user", kept whole by its min_partition and over a rank's budget,
-    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns; table_row_wise where only
-    that is allowed, on this one host), the tables with fewer rows than the global batch that may go data-parallel
-    are replicated, and the others follow "user" row-wise where the step cost rates it cheaper (here both);
+    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns; table_row_wise or grid_shard
+    where only that is allowed, on this one host), the tables with fewer rows than the global batch that may go data-parallel
+    are replicated, and the others follow "user" row-wise where the step cost rates it cheaper (here both; not beside
+    a grid_shard "user", whose group is apart);
     DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
     got = {}
     kinds = {"geo": None, "tags": None, **({"user": user_kinds} if user_kinds else {})}
@@ -486,6 +503,9 @@ def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(mod
         # fewer rows than the global batch of 64 (the planner batch of 32 a rank, 2 ranks): replicated
         assert types["top"]["geo"] == types["tower.ebc"]["tags"] == "data_parallel", types
         assert held["geo"] == [(0, 30, 0, 8)] and held["tags"] == [(0, 60, 0, 16)], held
+        if user_kinds == ["grid_shard"]:  # row-wise tables would be a group beside the grid one: not cheaper here
+            assert types["top"]["item"] == types["tower.ebc"]["history"] == "table_wise", types
+            continue
         # the step cost (hand models) rates the rest cheaper row-wise too (row_wise_by_cost): no table-wise group
         assert types["top"]["item"] == types["tower.ebc"]["history"] == "row_wise", types
         assert held["item"] == [(60 * rank, 60, 0, 32)] and held["history"] == [(100 * rank, 100, 0, 32)], held

@@ -10,7 +10,9 @@
   rank holds a table even in its narrowest column shard, in row blocks (`row_wise`, `row_wise.py`; handed out
   as `table_row_wise` where only that is allowed and the topology is one host, on which TorchRec cuts both
   alike); column shards go `table_column_wise` where that is allowed and `column_wise` is not, on one host
-  (the same column blocks, run in a sharding group of their own, which the step cost prices); a table that allows only table-wise is never split, one that allows only column-wise is handed out
+  (the same column blocks, run in a sharding group of their own, which the step cost prices), and row blocks
+  `grid_shard` where only that row type is allowed, on one host (each rank its rows of every column, as row-wise;
+  TorchRec offers it only where constraints name it); a table that allows only table-wise is never split, one that allows only column-wise is handed out
   column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
   that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well
   (TorchRec's sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
@@ -35,12 +37,13 @@ from ...core.costs import Cluster
 from ...data.features import can_split, ids_reuse_histogram, table_size_gb
 from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
-from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, ROW_WISE, TABLE_COLUMN_WISE, TABLE_ROW_WISE, TABLE_WISE,
-                    Enumeration, Enumerator, PlannedTable)
+from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, TABLE_COLUMN_WISE, TABLE_ROW_WISE,
+                    TABLE_WISE, Enumeration, Enumerator, PlannedTable)
 
 # the sharding types NeuroShardPlanner places
-PLACED = (TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE)
-ONE_HOST = (TABLE_ROW_WISE, TABLE_COLUMN_WISE)  # placed on a topology of one host only
+PLACED = (TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, GRID_SHARD)
+ONE_HOST = (TABLE_ROW_WISE, TABLE_COLUMN_WISE, GRID_SHARD)  # placed on a topology of one host only
+ROWS = (ROW_WISE, TABLE_ROW_WISE, GRID_SHARD)  # row blocks, in the order a table's row-wise type is picked
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
 logger = logging.getLogger(__name__)
@@ -92,7 +95,7 @@ class EmbeddingBagEnumerator(Enumerator):
         offered = set(sharder.sharding_types(self.device_type))
         data_parallel = DATA_PARALLEL in set(wanted or [DATA_PARALLEL]) and DATA_PARALLEL in offered and (
             kernels is None or DENSE in kernels)
-        allowed = set(PLACED) & set(wanted or PLACED)
+        allowed = set(PLACED) & set(wanted or set(PLACED) - {GRID_SHARD})  # grid: where named (TorchRec's rule)
         unplaced = ""  # why the search cannot place it: TorchRec's planner's plan may still be handed out
         if not allowed and not data_parallel:
             unplaced = (f"{where}: its ParameterConstraints.sharding_types {list(wanted)} allow none of "
@@ -138,10 +141,10 @@ class EmbeddingBagEnumerator(Enumerator):
             measured = dict(zip(BIN_COLUMNS, ids_reuse_histogram(ids).tolist()))
         columns = bool(allowed & {COLUMN_WISE, TABLE_COLUMN_WISE})
         table = PlannedTable(path, name, columns and TABLE_WISE not in allowed, columns,
-                             min_width(c, where), bool(allowed & {ROW_WISE, TABLE_ROW_WISE}),
+                             min_width(c, where), bool(allowed & set(ROWS)),
                              not allowed & {TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE}, data_parallel=data_parallel,
                              data_parallel_only=not allowed and data_parallel, unplaced=unplaced,
-                             row_wise_type=ROW_WISE if ROW_WISE in allowed else TABLE_ROW_WISE,
+                             row_wise_type=next((k for k in ROWS if k in allowed), ROW_WISE),
                              column_wise_type=COLUMN_WISE if COLUMN_WISE in allowed or not columns else TABLE_COLUMN_WISE)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,
                        **measured}, c is None

@@ -39,8 +39,8 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
             if kind in (TABLE_WISE, *COLUMN_WISE_KINDS):
                 shardings.append((t, ps))
                 continue
-            ranks = ([m.placement.rank() for m in ps.sharding_spec.shards] if kind in ROW_WISE_KINDS
-                     else list(ps.ranks or []))
+            ranks = ([m.placement.rank() for m in ps.sharding_spec.shards if m.shard_offsets[1] == 0]
+                     if kind in ROW_WISE_KINDS else list(ps.ranks or []))  # grid: the first column block's
             if ranks != list(range(topology.world_size)):  # block or replica r on rank r, as `row_wise.py` has them
                 raise PlanError(f"TorchRec's planner put {path}.{name} ({kind}) on ranks {ranks}")
             for r in ranks:

@@ -22,7 +22,10 @@ TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", 
 # on a topology of one host, TorchRec cuts a table_row_wise table exactly as a row_wise one (the same blocks on the
 # same ranks): NeuroShard places it so, priced in the row-wise group
 TABLE_ROW_WISE = "table_row_wise"
-ROW_WISE_KINDS = (ROW_WISE, TABLE_ROW_WISE)
+# on one host, TorchRec's grid_shard cuts a table into column blocks, each row-wise over the host's ranks: every rank
+# holds its rows of every column, as row_wise does; NeuroShard places its row blocks so, priced in a group of their own
+GRID_SHARD = "grid_shard"
+ROW_WISE_KINDS = (ROW_WISE, TABLE_ROW_WISE, GRID_SHARD)
 # on one host, TorchRec cuts a table_column_wise table into the column blocks of a column_wise one, and runs them in a
 # sharding group of their own: NeuroShard places its column halvings so, priced in that group
 TABLE_COLUMN_WISE = "table_column_wise"
@@ -46,7 +49,8 @@ class PlannedTable:
     data_parallel_only: bool = False  # no other type allowed: data-parallel it is
     unplaced: str = ""        # why the search cannot place it (no type it places is allowed); "": it can
     replica: int = -1         # this entry is rank r's replica of a data-parallel table (`row_wise.py`); -1: not one
-    row_wise_type: str = ROW_WISE  # what its row blocks are handed out as: row_wise, else table_row_wise (one host)
+    row_wise_type: str = ROW_WISE  # what its row blocks are handed out as: row_wise, else table_row_wise, else
+                                   # grid_shard (those two on one host, where allowed and row_wise is not)
     column_wise_type: str = COLUMN_WISE  # what its column shards are handed out as: column_wise, else
                                          # table_column_wise (one host, where only that is allowed)
 
