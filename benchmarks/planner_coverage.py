@@ -41,11 +41,15 @@ class PlannerCoverageConfig:
     seed: int = flag(0, "seed of the cases")
     sharder: str = flag("torchrec", "torchrec (TorchRec's EmbeddingBagCollectionSharder: row_wise on cuda only) or "
                                     "row_wise (neuroshard's RowWiseSharder: row_wise on cpu too), for both planners")
+    constrained_share: float = flag(0.0, "the chance that a table's constraints allow a random subset of TorchRec's "
+                                         "sharding types (0: all types, every table)")
     out: str = flag("results/planner_coverage.csv", "one row per case; .md and .json beside it")
 
     def check(self) -> "PlannerCoverageConfig":
         check_int("--cases", self.cases, 1, 100_000)
         check_int("--seed", self.seed, 0, 2**32 - 1)
+        if not (isinstance(self.constrained_share, float) and 0.0 <= self.constrained_share <= 1.0):
+            raise UserError(f"--constrained_share must be a number from 0 to 1, got {self.constrained_share!r}")
         if self.sharder not in SHARDERS:
             raise UserError(f"--sharder must be one of {', '.join(SHARDERS)}, got {self.sharder!r}")
         if not str(self.out).strip() or Path(self.out).parent.is_file():
@@ -70,17 +74,22 @@ def main(argv=None) -> None:
     require_torchrec()
     cfg.check_models()
     from neuroshard.sharding.planner.coverage import check_case, random_case
+    from neuroshard.sharding.planner.incumbent import SHARDING_TYPES
 
     rng, rows = np.random.default_rng(cfg.seed), []
     for i in tqdm(range(cfg.cases), desc="cases"):
         world, device = cfg.ranks[i % len(cfg.ranks)], ("cuda", "cpu")[i % 2]
-        case = random_case(rng, world, device, row_wise_sharder=cfg.sharder == "row_wise")
+        case = random_case(rng, world, device, row_wise_sharder=cfg.sharder == "row_wise",
+                           constrained_share=cfg.constrained_share)
         result = check_case(case, cfg.models_dir)
         rows.append({"case": i, "ranks": world, "device": device, "tables": len(case.tables),
                      "cap_bytes": case.cap_bytes, "batch_size": case.batch_size, "optimizer": case.optimizer or "",
-                     "outcome": result.outcome, "used_share": result.used_share, "violation": result.violation or ""})
+                     "sharding_types": ";".join(f"{n}={'+'.join(k)}" for n, k in (case.sharding_types or {}).items()),
+                     "outcome": result.outcome, "used_share": result.used_share, "violation": result.violation or "",
+                     "own_plan_types": "+".join(result.detail.get("types", []))})
     counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
     own = [r["used_share"] for r in rows if r["outcome"] == "own"]
+    own_types = {k: sum(k in r["own_plan_types"].split("+") for r in rows) for k in SHARDING_TYPES}
     violations = [r for r in rows if r["violation"]]
     lines = format_table(["device", *OUTCOMES, "violations"],
                          [[d, *(sum(r["outcome"] == o and r["device"] == d for r in rows) for o in OUTCOMES),
@@ -88,7 +97,8 @@ def main(argv=None) -> None:
     text = "\n".join(["# NeuroShardPlanner against TorchRec's planner on random cases", "", *lines, "",
                       f"{cfg.cases} cases; NeuroShard's own plans: the fullest rank holds a median "
                       f"{np.median(own) if own else float('nan'):.2f} (max {max(own, default=float('nan')):.2f}) of "
-                      "its budget by TorchRec's storage estimator",
+                      "its budget by TorchRec's storage estimator; own plans with each sharding type: "
+                      + ", ".join(f"{k} {n}" for k, n in own_types.items()),
                       *(f"- case {r['case']}: {r['violation']}" for r in violations)]) + "\n"
     write_results(cfg.out, rows, markdown=text, record={"config": asdict(cfg), "counts": counts,
                                                          "violations": len(violations)}, **asdict(cfg))

@@ -31,8 +31,9 @@ def kinds(plan) -> dict[str, tuple[str, str]]:
 
 
 def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
-    """14 random cases (`coverage.random_case`: cpu and cuda, 2 and 4 ranks, optimizers in backward) and 4 on cpu
-    with RowWiseSharder: no violation, and cases where the budget binds were drawn."""
+    """14 random cases (`coverage.random_case`: cpu and cuda, 2 and 4 ranks, optimizers in backward), 4 on cpu
+    with RowWiseSharder and 6 more whose tables' constraints allow random sharding types: no violation, and cases
+    where the budget binds were drawn."""
     from neuroshard.sharding.planner.coverage import check_case, random_case
 
     rng = np.random.default_rng(7)
@@ -40,6 +41,11 @@ def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
                for i in range(14)]
     # and cpu ranks with RowWiseSharder for both planners (row_wise offered on cpu too)
     row_wise = [check_case(random_case(rng, 2, "cpu", row_wise_sharder=True), models[2]) for _ in range(4)]
+    # and tables whose constraints allow random subsets of TorchRec's sharding types (table_column_wise, grid_shard...)
+    typed = [random_case(rng, 2, ("cpu", "cuda")[i % 2], row_wise_sharder=True, constrained_share=0.8) for i in range(6)]
+    assert {k for c in typed for kinds in c.sharding_types.values() for k in kinds} >= {"table_column_wise",
+                                                                                          "grid_shard"}
+    row_wise += [check_case(c, models[2]) for c in typed]
     assert [r.violation for r in results + row_wise if r.violation] == []
     own = [r for r in results if r.outcome == "own"]
     assert len(own) >= 5 and sum(r.used_share > 0.8 for r in own) >= 2, [(r.outcome, r.used_share) for r in results]

@@ -1,7 +1,8 @@
 """Does `NeuroShardPlanner` plan wherever TorchRec's planner does, within memory as TorchRec counts it?
 
 One random case is a module of random tables (rows, dims, pooling factors, and an optimizer applied in backward
-or none, so the storage estimator counts optimizer state), a topology (cpu or cuda, a rank count, a memory cap
+or none, so the storage estimator counts optimizer state; optionally random sharding types in their constraints),
+a topology (cpu or cuda, a rank count, a memory cap
 around what the tables need) and a batch. `check_case` plans it with `NeuroShardPlanner` (its defaults) and with
 TorchRec's `EmbeddingShardingPlanner` as the user calls it, and says what happened:
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.errors import UserError
+from .incumbent import SHARDING_TYPES
 
 DIMS = (8, 16, 32, 64, 128)
 OPTIMIZERS = (None, "sgd", "adam", "adagrad")
@@ -36,6 +38,7 @@ class CoverageCase:
     batch_size: int                             # per rank
     optimizer: str | None = None                # applied in backward to every table (optimizer state is stored)
     row_wise_sharder: bool = False              # both planners get `sharders.RowWiseSharder` (row_wise on cpu too)
+    sharding_types: dict | None = None          # table name -> the sharding types its constraints allow (None: all)
 
 
 @dataclass
@@ -47,13 +50,23 @@ class CoverageResult:
 
 
 def random_case(rng: np.random.Generator, world: int, device: str, max_tables: int = 9,
-                row_wise_sharder: bool = False) -> CoverageCase:
+                row_wise_sharder: bool = False, constrained_share: float = 0.0) -> CoverageCase:
+    """A random case; with `constrained_share` > 0 each table's constraints allow, with that chance, a random
+    non-empty subset of TorchRec's sharding types (drawn after the rest, so the share 0 draws the same cases)."""
     tables = [(f"t{i}", int(rng.integers(50, 20_000)), int(rng.choice(DIMS)), float(rng.uniform(0.5, 20)))
               for i in range(int(rng.integers(3, max_tables)))]
     optimizer = OPTIMIZERS[int(rng.integers(len(OPTIMIZERS)))]
     stored = sum(r * d * 4 for _, r, d, _ in tables) * (1 + STATE_PER_WEIGHT[optimizer])
     cap = int(stored / world * rng.uniform(0.3, 3.0) + 1_000_000)  # around what TorchRec's count needs
-    return CoverageCase(tables, world, device, cap, int(rng.choice([16, 32, 64])), optimizer, row_wise_sharder)
+    case = CoverageCase(tables, world, device, cap, int(rng.choice([16, 32, 64])), optimizer, row_wise_sharder)
+    if constrained_share > 0:
+        case.sharding_types = {}
+        for name, *_ in tables:
+            if rng.random() < constrained_share:
+                picked = rng.random(len(SHARDING_TYPES)) < 0.4
+                picked[int(rng.integers(len(SHARDING_TYPES)))] = True
+                case.sharding_types[name] = [k for k, p in zip(SHARDING_TYPES, picked) if p]
+    return case
 
 
 def build(case: CoverageCase):
@@ -74,7 +87,9 @@ def build(case: CoverageCase):
         apply_optimizer_in_backward(optimizer, module.embedding_bags.parameters(), {"lr": 0.01})
     memory = {"hbm_cap": case.cap_bytes} if case.device == "cuda" else {"ddr_cap": case.cap_bytes}
     topology = Topology(world_size=case.world, compute_device=case.device, **memory)
-    constraints = {n: ParameterConstraints(pooling_factors=[pf]) for n, _, _, pf in case.tables}
+    kinds = case.sharding_types or {}
+    constraints = {n: ParameterConstraints(pooling_factors=[pf], sharding_types=kinds.get(n))
+                   for n, _, _, pf in case.tables}
     if case.row_wise_sharder:
         from .sharders import RowWiseSharder
 
@@ -104,7 +119,8 @@ def check_case(case: CoverageCase, models_dir) -> CoverageResult:
     used = float(plan_storage(ours, topology, case.batch_size, constraints, module, sharders)[:, kind].max())
     return CoverageResult("own", used / budget,
                           None if used <= budget else f"a rank holds {used:,.0f} bytes, over its {budget:,.0f}",
-                          {"used_bytes": used, "budget_bytes": budget})
+                          {"used_bytes": used, "budget_bytes": budget,
+                           "types": sorted({kind for kind, _, _ in _kinds(ours).values()})})
 
 
 def _kinds(plan) -> dict:
