@@ -135,3 +135,15 @@ def test_a_bad_storage_reservation_is_one_line(models):
         with pytest.raises(UserError, match=f"^storage_reservation {fragment}"):
             make(Reserves(change)).plan(module, sharders)
     assert make(Reserves(scaled(0.5))).plan(module, sharders) is not None
+
+
+def test_more_tables_go_row_wise_where_the_search_plan_is_over_memory_once_exported(models):
+    """A case of the coverage benchmark: the search's first plan fits by its halvings but not as TorchRec's equal
+    column blocks. The planner then shards more tables row-wise (as TorchRec's own plan of it does) until a plan fits
+    as exported, and hands out its own plan within the budget, where it handed out TorchRec's before."""
+    from neuroshard.sharding.planner.coverage import CoverageCase, check_case
+
+    tables = [("t0", 18708, 8, 7.66), ("t1", 13711, 32, 16.64), ("t2", 18219, 32, 2.58), ("t3", 17110, 16, 15.91)]
+    result = check_case(CoverageCase(tables, 4, "cuda", 2_505_853, 64, "sgd"), models[4])
+    assert result.outcome == "own" and result.violation is None and result.used_share <= 1, result
+    assert result.detail["types"] == ["row_wise"], result.detail

@@ -196,6 +196,7 @@ class NeuroShardPlanner:
             return self._torchrec_result(found, cluster, theirs, str(e))
 
     def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
+        self._exported_fits = {}  # `_fits_exported`'s answers in this search, by tables and plan
         try:
             found, plan, widened, search_s = self._propose(found, cluster)
             compared = self._best_of(found, plan, cluster, module, sharders) if self.compare else None
@@ -215,7 +216,8 @@ class NeuroShardPlanner:
     def _propose(self, found: Enumeration, cluster: Cluster) -> tuple:
         """(the tables as searched, the search's plan or None, the thresholds note, search seconds): the tables no
         rank holds go row-wise (`row_wise.needs_row_wise`), the small ones data-parallel under the step cost
-        (`row_wise.data_parallel_tables`); while the search finds no plan, the largest table that may go row-wise
+        (`row_wise.data_parallel_tables`); while the search finds no plan within memory as exported (TorchRec's
+        equal column blocks can take more than the search's halvings), the largest table that may go row-wise
         and has not is added to them and the search runs again; where none is left, all of that again without the
         replicas the rule chose (each costs memory on every rank). Where the plan found has row-wise tables, more go
         row-wise where the step is rated cheaper (`_more_row_wise_by_cost`)."""
@@ -223,11 +225,16 @@ class NeuroShardPlanner:
         N, t0 = cluster.num_devices, time.perf_counter()
         by_rule = data_parallel_tables(found, needed, N, self.batch_size * N, self.simulator.cost == "step")
         only = data_parallel_tables(found, needed, N, self.batch_size * N, by_rule=False)
+        first = None  # the first plan found, where none fits once exported
         for row_wise, replicated in row_wise_attempts(found, needed, [by_rule, only] if len(only) < len(by_rule)
                                                       else [by_rule]):
             searched, plan, widened = self._propose_with(found, cluster, row_wise, replicated)
-            if plan is not None:
-                break
+            if plan is not None and self._fits_exported(searched, plan, cluster):
+                break  # else more tables row-wise may fit: TorchRec's equal column blocks can take more than halvings
+            first = first or ((searched, plan, widened, row_wise, replicated) if plan is not None else None)
+        else:
+            if first is not None:
+                searched, plan, widened, row_wise, replicated = first
         if plan is not None and row_wise and self.row_wise_by_cost:
             searched, plan, widened = self._more_row_wise_by_cost(found, cluster, row_wise, replicated,
                                                                   (searched, plan, widened))
@@ -260,7 +267,7 @@ class NeuroShardPlanner:
             for extra in [[t] for t in spare[:ROW_WISE_CANDIDATES]] + ([spare] if len(spare) > 1 else []):
                 more = sorted(row_wise + extra)
                 proposal = self._propose_with(found, cluster, more, replicated)
-                if proposal[1] is not None:
+                if proposal[1] is not None and self._fits_exported(proposal[0], proposal[1], cluster):
                     tried.append((rated(proposal), more, proposal))
             cheapest = min(tried, key=lambda x: x[0]) if tried else None
             if cheapest is None or cheapest[0] > best_ms * (1 - ROW_WISE_MIN_GAIN):
@@ -272,9 +279,13 @@ class NeuroShardPlanner:
         """Whether `plan`, as exported to TorchRec, is within each rank's budget by TorchRec's storage estimator."""
         if found.storage is None:  # a caller's enumerator without a storage counter: its own count stands
             return True
-        exported = self._to_torchrec(module_specs(found, plan, sharding_types(found, plan)))
-        used = found.storage.plan_bytes(exported)[:, 1 if self.memory_kind == "DDR" else 0]
-        return bool(cluster.fits(used.max() / 2**30))
+        key = (id(found), tuple(plan.device_of), tuple((s.table, s.col_start, s.dim) for s in plan.shards))
+        answers = getattr(self, "_exported_fits", {})  # `_search` starts it anew
+        if key not in answers:
+            exported = self._to_torchrec(module_specs(found, plan, sharding_types(found, plan)))
+            used = found.storage.plan_bytes(exported)[:, 1 if self.memory_kind == "DDR" else 0]
+            answers[key] = (found, bool(cluster.fits(used.max() / 2**30)))  # `found` held: its id is not reused
+        return answers[key][1]
 
     def _reserved_words(self) -> str:
         """What the ranks' budget is left after, as the refusals and stats say it."""
