@@ -65,6 +65,8 @@ class ShardingTask:
                                          # data-parallel (`NeuroShardPlanner`), -1 for others; None: none
     grid_shard: np.ndarray | None = None  # [T] bool: a row block of a table TorchRec runs grid_shard (a sharding group
                                           # of its own; `NeuroShardPlanner`, one host); None: none
+    table_row_wise: np.ndarray | None = None  # [T] bool: a row block of a table TorchRec runs table_row_wise (a group of
+                                              # its own beside row_wise; `NeuroShardPlanner`, one host); None: none
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -97,7 +99,7 @@ class ShardingTask:
     def shard_groups(self, tables, dims) -> np.ndarray:
         """Per shard (its table index and dim), the sharding group TorchRec runs it in (the step cost's groups,
         `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table (5 of a
-        grid_shard one), else `column_wise_shards`'s 1 or 0, its 1 made 4 for a table whose column shards run
+        grid_shard one, 6 of a table_row_wise one), else `column_wise_shards`'s 1 or 0, its 1 made 4 for a table whose column shards run
         table_column_wise."""
         tables = np.asarray(tables, np.int64)
         group = self.column_wise_shards(tables, dims)
@@ -107,6 +109,8 @@ class ShardingTask:
             group = np.where(np.asarray(self.row_block)[tables] >= 0, 2, group)
         if self.grid_shard is not None:
             group = np.where(np.asarray(self.grid_shard, bool)[tables], 5, group)
+        if self.table_row_wise is not None:
+            group = np.where(np.asarray(self.table_row_wise, bool)[tables], 6, group)
         if self.replica is not None:
             group = np.where(np.asarray(self.replica)[tables] >= 0, 3, group)
         return group

@@ -33,7 +33,8 @@ all-to-all), and its gradient is all-reduced (its width: the floats a ring sends
 a fifth group, TorchRec's table-column-wise sharding: on one host the column-wise group's collectives over its own
 shards (input distribution, backward and forward all-to-all), priced as that group's. A table whose constraints
 allow `grid_shard` and no other row type is a sixth group: on one host TorchRec's grid sharding holds on rank r its
-row block r of every column, as row-wise, and runs its collectives apart; priced as the row-wise group's. The
+row block r of every column, as row-wise, and runs its collectives apart; priced as the row-wise group's; so is a
+`table_row_wise` table's, a seventh group (on one host the blocks of row-wise, in a sharding of their own). The
 row-wise and data-parallel groups' collectives are priced by their own measured costs where the models folder has them
 (`comm_<N>_collectives.json`, `models/collective_models.py`: the reduce-scatter on the group's dim sum, after the
 last-ready rank when it is the first group to synchronise; the all-gather on the same dims; the all-reduce on the
@@ -88,11 +89,11 @@ class DeviceCostModel(Protocol):
     def predict_np(self, x: np.ndarray) -> np.ndarray: ...
 
 
-GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_column_wise", "grid_shard")
+GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_column_wise", "grid_shard", "table_row_wise")
 # per group: whether TorchRec moves its input and pooled output by all-to-all (a data-parallel table reads its
 # rank's own ids and keeps its output; only its gradient crosses ranks, in an all-reduce)
-ALL_TO_ALL = np.array([True, True, True, False, True, True])
-ROW_GROUPS = (2, 5)  # the groups of row blocks: a reduce-scatter forward, an all-gather backward
+ALL_TO_ALL = np.array([True, True, True, False, True, True, True])
+ROW_GROUPS = (2, 5, 6)  # the groups of row blocks: a reduce-scatter forward, an all-gather backward
 
 
 def check_cost(cost: str, name: str = "--cost") -> str:
@@ -289,7 +290,7 @@ class Simulator:
         a2a = ALL_TO_ALL[:G][None, :, None]                                           # [1, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
         if self.coll is not None:  # the row-wise groups' all-gather, the data-parallel group's all-reduce
-            for g, name in ((2, "all_gather"), (3, "all_reduce"), (5, "all_gather")):
+            for g, name in ((3, "all_reduce"), *((g, "all_gather") for g in ROW_GROUPS)):
                 if g < G:
                     bw[:, g] = self.coll.predict_np(name, dims[:, g])
         inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
@@ -403,7 +404,7 @@ def group_sums(group: np.ndarray, device: np.ndarray, dim: np.ndarray, words: np
                num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The one grouping of shards into sharding groups, for a plan (`plan_group_sums`) and for the search's batches
     of placements: shards [P, L] with their group (0 table-wise, 1 column-wise, 2 row-wise, 3 data-parallel, 4
-    table-column-wise, 5 grid), device,
+    table-column-wise, 5 grid, 6 table-row-wise), device,
     width (`comm_widths`) and input words -> per placement, group and device the width sums and input words
     ([P, G, N] each), added in shard order."""
     P, L = group.shape

@@ -299,7 +299,7 @@ def test_a_table_allowing_no_type_placed_gets_torchrecs_plan_or_one_line(models,
 def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models, kind):
     """table_row_wise (or grid_shard) alone: on a topology of one host TorchRec cuts it into the row blocks of
     row_wise (grid: of each column block, here one), and NeuroShard places its blocks so and hands them out as that
-    type (grid's blocks priced in a group of their own, as the row-wise group's); over two hosts it cuts it over one
+    type (priced in a group of their own, as the row-wise group's); over two hosts it cuts it over one
     host's ranks, which the search does not place, so TorchRec's plan is handed out (and without compare it is one
     line)."""
     from torchrec.distributed.planner import Topology
@@ -313,9 +313,10 @@ def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models, kind):
         ([0, 0], [200, 64], 0), ([200, 0], [200, 64], 1)]
     blocks = [t.name == "user" for t in res.tables]
     assert list(res.task.grid_shard) == [b and kind == "grid_shard" for b in blocks]
-    if kind == "grid_shard":  # alone, the grid group costs what the row-wise group would
-        as_rw = replace(res.task, grid_shard=None)
-        assert one.simulator.plan_cost(res.task, res.plan).cost_ms == one.simulator.plan_cost(as_rw, res.plan).cost_ms
+    assert list(res.task.table_row_wise) == [b and kind == "table_row_wise" for b in blocks]
+    # its own group: alone, it costs what the row-wise group would
+    as_rw = replace(res.task, grid_shard=None, table_row_wise=None)
+    assert one.simulator.plan_cost(res.task, res.plan).cost_ms == one.simulator.plan_cost(as_rw, res.plan).cost_ms
     two = planner(models, kinds=kinds, debug=False)
     two.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda", hbm_cap=10**6)
     two.enumerator.topology = two.topology
@@ -489,7 +490,7 @@ def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(mod
     is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns; table_row_wise or grid_shard
     where only that is allowed, on this one host), the tables with fewer rows than the global batch that may go data-parallel
     are replicated, and the others follow "user" row-wise where the step cost rates it cheaper (here both; not beside
-    a grid_shard "user", whose group is apart);
+    a table_row_wise or grid_shard "user", whose group is apart);
     DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
     got = {}
     kinds = {"geo": None, "tags": None, **({"user": user_kinds} if user_kinds else {})}
@@ -503,7 +504,7 @@ def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(mod
         # fewer rows than the global batch of 64 (the planner batch of 32 a rank, 2 ranks): replicated
         assert types["top"]["geo"] == types["tower.ebc"]["tags"] == "data_parallel", types
         assert held["geo"] == [(0, 30, 0, 8)] and held["tags"] == [(0, 60, 0, 16)], held
-        if user_kinds == ["grid_shard"]:  # row-wise tables would be a group beside the grid one: not cheaper here
+        if user_kinds:  # row-wise tables would be a group beside "user"'s (TorchRec runs one per type): not cheaper
             assert types["top"]["item"] == types["tower.ebc"]["history"] == "table_wise", types
             continue
         # the step cost (hand models) rates the rest cheaper row-wise too (row_wise_by_cost): no table-wise group

@@ -450,7 +450,8 @@ def sharding_types(found: Enumeration, plan: Placement) -> list[str]:
     task, shard_tables = found.task, [s.table for s in plan.shards]
     group = np.zeros(len(found.tables), np.int64)
     np.maximum.at(group, shard_tables, task.shard_groups(shard_tables, [s.dim for s in plan.shards]))
-    return [(TABLE_WISE, COLUMN_WISE, table.row_wise_type, DATA_PARALLEL, TABLE_COLUMN_WISE, table.row_wise_type)[g]
+    return [(TABLE_WISE, COLUMN_WISE, table.row_wise_type, DATA_PARALLEL, TABLE_COLUMN_WISE, table.row_wise_type,
+             table.row_wise_type)[g]
             for g, table in zip(group, found.tables)]
 
 

@@ -18,8 +18,9 @@ fewer floats per rank than its pooled output's all-to-all: a replica pinned to e
 doing that rank's share of the lookups (its local batch's), its storage as TorchRec counts a replica.
 
 TorchRec's `EmbeddingBagCollectionSharder` offers `row_wise` on CUDA only; `sharders.RowWiseSharder` offers it on
-CPU too (and runs in `DistributedModelParallel` on gloo ranks). A table whose row type is `grid_shard` (one host)
-has the same blocks, in the step cost's grid group (`ShardingTask.grid_shard`).
+CPU too (and runs in `DistributedModelParallel` on gloo ranks). A table whose row type is `grid_shard` or
+`table_row_wise` (one host) has the same blocks, in the step cost's group of that type (`ShardingTask.grid_shard`,
+`ShardingTask.table_row_wise`).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from ...core.errors import UserError
 from ...data.features import MIN_ROWS, ids_reuse_histogram
 from ...data.tasks import ShardStorage
 from ..simulator import allreduce_floats
-from .types import DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, Enumeration
+from .types import DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, TABLE_ROW_WISE, Enumeration
 
 
 def row_blocks(rows: int, world: int) -> list[tuple[int, int]]:
@@ -164,7 +165,9 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
                        table_column_wise=None if task.table_column_wise is None else
                        np.asarray(task.table_column_wise, bool)[origin_a] & ~pinned,
                        storage=storage, row_block=block_a, replica=replica_a,
-                       grid_shard=np.array([e.row_block >= 0 and e.row_wise_type == GRID_SHARD for e in tables], bool))
+                       grid_shard=np.array([e.row_block >= 0 and e.row_wise_type == GRID_SHARD for e in tables], bool),
+                       table_row_wise=np.array([e.row_block >= 0 and e.row_wise_type == TABLE_ROW_WISE for e in tables],
+                                               bool))
     no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or pinned[i])
     notes = []
     if row_wise:

@@ -20,7 +20,7 @@ from ..search import Placements, ShardTable
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", "row_wise", "data_parallel"
 # on a topology of one host, TorchRec cuts a table_row_wise table exactly as a row_wise one (the same blocks on the
-# same ranks): NeuroShard places it so, priced in the row-wise group
+# same ranks), run as a sharding of its own: NeuroShard places it so, priced in a group of its own
 TABLE_ROW_WISE = "table_row_wise"
 # on one host, TorchRec's grid_shard cuts a table into column blocks, each row-wise over the host's ranks: every rank
 # holds its rows of every column, as row_wise does; NeuroShard places its row blocks so, priced in a group of their own
