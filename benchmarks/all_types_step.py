@@ -2,6 +2,7 @@
 
     python benchmarks/all_types_step.py [--set criteo_kaggle] [--ddr_mb 35] [--rounds 12] [--models_dir models]
                                         [--ids_order popular_first --give_ids] [--without_row_wise_by_cost]
+                                        [--sharding_types data_parallel,table_wise,table_row_wise]
 
 The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
 EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
@@ -12,7 +13,7 @@ user's ranks. Both planners get the same
 topology, batch, constraints and sharder (`RowWiseSharder`: row_wise offered on cpu): `NeuroShardPlanner` with
 its defaults (row-wise blocks for the tables no rank holds, replicas of the small tables, the search around them,
 compared with TorchRec's plan of the same sharding types), and TorchRec's `EmbeddingShardingPlanner` as the user calls it (every sharding
-type the sharder offers). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
+type the sharder offers; `--sharding_types`: those alone, for every table). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
 `--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md; the .csv row, with its
 .meta.json, and the .json record with every round's step times, beside it): each
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
@@ -68,6 +69,9 @@ class AllTypesStepConfig:
     without_row_wise_by_cost: bool = flag(False, "also plan NeuroShard with row_wise_by_cost=False (only the tables "
                                                  "memory or constraints put row-wise) and measure that plan too, "
                                                  "in the same rounds")
+    sharding_types: tuple[str, ...] = flag((), "the sharding types every table's constraints allow, for both planners "
+                                               "(e.g. data_parallel,table_wise,table_row_wise); empty: all",
+                                           parse="str_list")
     out: str = flag("results/all_types_step.md", "the summary; its .json record beside it")
 
     def check(self) -> "AllTypesStepConfig":
@@ -75,6 +79,10 @@ class AllTypesStepConfig:
             raise UserError(f"--set: unknown table set {self.set!r}; choose from {', '.join(SCALES)}")
         if self.ids_order not in IDS_ORDERS:
             raise UserError(f"--ids_order: unknown order {self.ids_order[:40]!r}; choose from {', '.join(IDS_ORDERS)}")
+        if self.sharding_types:
+            from neuroshard.planning.all_types import check_sharding_types
+
+            check_sharding_types(self.sharding_types)
         check_int("--ndevices", self.ndevices, 2, 16)
         check_float("--ddr_mb", self.ddr_mb, 0.0, 1e7, lo_open=True)
         check_int("--rounds", self.rounds, 2, 1000)
@@ -97,7 +105,8 @@ def plans(tl, a: AllTypesStepConfig, batch_per_rank: int, ids: dict | None, row_
     from neuroshard.sharding.planner.storage import default_reservation
 
     ebc = table_list_ebc(tl)
-    constraints = {n: ParameterConstraints(pooling_factors=[float(p)], min_partition=int(d))
+    constraints = {n: ParameterConstraints(pooling_factors=[float(p)], min_partition=int(d),
+                                           sharding_types=list(a.sharding_types) or None)
                    for n, p, d in zip(tl.names, tl.task.pooling_factors, tl.task.dims)}
     topology = Topology(world_size=a.ndevices, compute_device="cpu", ddr_cap=int(a.ddr_mb * 2**20))
     sharders = [RowWiseSharder()]
@@ -158,7 +167,7 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     pre_priced = float(planner_sim.with_collectives(sim.coll).plan_cost(ours.task, ours.plan).cost_ms) \
         if a.calibration and planner_sim.coll is not None and sim.coll is not None \
         and planner_sim.coll.to_json() != sim.coll.to_json() else None
-    row = {"set": a.set, "ids_order": a.ids_order, "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb,
+    row = {"set": a.set, "sharding_types": ",".join(a.sharding_types) or "all", "ids_order": a.ids_order, "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb,
            "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
@@ -184,7 +193,8 @@ def main(argv=None) -> None:
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     row, round_ms = run(a)
     text = (f"# NeuroShardPlanner against TorchRec's planner, every sharding type, DMP steps\n\n"
-            f"{row['set']} (ids {row['ids_order']}{'; NeuroShardPlanner given them' if a.give_ids else ''}), "
+            f"{row['set']} (ids {row['ids_order']}{'; NeuroShardPlanner given them' if a.give_ids else ''}; "
+            f"sharding types allowed: {row['sharding_types']}), "
             f"{row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "
             f"{row['rounds']} interleaved rounds\n\n"
             f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
