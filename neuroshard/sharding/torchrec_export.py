@@ -118,6 +118,9 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         if uneven:
             raise UserError(f"{at}: shard width {uneven[0]} is not a multiple of the narrowest ({narrow}); TorchRec "
                             "cuts a table into equal column blocks")
+        if narrow < dim and narrow % 4:  # TorchRec widens such blocks to a multiple of 4, moving columns to other ranks
+            raise UserError(f"{at}: column shards of {narrow} columns; TorchRec cuts a table's column blocks in "
+                            "multiples of 4 columns")
     for t, m in zip(tables, module_names([t["name"] for t in tables])):
         t["module_name"] = m
     return spec

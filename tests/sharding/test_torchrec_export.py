@@ -166,6 +166,13 @@ def test_a_table_column_wise_entry_is_torchrecs_on_one_host_only():
     bad["tables"][0]["shards"][1]["col_offset"] = 9
     with pytest.raises(UserError, match=r"table 0 \('a'\): columns not covered exactly once \(column 8\)"):
         check_spec(bad)
+    # blocks of 2 columns: TorchRec would widen them to 4 and put columns on other ranks than the file names
+    narrow = copy.deepcopy(spec)
+    narrow["tables"][1]["shards"] = [{"col_offset": c, "width": 2, "rank": r} for c, r in ((0, 1), (2, 0), (4, 1),
+                                                                                          (6, 0))]
+    with pytest.raises(UserError, match=r"table 1 \('b'\): column shards of 2 columns; TorchRec cuts a table's "
+                                        r"column blocks in multiples of 4 columns"):
+        check_spec(narrow)
     with pytest.raises(UserError, match=r"^table 'a' is planned table_column_wise over all 2 ranks, but local_size=1 "
                                         r"makes several hosts; plan it for this topology$"):
         to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)

@@ -19,8 +19,8 @@ built by `torchrec_export.to_torchrec_plan`.
 
 - Sharding types: `table_wise` and `column_wise` (NeuroShard's column halvings; `table_column_wise` where only that
   column type is allowed on a topology of one host: the same blocks in a sharding group of their own), and
-  `row_wise` (or, where only it is
-  allowed on a topology of one host, `table_row_wise`, which TorchRec cuts alike there) for a table no
+  `row_wise` (or, where only it is allowed on a topology of one host, `table_row_wise` or `grid_shard`, which
+  TorchRec cuts into the same blocks there, each in a group of its own) for a table no
   rank holds even in its narrowest column shards (or that allows only it): its row blocks, one per rank, are
   pinned to their ranks and the search places the rest around them (`row_wise.py`; on cpu the sharder must offer
   it: `sharders.RowWiseSharder`); under the step cost, `data_parallel` for a small table whose gradient all-reduce
