@@ -10,7 +10,6 @@ are its readers.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.artifacts import atomic_torch_save, file_digest, json_real, load_torch
+from ..core.artifacts import atomic_torch_save, content_digest, file_digest, json_real, load_torch
 from ..core.errors import UserError
 from ..core.file_names import CALIBRATION_SUFFIX, calibration_path  # noqa: F401 (the file's name: its API)
 from ..core.costs import Cluster, StepFit, implausible_ms
@@ -42,9 +41,6 @@ INPUT_NAMES = {"tables": "tables", "ids": "ids", "hardware": "hardware", "batch_
                "method": "calibration method"}
 
 
-def _digest(obj) -> str:
-    """SHA-256 of plain data (lists, dicts, numbers, strings) in one canonical JSON form."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()).hexdigest()
 
 
 
@@ -63,7 +59,7 @@ def calibration_inputs(task, hw_desc: dict, batch_size: int, num_devices: int, m
 
 def fingerprint_of(inputs: dict) -> str:
     """16 hex digits naming `calibration_inputs` (shown and saved; reuse compares the inputs themselves)."""
-    return _digest(inputs)[:16]
+    return content_digest(inputs)[:16]
 
 
 def differences(made_for, inputs: dict) -> list[str]:
@@ -71,7 +67,8 @@ def differences(made_for, inputs: dict) -> list[str]:
     without them was made by an earlier release: its calibration method differs."""
     if not isinstance(made_for, dict):
         return [INPUT_NAMES["method"]]
-    return [name for key, name in INPUT_NAMES.items() if _digest(made_for.get(key)) != _digest(inputs.get(key))]
+    return [name for key, name in INPUT_NAMES.items()
+            if content_digest(made_for.get(key)) != content_digest(inputs.get(key))]
 
 
 
@@ -85,7 +82,7 @@ def _content_digest(report: dict, collectives=None) -> str:
     measured = report.get("measured")
     if isinstance(measured, dict) and "collectives" in measured:  # files of earlier methods keep their digest
         content["fitted_collectives"] = collectives
-    return _digest(content)
+    return content_digest(content)
 
 
 

@@ -18,8 +18,9 @@ It holds while the machine measures as it did when the ratios were measured: `ev
 pipeline's step 6) measures the training tasks' plans in the same run, spread evenly among the test tasks' plans.
 
 The file (`plan_ratios_<N>.json`, kind `neuroshard.plan_ratios`, written by `eval.py --plan_ratios_out`) is JSON,
-every field checked on reading, with the SHA-256 of the cost-model files the ratios were measured against: ratios of
-other models are refused.
+every field checked on reading, with the SHA-256 of the cost-model files the ratios were measured against (ratios of
+other models are refused) and a digest of what it says (`core.artifacts.content_digest`): a file changed after it was
+saved is refused.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.artifacts import file_digest, json_real, provenance, read_json, write_json
+from ..core.artifacts import content_digest, file_digest, json_real, provenance, read_json, write_json
 from ..core.errors import UserError
 
 PLAN_RATIOS_KIND = "neuroshard.plan_ratios"
@@ -107,11 +108,11 @@ class PlanRatios:
         return cls(num_devices, level, tuple(file_digest(p) for p in model_paths), fit_ratios(rows, level))
 
     def save(self, path, **made_with) -> Path:
-        return write_json(path, {
-            "kind": PLAN_RATIOS_KIND, "num_devices": self.num_devices, "level": self.level,
-            "model_digests": list(self.model_digests),
-            "ratios": {a: {"plans": r.plans, "median": r.median, "lo": r.lo, "hi": r.hi} for a, r in self.ratios.items()},
-            "provenance": provenance(**made_with)})
+        content = {"num_devices": self.num_devices, "level": self.level, "model_digests": list(self.model_digests),
+                   "ratios": {a: {"plans": r.plans, "median": r.median, "lo": r.lo, "hi": r.hi}
+                              for a, r in self.ratios.items()}}
+        return write_json(path, {"kind": PLAN_RATIOS_KIND, **content, "digest": _digest(content),
+                                 "provenance": provenance(**made_with)})
 
     @classmethod
     def load(cls, path, num_devices: int, model_paths, fix: str) -> "PlanRatios":
@@ -154,7 +155,17 @@ class PlanRatios:
                                                       "an interval, but lo and hi are null")
                           + f" (at least 13 give one: {MODULE_RULE})")
             ratios[alg] = PlanRatio(n, float(med), None if lo is None else float(lo), None if hi is None else float(hi))
+        if obj.get("digest") != _digest(obj):  # every field well-formed, but changed after it was saved
+            raise bad("changed after it was saved, or written before ratio files had a digest (what it holds does "
+                      "not match its digest)")
         return cls(N, float(level), tuple(digests), ratios)
+
+
+CONTENT = ("num_devices", "level", "model_digests", "ratios")  # what a ratio file's digest covers
+
+
+def _digest(content: dict) -> str:
+    return content_digest({k: content.get(k) for k in CONTENT})
 
 
 def _shown(v) -> str:

@@ -91,6 +91,11 @@ def test_saved_ratios_read_back(tmp_path, models):
     (lambda o: o["ratios"]["neuroshard"].update(lo=1e9), "lo must be a number above 0 and at most 1000"),
     (lambda o: o["ratios"]["neuroshard"].update(lo=2.5), "lo <= median <= hi does not hold"),
     (lambda o: o["ratios"]["neuroshard"].update(lo=None), "only one end is null"),
+    # well-formed, but not what was saved: the digest
+    (lambda o: o["ratios"]["neuroshard"].update(median=1.5), "changed after it was saved, or written before ratio "
+                                                             "files had a digest"),
+    (lambda o: o.pop("digest"), "changed after it was saved"),
+    (lambda o: o.update(digest=[1]), "changed after it was saved"),
 ])
 def test_bad_ratio_files_are_refused_in_one_line(tmp_path, models, change, message):
     path, obj = _saved(tmp_path, models)

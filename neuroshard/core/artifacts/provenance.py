@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import platform
 import subprocess
 import sys
@@ -38,6 +39,12 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
+
+
+def content_digest(obj) -> str:
+    """SHA-256 (hex) of plain data (lists, dicts, numbers, strings) in one canonical JSON form: what a file says,
+    whatever its layout, so a file changed after it was saved no longer matches the digest saved in it."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()).hexdigest()
 
 
 def file_digest(path) -> str:
