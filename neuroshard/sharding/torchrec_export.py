@@ -210,7 +210,8 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     """A real TorchRec `ShardingPlan` ({module_path: EmbeddingModuleShardingPlan}) for the spec's tables.
 
     A table in one shard goes table-wise unless its entry says `"sharding_type": "column_wise"` (one
-    column block) or `"table_column_wise"` (its column blocks in a sharding group of their own, one host); `compute_kernel` (e.g. "fused") is passed to TorchRec, None lets TorchRec choose;
+    column block) or `"table_column_wise"` (its column blocks in a sharding group of their own, one host);
+    `compute_kernel` (e.g. "fused") is passed to TorchRec, None lets TorchRec choose;
     `local_size` is the ranks per host (device `rank % local_size`), default all ranks on one host."""
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder

@@ -12,9 +12,9 @@
   alike); column shards go `table_column_wise` where that is allowed and `column_wise` is not, on one host
   (the same column blocks, run in a sharding group of their own, which the step cost prices), and row blocks
   `grid_shard` where only that row type is allowed, on one host (each rank its rows of every column, as row-wise;
-  TorchRec offers it only where constraints name it); a table that allows only table-wise is never split, one that allows only column-wise is handed out
-  column-wise (one block when the search keeps it whole), one that allows only row-wise goes row-wise, one
-  that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well
+  TorchRec offers it only where constraints name it); a table that allows only table-wise is never split, one that
+  allows only column-wise is handed out column-wise (one block when the search keeps it whole), one that allows
+  only row-wise goes row-wise, one that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well
   (TorchRec's sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
   `dense` kernel) is allowed where the constraints, the sharder and the kernels allow it (`row_wise.py` picks the
   small tables that run so). Kernel: `fused`; a table excluding it is refused.
@@ -145,7 +145,8 @@ class EmbeddingBagEnumerator(Enumerator):
                              not allowed & {TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE}, data_parallel=data_parallel,
                              data_parallel_only=not allowed and data_parallel, unplaced=unplaced,
                              row_wise_type=next((k for k in ROWS if k in allowed), ROW_WISE),
-                             column_wise_type=COLUMN_WISE if COLUMN_WISE in allowed or not columns else TABLE_COLUMN_WISE)
+                             column_wise_type=TABLE_COLUMN_WISE if columns and COLUMN_WISE not in allowed
+                             else COLUMN_WISE)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,
                        **measured}, c is None
 
