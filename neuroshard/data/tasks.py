@@ -55,18 +55,16 @@ class ShardingTask:
     num_rows: np.ndarray | None = None  # real row counts, where they differ from the feature max(100, rows)
     column_wise: np.ndarray | None = None  # [T] bool: TorchRec shards the table column-wise even when whole
                                            # (`NeuroShardPlanner`'s column_wise-only tables); None: none
-    table_column_wise: np.ndarray | None = None  # [T] bool: its column shards run table_column_wise, a sharding group
-                                                 # of their own (`NeuroShardPlanner`, one host); None: none
     storage: ShardStorage | None = None  # what a shard occupies; None: its fp32 weights (rows x dim x 4 bytes)
     row_block: np.ndarray | None = None  # [T] int: the rank holding this table, a row block of a table TorchRec shards
                                          # row-wise (block r on rank r; `NeuroShardPlanner`), -1 for a table the
                                          # search places; None: none
     replica: np.ndarray | None = None    # [T] int: the rank holding this table, its replica of a table TorchRec runs
                                          # data-parallel (`NeuroShardPlanner`), -1 for others; None: none
-    grid_shard: np.ndarray | None = None  # [T] bool: a row block of a table TorchRec runs grid_shard (a sharding group
-                                          # of its own; `NeuroShardPlanner`, one host); None: none
-    table_row_wise: np.ndarray | None = None  # [T] bool: a row block of a table TorchRec runs table_row_wise (a group of
-                                              # its own beside row_wise; `NeuroShardPlanner`, one host); None: none
+    type_group: np.ndarray | None = None  # [T] int: the group of a table whose sharding type TorchRec runs apart from
+                                          # the one it cuts like (`NeuroShardPlanner`, one host; `simulator.own_group`):
+                                          # 4 table_column_wise (its column shards), 5 grid_shard or 6 table_row_wise
+                                          # (its row blocks); -1 for the others; None: none
 
     @classmethod
     def from_dataset(cls, ds: DLRMDataset, table_ids, dims) -> "ShardingTask":
@@ -98,19 +96,15 @@ class ShardingTask:
 
     def shard_groups(self, tables, dims) -> np.ndarray:
         """Per shard (its table index and dim), the sharding group TorchRec runs it in (the step cost's groups,
-        `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table (5 of a
-        grid_shard one, 6 of a table_row_wise one), else `column_wise_shards`'s 1 or 0, its 1 made 4 for a table whose column shards run
-        table_column_wise."""
+        `simulator.GROUPS`): 3 for a replica of a data-parallel table, 2 for a row block of a row-wise table, else
+        `column_wise_shards`'s 1 or 0; a column shard or row block of a table with a `type_group` is in that group."""
         tables = np.asarray(tables, np.int64)
         group = self.column_wise_shards(tables, dims)
-        if self.table_column_wise is not None:
-            group = np.where((group == 1) & np.asarray(self.table_column_wise, bool)[tables], 4, group)
         if self.row_block is not None:
             group = np.where(np.asarray(self.row_block)[tables] >= 0, 2, group)
-        if self.grid_shard is not None:
-            group = np.where(np.asarray(self.grid_shard, bool)[tables], 5, group)
-        if self.table_row_wise is not None:
-            group = np.where(np.asarray(self.table_row_wise, bool)[tables], 6, group)
+        if self.type_group is not None:
+            own = np.asarray(self.type_group, np.int64)[tables]
+            group = np.where((own >= 0) & (group > 0), own, group)
         if self.replica is not None:
             group = np.where(np.asarray(self.replica)[tables] >= 0, 3, group)
         return group

@@ -94,6 +94,14 @@ GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_colum
 # rank's own ids and keeps its output; only its gradient crosses ranks, in an all-reduce)
 ALL_TO_ALL = np.array([True, True, True, False, True, True, True])
 ROW_GROUPS = (2, 5, 6)  # the groups of row blocks: a reduce-scatter forward, an all-gather backward
+APART = 4  # the groups from here are sharding types TorchRec runs apart from the group they cut like (one host)
+
+
+def own_group(kind: str) -> int:
+    """The group of a table of sharding type `kind` where TorchRec runs that type apart (table_column_wise,
+    grid_shard, table_row_wise: `ShardingTask.type_group`), else -1."""
+    group = GROUPS.index(kind)
+    return group if group >= APART else -1
 
 
 def check_cost(cost: str, name: str = "--cost") -> str:
@@ -301,9 +309,10 @@ class Simulator:
         first = np.argmax((present & a2a)[..., 0], axis=1)                           # [P]
         waits = np.where((np.arange(G)[None, :] == first[:, None])[..., None], delays[:, None, :], 0.0)
         fw = self.fw.predict_np(np.concatenate([dims.reshape(-1, N), waits.reshape(-1, N)], axis=1)).reshape(P, G, N)
-        for g in (g for g in ROW_GROUPS if self.coll is not None and g < G):  # the row-wise groups' reduce-scatter,
-            rw = waits[:, g]                                                  # after the last-ready rank's delay
-            fw[:, g] = self.coll.predict_np("reduce_scatter", dims[:, g]) + (rw.max(axis=1, keepdims=True) - rw)
+        for g in ROW_GROUPS if self.coll is not None else ():  # the row-wise groups' reduce-scatter, after the
+            if g < G:                                           # last-ready rank's delay
+                rw = waits[:, g]
+                fw[:, g] = self.coll.predict_np("reduce_scatter", dims[:, g]) + (rw.max(axis=1, keepdims=True) - rw)
         fw = np.where(present & a2a, fw, 0.0).sum(axis=1)
         per_device = ready + fw  # (compute + bw) + fw, as Cost.per_device_ms adds them
         if self.step_fit is not None:

@@ -467,7 +467,7 @@ def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_pr
     forced = replace(STEP_TASK, column_wise=np.array([False, False, True]))
     assert plan_step_item(forced, STEP_WHOLE).group(1) == ([0, 8], [[], [20.0]])
     # a table_column_wise table's shards: group 4, its own all-to-alls (the emulated devices run it after group 1)
-    twcw = plan_step_item(replace(STEP_TASK, table_column_wise=np.array([True, False, False])), STEP_SPLIT)
+    twcw = plan_step_item(replace(STEP_TASK, type_group=np.array([4, -1, -1])), STEP_SPLIT)
     assert twcw.group(4) == ([8, 8], [[1.0], [1.0]]) and twcw.group(1) == ([0, 0], [[], []])
     with pytest.raises(UserError, match="emulated engine does not run row-wise or data-parallel tables; .*"
                                         "--measure_engine torchrec"):

@@ -312,10 +312,9 @@ def test_a_table_row_wise_only_table_goes_row_wise_on_one_host(models, kind):
     assert [(m.shard_offsets, m.shard_sizes, m.placement.rank()) for m in ps.sharding_spec.shards] == [
         ([0, 0], [200, 64], 0), ([200, 0], [200, 64], 1)]
     blocks = [t.name == "user" for t in res.tables]
-    assert list(res.task.grid_shard) == [b and kind == "grid_shard" for b in blocks]
-    assert list(res.task.table_row_wise) == [b and kind == "table_row_wise" for b in blocks]
+    assert list(res.task.type_group) == [{"grid_shard": 5, "table_row_wise": 6}[kind] if b else -1 for b in blocks]
     # its own group: alone, it costs what the row-wise group would
-    as_rw = replace(res.task, grid_shard=None, table_row_wise=None)
+    as_rw = replace(res.task, type_group=None)
     assert one.simulator.plan_cost(res.task, res.plan).cost_ms == one.simulator.plan_cost(as_rw, res.plan).cost_ms
     two = planner(models, kinds=kinds, debug=False)
     two.topology = Topology(world_size=2, local_world_size=1, compute_device="cuda", hbm_cap=10**6)
@@ -339,8 +338,8 @@ def test_a_table_column_wise_only_table_goes_in_its_own_group_on_one_host(models
     assert plan.plan["top"]["geo"].sharding_type == "column_wise"
     assert sorted((m.shard_offsets[1], m.shard_sizes[1]) for m in ps.sharding_spec.shards) == [(0, 32), (32, 32)]
     user = [t.name for t in res.tables].index("user")
-    assert list(res.task.table_column_wise) == [t == user for t in range(len(res.tables))]
-    as_cw = replace(res.task, column_wise=res.task.column_wise | res.task.table_column_wise, table_column_wise=None)
+    assert list(res.task.type_group) == [4 if t == user else -1 for t in range(len(res.tables))]
+    as_cw = replace(res.task, column_wise=res.task.column_wise | (res.task.type_group == 4), type_group=None)
     sim = one.simulator
     assert sim.plan_cost(res.task, res.plan).cost_ms > sim.plan_cost(as_cw, res.plan).cost_ms
     two = planner(models, TIGHT, kinds=kinds, debug=False)

@@ -37,13 +37,13 @@ from ...core.costs import Cluster
 from ...data.features import can_split, ids_reuse_histogram, table_size_gb
 from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
-from .types import (COLUMN_WISE, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, TABLE_COLUMN_WISE, TABLE_ROW_WISE,
-                    TABLE_WISE, Enumeration, Enumerator, PlannedTable)
+from ..simulator import own_group
+from .types import (COLUMN_WISE, COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, ROW_WISE_KINDS, TABLE_COLUMN_WISE,
+                    TABLE_ROW_WISE, TABLE_WISE, Enumeration, Enumerator, PlannedTable)
 
 # the sharding types NeuroShardPlanner places
 PLACED = (TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, GRID_SHARD)
 ONE_HOST = (TABLE_ROW_WISE, TABLE_COLUMN_WISE, GRID_SHARD)  # placed on a topology of one host only
-ROWS = (ROW_WISE, TABLE_ROW_WISE, GRID_SHARD)  # row blocks, in the order a table's row-wise type is picked
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's torchrec.distributed.planner.constants.POOLING_FACTOR
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class EmbeddingBagEnumerator(Enumerator):
                             "the names of the EmbeddingBagConfigs")
         task = parse_table_rows(rows, None, "the module's EmbeddingBagCollections").task
         task = replace(task, column_wise=np.array([t.column_wise_only for t in tables], bool),  # priced as run
-                       table_column_wise=np.array([t.column_wise_type == TABLE_COLUMN_WISE for t in tables], bool))
+                       type_group=np.array([own_group(t.column_wise_type) for t in tables], np.int64))
         counter = StorageCounter(self.topology, self.batch_size, planned_constraints(self.constraints, tables),
                                  module, sharders)
         task = replace(task, storage=counter.halvings(tables, task.rows, task.dims, self.memory_kind))
@@ -139,12 +139,12 @@ class EmbeddingBagEnumerator(Enumerator):
                 raise UserError(f"{where}: ids[{name!r}] holds id {int(ids.max())}, beyond its {rows:,} rows; pass the "
                                 "ids the table is looked up with (row numbers below its rows)")
             measured = dict(zip(BIN_COLUMNS, ids_reuse_histogram(ids).tolist()))
-        columns = bool(allowed & {COLUMN_WISE, TABLE_COLUMN_WISE})
+        columns = bool(allowed & set(COLUMN_WISE_KINDS))
         table = PlannedTable(path, name, columns and TABLE_WISE not in allowed, columns,
-                             min_width(c, where), bool(allowed & set(ROWS)),
-                             not allowed & {TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE}, data_parallel=data_parallel,
+                             min_width(c, where), bool(allowed & set(ROW_WISE_KINDS)),
+                             not allowed & {TABLE_WISE, *COLUMN_WISE_KINDS}, data_parallel=data_parallel,
                              data_parallel_only=not allowed and data_parallel, unplaced=unplaced,
-                             row_wise_type=next((k for k in ROWS if k in allowed), ROW_WISE),
+                             row_wise_type=next((k for k in ROW_WISE_KINDS if k in allowed), ROW_WISE),
                              column_wise_type=TABLE_COLUMN_WISE if columns and COLUMN_WISE not in allowed
                              else COLUMN_WISE)
         return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,

@@ -70,7 +70,7 @@ from ..candidates import against_baselines, handout_verdict
 from ..plan import Placement, check_complete, fits_memory
 from ...core.costs import Cluster
 from ..search import fitting_thresholds
-from ..simulator import Simulator
+from ..simulator import GROUPS, Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
 from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text,
                           torchrec_fix)
@@ -84,8 +84,7 @@ from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
 from .row_wise import (ROW_WISE_CANDIDATES, ROW_WISE_MIN_GAIN, ROW_WISE_ROUNDS, data_parallel_tables, more_row_wise,
                        needs_row_wise, row_wise_attempts, with_row_blocks)
-from .types import (COLUMN_WISE, DATA_PARALLEL, FUSED, TABLE_COLUMN_WISE, TABLE_WISE, Enumeration, Enumerator,
-                    Partitioner, PerfModel, PlannerResult, Proposer, Stats)
+from .types import FUSED, Enumeration, Enumerator, Partitioner, PerfModel, PlannerResult, Proposer, Stats
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
     from torch import nn
@@ -444,15 +443,13 @@ class NeuroShardPlanner:
 
 
 def sharding_types(found: Enumeration, plan: Placement) -> list[str]:
-    """Per table (a row block counted as one), the sharding type TorchRec runs it in: the table's row-wise type
-    (`PlannedTable.row_wise_type`) for a row block, its column-wise type (`column_wise_type`) for a split table and
-    for a whole one that must be (the step cost's groups, `ShardingTask.shard_groups`), else table_wise."""
+    """Per table (a row block counted as one), the sharding type TorchRec runs it in: its group's
+    (`ShardingTask.shard_groups`, the step cost's `GROUPS` are named by them): a split table and a whole one that must
+    be are column-wise (or table-column-wise), the rest of the whole ones table-wise."""
     task, shard_tables = found.task, [s.table for s in plan.shards]
     group = np.zeros(len(found.tables), np.int64)
     np.maximum.at(group, shard_tables, task.shard_groups(shard_tables, [s.dim for s in plan.shards]))
-    return [(TABLE_WISE, COLUMN_WISE, table.row_wise_type, DATA_PARALLEL, TABLE_COLUMN_WISE, table.row_wise_type,
-             table.row_wise_type)[g]
-            for g, table in zip(group, found.tables)]
+    return [GROUPS[g] for g in group]
 
 
 def module_specs(found: Enumeration, plan: Placement, kinds: list[str]) -> dict[str, dict]:

@@ -19,8 +19,7 @@ doing that rank's share of the lookups (its local batch's), its storage as Torch
 
 TorchRec's `EmbeddingBagCollectionSharder` offers `row_wise` on CUDA only; `sharders.RowWiseSharder` offers it on
 CPU too (and runs in `DistributedModelParallel` on gloo ranks). A table whose row type is `grid_shard` or
-`table_row_wise` (one host) has the same blocks, in the step cost's group of that type (`ShardingTask.grid_shard`,
-`ShardingTask.table_row_wise`).
+`table_row_wise` (one host) has the same blocks, in the step cost's group of that type (`ShardingTask.type_group`).
 """
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ import numpy as np
 from ...core.errors import UserError
 from ...data.features import MIN_ROWS, ids_reuse_histogram
 from ...data.tasks import ShardStorage
-from ..simulator import allreduce_floats
-from .types import DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, TABLE_ROW_WISE, Enumeration
+from ..simulator import allreduce_floats, own_group
+from .types import DATA_PARALLEL, DENSE, FUSED, ROW_WISE, Enumeration
 
 
 def row_blocks(rows: int, world: int) -> list[tuple[int, int]]:
@@ -162,12 +161,10 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     new_task = replace(task, table_ids=task.table_ids[origin_a], dims=task.dims[origin_a], data_features=features,
                        num_rows=n_rows, column_wise=None if task.column_wise is None else
                        np.asarray(task.column_wise, bool)[origin_a] & ~pinned,
-                       table_column_wise=None if task.table_column_wise is None else
-                       np.asarray(task.table_column_wise, bool)[origin_a] & ~pinned,
                        storage=storage, row_block=block_a, replica=replica_a,
-                       grid_shard=np.array([e.row_block >= 0 and e.row_wise_type == GRID_SHARD for e in tables], bool),
-                       table_row_wise=np.array([e.row_block >= 0 and e.row_wise_type == TABLE_ROW_WISE for e in tables],
-                                               bool))
+                       type_group=np.array([own_group(e.row_wise_type) if e.row_block >= 0 else -1 if e.replica >= 0
+                                            else -1 if task.type_group is None else int(task.type_group[t])
+                                            for e, t in zip(tables, origin)], np.int64))
     no_split = frozenset(i for i, t in enumerate(origin) if t in found.no_split or pinned[i])
     notes = []
     if row_wise:
