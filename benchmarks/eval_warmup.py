@@ -48,13 +48,11 @@ class EvalWarmupConfig:
 
     work_dir: str = flag("work", "a finished pipeline run (tools/run_pipeline.py --work_dir)")
     ndevices: int = flag(4)
-    max_mem: float = flag(QUICK.max_mem, "memory of one device, GB (the quick preset's)")
     tasks: int = flag(8, "the first this many test tasks")
     algs: tuple[str, ...] = flag(("neuroshard", "size_lookup_greedy", "torchrec"),
                                  "algorithms whose plans are measured; ratios are against the first", parse="str_list")
     warmups: tuple[int, ...] = flag((QUICK.eval_warmup, 1), "warm-up counts compared; ratios are against the first",
                                     parse="int_list")
-    warmup_iter: int = flag(QUICK.eval_warmup, "unused: --warmups sets the counts")
     num_iter: int = flag(QUICK.eval_iters, "timed iterations of each plan over all rounds (eval.py's)")
     rounds: int = flag(QUICK.eval_rounds, "rounds; each measures every plan with every count")
     out_csv: str = flag("results/bench_eval_warmup.csv")

@@ -41,9 +41,6 @@ INPUT_NAMES = {"tables": "tables", "ids": "ids", "hardware": "hardware", "batch_
                "method": "calibration method"}
 
 
-
-
-
 def calibration_inputs(task, hw_desc: dict, batch_size: int, num_devices: int, max_mem_gb: float, model_paths,
                        ids_path=None, method: str = CALIBRATION_METHOD) -> dict:
     """What a calibration depends on, as plain data saved in it: the tables themselves (features, dims, rows),

@@ -23,7 +23,8 @@ from .torchrec_export import SPEC_KIND, spec_from_json
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
-PINNED_KINDS = ("row_wise", "table_row_wise", "grid_shard", "data_parallel")  # NeuroShardPlanner's kinds a task cannot place
+# NeuroShardPlanner's kinds a task cannot place
+PINNED_KINDS = ("row_wise", "table_row_wise", "grid_shard", "data_parallel")
 
 
 def plan_record(spec: dict, pooling_factors, **fields) -> dict:

@@ -14,10 +14,10 @@
   `grid_shard` where only that row type is allowed, on one host (each rank its rows of every column, as row-wise;
   TorchRec offers it only where constraints name it); a table that allows only table-wise is never split, one that
   allows only column-wise is handed out column-wise (one block when the search keeps it whole), one that allows
-  only row-wise goes row-wise, one that allows none of them gets TorchRec's plan (or is refused). The sharder's own sharding types count as well
-  (TorchRec's sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu too). `data_parallel` (on TorchRec's
-  `dense` kernel) is allowed where the constraints, the sharder and the kernels allow it (`row_wise.py` picks the
-  small tables that run so). Kernel: `fused`; a table excluding it is refused.
+  only row-wise goes row-wise, one that allows none of them gets TorchRec's plan (or is refused). The sharder's own
+  sharding types count as well (TorchRec's sharder offers row_wise on cuda only; `sharders.RowWiseSharder` on cpu
+  too). `data_parallel` (on TorchRec's `dense` kernel) is allowed where the constraints, the sharder and the
+  kernels allow it (`row_wise.py` picks the small tables that run so). Kernel: `fused`; a table excluding it is refused.
 - Storage: each shard the search can cut is counted as TorchRec counts it (`storage.StorageCounter`: weights,
   optimizer state, input and output buffers, on the planner's topology and batch); `check_fits` refuses a table
   whose narrowest allowed shard fits no rank's budget, before any search.
@@ -38,8 +38,8 @@ from ...data.features import can_split, ids_reuse_histogram, table_size_gb
 from ...data.table_list import BIN_COLUMNS, parse_table_rows
 from .storage import StorageCounter, planned_constraints
 from ..simulator import own_group
-from .types import (COLUMN_WISE, COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, ROW_WISE_KINDS, TABLE_COLUMN_WISE,
-                    TABLE_ROW_WISE, TABLE_WISE, Enumeration, Enumerator, PlannedTable)
+from .types import (COLUMN_WISE, COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, ROW_WISE_KINDS,
+                    TABLE_COLUMN_WISE, TABLE_ROW_WISE, TABLE_WISE, Enumeration, Enumerator, PlannedTable)
 
 # the sharding types NeuroShardPlanner places
 PLACED = (TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, GRID_SHARD)

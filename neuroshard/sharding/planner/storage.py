@@ -92,10 +92,11 @@ def reserved_budget(reservation, topology, batch_size: int, module, sharders, co
 
 def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: bool = False) -> dict:
     """The caller's constraints with each table's sharding types cut to those NeuroShard places (table_wise,
-    column_wise (or table_column_wise) and/or row_wise, as the enumerator allowed them) and its kernel to `fused`; every other field as
-    given (data_parallel on TorchRec's `dense` kernel). `decided`: `tables` holds the row blocks of the tables
-    NeuroShard shards row-wise and the replicas of those it runs data-parallel (`row_wise.py`), and only those may go
-    row-wise or data-parallel, and only so (the plan TorchRec's planner makes of the same choice)."""
+    column_wise (or table_column_wise) and/or row_wise, as the enumerator allowed them) and its kernel to `fused`;
+    every other field as given (data_parallel on TorchRec's `dense` kernel). `decided`: `tables` holds the row blocks
+    of the tables NeuroShard shards row-wise and the replicas of those it runs data-parallel (`row_wise.py`), and
+    only those may go row-wise or data-parallel, and only so (the plan TorchRec's planner makes of the same
+    choice)."""
     from torchrec.distributed.planner import ParameterConstraints
 
     out = dict(constraints)
@@ -112,8 +113,8 @@ def planned_constraints(constraints: dict, tables: list[PlannedTable], decided: 
             kinds, kernels = [DATA_PARALLEL], [DENSE]
         else:
             kinds = ([] if table.column_wise_only or table.row_wise_only else [TABLE_WISE]) + (
-                [table.column_wise_type] if table.splittable else []) + ([table.row_wise_type] if table.row_wise and not decided
-                                                              else [])
+                [table.column_wise_type] if table.splittable else []) + (
+                [table.row_wise_type] if table.row_wise and not decided else [])
             if table.data_parallel and not decided:
                 kinds, kernels = kinds + [DATA_PARALLEL], [FUSED, DENSE]
         given = constraints.get(table.name)
