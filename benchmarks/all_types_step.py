@@ -167,8 +167,8 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     pre_priced = float(planner_sim.with_collectives(sim.coll).plan_cost(ours.task, ours.plan).cost_ms) \
         if a.calibration and planner_sim.coll is not None and sim.coll is not None \
         and planner_sim.coll.to_json() != sim.coll.to_json() else None
-    row = {"set": a.set, "sharding_types": ",".join(a.sharding_types) or "all", "ids_order": a.ids_order, "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb,
-           "batch": batch, "rounds": a.rounds,
+    row = {"set": a.set, "sharding_types": ",".join(a.sharding_types) or "all", "ids_order": a.ids_order,
+           "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb, "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroshard.core.artifacts import check_output_file, write_results  # noqa: E402
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import flag  # noqa: E402
-from neuroshard.core.errors import UserError, check_int  # noqa: E402
+from neuroshard.core.errors import UserError, check_float, check_int  # noqa: E402
 from neuroshard.core.optional_deps import require_torchrec  # noqa: E402
 from neuroshard.core.tables import format_table  # noqa: E402
 from neuroshard.models.loading import cost_model_paths  # noqa: E402
@@ -48,8 +48,7 @@ class PlannerCoverageConfig:
     def check(self) -> "PlannerCoverageConfig":
         check_int("--cases", self.cases, 1, 100_000)
         check_int("--seed", self.seed, 0, 2**32 - 1)
-        if not (isinstance(self.constrained_share, float) and 0.0 <= self.constrained_share <= 1.0):
-            raise UserError(f"--constrained_share must be a number from 0 to 1, got {self.constrained_share!r}")
+        check_float("--constrained_share", self.constrained_share, 0.0, 1.0)
         if self.sharder not in SHARDERS:
             raise UserError(f"--sharder must be one of {', '.join(SHARDERS)}, got {self.sharder!r}")
         if not str(self.out).strip() or Path(self.out).parent.is_file():

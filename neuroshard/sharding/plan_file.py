@@ -19,12 +19,10 @@ from ..core.errors import PlanError, UserError
 from ..core.costs import Cluster
 from ..data.tasks import ShardingTask
 from .plan import Placement, plan_from_slices
-from .torchrec_export import SPEC_KIND, spec_from_json
+from .torchrec_export import PINNED_KINDS, SPEC_KIND, spec_from_json  # pinned: kinds a task cannot place
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
-# NeuroShardPlanner's kinds a task cannot place
-PINNED_KINDS = ("row_wise", "table_row_wise", "grid_shard", "data_parallel")
 
 
 def plan_record(spec: dict, pooling_factors, **fields) -> dict:

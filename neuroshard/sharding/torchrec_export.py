@@ -31,6 +31,8 @@ from .plan import Placement
 
 SPEC_KIND = "neuroshard.torchrec_plan"
 ROW_KINDS = ("row_wise", "table_row_wise", "grid_shard")  # entries of row blocks: on rank r its rows of every column
+ONE_HOST_KINDS = ("table_row_wise", "table_column_wise", "grid_shard")  # exported for a topology of one host only
+PINNED_KINDS = ROW_KINDS + ("data_parallel",)  # entries whose shards sit on every rank, one each (NeuroShardPlanner's)
 MAX_WORLD_SIZE = 1024        # like --ndevices
 
 
@@ -92,7 +94,7 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
         dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
         shards = t.get("shards")
-        if t.get("sharding_type") in ROW_KINDS + ("data_parallel",):
+        if t.get("sharding_type") in PINNED_KINDS:
             _check_pinned_shards(at, t, world)
             continue
         if not isinstance(shards, list) or not 1 <= len(shards) <= dim or not all(isinstance(x, dict) for x in shards):
@@ -220,35 +222,29 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan as TorchRecShardingPlan
 
     check_spec(spec)
+    world = spec["world_size"]
     per_param = {}
     for t in spec["tables"]:
+        if t.get("sharding_type") in ONE_HOST_KINDS and local_size not in (None, world):
+            raise UserError(f"table {t['name']!r} is planned {t['sharding_type']} over all {world} ranks, but "
+                            f"local_size={local_size} makes several hosts; plan it for this topology")
         if t.get("sharding_type") == "row_wise":
             per_param[t["module_name"]] = row_wise(compute_kernel=compute_kernel)
         elif t.get("sharding_type") == "table_row_wise":  # one host: the same blocks as row_wise (check_spec)
-            if local_size not in (None, spec["world_size"]):
-                raise UserError(f"table {t['name']!r} is planned table_row_wise over all {spec['world_size']} ranks, "
-                                f"but local_size={local_size} makes several hosts; plan it for this topology")
             per_param[t["module_name"]] = _with_kernel(table_row_wise(host_index=0), compute_kernel)
         elif t.get("sharding_type") == "grid_shard":  # one host: every column block row-wise over its ranks
-            if local_size not in (None, spec["world_size"]):
-                raise UserError(f"table {t['name']!r} is planned grid_shard over all {spec['world_size']} ranks, "
-                                f"but local_size={local_size} makes several hosts; plan it for this topology")
-            per_param[t["module_name"]] = _with_kernel(grid_shard(host_indexes=[0] * _grid_blocks(t, spec["world_size"])),
+            per_param[t["module_name"]] = _with_kernel(grid_shard(host_indexes=[0] * _grid_blocks(t, world)),
                                                        compute_kernel)
         elif t.get("sharding_type") == "data_parallel":  # TorchRec's dense kernel
             per_param[t["module_name"]] = data_parallel()
         elif len(t["shards"]) == 1 and t.get("sharding_type") not in ("column_wise", "table_column_wise"):
             per_param[t["module_name"]] = table_wise(rank=t["shards"][0]["rank"], compute_kernel=compute_kernel)
         elif t.get("sharding_type") == "table_column_wise":  # one host: column_wise's blocks, in a group of their own
-            if local_size not in (None, spec["world_size"]):
-                raise UserError(f"table {t['name']!r} is planned table_column_wise over all {spec['world_size']} "
-                                f"ranks, but local_size={local_size} makes several hosts; plan it for this topology")
             per_param[t["module_name"]] = _as_type(column_wise(ranks=_blocks(t)[1], compute_kernel=compute_kernel),
                                                    "table_column_wise")
         else:
             _, ranks = _blocks(t)
             per_param[t["module_name"]] = column_wise(ranks=ranks, compute_kernel=compute_kernel)
-    world = spec["world_size"]
     # what TorchRec's construct_module_sharding_plan does, on each table's shape alone: building the
     # EmbeddingBagCollection, even on the meta device, initialises every table
     sharder = EmbeddingBagCollectionSharder()
