@@ -13,8 +13,9 @@ user's ranks. Both planners get the same
 topology, batch, constraints and sharder (`RowWiseSharder`: row_wise offered on cpu): `NeuroShardPlanner` with
 its defaults (row-wise blocks for the tables no rank holds, replicas of the small tables, the search around them,
 compared with TorchRec's plan of the same sharding types), and TorchRec's `EmbeddingShardingPlanner` as the user calls it (every sharding
-type the sharder offers; `--sharding_types`: those alone, for every table). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`) in
-`--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md; the .csv row, with its
+type the sharder offers; `--sharding_types`: those alone, for every table). Both plans are measured as TorchRec training steps (`hardware/dmp_step.py`;
+`--measure_engine emulated`: as the step cost prices them on emulated independent devices, the engine the cost
+models were trained on, `hardware/engine.py`) in `--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md; the .csv row, with its
 .meta.json, and the .json record with every round's step times, beside it): each
 plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
 interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
@@ -72,6 +73,9 @@ class AllTypesStepConfig:
     sharding_types: tuple[str, ...] = flag((), "the sharding types every table's constraints allow, for both planners "
                                                "(e.g. data_parallel,table_wise,table_row_wise); empty: all",
                                            parse="str_list")
+    measure_engine: str = flag("torchrec", "torchrec (TorchRec training steps, DistributedModelParallel) or "
+                                           "emulated (the step cost's parts on emulated independent devices: the "
+                                           "engine the cost models were trained on)", choices=("torchrec", "emulated"))
     out: str = flag("results/all_types_step.md", "the summary; its .json record beside it")
 
     def check(self) -> "AllTypesStepConfig":
@@ -156,7 +160,7 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
             memory_only = plans(tl, a, batch // a.ndevices, planner_ids, row_wise_by_cost=False)[0].last_result
             specs.append(memory_only.specs[""])
         measured = measure_specs(ds.path, resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter, specs,
-                                 a.ndevices, a.rounds)
+                                 a.ndevices, a.rounds, a.measure_engine, tl.task.pooling_factors)
     mine, torchrec = measured[:2]
     ratio = paired_interval(mine, torchrec)
     predicted = float(ours.cost.cost_ms)
@@ -167,7 +171,10 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     pre_priced = float(planner_sim.with_collectives(sim.coll).plan_cost(ours.task, ours.plan).cost_ms) \
         if a.calibration and planner_sim.coll is not None and sim.coll is not None \
         and planner_sim.coll.to_json() != sim.coll.to_json() else None
-    row = {"set": a.set, "sharding_types": ",".join(a.sharding_types) or "all", "ids_order": a.ids_order,
+    if a.measure_engine == "emulated":  # the engine measures the step cost itself, not the step a fit was made to
+        predicted = float(planner_sim.with_step_fit(None).plan_cost(ours.task, ours.plan).cost_ms)
+    row = {"set": a.set, "engine": a.measure_engine, "sharding_types": ",".join(a.sharding_types) or "all",
+           "ids_order": a.ids_order,
            "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb, "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
@@ -192,7 +199,8 @@ def main(argv=None) -> None:
     C = AllTypesStepConfig
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     row, round_ms = run(a)
-    text = (f"# NeuroShardPlanner against TorchRec's planner, every sharding type, DMP steps\n\n"
+    steps = "DMP steps" if a.measure_engine == "torchrec" else "emulated devices (the step cost's parts)"
+    text = (f"# NeuroShardPlanner against TorchRec's planner, every sharding type, {steps}\n\n"
             f"{row['set']} (ids {row['ids_order']}{'; NeuroShardPlanner given them' if a.give_ids else ''}; "
             f"sharding types allowed: {row['sharding_types']}), "
             f"{row['ndevices']} gloo CPU ranks x {row['ddr_mb']:g} MB DDR, global batch {row['batch']}, "

@@ -612,9 +612,6 @@ class ShardTablesConfig:
                 if given:  # it would be ignored without a word
                     raise UserError(f"{name} has no effect with --sharding_types (--measure measures NeuroShard's plan "
                                     f"and TorchRec's in a fixed number of rounds); drop {name}")
-            if self.measure and self.measure_engine != "torchrec":
-                raise UserError("--sharding_types plans row-wise and data-parallel tables, which the emulated engine "
-                                "does not run; add --measure_engine torchrec (TorchRec's own training step)")
             if self.mp_keep is not None:
                 raise UserError("--sharding_types plans TorchRec's own step, which has no DCT-MP all-to-all; drop "
                                 "--mp_keep or drop --sharding_types")

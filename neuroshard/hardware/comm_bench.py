@@ -226,15 +226,16 @@ def all_reduce_floats(width: float, batch_size: int, N: int) -> int:
 
 
 class Collectives:
-    """One rank's buffers for the three collectives of a collectives sample (module docstring)."""
+    """One rank's buffers for the three collectives of a collectives sample (module docstring); `gradient_floats`:
+    the all-reduce's size instead of the width's (the emulated engine's data-parallel gradients)."""
 
-    def __init__(self, width: int, batch_size: int, N: int, device: str):
+    def __init__(self, width: int, batch_size: int, N: int, device: str, gradient_floats: int | None = None):
         bn = batch_size // N
         self.rs_in = torch.randn(bn * N, width, device=device)
         self.rs_out = torch.empty(bn, width, device=device)
         self.ag_in = torch.randn(bn, width, device=device)
         self.ag_out = torch.empty(bn * N, width, device=device)
-        self.ar = torch.randn(all_reduce_floats(width, batch_size, N), device=device)
+        self.ar = torch.randn(gradient_floats or all_reduce_floats(width, batch_size, N), device=device)
 
     def reduce_scatter(self):
         dist.reduce_scatter_single(self.rs_out, self.rs_in)

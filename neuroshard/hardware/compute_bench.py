@@ -3,7 +3,8 @@ backward, median over timed iterations after warm-ups, last-level cache flushed 
 
 `ComputeBenchmark` holds one device's dataset handle (a dataset, or a `families.TablePool` of the
 dataset and the family tables), flusher and settings; `measure` times any set of (table, dim) pairs
-on the tables' real ids. `sample_shard` draws the random shards of the compute-cost dataset and
+on the tables' real ids, each table whole or in a `ShardView` (a row block: the ids in its rows; a data-parallel
+replica: its rank's local batch), as the emulated engine measures row-wise and data-parallel plans. `sample_shard` draws the random shards of the compute-cost dataset and
 `MixSampler` those of the family mix (DESIGN.md §8).
 """
 from __future__ import annotations
@@ -34,25 +35,66 @@ class ComputeBenchmark:
     def __post_init__(self):
         self.flusher = CacheFlusher(self.hw.device) if self.flush else None
 
-    def inputs(self, table_ids) -> tuple[torch.Tensor, torch.Tensor]:
-        """Table-major indices and offsets (T*B + 1) of the given dataset tables."""
+    def inputs(self, table_ids, views=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Table-major indices and offsets (T*B + 1) of the given dataset tables (each in its `view`, if given)."""
         ids, offs, base = [], [torch.zeros(1, dtype=torch.int64)], 0
-        for t in table_ids:
+        for k, t in enumerate(table_ids):
             i, o = self.dataset.table_bags(int(t), self.batch_size)
+            if views is not None and views[k] is not None:
+                i, o = view_bags(i, o, int(self.dataset.rows[int(t)]), views[k])
             ids.append(i)
             offs.append(o[1:] + base)
             base += i.numel()
         return torch.cat(ids), torch.cat(offs)
 
-    def measure(self, table_ids, dims) -> float:
+    def measure(self, table_ids, dims, views=None) -> float:
         """Median ms of forward + backward of one fused operator holding these tables (a table may
-        appear several times: its column shards, each at its own dim, read the table's ids)."""
-        rows = self.dataset.rows[np.asarray(table_ids, dtype=np.int64)]
-        op = make_fused([(int(r), int(d)) for r, d in zip(rows, dims)], self.hw)
-        prepared = op.prepare(*self.inputs(table_ids))
+        appear several times: its column shards, each at its own dim, read the table's ids). `views`: per table
+        None (the whole table at the global batch) or a `ShardView` (a row block, or a replica's local batch)."""
+        rows = [view_rows(int(r), None if views is None else views[k])
+                for k, r in enumerate(self.dataset.rows[np.asarray(table_ids, dtype=np.int64)])]
+        op = make_fused([(r, int(d)) for r, d in zip(rows, dims)], self.hw)
+        prepared = op.prepare(*self.inputs(table_ids, views))
         grad = torch.ones(self.batch_size, int(np.sum(dims)), device=self.hw.device)
         return median_ms(lambda: op.train_step(prepared, grad), self.hw.device, self.warmup_iter, self.num_iter,
                          self.flusher)
+
+
+@dataclass(frozen=True)
+class ShardView:
+    """The part of a table a row-wise or data-parallel shard computes: rows `row_lo` to `row_lo + rows` (its row
+    block: the ids in it, renumbered from 0; `rows` 0: every row), and with `replica` >= 0 only the samples of that
+    rank's local batch (the global batch's `replica`-th of `world` equal slices; the others' bags empty)."""
+
+    row_lo: int = 0
+    rows: int = 0
+    replica: int = -1
+    world: int = 1
+
+
+def view_rows(rows: int, view: ShardView | None) -> int:
+    """The rows of a table's operator in `view` (at least 1: TorchRec's last row blocks may hold none)."""
+    if view is None or view.rows <= 0:
+        return rows
+    return max(1, min(rows, view.row_lo + view.rows) - min(rows, view.row_lo))
+
+
+def view_bags(ids: torch.Tensor, offsets: torch.Tensor, rows: int, view: ShardView) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+    """A table's bags (ids, offsets of B + 1) as `view` sees them (`ShardView`)."""
+    lengths = torch.diff(offsets)
+    B = lengths.numel()
+    sample = torch.repeat_interleave(torch.arange(B), lengths)
+    keep = torch.ones(ids.numel(), dtype=torch.bool)
+    if view.rows > 0:
+        lo = min(rows, view.row_lo)
+        keep &= (ids >= lo) & (ids < lo + view.rows)
+        ids = ids - lo
+    if view.replica >= 0:
+        bn = B // view.world
+        keep &= (sample >= view.replica * bn) & (sample < (view.replica + 1) * bn)
+    counts = torch.bincount(sample[keep], minlength=B)
+    return ids[keep].contiguous(), torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
 
 
 def sample_shard(rows: np.ndarray, index: int, seed: int, max_tables: int, max_mem_gb: float,

@@ -19,10 +19,11 @@ simulator and the paper do: compute one rank at a time (ranks sharing a machine 
 then the backward all-to-all with all ranks together, then the forward all-to-all with each rank starting
 after its delay d_r = (compute_r + bw_r) - min_r(...), as in training. An item is a plan (per device, the
 (dataset table, dim) of each shard; a column twin reads its parent table's ids at its own dim; on one rank
-without a process group: a shard, compute only), a `StepPlan` (a plan as the step cost prices it: after the
-compute, per sharding group present TorchRec's input distribution of the group's ids and the backward
-all-to-all, then the forward all-to-alls, the first after each rank's delay) or a `Layout` (an all-to-all
-alone, with given delays). With
+without a process group: a shard, compute only), a `StepPlan` (a plan as the step cost prices it: a row block
+computes the ids that fall in its rows, a data-parallel replica its rank's local batch; after the compute, per
+sharding group present TorchRec's input distribution of the group's ids and the backward (all-to-all; a row-wise
+group's all-gather; the replicas' gradient all-reduce), then the forwards (all-to-all; a row-wise group's
+reduce-scatter), the first after each rank's delay) or a `Layout` (an all-to-all alone, with given delays). With
 `mp_keep` both all-to-alls are DCT-MP's compressed ones (`comm_bench.make_all_to_all`). Another step (e.g. a
 framework's own training step of the plan) plugs in by subclassing `Step`.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -42,12 +43,14 @@ from ..core.costs import Cost
 from ..core.errors import UserError
 from ..core.intervals import geo_mean, paired_interval
 from ..data.dataset import DLRMDataset
+from ..sharding.simulator import ALL_TO_ALL, GROUPS, ROW_GROUPS
 from .backends import Hardware
-from .comm_bench import InputDist, gather_floats, make_all_to_all, timed_collective, torchrec_available
-from .compute_bench import ComputeBenchmark
+from .comm_bench import (Collectives, InputDist, gather_floats, make_all_to_all, timed_collective,
+                         torchrec_available)
+from .compute_bench import ComputeBenchmark, ShardView
 from .launch import run_processes
 
-EMULATED_GROUPS = (0, 1, 4)  # the step cost's all-to-all groups (`simulator.GROUPS`) the emulated devices run
+DATA_PARALLEL = GROUPS.index("data_parallel")  # the step cost's group of replicas: its gradients all-reduced
 
 
 # ----------------------------------------------------------------------------- settings and items
@@ -77,37 +80,107 @@ class Layout:
 
 
 def plan_device_tables(task, plan) -> list[list[tuple[int, int]]]:
-    """Per device, the (dataset table id, dim) of each shard it owns: the engine's item for a plan."""
+    """Per device, the (dataset table id, dim) of each shard it owns: the engine's item for a plan under the paper's
+    cost (whole tables and column shards: a row block or replica is measured as the step cost prices it)."""
+    if (task.pinned_ranks([s.table for s in plan.shards]) >= 0).any():
+        raise UserError("the paper's cost has no row-wise or data-parallel tables; measure this plan under the step "
+                        "cost (--cost step)")
     return [[(int(task.table_ids[s.table]), int(s.dim)) for s in dev] for dev in plan.per_device()]
+
+
+class StepShard(NamedTuple):
+    """One shard of a `StepPlan`: its dataset table, columns, sharding group (`simulator.GROUPS`), the lookups per
+    sample its input distribution carries (its table's pooling factor; a row block's share of it), and what part of
+    the table it computes: rows `row_lo` to `row_lo + rows` for a row block (`rows` 0: the whole table), or with
+    `replica` >= 0 that rank's local batch (a data-parallel replica; `rows` then counts the table's rows, whose
+    gradient it all-reduces)."""
+
+    table: int
+    dim: int
+    group: int
+    pooling: float
+    row_lo: int = 0
+    rows: int = 0
+    replica: int = -1
+
+    def view(self, world: int) -> ShardView | None:
+        """What its compute reads (`compute_bench.ShardView`); None for a whole table at the global batch."""
+        if self.replica >= 0:
+            return ShardView(replica=self.replica, world=world)
+        return ShardView(self.row_lo, self.rows) if self.rows > 0 else None
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """A plan measured as the step cost prices it (`Simulator(cost="step")`): per device, each shard's (dataset
-    table id, dim, sharding group, pooling factor), the group 0 table-wise, 1 column-wise or 4 table-column-wise
-    (`simulator.GROUPS`)."""
+    """A plan measured as the step cost prices it (`Simulator(cost="step")`): per device its `StepShard`s."""
 
     devices: tuple
 
     def group(self, g: int) -> tuple[list[int], list[list[float]]]:
         """Group g's per-device dim sums and the pooling factors of the features each device receives."""
-        return ([sum(d for _, d, gr, _ in dev if gr == g) for dev in self.devices],
-                [[p for _, _, gr, p in dev if gr == g] for dev in self.devices])
+        return ([sum(s.dim for s in dev if s.group == g) for dev in self.devices],
+                [[s.pooling for s in dev if s.group == g] for dev in self.devices])
+
+    def gradient_floats(self) -> list[int]:
+        """Per device, the floats of its data-parallel replicas' gradients (rows x dim each), all-reduced."""
+        return [sum(s.rows * s.dim for s in dev if s.group == DATA_PARALLEL) for dev in self.devices]
 
 
 def plan_step_item(task, plan) -> StepPlan:
     """The engine's item for a plan under the step cost: its shards by device with their sharding group
-    (`ShardingTask.shard_groups`, the simulator's rule) and their table's pooling factor. The emulated devices run the
-    all-to-all groups only: a plan with row blocks or replicas is refused (TorchRec's own step measures it)."""
+    (`ShardingTask.shard_groups`, the simulator's rule), their table's pooling factor (a row block's: its share, as
+    the task holds it) and, for a row block, its rows of the table (TorchRec's cut: the blocks of one table in rank
+    order), for a replica its rank's local batch."""
     shards = plan.shards
-    group = task.shard_groups([s.table for s in shards], [s.dim for s in shards])
-    if np.isin(group, EMULATED_GROUPS, invert=True).any():
-        raise UserError("the emulated engine does not run row-wise or data-parallel tables; measure this plan as "
-                        "TorchRec training steps (--measure_engine torchrec)")
+    tables = [s.table for s in shards]
+    group = task.shard_groups(tables, [s.dim for s in shards])
+    block = task.row_block if task.row_block is not None else np.full(task.num_tables, -1)
+    replica = task.replica if task.replica is not None else np.full(task.num_tables, -1)
+    first_row: dict[int, int] = {}  # a row block's first row: the rows of its table's blocks on lower ranks
+    for t in sorted(np.flatnonzero(np.asarray(block) >= 0), key=lambda t: int(block[t])):
+        key = int(task.table_ids[t])
+        first_row[t] = first_row.get(("next", key), 0)
+        first_row[("next", key)] = first_row[t] + int(task.rows[t])
     devices: list[list] = [[] for _ in range(plan.num_devices)]
     for i, (s, d) in enumerate(zip(shards, plan.device_of)):
-        devices[d].append((int(task.table_ids[s.table]), int(s.dim), int(group[i]),
-                           float(task.pooling_factors[s.table])))
+        t = s.table
+        row_lo, rows = (first_row[t], int(task.rows[t])) if block[t] >= 0 else (0, 0)
+        if replica[t] >= 0:
+            rows = int(task.rows[t])
+        devices[d].append(StepShard(int(task.table_ids[t]), int(s.dim), int(group[i]),
+                                    float(task.pooling_factors[t]), row_lo, rows, int(replica[t])))
+    return StepPlan(tuple(tuple(dev) for dev in devices))
+
+
+def spec_step_item(spec: dict, world: int, table_ids, pooling, lookup_share: Callable[[int, int, int], float]
+                   ) -> StepPlan:
+    """The engine's step item for a plan given as a spec: an export spec (`torchrec_export.plan_spec`, with
+    `NeuroShardPlanner`'s sharding types and row blocks) or a TorchRec planner's plan (`incumbent.parameter_specs`,
+    `"torchrec": True`) on `world` ranks. Spec table i reads dataset table `table_ids[i]` with `pooling[i]` lookups a sample; a row
+    block's input carries `lookup_share(i, first row, rows)` of them (its share of the table's ids). A table's
+    group is its sharding type's (`simulator.GROUPS`; a spec table without one: table-wise whole, column-wise
+    split)."""
+    devices: list[list] = [[] for _ in range(world)]
+    for i, t in enumerate(spec["tables"]):
+        kind = t.get("sharding_type") or ("table_wise" if len(t["shards"]) == 1 else "column_wise")
+        g, table, p = GROUPS.index(kind), int(table_ids[i]), float(pooling[i])
+        if spec.get("torchrec"):  # shards of [rows, columns] at [row, column] offsets, on "rank:R/device"
+            placed = [(int(s["placement"].split(":")[1].split("/")[0]), *s["offsets"], *s["sizes"])
+                      for s in t["shards"]]
+            if kind == "data_parallel":
+                placed = [(r, 0, 0, t["rows"], t["dim"]) for r in t["ranks"]]
+        else:  # col_offset, width, rank (and a row block's row_offset, rows)
+            placed = [(s["rank"], s.get("row_offset", 0), s["col_offset"], s.get("rows", t["rows"]), s["width"])
+                      for s in t["shards"]]
+        for rank, row_lo, _, rows, cols in placed:
+            if kind == "data_parallel":
+                shard = StepShard(table, int(cols), g, p / len(placed), 0, int(t["rows"]), int(rank))
+            elif g in ROW_GROUPS:
+                shard = StepShard(table, int(cols), g, p * lookup_share(i, int(row_lo), int(rows)), int(row_lo),
+                                  int(rows))
+            else:
+                shard = StepShard(table, int(cols), g, p)
+            devices[int(rank)].append(shard)
     return StepPlan(tuple(tuple(dev) for dev in devices))
 
 
@@ -184,14 +257,15 @@ class EmulatedStep(Step):
             s = settings
             self.bench = ComputeBenchmark(DLRMDataset.load(s.dataset_dir), s.hw, s.batch_size, s.warmup, s.iters)
 
-    def _compute(self, mine) -> float:
-        """This rank's compute ms of its (table, dim) shards, one rank at a time (0 for none)."""
+    def _compute(self, mine, views=None) -> float:
+        """This rank's compute ms of its (table, dim) shards (each in its `ShardView`, if given), one rank at a
+        time (0 for none)."""
         import torch.distributed as dist
 
         compute = 0.0
         for r in range(self.world):
             if r == self.rank and mine:
-                compute = self.bench.measure([t for t, _ in mine], [d for _, d in mine])
+                compute = self.bench.measure([t for t, _ in mine], [d for _, d in mine], views)
             if _grouped():
                 dist.barrier()
         return compute
@@ -200,7 +274,8 @@ class EmulatedStep(Step):
         s, rank, grouped = self.settings, self.rank, _grouped()
         compute = 0.0
         if isinstance(item, StepPlan):
-            compute = self._compute([(t, d) for t, d, _, _ in item.devices[rank]])
+            mine = item.devices[rank]
+            compute = self._compute([(x.table, x.dim) for x in mine], [x.view(self.world) for x in mine])
             return self._step(item, compute) if grouped else [[compute, 0.0, 0.0]]
         if isinstance(item, Layout):
             dim_sums = [int(d) for d in item.dim_sums]
@@ -221,23 +296,39 @@ class EmulatedStep(Step):
         return gather_floats([compute, fw, bw], device)
 
     def _step(self, item: StepPlan, compute: float) -> list[list[float]]:
-        """The step cost's collectives (module docstring): per sharding group present its input distribution
-        (TorchRec's KJTAllToAll of the ids the group's shards read) and backward all-to-all, then the forward
-        all-to-alls, the first group's after each rank's delay, the others' together. Parts: [compute, the
-        forwards, the input distributions + backwards], as the simulated step cost's."""
+        """The step cost's collectives (module docstring), per sharding group present in `GROUPS` order: the input
+        distribution (TorchRec's KJTAllToAll of the ids the group's shards read; none for replicas) and the
+        backward (the all-to-all of the gradients; a row-wise group's all-gather; the replicas' gradient
+        all-reduce); then the forwards (the pooled all-to-all; a row-wise group's reduce-scatter of its partial
+        sums; none for replicas), the first group's after each rank's delay, the others' together. Parts:
+        [compute, the forwards, the input distributions + backwards], as the simulated step cost's."""
         s, rank, device = self.settings, self.rank, self.settings.hw.device
-        a2as, before = [], 0.0
-        for dims, pooling in (item.group(g) for g in EMULATED_GROUPS):
+        N = len(item.devices)
+        forwards, before = [], 0.0
+        for g in range(len(GROUPS)):
+            dims, pooling = item.group(g)
             if not any(dims):  # a group absent from the plan runs no collectives
                 continue
-            before += timed_collective(InputDist(pooling, s.batch_size, rank, device).run, device, 0.0, s.warmup,
-                                       s.iters)
-            a2as.append(make_all_to_all(dims, s.batch_size, rank, device, s.mp_keep))
-            before += timed_collective(a2as[-1].backward, device, 0.0, s.warmup, s.iters)
+            if g == DATA_PARALLEL:
+                floats = max(item.gradient_floats())  # every rank holds a replica of each data-parallel table
+                before += timed_collective(Collectives(1, s.batch_size, N, device, gradient_floats=floats).all_reduce,
+                                           device, 0.0, s.warmup, s.iters)
+                continue
+            if ALL_TO_ALL[g]:
+                before += timed_collective(InputDist(pooling, s.batch_size, rank, device).run, device, 0.0, s.warmup,
+                                           s.iters)
+            if g in ROW_GROUPS:  # every rank holds a block of each of the group's tables: one width on all ranks
+                coll = Collectives(max(dims), s.batch_size, N, device)
+                before += timed_collective(coll.all_gather, device, 0.0, s.warmup, s.iters)
+                forwards.append(coll.reduce_scatter)
+            else:
+                a2a = make_all_to_all(dims, s.batch_size, rank, device, s.mp_keep)
+                before += timed_collective(a2a.backward, device, 0.0, s.warmup, s.iters)
+                forwards.append(a2a.forward)
         ready = np.array([c[0] for c in gather_floats([compute + before], device)])
         delay = float(ready[rank] - ready.min())
-        fw = sum(timed_collective(a2a.forward, device, delay if i == 0 else 0.0, s.warmup, s.iters)
-                 for i, a2a in enumerate(a2as))
+        fw = sum(timed_collective(forward, device, delay if i == 0 else 0.0, s.warmup, s.iters)
+                 for i, forward in enumerate(forwards))
         return gather_floats([compute, fw, before], device)
 
 

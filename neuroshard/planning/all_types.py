@@ -9,8 +9,10 @@ may shard tables row-wise, replicate them (data_parallel) and split them into co
 plan TorchRec's `EmbeddingShardingPlanner` makes with the same types (`NeuroShardPlanner`'s comparison).
 
 plan.json holds the plan as the TorchRec export spec (row offsets of row-wise blocks included), the planner's
-predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--measure --measure_engine torchrec` the
-plan and TorchRec's are measured as TorchRec training steps on these ranks (`MEASURE_ROUNDS` interleaved rounds) and
+predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--measure` the plan and TorchRec's are
+measured on these ranks (`MEASURE_ROUNDS` interleaved rounds): as the step cost prices them on emulated independent
+devices (the default engine: a row block computes the ids in its rows, a replica its rank's local batch, then each
+sharding group's collectives, `hardware.engine`), or with `--measure_engine torchrec` as TorchRec training steps; and
 plan.json records both and their paired ratio; the plan written stays the one the planner handed out (a line warns
 where TorchRec's measured faster). Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
 (a task places whole tables and column shards only); `load_torchrec_plan` does. With `--ids` the planner gets each
@@ -189,24 +191,38 @@ def torchrec_spec(theirs, names: list[str], rows, dims) -> dict:
 
 
 def measure_specs(ds_path, hw, batch: int, warmup_iter: int, num_iter: int, specs: list[dict], ndevices: int,
-                  rounds: int) -> list:
-    """Each export spec's step (ms) in each of `rounds` interleaved rounds, measured as TorchRec training steps
-    (`DistributedModelParallel`, `hardware.dmp_step.DMPStep`) on `ndevices` ranks over the dataset at `ds_path`."""
+                  rounds: int, engine: str = "torchrec", pooling=None) -> list:
+    """Each export spec's step (ms) in each of `rounds` interleaved rounds on `ndevices` ranks over the dataset at
+    `ds_path` (spec table i reads dataset table i): measured as TorchRec training steps (`DistributedModelParallel`,
+    `hardware.dmp_step.DMPStep`), or with `engine="emulated"` as the step cost prices them on emulated independent
+    devices (`hardware.engine.EmulatedStepCost`; `pooling`: each table's pooling factor, a row block's input taking
+    its share of the table's ids in the dataset)."""
     import numpy as np
 
+    from ..data.dataset import DLRMDataset
     from ..hardware.dmp_step import DMPStep, TorchRecItem
-    from ..hardware.engine import EngineSettings, measure_fixed
+    from ..hardware.engine import EmulatedStepCost, EngineSettings, measure_fixed, spec_step_item
 
     table_ids = np.arange(len(specs[0]["tables"]))
-    settings = EngineSettings(str(ds_path), hw, batch, warmup_iter, num_iter, step=DMPStep)
-    got = measure_fixed(settings, [TorchRecItem.of(s, table_ids) for s in specs], ndevices, rounds)
+    if engine == "torchrec":
+        items, step = [TorchRecItem.of(s, table_ids) for s in specs], DMPStep
+    else:
+        ds = DLRMDataset.load(ds_path)
+
+        def lookup_share(t: int, row_lo: int, rows: int) -> float:
+            ids, _ = ds.table_bags(t, batch)
+            return float(((ids >= row_lo) & (ids < row_lo + rows)).sum()) / max(1, ids.numel())
+
+        items, step = [spec_step_item(s, ndevices, table_ids, pooling, lookup_share) for s in specs], EmulatedStepCost
+    settings = EngineSettings(str(ds_path), hw, batch, warmup_iter, num_iter, step=step)
+    got = measure_fixed(settings, items, ndevices, rounds)
     return [np.asarray(m.round_ms, np.float64) for m in got]
 
 
 def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs, batch: int,
                              legal: list[str]) -> dict:
-    """The plan handed out (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured as TorchRec training steps
-    on these ranks in `MEASURE_ROUNDS` interleaved rounds, on the tables' ids (`--ids`, else synthesised from each
+    """The plan handed out (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured by `--measure_engine`
+    (`measure_specs`) on these ranks in `MEASURE_ROUNDS` interleaved rounds, on the tables' ids (`--ids`, else synthesised from each
     table's rows, pooling factor and reuse histogram): each plan's median step and their paired ratio."""
     import tempfile
     from pathlib import Path
@@ -220,19 +236,22 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
     theirs_spec = torchrec_spec(theirs, legal, tl.rows, tl.task.dims)
     ours = {**spec, "tables": [{**t, "name": t["module_name"]} for t in spec["tables"]]}  # named as the module's
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, cfg.hardware.gpu_ids)
-    print(f"\nmeasuring the plan handed out and TorchRec's as TorchRec training steps (DistributedModelParallel) on "
-          f"{cfg.ndevices} ranks, {MEASURE_ROUNDS} interleaved rounds")
+    how = ("TorchRec training steps (DistributedModelParallel)" if cfg.measure_engine == "torchrec" else
+           "the step cost prices them, on emulated independent devices (each rank's compute alone, then the "
+           "collectives)")
+    print(f"\nmeasuring the plan handed out and TorchRec's as {how} on {cfg.ndevices} ranks, {MEASURE_ROUNDS} "
+          "interleaved rounds")
     with tempfile.TemporaryDirectory() as tmp:
         ds = user_tables_dataset(tl, batch, cfg.seed, Path(tmp), cfg.ids)
         mine, torchrec = measure_specs(ds.path, hw, batch, cfg.warmup_iter, cfg.num_iter, [ours, theirs_spec],
-                                       cfg.ndevices, MEASURE_ROUNDS)
+                                       cfg.ndevices, MEASURE_ROUNDS, cfg.measure_engine, tl.task.pooling_factors)
     ratio = paired_interval(mine, torchrec)
     print(f"measured step: the plan handed out {np.median(mine):.2f} ms, TorchRec's {np.median(torchrec):.2f} ms; "
           f"handed out / TorchRec's {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
     if ratio.lo > 1:
         print("warning: TorchRec's plan measured faster here; plan.json holds the plan handed out (use TorchRec's "
               "EmbeddingShardingPlanner with the same constraints for its plan)", file=sys.stderr)
-    return {"engine": "torchrec", "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
+    return {"engine": cfg.measure_engine, "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
             "torchrec_ms": torchrec.tolist(), "torchrec_types": sorted({t["sharding_type"]
                                                                        for t in theirs_spec["tables"]}),
             "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi}

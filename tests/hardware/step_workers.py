@@ -30,19 +30,25 @@ def dmp_builds(rank, world, emit, dataset_dir, items, batch, rounds, every_value
 def emulated_step_collectives(rank, world, emit, items, compute_ms, batch):
     """`EmulatedStep._step` of each item with this rank's compute ms, the real comm_bench collectives spied on
     (recorded, then called through): emits (rank, per item its result, and its calls in order: ("input",
-    pooling), ("bw" | "fw", dim sums), ("delay", ms, the timed median), ("ready", the gathered values))."""
+    pooling), ("bw" | "fw", dim sums), ("all_gather" | "reduce_scatter", width), ("all_reduce", floats), ("delay",
+    ms, the timed median), ("ready", the gathered values))."""
     from neuroshard.hardware import engine as comm_bench  # the collectives as the engine calls them
     from neuroshard.hardware.backends import resolve_hardware
     from neuroshard.hardware.engine import EmulatedStep, EngineSettings
 
     calls = []
-    real_input, real_make = comm_bench.InputDist, comm_bench.make_all_to_all
+    real_input, real_make, real_coll = comm_bench.InputDist, comm_bench.make_all_to_all, comm_bench.Collectives
     real_timed, real_gather = comm_bench.timed_collective, comm_bench.gather_floats
 
     class SpyInput(real_input):
         def __init__(self, pooling, batch_size, r, device):
             super().__init__(pooling, batch_size, r, device)
             self.pooling = pooling
+
+    class SpyCollectives(real_coll):
+        def __init__(self, width, batch_size, N, device, gradient_floats=None):
+            super().__init__(width, batch_size, N, device, gradient_floats)
+            self.width, self.floats = width, gradient_floats
 
     def make(dims, batch_size, r, device, keep=None):
         a2a = real_make(dims, batch_size, r, device, keep)
@@ -51,8 +57,11 @@ def emulated_step_collectives(rank, world, emit, items, compute_ms, batch):
 
     def timed(fn, device, delay_ms, warmup, iters):
         obj = fn.__self__
-        calls.append(("input", obj.pooling) if isinstance(obj, SpyInput)
-                     else ({"forward": "fw", "backward": "bw"}[fn.__name__], obj.dims))
+        if isinstance(obj, SpyCollectives):
+            calls.append((fn.__name__, obj.floats if fn.__name__ == "all_reduce" else obj.width))
+        else:
+            calls.append(("input", obj.pooling) if isinstance(obj, SpyInput)
+                         else ({"forward": "fw", "backward": "bw"}[fn.__name__], obj.dims))
         ms = real_timed(fn, device, delay_ms, warmup, iters)
         calls.append(("delay", delay_ms, ms))
         return ms
@@ -62,7 +71,7 @@ def emulated_step_collectives(rank, world, emit, items, compute_ms, batch):
         calls.append(("gather", out))
         return out
 
-    comm_bench.InputDist, comm_bench.make_all_to_all = SpyInput, make
+    comm_bench.InputDist, comm_bench.make_all_to_all, comm_bench.Collectives = SpyInput, make, SpyCollectives
     comm_bench.timed_collective, comm_bench.gather_floats = timed, gather
     try:
         step = EmulatedStep(EngineSettings(None, resolve_hardware("cpu", "auto"), batch, 1, 2), rank, world)
@@ -71,7 +80,7 @@ def emulated_step_collectives(rank, world, emit, items, compute_ms, batch):
             calls.clear()
             out.append((step._step(item, compute_ms[rank]), list(calls)))
     finally:
-        comm_bench.InputDist, comm_bench.make_all_to_all = real_input, real_make
+        comm_bench.InputDist, comm_bench.make_all_to_all, comm_bench.Collectives = real_input, real_make, real_coll
         comm_bench.timed_collective, comm_bench.gather_floats = real_timed, real_gather
     emit((rank, out))
 

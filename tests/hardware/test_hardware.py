@@ -18,7 +18,7 @@ from neuroshard.hardware.backends import FbgemmTBE, TorchFusedEmbeddingBag, fbge
 from neuroshard.core.artifacts import read_record_log
 from neuroshard.hardware.collect import load_cost_data, missing_indices
 from neuroshard.hardware.comm_bench import COMM_DATA_KIND
-from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmark
+from neuroshard.hardware.compute_bench import COMPUTE_DATA_KIND, ComputeBenchmark, ShardView
 from neuroshard.data.dataset import process_raw
 from neuroshard.data.tasks import ShardingTask
 from neuroshard.sharding.plan import Placement, Shard
@@ -56,6 +56,32 @@ def test_compute_benchmark_times_the_shard_it_is_given(bench_dataset):
         assert np.isfinite(ms) and ms > 0, (tables, ms)
     ids, offsets = bench.inputs([0, 12])  # the shard's own ids: 256 samples of pooling 2 and 60
     assert offsets[-1] == ids.numel() == 256 * (2 + 60)
+
+
+def test_a_row_block_reads_the_ids_in_its_rows_and_a_replica_its_local_batch(bench_dataset):
+    """A `ShardView` of a table (the emulated engine's row blocks and data-parallel replicas): a row block's bags
+    hold exactly the table's ids in its rows, renumbered from 0, sample by sample; a replica's only the samples of
+    its rank's slice of the batch; the operator of a block has the block's rows, and it measures."""
+    from neuroshard.hardware.compute_bench import view_rows
+
+    bench = ComputeBenchmark(bench_dataset, HW, 256, warmup_iter=1, num_iter=2)
+    ids, offsets = bench.inputs([12])
+    whole = [ids[offsets[b]:offsets[b + 1]] for b in range(256)]
+    for lo, rows in ((0, 5000), (15000, 5000), (19000, 4000)):  # TorchRec's last blocks may run past the rows
+        got, off = bench.inputs([12], [ShardView(lo, rows)])
+        assert off.shape == (257,) and int(off[-1]) == got.numel()
+        for b in range(256):
+            want = whole[b][(whole[b] >= lo) & (whole[b] < lo + rows)] - lo
+            assert torch.equal(got[off[b]:off[b + 1]], want), (lo, b)
+        assert 0 < got.numel() < ids.numel() and int(got.max()) < view_rows(20000, ShardView(lo, rows))
+    assert view_rows(20000, ShardView(19000, 4000)) == 1000 and view_rows(20000, None) == 20000
+    assert view_rows(20000, ShardView(20000, 4000)) == 1  # a block of no rows: an operator of one row, no ids
+    got, off = bench.inputs([12], [ShardView(replica=1, world=4)])
+    lengths = torch.diff(off)
+    assert (lengths[:64] == 0).all() and (lengths[128:] == 0).all() and (lengths[64:128] == 60).all()
+    assert torch.equal(got, ids[offsets[64]:offsets[128]])
+    ms = bench.measure([12, 0, 12], [16, 8, 16], [ShardView(0, 5000), None, ShardView(replica=0, world=4)])
+    assert np.isfinite(ms) and ms > 0
 
 
 @pytest.mark.skipif(not fbgemm_works("cpu"), reason="fbgemm-gpu-cpu not installed")
@@ -401,6 +427,15 @@ STEP_TASK = ShardingTask(np.array([7, 8, 9]), np.array([16, 16, 8]),
 STEP_SPLIT = Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 1, 0, 1], [0])
 STEP_WHOLE = Placement(2, [Shard(0, 0, 16), Shard(1, 0, 16), Shard(2, 0, 8)], [0, 0, 1])
 STEP_COMPUTE_MS = (5.0, 3.0)  # each rank's compute ms handed to the emulated step
+# table 7 in two row blocks (pooling 2 and 1 in them), 8 whole, 9 replicated: groups 0, 2 and 3; without table 8,
+# the row-wise group's reduce-scatter is the first forward
+STEP_ROW_TASK = ShardingTask(np.array([7, 7, 8, 9, 9]), np.array([8, 8, 16, 4, 4]),
+                             np.column_stack([[50.0, 50.0, 100.0, 30.0, 30.0], [2.0, 1.0, 3.0, 0.5, 0.5],
+                                              np.zeros((5, 17))]),
+                             num_rows=np.array([50, 50, 100, 30, 30]), row_block=np.array([0, 1, -1, -1, -1]),
+                             replica=np.array([-1, -1, -1, 0, 1]))
+STEP_ROWS = Placement(2, [Shard(t, 0, int(STEP_ROW_TASK.dims[t])) for t in range(5)], [0, 1, 0, 0, 1])
+STEP_ROWS_ONLY = Placement(2, [Shard(t, 0, int(STEP_ROW_TASK.dims[t])) for t in (0, 1, 3, 4)], [0, 1, 0, 1])
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +457,8 @@ def gloo_steps(small_dataset):
     plans = (Placement(2, [Shard(0, 0, 16), Shard(1, 0, 8)], [0, 1]),  # a table per rank
              Placement(2, [Shard(0, 0, 8), Shard(0, 8, 8), Shard(1, 0, 8)], [0, 1, 0], [0]))  # a column split
     dmp_items = [TorchRecItem.of(plan_spec(["a", "b"], rows, dims, p), [0, 1]) for p in plans]
-    step_items = [plan_step_item(STEP_TASK, STEP_SPLIT), plan_step_item(STEP_TASK, STEP_WHOLE)]
+    step_items = [plan_step_item(STEP_TASK, STEP_SPLIT), plan_step_item(STEP_TASK, STEP_WHOLE),
+                  plan_step_item(STEP_ROW_TASK, STEP_ROWS), plan_step_item(STEP_ROW_TASK, STEP_ROWS_ONLY)]
     got = {"dmp": {}, "emulated": {}}
 
     def on_message(msg):
@@ -456,12 +492,15 @@ def test_the_torchrec_step_builds_each_plan_again_every_rebuild_every_measuremen
 
 def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_prices():
     """The emulated engine's step item (`cost="step"`): per device its shards' (table id, dim, sharding group,
-    pooling factor), group 0 table-wise, 1 column-wise, 4 table-column-wise; a whole table TorchRec must shard
-    column-wise is in the column-wise group; a row block is refused (the emulated devices run no row-wise group)."""
-    from neuroshard.hardware.engine import plan_step_item
+    pooling factor, first row, rows, replica), group 0 table-wise, 1 column-wise, 4 table-column-wise, 2 row-wise
+    (each block its rows of the table, in rank order), 3 data-parallel (the replica's rank; its rows, whose gradient
+    it all-reduces); a whole table TorchRec must shard column-wise is in the column-wise group. The paper's cost has
+    no row blocks or replicas: refused in one line."""
+    from neuroshard.hardware.engine import StepShard, plan_device_tables, plan_step_item
 
     item = plan_step_item(STEP_TASK, STEP_SPLIT)
-    assert item.devices == (((7, 8, 1, 1.0), (8, 16, 0, 3.0)), ((7, 8, 1, 1.0), (9, 8, 0, 20.0)))
+    assert item.devices == (((7, 8, 1, 1.0, 0, 0, -1), (8, 16, 0, 3.0, 0, 0, -1)),
+                            ((7, 8, 1, 1.0, 0, 0, -1), (9, 8, 0, 20.0, 0, 0, -1)))
     assert item.group(0) == ([16, 8], [[3.0], [20.0]]) and item.group(1) == ([8, 8], [[1.0], [1.0]])
     assert plan_step_item(STEP_TASK, STEP_WHOLE).group(1) == ([0, 0], [[], []])
     forced = replace(STEP_TASK, column_wise=np.array([False, False, True]))
@@ -469,9 +508,23 @@ def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_pr
     # a table_column_wise table's shards: group 4, its own all-to-alls (the emulated devices run it after group 1)
     twcw = plan_step_item(replace(STEP_TASK, type_group=np.array([4, -1, -1])), STEP_SPLIT)
     assert twcw.group(4) == ([8, 8], [[1.0], [1.0]]) and twcw.group(1) == ([0, 0], [[], []])
-    with pytest.raises(UserError, match="emulated engine does not run row-wise or data-parallel tables; .*"
-                                        "--measure_engine torchrec"):
-        plan_step_item(replace(STEP_TASK, row_block=np.array([-1, -1, 0])), STEP_WHOLE)
+    # table 9 in two row blocks of 60 and 40 rows (given on ranks 1 then 0), table 7 replicated on both ranks
+    task = ShardingTask(np.array([9, 9, 7, 7, 8]), np.array([8, 8, 16, 16, 16]),
+                        np.column_stack([[40.0, 60.0, 10.0, 10.0, 5.0], [12.0, 8.0, 0.5, 0.5, 3.0],
+                                         np.zeros((5, 17))]),
+                        num_rows=np.array([40, 60, 10, 10, 5]), row_block=np.array([1, 0, -1, -1, -1]),
+                        replica=np.array([-1, -1, 0, 1, -1]))
+    plan = Placement(2, [Shard(t, 0, int(task.dims[t])) for t in range(5)], [1, 0, 0, 1, 0])
+    item = plan_step_item(task, plan)
+    assert item.devices == ((StepShard(9, 8, 2, 8.0, 0, 60), StepShard(7, 16, 3, 0.5, 0, 10, 0),
+                             StepShard(8, 16, 0, 3.0)),
+                            (StepShard(9, 8, 2, 12.0, 60, 40), StepShard(7, 16, 3, 0.5, 0, 10, 1)))
+    assert item.group(2) == ([8, 8], [[8.0], [12.0]]) and item.gradient_floats() == [160, 160]
+    assert [s.view(2) for s in item.devices[1]] == [ShardView(60, 40), ShardView(replica=1, world=2)]
+    assert item.devices[0][2].view(2) is None
+    with pytest.raises(UserError, match=re.escape("the paper's cost has no row-wise or data-parallel tables; measure "
+                                                  "this plan under the step cost (--cost step)")):
+        plan_device_tables(task, plan)
 
 
 def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(gloo_steps):
@@ -479,12 +532,19 @@ def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_pric
     all-to-alls), spied on in order: after the compute, per sharding group present the input distribution of the
     ids its shards read and its backward all-to-all; then the forward all-to-alls, the first after this rank's
     delay (its compute + inputs + backwards, gathered, less the earliest rank's) and the others at once. Parts:
-    [compute, the forwards, the inputs + backwards], every rank's on every rank. `STEP_SPLIT` has both groups,
-    `STEP_WHOLE` the table-wise one alone."""
+    [compute, the forwards, the inputs + backwards], every rank's on every rank. `STEP_SPLIT` has both all-to-all
+    groups, `STEP_WHOLE` the table-wise one alone; `STEP_ROWS` a table-wise, a row-wise (its all-gather backward and
+    reduce-scatter forward, on the group's width) and a data-parallel group (the all-reduce of its replicas'
+    gradients, rows x dim floats, and nothing else), and `STEP_ROWS_ONLY` the last two, the reduce-scatter then
+    first to wait."""
     got, compute = gloo_steps["emulated"], STEP_COMPUTE_MS
     order = ([("input", [[3.0], [20.0]]), ("bw", [16, 8]), ("input", [[1.0], [1.0]]), ("bw", [8, 8]),
               ("fw", [16, 8]), ("fw", [8, 8])],
-             [("input", [[1.0, 3.0], [20.0]]), ("bw", [32, 8]), ("fw", [32, 8])])
+             [("input", [[1.0, 3.0], [20.0]]), ("bw", [32, 8]), ("fw", [32, 8])],
+             [("input", [[3.0], []]), ("bw", [16, 0]), ("input", [[2.0], [1.0]]), ("all_gather", 8),
+              ("all_reduce", 120), ("fw", [16, 0]), ("reduce_scatter", 8)],
+             [("input", [[2.0], [1.0]]), ("all_gather", 8), ("all_reduce", 120), ("reduce_scatter", 8)])
+    assert [len(got[rank]) for rank in (0, 1)] == [len(order)] * 2
     for rank in (0, 1):
         for i, ((parts, calls), want) in enumerate(zip(got[rank], order)):
             timed = [n for n, c in enumerate(calls) if c[0] != "delay" and c[0] != "gather"]
@@ -496,7 +556,7 @@ def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_pric
             assert parts == got[1 - rank][i][0]  # both ranks return every rank's parts
             assert np.isfinite(parts).all() and [p[0] for p in parts] == list(compute), parts
             assert all(fw > 0 and before > 0 for _, fw, before in parts), parts
-            first_fw = want.index(next(c for c in want if c[0] == "fw"))
+            first_fw = want.index(next(c for c in want if c[0] in ("fw", "reduce_scatter")))
             ready = [r[0] for r in gathers[0]]
             assert [d[1] for d in delays] == \
                 [0.0] * first_fw + [ready[rank] - min(ready)] + [0.0] * (len(want) - first_fw - 1), (rank, delays)

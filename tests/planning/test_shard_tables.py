@@ -168,7 +168,9 @@ def test_calibrate_then_measure_writes_the_measured_best_and_is_reused(tmp_path,
     assert len(rec["calibration"]["reference"]) == 3
     d = m["drift"]
     assert d["rounds"] == m["rounds"] and d["groups"] == 3
-    assert all(0 < d[k]["ci_lo"] <= d[k]["ratio"] <= d[k]["ci_hi"] for k in ("compute", "comm"))
+    for k in ("compute", "comm"):  # one round (a busy machine spends the budget on it) has no interval: null
+        assert (0 < d[k]["ci_lo"] <= d[k]["ratio"] <= d[k]["ci_hi"]) if m["rounds"] >= 2 else \
+            (d[k]["ratio"] > 0 and d[k]["ci_lo"] is None and d[k]["ci_hi"] is None), (m["rounds"], d)
     assert all(c["simulated_drift_ms"] > 0 for c in m["candidates"])
     assert "machine drift since calibrating" in proc.stdout and "drift-corrected" in proc.stdout
     tl = load_table_list(tmp_path / "t.csv")

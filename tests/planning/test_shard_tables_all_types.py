@@ -47,6 +47,24 @@ def test_row_wise_and_replicated_tables_reach_plan_json_and_torchrec(tmp_path, c
     plan = load_torchrec_plan(tmp_path / "tr.json", device_type="cpu")
     assert plan.plan[""]["user_id"].sharding_type == "row_wise"
     assert plan.plan[""]["geo"].sharding_type == "data_parallel"
+    # the emulated engine's item of the plan is the same read from plan.json and from TorchRec's plan
+    from neuroshard.hardware.engine import StepShard, spec_step_item
+    from neuroshard.sharding.planner.incumbent import parameter_specs
+
+    names = [t["module_name"] for t in spec["tables"]]
+    theirs = parameter_specs(plan, {("", t["module_name"]): (t["rows"], t["dim"]) for t in spec["tables"]})[""]
+    theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: names.index(t["name"]))}
+    pooling = [1.0, 2.0, 3.5, 1.0]
+
+    def share(t, lo, rows):
+        return rows / spec["tables"][t]["rows"]
+
+    item = spec_step_item(spec, 2, [10, 11, 12, 13], pooling, share)
+    assert item == spec_step_item(theirs, 2, [10, 11, 12, 13], pooling, share)
+    for r in (0, 1):
+        assert StepShard(10, 4, 2, 0.5, 40000 * r, 40000) in item.devices[r]
+        assert StepShard(12, 16, 3, 1.75, 0, 40, r) in item.devices[r] and StepShard(13, 8, 3, 0.5, 0, 20, r) in \
+            item.devices[r]
     # --alg plan: refuses such a plan rather than misread it
     refused(capsys, SCRIPT, *_args(tmp_path / "again", "--alg", f"plan:{tmp_path / 'plan.json'}"),
             untouched=[tmp_path], quiet=False, match=re.escape(f"error: {tmp_path}/plan.json: table 'user.id' is "
@@ -74,9 +92,6 @@ def test_table_column_wise_tables_reach_plan_json_and_torchrec(tmp_path, capsys)
     (("--sharding_types", "row_wise,row_wise"), "--sharding_types: a type named twice; name one or more of .*"),
     (("--sharding_types", TYPES, "--alg", "dim_greedy"), "--sharding_types plans with NeuroShardPlanner (--alg "
                                                          "neuroshard); drop --alg dim_greedy or drop --sharding_types"),
-    (("--sharding_types", TYPES, "--measure"), "--sharding_types plans row-wise and data-parallel tables, which the "
-                                               "emulated engine does not run; add --measure_engine torchrec "
-                                               "(TorchRec's own training step)"),
     (("--sharding_types", TYPES, "--measure", "--measure_engine", "torchrec", "--measure_top", "4"),
      "--measure_top has no effect with --sharding_types (--measure measures NeuroShard's plan and TorchRec's in a "
      "fixed number of rounds); drop --measure_top"),
@@ -88,17 +103,19 @@ def test_bad_sharding_types_flags_are_one_line_before_any_work(tmp_path, capsys,
     refused(capsys, SCRIPT, *args, untouched=[tmp_path], match="error: " + (line if ".*" in line else re.escape(line)))
 
 
-def test_measure_runs_both_plans_in_torchrecs_step(tmp_path, capsys):
-    """--measure --measure_engine torchrec: NeuroShard's plan (row-wise and replicated tables) and TorchRec's are
-    measured as DistributedModelParallel steps on 2 gloo ranks in interleaved rounds; plan.json records both."""
+@pytest.mark.parametrize("engine", ["torchrec", "emulated"])
+def test_measure_runs_both_plans_in_either_engine(tmp_path, capsys, engine):
+    """--measure: NeuroShard's plan (row-wise and replicated tables) and TorchRec's are measured on 2 gloo ranks in
+    interleaved rounds, as DistributedModelParallel steps (--measure_engine torchrec) or as the step cost prices them
+    on emulated devices (the default); plan.json records both."""
     from neuroshard.planning.all_types import MEASURE_ROUNDS
 
     proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", TYPES, "--measure", "--measure_engine",
-                                           "torchrec", "--warmup_iter", 1, "--num_iter", 2))
+                                           engine, "--warmup_iter", 1, "--num_iter", 2))
     assert proc.returncode == 0, proc.stderr
     rec = json.loads((tmp_path / "plan.json").read_text())
     m = rec["measured"]
-    assert m["engine"] == "torchrec" and m["rounds"] == MEASURE_ROUNDS
+    assert m["engine"] == engine and m["rounds"] == MEASURE_ROUNDS
     assert len(m["neuroshard_ms"]) == len(m["torchrec_ms"]) == MEASURE_ROUNDS
     assert min(m["neuroshard_ms"] + m["torchrec_ms"]) > 0 and m["ratio_lo"] <= m["ratio"] <= m["ratio_hi"]
     assert "row_wise" in {t["sharding_type"] for t in rec["tables"]}
