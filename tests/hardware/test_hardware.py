@@ -527,6 +527,36 @@ def test_a_step_plan_item_puts_each_shard_in_the_sharding_group_the_step_cost_pr
         plan_device_tables(task, plan)
 
 
+def test_a_spec_gives_the_same_step_item_as_a_torchrec_plan_of_it():
+    """`spec_step_item` reads an export spec and TorchRec's own plan of it (`incumbent.parameter_specs`) alike: a
+    replicated table on every rank (its local batch, its rows), row blocks with their rows and their share of the
+    lookups, a whole table, column shards."""
+    pytest.importorskip("torchrec")
+    from neuroshard.hardware.engine import StepShard, spec_step_item
+    from neuroshard.sharding.planner.incumbent import parameter_specs
+    from neuroshard.sharding.torchrec_export import SPEC_KIND, check_spec, to_torchrec_plan
+
+    spec = check_spec({"kind": SPEC_KIND, "world_size": 2, "tables": [
+        {"name": "a", "rows": 40, "dim": 16, "sharding_type": "data_parallel",
+         "shards": [{"col_offset": 0, "width": 16, "rank": r} for r in (0, 1)]},
+        {"name": "b", "rows": 100, "dim": 8, "sharding_type": "row_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": r, "row_offset": 50 * r, "rows": 50} for r in (0, 1)]},
+        {"name": "c", "rows": 10, "dim": 8, "shards": [{"col_offset": 0, "width": 8, "rank": 1}]},
+        {"name": "d", "rows": 30, "dim": 16, "shards": [{"col_offset": 0, "width": 8, "rank": 1},
+                                                       {"col_offset": 8, "width": 8, "rank": 0}]}]})
+    theirs = parameter_specs(to_torchrec_plan(spec, device_type="cpu"),
+                             {("", t["name"]): (t["rows"], t["dim"]) for t in spec["tables"]})[""]
+    theirs = {**theirs, "tables": sorted(theirs["tables"], key=lambda t: "abcd".index(t["name"]))}
+    args = (2, [5, 6, 7, 8], [2.0, 4.0, 1.0, 3.0], lambda t, lo, rows: 0.75 if lo == 0 else 0.25)
+    item = spec_step_item(spec, *args)
+    assert item == spec_step_item(theirs, *args)
+    assert item.devices == ((StepShard(5, 16, 3, 1.0, 0, 40, 0), StepShard(6, 8, 2, 3.0, 0, 50),
+                             StepShard(8, 8, 1, 3.0)),
+                            (StepShard(5, 16, 3, 1.0, 0, 40, 1), StepShard(6, 8, 2, 1.0, 50, 50),
+                             StepShard(7, 8, 0, 1.0), StepShard(8, 8, 1, 3.0)))
+    assert item.gradient_floats() == [640, 640]
+
+
 def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(gloo_steps):
     """`EmulatedStep._step` on two gloo ranks with the real collectives (TorchRec's KJTAllToAll, the pooled
     all-to-alls), spied on in order: after the compute, per sharding group present the input distribution of the

@@ -103,26 +103,32 @@ def test_a_looser_cap_keeps_tables_whole(models):
 
 
 def test_handed_out_plan_is_never_rated_slower_than_torchrec_or_a_heuristic(models):
-    """Default planner: the step cost, and the plan the user's own EmbeddingShardingPlanner call makes (same sharding
-    types: `incumbent`) and the heuristics' scored beside NeuroShard's; the plan handed out has the lowest simulated
-    step cost of them all, and the stats say so."""
+    """Default planner: the step cost, and the plan the user's own EmbeddingShardingPlanner call makes and the
+    heuristics' scored beside NeuroShard's; the plan handed out has the lowest simulated step cost of them all, and
+    the stats say so. Here TorchRec's planner cuts "small" and "tiny" into row blocks, which the search keeps whole:
+    its plan is rated in tables cut as it cuts them (`torchrec_ms`; no `incumbent` in the search's tables). Kept
+    whole and the rest as they are, TorchRec's plan is the `incumbent` and rated in the search's tables."""
     from neuroshard.sharding.candidates import candidate_plans
 
-    p = planner(models, debug=False)
-    assert p.simulator.cost == "step"
-    p.plan(w.ebc(WIDE), sharders())
-    res = p.last_result
-    sim, task = p.simulator, res.task
-    others = candidate_plans(task, res.cluster, sim, p.search, 64, 0, torchrec=False)
-    assert {n for c in others for n in c.names} >= {"size_greedy", "lookup_greedy"} and res.incumbent is not None
-    mine = sim.plan_cost(task, res.plan).cost_ms
-    torchrec = sim.plan_cost(task, res.incumbent).cost_ms
-    fastest = min([c.simulated_ms for c in others] + [torchrec])
-    # the fastest rated, or TorchRec's plan when the fastest is less than min_gain (5%) cheaper than it
-    assert mine == pytest.approx(torchrec if fastest > 0.95 * torchrec else fastest)
-    assert mine <= torchrec
-    note = next(n for n in res.notes if "simulated step cost (ms) of the candidate plans" in n)
-    assert "torchrec" in note and "plan handed out" in note
+    for kinds, cut_otherwise in (({}, True), ({"small": ["table_wise"], "tiny": ["table_wise"]}, False)):
+        p = planner(models, debug=False, kinds=kinds)
+        assert p.simulator.cost == "step"
+        p.plan(w.ebc(WIDE), sharders())
+        res = p.last_result
+        sim, task = p.simulator, res.task
+        others = candidate_plans(task, res.cluster, sim, p.search, 64, 0, torchrec=False)
+        assert {n for c in others for n in c.names} >= {"size_greedy", "lookup_greedy"}
+        assert (res.incumbent is None) == cut_otherwise and res.torchrec_ms is not None, res.notes
+        if not cut_otherwise:
+            assert res.torchrec_ms == pytest.approx(sim.plan_cost(task, res.incumbent).cost_ms)
+        mine, torchrec = sim.plan_cost(task, res.plan).cost_ms, res.torchrec_ms
+        fastest = min([c.simulated_ms for c in others] + [torchrec])
+        # the fastest rated, or TorchRec's plan when the fastest is less than min_gain (5%) cheaper than it
+        assert mine == pytest.approx(torchrec if fastest > 0.95 * torchrec else fastest)
+        assert mine <= torchrec
+        note = next(n for n in res.notes if "simulated step cost (ms) of the candidate plans" in n)
+        assert "torchrec" in note and "plan handed out" in note
+        assert ("(its own row-wise and data-parallel tables)" in note) == cut_otherwise, note
     for bad in (1.5, float("nan")):  # named as the API caller sets it, not as a flag
         with pytest.raises(UserError, match=r"^NeuroShardPlanner: min_gain= must be a finite number >= 0 and < 1"):
             planner(models, min_gain=bad)
@@ -485,14 +491,14 @@ def test_collective_plan_runs_in_distributed_model_parallel(models, geo_kind):
 
 @pytest.mark.parametrize("user_kinds", [None, ["table_row_wise"], ["grid_shard"]])
 def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(models, user_kinds):
-    """2 gloo CPU ranks with `RowWiseSharder`: "user", kept whole by its min_partition and over a rank's budget,
-    is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64 columns; table_row_wise or grid_shard
-    where only that is allowed, on this one host), the tables with fewer rows than the global batch that may go data-parallel
-    are replicated, and the others follow "user" row-wise where the step cost rates it cheaper (here both; not beside
-    a table_row_wise or grid_shard "user", whose group is apart);
+    """2 gloo CPU ranks with `RowWiseSharder`, the search's plan (`compare=False`): "user", kept whole by its
+    min_partition and over a rank's budget, is planned row-wise (rank r holding rows [200 r, 200 r + 200) of all 64
+    columns; table_row_wise or grid_shard where only that is allowed, on this one host), "geo" and "tags", which
+    allow only data_parallel, are replicated, and the others follow "user" row-wise where the step cost rates it
+    cheaper (here both; not beside a table_row_wise or grid_shard "user", whose group is apart);
     DistributedModelParallel runs the plan's forward (the unsharded model's outputs) and backward."""
     got = {}
-    kinds = {"geo": None, "tags": None, **({"user": user_kinds} if user_kinds else {})}
+    kinds = {"geo": ["data_parallel"], "tags": ["data_parallel"], **({"user": user_kinds} if user_kinds else {})}
     run_processes(w.row_wise_dmp_matches_unsharded, 2, (str(models), 125_000, 6, kinds),
                   lambda m: got.__setitem__(m[0], m[1:]), group_device="cpu")
     assert set(got) == {0, 1}
@@ -500,7 +506,6 @@ def test_row_wise_and_data_parallel_tables_run_in_distributed_model_parallel(mod
         assert err < 1e-5, (rank, err)
         assert types["top"]["user"] == (user_kinds or ["row_wise"])[0], types
         assert held["user"] == [(200 * rank, 200, 0, 64)], (rank, held)
-        # fewer rows than the global batch of 64 (the planner batch of 32 a rank, 2 ranks): replicated
         assert types["top"]["geo"] == types["tower.ebc"]["tags"] == "data_parallel", types
         assert held["geo"] == [(0, 30, 0, 8)] and held["tags"] == [(0, 60, 0, 16)], held
         if user_kinds:  # row-wise tables would be a group beside "user"'s (TorchRec runs one per type): not cheaper
@@ -698,24 +703,32 @@ def test_ids_out_of_a_tables_rows_or_of_no_table_are_one_line_at_plan(models):
 def test_replicas_are_dropped_before_the_search_gives_up(models):
     """A replica of a small table costs memory on every rank. At 112,000 bytes a rank the search finds no plan with
     the replicas the data-parallel rule picks ("geo", "tags"), however many tables go row-wise; without them it
-    does, and that plan is handed out (not TorchRec's); at 120,000 the replicas fit and stay."""
+    does, and that plan is handed out (not TorchRec's). At 120,000 the replicas fit, and the search runs with and
+    without them and keeps the plan rated cheaper: here without (each replica group's all-reduce is a collective of
+    its own), rated below the plan that keeps them (their constraints allowing only data_parallel)."""
     kinds = {n: w.SHARDED + ["data_parallel"] for n, *_ in ALL}
     tight = planner(models, 112_000, kinds=kinds, debug=False)
     tight.plan(w.TwoTowerModel(), sharders())
     res = tight.last_result
     assert res.plan is not None and not any("handed out TorchRec" in n for n in res.notes), res.notes
     assert not any(k.startswith("data_parallel") for k in res.sharding_types), res.sharding_types
-    roomy = planner(models, 120_000, kinds=kinds, debug=False)
-    roomy.plan(w.TwoTowerModel(), sharders())
-    kinds_of = dict(zip([t.name for t in roomy.last_result.tables], roomy.last_result.sharding_types))
-    assert kinds_of["geo"] == kinds_of["tags"] == "data_parallel", kinds_of
+    rated = {}
+    for forced in (False, True):
+        roomy = planner(models, 120_000, kinds={**kinds, **({"geo": ["data_parallel"], "tags": ["data_parallel"]}
+                                                            if forced else {})}, debug=False, compare=False)
+        roomy.plan(w.TwoTowerModel(), sharders())
+        kinds_of = dict(zip([t.name for t in roomy.last_result.tables], roomy.last_result.sharding_types))
+        assert (kinds_of["geo"] == kinds_of["tags"] == "data_parallel") == forced, kinds_of
+        rated[forced] = roomy.last_result.cost.cost_ms
+    assert rated[False] < rated[True], rated
 
 
 def test_more_tables_go_row_wise_where_the_step_is_rated_cheaper(models, tmp_path):
     """Where a table already goes row-wise, others follow it where the perf model rates the step cheaper. With
     collectives' costs that make a row-wise group nearly free, every table that may go row-wise does (no table-wise
     group left to pay for), each round rated cheaper than the last; without a row-wise table to start from, none
-    does (the rounds run only where memory or constraints put tables row-wise)."""
+    does (the rounds run only where memory or constraints put tables row-wise). The search's plans (`compare=False`:
+    TorchRec's planner cuts every table row-wise here, which the cheap collectives rate fastest)."""
     import shutil
 
     from neuroshard.models.collective_models import CollectiveCost, CollectiveModels
@@ -727,7 +740,7 @@ def test_more_tables_go_row_wise_where_the_step_is_rated_cheaper(models, tmp_pat
                      {}).save(cheap / "comm_2_collectives.json")
     rated = {}
     for rounds in (0, planners.ROW_WISE_ROUNDS):
-        pl = planner(cheap, kinds={"user": ["row_wise"]}, debug=False, row_wise_by_cost=rounds > 0)
+        pl = planner(cheap, kinds={"user": ["row_wise"]}, debug=False, row_wise_by_cost=rounds > 0, compare=False)
         pl.plan(w.TwoTowerModel(), sharders())
         res = pl.last_result
         kinds = dict(zip([t.name for t in res.tables], res.sharding_types))
@@ -738,7 +751,7 @@ def test_more_tables_go_row_wise_where_the_step_is_rated_cheaper(models, tmp_pat
             assert set(kinds.values()) == {"row_wise"}, kinds
             assert any("or the step costs less" in n for n in res.notes), res.notes
     assert rated[planners.ROW_WISE_ROUNDS] < rated[0]
-    pl = planner(cheap, debug=False)
+    pl = planner(cheap, debug=False, compare=False)
     pl.plan(w.TwoTowerModel(), sharders())
     assert "row_wise" not in pl.last_result.sharding_types, pl.last_result.sharding_types
     with pytest.raises(UserError, match="^NeuroShardPlanner: row_wise_by_cost= must be True or False, got 'yes'"):

@@ -98,9 +98,9 @@ def no_reservation():
     return FixedPercentageStorageReservation(percentage=0.0)
 
 
-def make_planner(models_dir, world, mem_bytes, kinds, min_partition=None):
+def make_planner(models_dir, world, mem_bytes, kinds, min_partition=None, **kw):
     """A planner for the CPU ranks; `kinds` maps table names to their allowed sharding types, `min_partition` to
-    their narrowest column shards."""
+    their narrowest column shards; `kw` to NeuroShardPlanner."""
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
     from neuroshard import NeuroShardPlanner
@@ -109,7 +109,7 @@ def make_planner(models_dir, world, mem_bytes, kinds, min_partition=None):
                                            min_partition=(min_partition or {}).get(n)) for n, _, _, pf in TOP + TOWER}
     topology = Topology(world_size=world, compute_device="cpu", ddr_cap=mem_bytes)
     return NeuroShardPlanner(topology=topology, constraints=constraints, models_dir=models_dir,
-                             storage_reservation=no_reservation())
+                             storage_reservation=no_reservation(), **kw)
 
 
 def dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, kinds, bad_kinds, batch):
@@ -158,7 +158,7 @@ def row_wise_dmp_matches_unsharded(rank, world, emit, models_dir, mem_bytes, bat
 
     sharders = [RowWiseSharder()]
     model = TwoTowerModel("meta")
-    planner = make_planner(models_dir, world, mem_bytes, kinds, {"user": 64})
+    planner = make_planner(models_dir, world, mem_bytes, kinds, {"user": 64}, compare=False)
     plan = planner.collective_plan(model, sharders, dist.group.WORLD)
     dmp = DistributedModelParallel(model, plan=plan, device=torch.device("cpu"), sharders=sharders)
     held = load_weights(dmp)

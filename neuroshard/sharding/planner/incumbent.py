@@ -8,7 +8,7 @@ import re
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from ..torchrec_baseline import sharding_slices
-from .types import COLUMN_WISE_KINDS, DATA_PARALLEL, ROW_WISE_KINDS, TABLE_WISE, Enumeration
+from .types import COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, ROW_WISE_KINDS, TABLE_WISE, Enumeration
 
 
 def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders,
@@ -25,6 +25,13 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
             raise
         return None, ("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables with the same sharding types "
                       f"within the same memory ({str(e).splitlines()[0][:160]}); the plans are compared without it")
+    return placement_of(plan, found, topology.world_size)
+
+
+def placement_of(plan, found: Enumeration, world: int) -> tuple[Placement | None, str | None]:
+    """(TorchRec's `ShardingPlan` as a placement of `found`'s tables, None), or (None, a note saying why it is
+    not one: TorchRec cut column shards the cost models do not price). A table placed otherwise than `found` has it
+    (another sharding type; row blocks or replicas `found` does not hold) is a `PlanError`."""
     index = {(t.module_path, t.name, max(t.row_block, t.replica, 0)): i for i, t in enumerate(found.tables)}
     shardings, pinned = [], {}
     for path, module_plan in plan.plan.items():
@@ -36,21 +43,60 @@ def torchrec_plan(topology, batch_size: int, constraints: dict, reservation, mod
             if table is None or ps.sharding_type != kind or kind not in (TABLE_WISE, *COLUMN_WISE_KINDS,
                                                                           *ROW_WISE_KINDS, DATA_PARALLEL):
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
+            if kind in (*ROW_WISE_KINDS, DATA_PARALLEL) and max(table.row_block, table.replica) < 0:
+                raise PlanError(f"TorchRec's planner placed {path}.{name} {kind}, which these tables hold whole")
             if kind in (TABLE_WISE, *COLUMN_WISE_KINDS):
                 shardings.append((t, ps))
                 continue
             ranks = ([m.placement.rank() for m in ps.sharding_spec.shards if m.shard_offsets[1] == 0]
                      if kind in ROW_WISE_KINDS else list(ps.ranks or []))  # grid: the first column block's
-            if ranks != list(range(topology.world_size)):  # block or replica r on rank r, as `row_wise.py` has them
+            if ranks != list(range(world)):  # block or replica r on rank r, as `row_wise.py` has them
                 raise PlanError(f"TorchRec's planner put {path}.{name} ({kind}) on ranks {ranks}")
             for r in ranks:
                 pinned[index[(path, name, r)]] = [(0, int(found.task.dims[t]), r)]
     try:
-        return plan_from_slices(found.task.dims, topology.world_size,
+        return plan_from_slices(found.task.dims, world,
                                 {**sharding_slices(shardings, found.task.dims), **pinned}), None
     except PlanError as e:
         return None, (f"note: TorchRec's plan cuts column shards NeuroShard's cost models do not price ({e}); the plans "
                       "are compared without it")
+
+
+def priced_kernels(plan) -> bool:
+    """Whether every table of TorchRec's `ShardingPlan` is on a kernel the cost models price (`fused`; `dense` for a
+    data-parallel table): not on UVM or caching kernels."""
+    return all(ps.compute_kernel == (DENSE if ps.sharding_type == DATA_PARALLEL else FUSED)
+               for module_plan in plan.plan.values() for ps in module_plan.values())
+
+
+def full_plan_elsewhere(plan, given: Enumeration, world: int, memory_kind: str
+                        ) -> tuple[Enumeration, Placement] | None:
+    """TorchRec's `ShardingPlan` of the enumerated tables (`given`, before any row blocks or replicas) as a placement
+    of tables cut as it cuts them: its row-wise tables in row blocks of its sharding type, its data-parallel ones in
+    replicas (`row_wise.with_row_blocks`; the notes stay `given`'s). None where the cost models cannot price it
+    (another kernel, shards they do not cut, a type a table does not allow as enumerated)."""
+    from dataclasses import replace
+
+    from .row_wise import with_row_blocks
+
+    if not priced_kernels(plan):
+        return None
+    kinds = {(path, name): ps.sharding_type for path, module_plan in plan.plan.items()
+             for name, ps in module_plan.items()}
+    tables, row_wise, replicated = list(given.tables), [], []
+    for t, table in enumerate(tables):
+        kind = kinds.get((table.module_path, table.name))
+        if kind in ROW_WISE_KINDS:
+            row_wise.append(t)
+            tables[t] = replace(table, row_wise_type=kind)
+        elif kind == DATA_PARALLEL:
+            replicated.append(t)
+    try:
+        found = with_row_blocks(replace(given, tables=tables), row_wise, world, memory_kind, replicated)
+        placed, _ = placement_of(plan, found, world)
+    except (PlanError, UserError):
+        return None
+    return (replace(found, notes=given.notes), placed) if placed is not None else None
 
 
 def torchrec_full_plan(topology, batch_size: int, constraints: dict, reservation, module, sharders):

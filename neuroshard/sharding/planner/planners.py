@@ -66,7 +66,7 @@ from ...core.config import MIN_GAIN, USER_COST, SearchParams, check_min_gain
 from ...core.errors import PlanError, UserError
 from ...core.optional_deps import require_torchrec
 from ...core.costs import ImplausibleCost
-from ..candidates import against_baselines, handout_verdict
+from ..candidates import INCUMBENT, against_baselines, handout_verdict
 from ..plan import Placement, check_complete, fits_memory
 from ...core.costs import Cluster
 from ..search import fitting_thresholds
@@ -74,7 +74,8 @@ from ..simulator import GROUPS, Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
 from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text,
                           torchrec_fix)
-from .incumbent import from_parameter_specs, parameter_specs, torchrec_full_plan, torchrec_plan
+from .incumbent import (from_parameter_specs, full_plan_elsewhere, parameter_specs, placement_of, priced_kernels,
+                        torchrec_full_plan, torchrec_plan)
 from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
 from .arguments import (ModelArguments, checked_constraints, checked_ids, checked_search, planner_batch_size,
@@ -84,7 +85,7 @@ from .proposers import BeamSplitProposer
 from .stats import NeuroShardStats
 from .row_wise import (ROW_WISE_CANDIDATES, ROW_WISE_MIN_GAIN, ROW_WISE_ROUNDS, data_parallel_tables, more_row_wise,
                        needs_row_wise, row_wise_attempts, with_row_blocks)
-from .types import FUSED, Enumeration, Enumerator, Partitioner, PerfModel, PlannerResult, Proposer, Stats
+from .types import FUSED, Compared, Enumeration, Enumerator, Partitioner, PerfModel, PlannerResult, Proposer, Stats
 
 if TYPE_CHECKING:  # TorchRec is imported only when a planner is made
     from torch import nn
@@ -196,11 +197,12 @@ class NeuroShardPlanner:
 
     def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
         self._exported_fits = {}  # `_fits_exported`'s answers in this search, by tables and plan
+        given = found
         try:
             found, plan, widened, search_s = self._propose(found, cluster)
-            compared = self._best_of(found, plan, cluster, module, sharders) if self.compare else None
-            plan = compared[0] if compared else plan
-            incumbent = compared[1] if compared else None
+            compared = self._best_of(found, plan, cluster, module, sharders, given) if self.compare else None
+            if compared:  # the plan handed out, in the tables as it cuts them (TorchRec's may cut them otherwise)
+                found, plan = compared.found, compared.plan
             self._check_proposed(found, plan, cluster)
             cost = self.perf_model.rate(found.task, plan).check()
         except ImplausibleCost as e:
@@ -208,32 +210,38 @@ class NeuroShardPlanner:
         kinds = sharding_types(found, plan)
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, plan, cost, kinds, module_specs(found, plan, kinds), search_s,
-                             self._notes(found, compared[3:] if compared else (), widened, cluster), cluster,
+                             self._notes(found, compared.notes if compared else (), widened, cluster), cluster,
                              self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?",
-                             incumbent, compared[2] if compared else "neuroshard")
+                             incumbent=compared.incumbent if compared else None,
+                             chosen=compared.chosen if compared else "neuroshard",
+                             torchrec_ms=compared.torchrec_ms if compared else None)
 
     def _propose(self, found: Enumeration, cluster: Cluster) -> tuple:
         """(the tables as searched, the search's plan or None, the thresholds note, search seconds): the tables no
         rank holds go row-wise (`row_wise.needs_row_wise`), the small ones data-parallel under the step cost
         (`row_wise.data_parallel_tables`); while the search finds no plan within memory as exported (TorchRec's
         equal column blocks can take more than the search's halvings), the largest table that may go row-wise
-        and has not is added to them and the search runs again; where none is left, all of that again without the
-        replicas the rule chose (each costs memory on every rank). Where the plan found has row-wise tables, more go
-        row-wise where the step is rated cheaper (`_more_row_wise_by_cost`)."""
+        and has not is added to them and the search runs again. Where the rule replicates more tables than must be
+        (those whose constraints allow only data_parallel), all of that runs again without the rule's replicas, and
+        the plan rated cheaper of the two is kept (a replica's gradient all-reduce is a collective of its own, which
+        the rule, counting floats, does not weigh). Where the plan found has row-wise tables, more go row-wise where
+        the step is rated cheaper (`_more_row_wise_by_cost`)."""
         needed = needs_row_wise(found, cluster.fits)
         N, t0 = cluster.num_devices, time.perf_counter()
         by_rule = data_parallel_tables(found, needed, N, self.batch_size * N, self.simulator.cost == "step")
         only = data_parallel_tables(found, needed, N, self.batch_size * N, by_rule=False)
         first = None  # the first plan found, where none fits once exported
-        for row_wise, replicated in row_wise_attempts(found, needed, [by_rule, only] if len(only) < len(by_rule)
-                                                      else [by_rule]):
-            searched, plan, widened = self._propose_with(found, cluster, row_wise, replicated)
-            if plan is not None and self._fits_exported(searched, plan, cluster):
-                break  # else more tables row-wise may fit: TorchRec's equal column blocks can take more than halvings
-            first = first or ((searched, plan, widened, row_wise, replicated) if plan is not None else None)
-        else:
-            if first is not None:
-                searched, plan, widened, row_wise, replicated = first
+        fitting = []  # per set of replicas, the first plan that fits as exported
+        for replica_set in ([by_rule, only] if len(only) < len(by_rule) else [by_rule]):
+            for row_wise, replicated in row_wise_attempts(found, needed, [replica_set]):
+                searched, plan, widened = self._propose_with(found, cluster, row_wise, replicated)
+                if plan is not None and self._fits_exported(searched, plan, cluster):
+                    fitting.append((searched, plan, widened, row_wise, replicated))
+                    break  # else more row-wise tables may fit (TorchRec's equal column blocks can take more room)
+                first = first or ((searched, plan, widened, row_wise, replicated) if plan is not None else None)
+        if fitting or first is not None:
+            searched, plan, widened, row_wise, replicated = min(
+                fitting, key=lambda f: self.perf_model.rate(f[0].task, f[1]).cost_ms) if fitting else first
         if plan is not None and row_wise and self.row_wise_by_cost:
             searched, plan, widened = self._more_row_wise_by_cost(found, cluster, row_wise, replicated,
                                                                   (searched, plan, widened))
@@ -326,15 +334,16 @@ class NeuroShardPlanner:
                          "as equal column blocks of its narrowest shard, each with its own input buffers)",
                          ["raise the topology's memory", "leave compare on to consider the other plans"])
 
-    def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders) -> tuple:
-        """(plan, TorchRec's plan compared or None, the names the plan goes by, notes...): the plan handed out among
-        NeuroShard's, the caller's own TorchRec planner's
-        (`incumbent.torchrec_plan`) and each greedy heuristic's of the same tables, as the perf model rates them
-        (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only table or is over a rank's
-        budget is not a candidate)."""
+    def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders,
+                 given: Enumeration) -> Compared:
+        """The plan handed out (`Compared`) among NeuroShard's, the caller's own
+        `EmbeddingShardingPlanner` call's (`_torchrec_compared`) and each greedy heuristic's of the same tables, as
+        the perf model rates them (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only
+        table or is over a rank's budget is not a candidate). Where TorchRec's plan cuts the tables otherwise than
+        the search (other row-wise or data-parallel tables), it is rated in tables cut as it cuts them, and handed
+        out unless the fastest other plan is rated at least `min_gain` cheaper."""
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
-        theirs, missing = torchrec_plan(self.topology, self.batch_size, planned_constraints(self.constraints,
-                                        found.tables, decided=True), self.storage_reservation, module, sharders, found)
+        theirs, missing, elsewhere = self._torchrec_compared(found, given, module, sharders, cluster)
 
         def fits(candidate: Placement) -> bool:
             return self._fits_exported(found, candidate, cluster)
@@ -344,7 +353,9 @@ class NeuroShardPlanner:
                                              no_split=found.no_split, min_gain=self.min_gain,
                                              rate=self.perf_model.rate, torchrec_plan=theirs, fits=fits)
         except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
-            return (None, theirs, "neuroshard")
+            if elsewhere is None:
+                return Compared(found, None, theirs, None, "neuroshard", [])
+            best, ranked = None, []
         notes = [missing] if missing else []
         if plan is not None and not any("neuroshard" in c.names for c in ranked):  # `fits` dropped it
             notes.append("note: NeuroShard's search plan is over a rank's memory once exported (TorchRec runs a split "
@@ -352,8 +363,50 @@ class NeuroShardPlanner:
                          "candidate")
         rated = ", ".join(f"{'/'.join(c.names)} {c.simulated_ms:.3f}" for c in ranked if c.simulated_ms is not None)
         searched = "" if plan is not None else "NeuroShard's search found no plan within memory; "
-        return (best.plan, theirs, "/".join(best.names), f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
-                           f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}", *notes)
+        if elsewhere is not None:
+            other, placed, other_ms = elsewhere
+            rated = ", ".join(x for x in (rated, f"torchrec {other_ms:.3f} (its own row-wise and data-parallel "
+                                                 "tables)") if x)
+            if best is None or best.simulated_ms is None or best.simulated_ms > (1.0 - self.min_gain) * other_ms:
+                why = ("no other plan is within memory" if best is None else
+                       f"the fastest other ({'/'.join(best.names)}) is rated "
+                       f"{1.0 - best.simulated_ms / other_ms:.1%} cheaper, less than min_gain {self.min_gain:g}"
+                       if best.simulated_ms < other_ms else "it is rated fastest")
+                return Compared(other, placed, None, other_ms, "torchrec", [
+                    f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; plan "
+                    f"handed out: torchrec's, since {why}", *notes])
+        torchrec_ms = elsewhere[2] if elsewhere else next((c.simulated_ms for c in ranked if INCUMBENT in c.names),
+                                                          None)
+        return Compared(found, best.plan, theirs, torchrec_ms, "/".join(best.names), [
+            f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
+            f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}", *notes])
+
+    def _torchrec_compared(self, found: Enumeration, given: Enumeration, module, sharders, cluster: Cluster) -> tuple:
+        """(TorchRec's plan as a placement of the searched tables or None, a note on why there is none or None,
+        (its tables, its placement, its rated ms) where it cuts them otherwise or None). TorchRec's plan is the
+        caller's own `EmbeddingShardingPlanner` call's (the same topology, batch, reservation and constraints).
+        Where the cost models cannot price it (UVM or caching kernels, column shards they do not cut), the plan
+        TorchRec's planner makes with the sharding types and kernel cut to those NeuroShard places, its row-wise and
+        data-parallel tables NeuroShard's (`storage.planned_constraints`), is compared instead."""
+        N = cluster.num_devices
+        full = torchrec_full_plan(self.topology, self.batch_size, self.constraints, self.storage_reservation, module,
+                                  sharders)
+        if full is None:
+            return None, ("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables within the same "
+                          "memory; the plans are compared without it"), None
+        if priced_kernels(full):
+            try:
+                placed, note = placement_of(full, found, N)
+                if placed is not None:
+                    return placed, None, None
+            except PlanError:  # its row-wise or data-parallel tables are not the search's
+                other = full_plan_elsewhere(full, given, N, self.memory_kind)
+                if other is not None and fits_memory(other[0].task, other[1], cluster) and \
+                        self._fits_exported(other[0], other[1], cluster):
+                    return None, None, (*other, float(self.perf_model.rate(other[0].task, other[1]).cost_ms))
+        theirs, missing = torchrec_plan(self.topology, self.batch_size, planned_constraints(
+            self.constraints, found.tables, decided=True), self.storage_reservation, module, sharders, found)
+        return theirs, missing, None
 
     def _notes(self, found: Enumeration, compared: tuple[str, ...], widened: str | None, cluster: Cluster) -> list[str]:
         """The enumerator's notes, then what the stats say of the memory, the cost models, the comparison, the batch,

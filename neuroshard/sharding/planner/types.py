@@ -104,9 +104,26 @@ class PlannerResult:
     memory_kind: str           # HBM or DDR
     model_batch: int | None    # the global batch the cost models were trained at
     hardware: str              # what the cost models were measured on
-    incumbent: Placement | None = None  # TorchRec's plan of the same sharding types, as compared (None: none)
+    incumbent: Placement | None = None  # TorchRec's plan of the same sharding types, as compared, where it cuts the
+                                        # tables as `plan` does (None: none, or it cuts them otherwise)
+    torchrec_ms: float | None = None    # TorchRec's plan's rated cost, as compared (None: none compared)
     chosen: str = "neuroshard"  # whose plan `plan` is, as the comparison names it ("neuroshard", "torchrec",
                                 # "size_greedy/torchrec", ...); "torchrec" where TorchRec's is handed out unchanged
+
+
+@dataclass
+class Compared:
+    """What `NeuroShardPlanner`'s comparison hands out: the tables as that plan cuts them (TorchRec's plan may cut
+    them otherwise than the search), the plan (None: none within memory), TorchRec's plan compared in the search's
+    tables (None: none, or it cuts them otherwise), TorchRec's rated cost, the names of the plan handed out and the
+    comparison's notes."""
+
+    found: Enumeration
+    plan: Placement | None
+    incumbent: Placement | None
+    torchrec_ms: float | None
+    chosen: str
+    notes: list[str]
 
 
 class Enumerator(abc.ABC):
