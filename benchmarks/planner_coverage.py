@@ -3,7 +3,7 @@
 `--cases` random cases (`neuroshard.sharding.planner.coverage`: random tables, cpu and cuda topologies of each
 `--ranks`, memory caps around what the tables need, batches, optimizers applied in backward), each planned by
 `NeuroShardPlanner` (its defaults) and by TorchRec's `EmbeddingShardingPlanner` as the user calls it. Counts per
-outcome (NeuroShard's own plan, TorchRec's plan handed out unchanged, both refused) and every violation: a refusal
+outcome (NeuroShard's own plan, TorchRec's plan handed out, both refused) and every violation: a refusal
 where TorchRec plans, a plan over a rank's budget by TorchRec's storage estimator after its default reservation.
 Writes `--out` (CSV, one row per case), its `.md` summary and `.json` record, provenance beside them.
 

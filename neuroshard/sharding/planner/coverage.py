@@ -8,8 +8,8 @@ TorchRec's `EmbeddingShardingPlanner` as the user calls it, and says what happen
 
 - `own`: NeuroShard's plan, each shard counted by TorchRec's storage estimator (`storage.plan_storage`) against the
   budget TorchRec's default reservation leaves a rank (`used_share` of it on the fullest rank);
-- `torchrec's`: TorchRec's plan handed out unchanged (no plan of NeuroShard's fits, or a table allows only types
-  its search does not place);
+- `torchrec's`: TorchRec's plan handed out (no plan of NeuroShard's fits, or a table allows only types its search
+  does not place: unchanged; or none of the others is rated `min_gain` cheaper than it);
 - `both refused`: TorchRec's planner finds no plan either.
 
 A `violation` names what must never happen: a refusal where TorchRec plans, a plan over the budget, a handed-out
@@ -110,7 +110,7 @@ def check_case(case: CoverageCase, models_dir) -> CoverageResult:
         ours = planner.plan(module, sharders)
     except UserError as e:
         return CoverageResult("both refused", violation=None if theirs is None else f"refused where TorchRec plans: {e}")
-    if planner.last_result.plan is None:
+    if planner.last_result.plan is None or planner.last_result.chosen == "torchrec":  # unchanged, or rated fastest
         same = theirs is not None and _kinds(ours) == _kinds(theirs)
         return CoverageResult("torchrec's", violation=None if same else "handed out a plan that is not TorchRec's")
     kind = int(case.device == "cpu")  # HBM on cuda, DDR on cpu
