@@ -1,6 +1,8 @@
 """The plan NeuroShard's must beat: what the user's own `EmbeddingShardingPlanner` call returns for the same
-module, topology, batch, storage reservation and constraints, with the sharding types and kernel NeuroShard
-places (`storage.planned_constraints`), read back as a `Placement` of the enumerated tables."""
+module, topology, batch, storage reservation and constraints (`torchrec_full_plan`), read back as a `Placement` of
+the enumerated tables (`placement_of`), or of tables cut as it cuts them (`full_plan_elsewhere`: its row blocks
+and replicas); where the cost models cannot price it, the plan TorchRec's planner makes with the sharding types
+and kernel NeuroShard places (`torchrec_plan` with `storage.planned_constraints`)."""
 from __future__ import annotations
 
 import re

@@ -45,11 +45,13 @@ built by `torchrec_export.to_torchrec_plan`.
 - Cost: `cost="step"` (default) scores plans by the simulated step TorchRec runs (per sharding group the
   input distribution and both all-to-alls, `simulator.py`); `cost="paper"` by the paper's three terms.
 - Never slower than TorchRec's planner by its own models: with `compare` (default), the plan the caller's own
-  `EmbeddingShardingPlanner` call returns for the module (same topology, batch, reservation and constraints, the
-  sharding types and kernel cut to those NeuroShard places: `incumbent.py`) and each greedy heuristic's plan of
-  the same tables are rated too (by the perf model), and the plan rated fastest is handed out, unless it is rated less than `min_gain` (default 5%) cheaper
-  than TorchRec's plan: then TorchRec's (a gain the models cannot resolve is not worth a change of plan). The
-  stats list the scores and say which plan won and why.
+  `EmbeddingShardingPlanner` call returns for the module (same topology, batch, reservation and constraints;
+  rated in tables cut as it cuts them where its row-wise or replicated tables are not the search's; where the
+  models cannot price it, e.g. UVM kernels, the plan TorchRec makes with the sharding types and kernel cut to
+  those NeuroShard places: `incumbent.py`) and each greedy heuristic's plan of the same tables are rated too (by
+  the perf model), and the plan rated fastest is handed out, unless it is rated less than `min_gain` (default 5%)
+  cheaper than TorchRec's plan: then TorchRec's (a gain the models cannot resolve is not worth a change of plan).
+  The stats list the scores and say which plan won and why.
 """
 from __future__ import annotations
 
