@@ -47,6 +47,8 @@ def placement_of(plan, found: Enumeration, world: int) -> tuple[Placement | None
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {ps.sharding_type}, outside the constraints")
             if kind in (*ROW_WISE_KINDS, DATA_PARALLEL) and max(table.row_block, table.replica) < 0:
                 raise PlanError(f"TorchRec's planner placed {path}.{name} {kind}, which these tables hold whole")
+            if kind in COLUMN_WISE_KINDS and kind != table.column_wise_type:  # priced and exported as the other
+                raise PlanError(f"TorchRec's planner placed {path}.{name} {kind}, not {table.column_wise_type}")
             if kind in (TABLE_WISE, *COLUMN_WISE_KINDS):
                 shardings.append((t, ps))
                 continue
