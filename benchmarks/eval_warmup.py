@@ -11,13 +11,17 @@ It prints, for each count against the first, the per-plan ratio of the median co
 for each count the paired ratio of each algorithm's plans to the first algorithm's (paired over tasks): the figures
 step 6 reports. A count that moves neither may replace the preset's.
 
+With `--iters_per_round` each warm-up count has its own timed iterations a round (e.g. 3 warm-ups and 5 timed
+against 1 and 3), and it prints each setting's seconds a round.
+
 python benchmarks/eval_warmup.py --work_dir WORK [--tasks 8] [--algs neuroshard,size_lookup_greedy,torchrec]
-    [--warmups 3,1] [--rounds 5]
+    [--warmups 3,1] [--iters_per_round 5,3] [--rounds 5]
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,6 +58,8 @@ class EvalWarmupConfig:
     warmups: tuple[int, ...] = flag((QUICK.eval_warmup, 1), "warm-up counts compared; ratios are against the first",
                                     parse="int_list")
     num_iter: int = flag(QUICK.eval_iters, "timed iterations of each plan over all rounds (eval.py's)")
+    iters_per_round: tuple[int, ...] = flag((), "timed iterations a round with each warm-up count, in --warmups' order "
+                                                "(empty: --num_iter / --rounds for all)", parse="int_list")
     rounds: int = flag(QUICK.eval_rounds, "rounds; each measures every plan with every count")
     out_csv: str = flag("results/bench_eval_warmup.csv")
 
@@ -64,6 +70,11 @@ class EvalWarmupConfig:
             raise UserError("--warmups: give two or more different counts, e.g. --warmups 3,1")
         for w in self.warmups:
             check_int("--warmups", w, 0, 1000)
+        if self.iters_per_round and len(self.iters_per_round) != len(self.warmups):
+            raise UserError(f"--iters_per_round: give one count per --warmups value ({len(self.warmups)}), e.g. "
+                            "--warmups 3,1 --iters_per_round 5,3")
+        for k in self.iters_per_round:
+            check_int("--iters_per_round", k, 1, 10_000)
         if len(self.algs) < 1:
             raise UserError("--algs: name one or more algorithms of the run's results")
         check_output_file(self.out_csv, "--out_csv")
@@ -98,20 +109,25 @@ def main(argv=None) -> None:
     items, ds = run_plans(Path(a.work_dir), a.ndevices, a.algs, a.tasks)
     batch = ds.check_batch(None)
     hw = resolve_hardware("cpu", "auto")
-    iters = max(1, a.num_iter // a.rounds)
+    iters = dict(zip(a.warmups, a.iters_per_round or [max(1, a.num_iter // a.rounds)] * len(a.warmups)))
     costs: dict[tuple, list[float]] = {}
+    seconds = {w: 0.0 for w in a.warmups}
     with tqdm(total=a.rounds * len(a.warmups) * len(items), desc="plans") as bar:
         for r in range(a.rounds):
             for w in (a.warmups if r % 2 == 0 else a.warmups[::-1]):
-                settings = EngineSettings(str(ds.path), hw, batch, w, iters, shuffle=False)
+                settings = EngineSettings(str(ds.path), hw, batch, w, iters[w], shuffle=False)
+                t0 = time.perf_counter()
                 got = measure_plans(settings, items, a.ndevices, 1, on_result=lambda *_: bar.update(),
                                     group_of=lambda key: key[0])
+                seconds[w] += time.perf_counter() - t0
                 for key, m in got.items():
                     costs.setdefault((*key, w), []).append(m.cost_ms)
     rows = [{"task": t, "alg": alg, "warmup": w, "round": i, "cost_ms": c}
             for (t, alg, w), cs in costs.items() for i, c in enumerate(cs)]
     write_results(a.out_csv, rows, **asdict(a))
     report(costs, sorted({k[0] for k in items}), a.algs, a.warmups)
+    print("seconds a round: " + ", ".join(f"warm-up {w} x {iters[w]} timed {seconds[w] / a.rounds:.1f} s"
+                                          for w in a.warmups))
 
 
 def report(costs: dict, tasks: list[int], algs, warmups) -> None:
