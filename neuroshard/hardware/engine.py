@@ -43,14 +43,13 @@ from ..core.costs import Cost
 from ..core.errors import UserError
 from ..core.intervals import geo_mean, paired_interval
 from ..data.dataset import DLRMDataset
-from ..sharding.simulator import ALL_TO_ALL, GROUPS, ROW_GROUPS
+from ..sharding.simulator import ALL_TO_ALL, GROUPS, REPLICA_GROUP, ROW_GROUPS
 from .backends import Hardware
 from .comm_bench import (Collectives, InputDist, gather_floats, make_all_to_all, timed_collective,
                          torchrec_available)
 from .compute_bench import ComputeBenchmark, ShardView
 from .launch import run_processes
 
-DATA_PARALLEL = GROUPS.index("data_parallel")  # the step cost's group of replicas: its gradients all-reduced
 
 
 # ----------------------------------------------------------------------------- settings and items
@@ -123,7 +122,7 @@ class StepPlan:
 
     def gradient_floats(self) -> list[int]:
         """Per device, the floats of its data-parallel replicas' gradients (rows x dim each), all-reduced."""
-        return [sum(s.rows * s.dim for s in dev if s.group == DATA_PARALLEL) for dev in self.devices]
+        return [sum(s.rows * s.dim for s in dev if s.group == REPLICA_GROUP) for dev in self.devices]
 
 
 def plan_step_item(task, plan) -> StepPlan:
@@ -136,11 +135,11 @@ def plan_step_item(task, plan) -> StepPlan:
     group = task.shard_groups(tables, [s.dim for s in shards])
     block = task.row_block if task.row_block is not None else np.full(task.num_tables, -1)
     replica = task.replica if task.replica is not None else np.full(task.num_tables, -1)
-    first_row: dict[int, int] = {}  # a row block's first row: the rows of its table's blocks on lower ranks
+    first_row, next_row = {}, {}  # a row block's first row: the rows of its table's blocks on lower ranks
     for t in sorted(np.flatnonzero(np.asarray(block) >= 0), key=lambda t: int(block[t])):
         key = int(task.table_ids[t])
-        first_row[t] = first_row.get(("next", key), 0)
-        first_row[("next", key)] = first_row[t] + int(task.rows[t])
+        first_row[t] = next_row.get(key, 0)
+        next_row[key] = first_row[t] + int(task.rows[t])
     devices: list[list] = [[] for _ in range(plan.num_devices)]
     for i, (s, d) in enumerate(zip(shards, plan.device_of)):
         t = s.table
@@ -309,7 +308,7 @@ class EmulatedStep(Step):
             dims, pooling = item.group(g)
             if not any(dims):  # a group absent from the plan runs no collectives
                 continue
-            if g == DATA_PARALLEL:
+            if g == REPLICA_GROUP:
                 floats = max(item.gradient_floats())  # every rank holds a replica of each data-parallel table
                 before += timed_collective(Collectives(1, s.batch_size, N, device, gradient_floats=floats).all_reduce,
                                            device, 0.0, s.warmup, s.iters)

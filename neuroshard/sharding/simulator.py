@@ -94,6 +94,7 @@ GROUPS = ("table_wise", "column_wise", "row_wise", "data_parallel", "table_colum
 # rank's own ids and keeps its output; only its gradient crosses ranks, in an all-reduce)
 ALL_TO_ALL = np.array([True, True, True, False, True, True, True])
 ROW_GROUPS = (2, 5, 6)  # the groups of row blocks: a reduce-scatter forward, an all-gather backward
+REPLICA_GROUP = GROUPS.index("data_parallel")  # the replicas' group: no all-to-all, its gradients all-reduced
 APART = 4  # the groups from here are sharding types TorchRec runs apart from the group they cut like (one host)
 
 
@@ -298,7 +299,7 @@ class Simulator:
         a2a = ALL_TO_ALL[:G][None, :, None]                                           # [1, G, 1]
         bw = self.bw.predict_np(dims.reshape(-1, N)).reshape(P, G, N)
         if self.coll is not None:  # the row-wise groups' all-gather, the data-parallel group's all-reduce
-            for g, name in ((3, "all_reduce"), *((g, "all_gather") for g in ROW_GROUPS)):
+            for g, name in ((REPLICA_GROUP, "all_reduce"), *((g, "all_gather") for g in ROW_GROUPS)):
                 if g < G:
                     bw[:, g] = self.coll.predict_np(name, dims[:, g])
         inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
