@@ -42,16 +42,18 @@ RatePlan = Callable[[ShardingTask, Placement], "Cost | None"]
 
 
 def candidate_plans(task, cluster: Cluster, sim, search, batch_size: int, top_k: int, seed: int = 0,
-                    extra: dict | None = None, rate: RatePlan | None = None, torchrec: bool = True) -> list[Candidate]:
-    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics', TorchRec's (`--alg torchrec`'s
-    unless `torchrec` is False: then one in `extra` may stand for it) and `extra`'s, deduplicated, each rated by
+                    extra: dict | None = None, rate: RatePlan | None = None, torchrec: bool = True,
+                    baselines: list[tuple[str, Placement]] | None = None) -> list[Candidate]:
+    """NeuroShard's top distinct plans (`top_k`; 0: none), the greedy heuristics' and TorchRec's (`baselines`, made
+    here where not given: `--alg torchrec`'s unless `torchrec` is False: then one in `extra` may stand for it) and
+    `extra`'s, deduplicated, each rated by
     `rate` (default: the simulator's cost within the cluster's memory; no rating without a simulator); a cost that
     cannot be true is `ImplausibleCost` (`Cost.check`)."""
     named: list[tuple[str, Placement]] = []
     if sim is not None and top_k > 0:
         top = neuroshard_top_plans(sim, task, cluster, top_k, search)
         named += [(f"neuroshard#{i + 1}", p) for i, (_, p) in enumerate(top)]
-    named += baseline_plans(task, cluster, sim, search, batch_size, seed, torchrec)
+    named += baseline_plans(task, cluster, sim, search, batch_size, seed, torchrec) if baselines is None else baselines
     named += list((extra or {}).items())
     if rate is None and sim is not None:
         def rate(task, plan):
@@ -132,17 +134,18 @@ def best_simulated(candidates: list[Candidate], min_gain: float = 0.0) -> Candid
 def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement | None, seed: int = 0,
                       no_split: frozenset[int] = frozenset(), min_gain: float = 0.0,
                       rate: RatePlan | None = None, torchrec_plan: Placement | None | bool = True,
-                      fits: Callable[[Placement], bool] | None = None) -> tuple[Candidate, list[Candidate]]:
+                      fits: Callable[[Placement], bool] | None = None,
+                      baselines: list[tuple[str, Placement]] | None = None) -> tuple[Candidate, list[Candidate]]:
     """NeuroShard's `plan` rated beside TorchRec's and each greedy heuristic's plan of the same tables (`rate`, as
     `candidate_plans`; a plan that splits a table in `no_split`, is over a rank's memory or fails `fits` is not a
     candidate): the
     one handed out (`best_simulated` with `min_gain`) and all of them, fastest first; none at all is a `PlanError`.
     TorchRec's plan: `--alg torchrec`'s (True), the one given, or none (None). NeuroShard's `plan` may be None (its
-    search found none within memory)."""
+    search found none within memory). `baselines`: the heuristics' plans made already (`baseline_plans`)."""
     extra = ({"neuroshard": plan} if plan is not None else {}) | (
         {INCUMBENT: torchrec_plan} if isinstance(torchrec_plan, Placement) else {})
     cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra=extra, rate=rate,
-                                        torchrec=torchrec_plan is True)
+                                        torchrec=torchrec_plan is True, baselines=baselines)
              if not any(c.plan.shards[i].table in no_split for i in c.plan.splits) and fits_memory(task, c.plan, cluster)
              and (fits is None or fits(c.plan))]
     if not cands:

@@ -1,11 +1,18 @@
 """The plan NeuroShard's must beat: what the user's own `EmbeddingShardingPlanner` call returns for the same
-module, topology, batch, storage reservation and constraints (`torchrec_full_plan`), read back as a `Placement` of
+module, topology, batch, storage reservation and constraints (`torchrec_full_plan`, run beside the search by
+`TorchRecCall`), read back as a `Placement` of
 the enumerated tables (`placement_of`), or of tables cut as it cuts them (`full_plan_elsewhere`: its row blocks
 and replicas); where the cost models cannot price it, the plan TorchRec's planner makes with the sharding types
 and kernel NeuroShard places (`torchrec_plan` with `storage.planned_constraints`)."""
 from __future__ import annotations
 
+import gc
+import json
+import os
 import re
+import signal
+import sys
+import warnings
 
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
@@ -117,19 +124,144 @@ def torchrec_full_plan(topology, batch_size: int, constraints: dict, reservation
         return None
 
 
-def parameter_specs(plan, shapes: dict[tuple[str, str], tuple[int, int]]) -> dict[str, dict]:
+class TorchRecCall:
+    """The caller's own `EmbeddingShardingPlanner` call (`torchrec_full_plan` of `args`), started at once in a
+    forked process where that is safe (`background_ok`), so that it runs on a second CPU while NeuroShard searches;
+    `result()` waits for it. The child sends the plan back as `parameter_specs` JSON (no pickle) and exits; it dies
+    with this process and is killed by `close()` (a Ctrl-C, an error in the search). Where anything goes wrong there
+    (no fork, a child that fails or dies, a reply that does not read), `result()` makes the call in this process, so
+    the plan is the same either way and an error TorchRec raises is raised here with its own traceback."""
+
+    def __init__(self, args: tuple, world: int, background: bool | None = None):
+        self._args, self._world = args, world
+        self._pid = self._fd = None
+        self._plan, self._done = None, False
+        self.ran_in_background = False
+        if background_ok() if background is None else background:
+            self._start()
+
+    def _start(self) -> None:
+        r, w = os.pipe()
+        try:
+            gc.freeze()  # the parent's objects out of the child's collections: they would copy every page they touch
+            with warnings.catch_warnings():  # Python >= 3.12 warns of forking a threaded process; the child runs
+                warnings.simplefilter("ignore", DeprecationWarning)  # only TorchRec's planner, on one thread
+                pid = os.fork()
+        except OSError:
+            gc.unfreeze()
+            os.close(r)
+            os.close(w)
+            return
+        if pid == 0:
+            self._child(r, w)
+        gc.unfreeze()
+        os.close(w)
+        self._pid, self._fd = pid, r
+
+    def _child(self, r: int, w: int) -> None:
+        code = 1
+        try:
+            os.close(r)
+            gc.disable()  # a short life: what it leaves is freed at its exit
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which kills this process
+            _die_with_parent()
+            import torch
+
+            torch.set_num_threads(1)  # no OpenMP pool is inherited across a fork
+            plan = torchrec_full_plan(*self._args)
+            reply = {"plan": None if plan is None else parameter_specs(plan)}
+            with os.fdopen(w, "wb") as f:
+                f.write(json.dumps(reply).encode())
+            code = 0
+        finally:
+            os._exit(code)  # never the parent's cleanup (atexit, pytest, process groups)
+
+    def result(self):
+        """TorchRec's `ShardingPlan`, or None where it finds none within memory."""
+        if not self._done:
+            plan = self._collect() if self._pid is not None else _UNREAD
+            self._plan = torchrec_full_plan(*self._args) if plan is _UNREAD else plan
+            self._done = True
+        return self._plan
+
+    def _collect(self):
+        """The child's plan, or `_UNREAD` where it sent none that reads."""
+        from torchrec.distributed.types import ShardingPlan
+
+        with os.fdopen(self._fd, "rb") as f:
+            self._fd, data = None, f.read()
+        _, status = os.waitpid(self._pid, 0)
+        self._pid = None
+        try:
+            if os.waitstatus_to_exitcode(status) != 0:
+                return _UNREAD
+            plan = json.loads(data)["plan"]
+            if plan is None:
+                return None
+            plan = ShardingPlan({path: from_parameter_specs(spec, self._world) for path, spec in plan.items()})
+        except (ValueError, KeyError, TypeError, AttributeError, UserError):
+            return _UNREAD
+        self.ran_in_background = True
+        return plan
+
+    def close(self) -> None:
+        """Stop the child where it still runs (the search failed or was interrupted)."""
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self._pid, 0)
+            self._pid = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_UNREAD = object()
+
+
+def background_ok() -> bool:
+    """Whether TorchRec's call may run in a forked process beside the search: Linux, a second CPU for this process,
+    and no CUDA context (which a forked child cannot use)."""
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    if len(os.sched_getaffinity(0)) < 2:
+        return False
+    import torch
+
+    return not torch.cuda.is_initialized()
+
+
+def _die_with_parent() -> None:
+    """Linux's PR_SET_PDEATHSIG: the child is killed when the process that forked it ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def table_shapes(found: Enumeration) -> dict[tuple[str, str], tuple[int, int]]:
+    """(module path, table name) -> (rows, dim) of the enumerated tables, as `parameter_specs` reads them."""
+    return {(t.module_path, t.name): (int(r), int(d)) for t, r, d in zip(found.tables, found.task.rows,
+                                                                       found.task.dims)}
+
+
+def parameter_specs(plan, shapes: dict[tuple[str, str], tuple[int, int]] | None = None) -> dict[str, dict]:
     """A TorchRec `ShardingPlan` of tables of `shapes` ((module path, name) -> rows, dim) as JSON-able specs, one per
     module path, in the shape `collective_plan` sends and `NeuroShardPlanner._check_module` reads:
     {"torchrec": True, "tables": [{name, rows, dim, sharding_type, compute_kernel, ranks, shards: [{offsets,
-    sizes, placement}]}]}."""
+    sizes, placement}]}]}; without `shapes`, no rows and dim (`from_parameter_specs` does not read them)."""
     specs = {}
     for path, module_plan in plan.plan.items():
         tables = []
         for name, ps in module_plan.items():
             shards = [{"offsets": [int(x) for x in m.shard_offsets], "sizes": [int(x) for x in m.shard_sizes],
                        "placement": str(m.placement)} for m in (ps.sharding_spec.shards if ps.sharding_spec else [])]
-            rows, dim = shapes[(path, name)]
-            tables.append({"name": name, "rows": rows, "dim": dim, "sharding_type": ps.sharding_type,
+            shape = {} if shapes is None else dict(zip(("rows", "dim"), shapes[(path, name)]))
+            tables.append({"name": name, **shape, "sharding_type": ps.sharding_type,
                            "compute_kernel": ps.compute_kernel, "ranks": [int(r) for r in ps.ranks or []],
                            "shards": shards})
         specs[path] = {"torchrec": True, "tables": tables}

@@ -51,7 +51,9 @@ built by `torchrec_export.to_torchrec_plan`.
   those NeuroShard places: `incumbent.py`) and each greedy heuristic's plan of the same tables are rated too (by
   the perf model), and the plan rated fastest is handed out, unless it is rated less than `min_gain` (default 5%)
   cheaper than TorchRec's plan: then TorchRec's (a gain the models cannot resolve is not worth a change of plan).
-  The stats list the scores and say which plan won and why.
+  The stats list the scores and say which plan won and why. On Linux with a second CPU free, TorchRec's call runs
+  in a forked process from the start of `plan`, beside the enumeration, the search and the heuristics
+  (`incumbent.TorchRecCall`); elsewhere, in this process. The plan is the same either way.
 """
 from __future__ import annotations
 
@@ -68,16 +70,16 @@ from ...core.config import MIN_GAIN, USER_COST, SearchParams, check_min_gain
 from ...core.errors import PlanError, UserError
 from ...core.optional_deps import require_torchrec
 from ...core.costs import ImplausibleCost
-from ..candidates import INCUMBENT, against_baselines, handout_verdict
+from ..candidates import INCUMBENT, against_baselines, baseline_plans, handout_verdict
 from ..plan import Placement, check_complete, fits_memory
 from ...core.costs import Cluster
-from ..search import fitting_thresholds
+from ..search import fitting_thresholds, plan_key
 from ..simulator import GROUPS, Simulator
 from ..torchrec_export import plan_spec, to_torchrec_plan
 from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text,
                           torchrec_fix)
-from .incumbent import (from_parameter_specs, full_plan_elsewhere, parameter_specs, placement_of, priced_kernels,
-                        torchrec_full_plan, torchrec_plan)
+from .incumbent import (TorchRecCall, from_parameter_specs, full_plan_elsewhere, parameter_specs, placement_of,
+                        priced_kernels, table_shapes, torchrec_plan)
 from .storage import checked_reservation, planned_constraints, reserved_budget
 from .estimators import NeuralPerfModel
 from .arguments import (ModelArguments, checked_constraints, checked_ids, checked_search, planner_batch_size,
@@ -181,28 +183,34 @@ class NeuroShardPlanner:
         that predicted it, and no plan is handed out. Where no plan of NeuroShard's fits (or a table allows only
         types it does not place), TorchRec's planner's plan (every sharding type and kernel allowed) is handed out
         unchanged, or, where it has none either, the one line that says why NeuroShard's does not fit."""
-        found = self.enumerator.enumerate(module, sharders)
-        cluster = Cluster(self.cluster.num_devices, reserved_budget(
-            self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,
-            self.memory_kind))
-        try:
-            return self._search(found, cluster, module, sharders)
-        except NoRoom as e:
-            if not self.compare:
-                raise UserError(e.line(e.fixes)) from None
-            theirs = torchrec_full_plan(self.topology, self.batch_size, self.constraints, self.storage_reservation,
-                                        module, sharders)
-            if theirs is None:
-                raise UserError(e.line([f for f in e.fixes if f != torchrec_fix(self.memory_kind)])
-                                + "; TorchRec's EmbeddingShardingPlanner finds no plan either") from None
-            return self._torchrec_result(found, cluster, theirs, str(e))
+        call = TorchRecCall((self.topology, self.batch_size, self.constraints, self.storage_reservation, module,
+                             sharders), self.cluster.num_devices) if self.compare else None
+        try:  # TorchRec's call runs beside all of this where it can (`TorchRecCall`)
+            found = self.enumerator.enumerate(module, sharders)
+            cluster = Cluster(self.cluster.num_devices, reserved_budget(
+                self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,
+                self.memory_kind))
+            try:
+                return self._search(found, cluster, module, sharders, call)
+            except NoRoom as e:
+                if call is None:
+                    raise UserError(e.line(e.fixes)) from None
+                theirs = call.result()
+                if theirs is None:
+                    raise UserError(e.line([f for f in e.fixes if f != torchrec_fix(self.memory_kind)])
+                                    + "; TorchRec's EmbeddingShardingPlanner finds no plan either") from None
+                return self._torchrec_result(found, cluster, theirs, str(e))
+        finally:
+            if call is not None:
+                call.close()
 
-    def _search(self, found: Enumeration, cluster: Cluster, module, sharders) -> PlannerResult:
+    def _search(self, found: Enumeration, cluster: Cluster, module, sharders,
+                call: TorchRecCall | None) -> PlannerResult:
         self._exported_fits = {}  # `_fits_exported`'s answers in this search, by tables and plan
         given = found
         try:
             found, plan, widened, search_s = self._propose(found, cluster)
-            compared = self._best_of(found, plan, cluster, module, sharders, given) if self.compare else None
+            compared = self._best_of(found, plan, cluster, module, sharders, given, call) if call else None
             if compared:  # the plan handed out, in the tables as it cuts them (TorchRec's may cut them otherwise)
                 found, plan = compared.found, compared.plan
             self._check_proposed(found, plan, cluster)
@@ -304,9 +312,7 @@ class NeuroShardPlanner:
 
     def _torchrec_result(self, found: Enumeration, cluster: Cluster, theirs, why: str) -> PlannerResult:
         """TorchRec's plan, handed out unchanged, and the notes that say why."""
-        shapes = {(t.module_path, t.name): (int(r), int(d)) for t, r, d in zip(found.tables, found.task.rows,
-                                                                                found.task.dims)}
-        specs = parameter_specs(theirs, shapes)
+        specs = parameter_specs(theirs, table_shapes(found))
         kinds = {(path, t["name"]): f"{t['sharding_type']} ({t['compute_kernel']})" for path, spec in specs.items()
                  for t in spec["tables"]}
         note = (f"note: handed out TorchRec's EmbeddingShardingPlanner plan unchanged, which NeuroShard's cost models "
@@ -337,7 +343,7 @@ class NeuroShardPlanner:
                          ["raise the topology's memory", "leave compare on to consider the other plans"])
 
     def _best_of(self, found: Enumeration, plan: Placement, cluster: Cluster, module, sharders,
-                 given: Enumeration) -> Compared:
+                 given: Enumeration, call: TorchRecCall) -> Compared:
         """The plan handed out (`Compared`) among NeuroShard's, the caller's own
         `EmbeddingShardingPlanner` call's (`_torchrec_compared`) and each greedy heuristic's of the same tables, as
         the perf model rates them (`candidates.best_simulated` with `min_gain`; a plan that splits a table-wise-only
@@ -345,15 +351,28 @@ class NeuroShardPlanner:
         the search (other row-wise or data-parallel tables), it is rated in tables cut as it cuts them, and handed
         out unless the fastest other plan is rated at least `min_gain` cheaper."""
         batch = int(self.model_batch or self.batch_size * self.cluster.num_devices)
-        theirs, missing, elsewhere = self._torchrec_compared(found, given, module, sharders, cluster)
+        ratings: dict[tuple, object] = {}  # by plan
+
+        def rate(task, candidate: Placement):
+            key = plan_key(candidate)
+            if key not in ratings:
+                ratings[key] = self.perf_model.rate(task, candidate)
+            return ratings[key]
 
         def fits(candidate: Placement) -> bool:
             return self._fits_exported(found, candidate, cluster)
 
+        # the heuristics' plans made, rated and counted while TorchRec's call may still run (`TorchRecCall`)
+        heuristics = baseline_plans(found.task, cluster, self.simulator, self.search, batch, torchrec=False)
+        for _, p in heuristics:
+            rate(found.task, p)
+            if fits_memory(found.task, p, cluster):
+                fits(p)
+        theirs, missing, elsewhere = self._torchrec_compared(found, given, module, sharders, cluster, call)
         try:
             best, ranked = against_baselines(found.task, cluster, self.simulator, self.search, batch, plan,
-                                             no_split=found.no_split, min_gain=self.min_gain,
-                                             rate=self.perf_model.rate, torchrec_plan=theirs, fits=fits)
+                                             no_split=found.no_split, min_gain=self.min_gain, rate=rate,
+                                             torchrec_plan=theirs, fits=fits, baselines=heuristics)
         except PlanError:  # neither the search nor TorchRec's planner nor a heuristic found a plan within memory
             if elsewhere is None:
                 return Compared(found, None, theirs, None, "neuroshard", [])
@@ -383,7 +402,8 @@ class NeuroShardPlanner:
             f"note: {searched}simulated {self.simulator.cost} cost (ms) of the candidate plans: {rated}; "
             f"{handout_verdict(best, ranked, self.min_gain, setting='min_gain')}", *notes])
 
-    def _torchrec_compared(self, found: Enumeration, given: Enumeration, module, sharders, cluster: Cluster) -> tuple:
+    def _torchrec_compared(self, found: Enumeration, given: Enumeration, module, sharders, cluster: Cluster,
+                           call: TorchRecCall) -> tuple:
         """(TorchRec's plan as a placement of the searched tables or None, a note on why there is none or None,
         (its tables, its placement, its rated ms) where it cuts them otherwise or None). TorchRec's plan is the
         caller's own `EmbeddingShardingPlanner` call's (the same topology, batch, reservation and constraints).
@@ -391,8 +411,7 @@ class NeuroShardPlanner:
         TorchRec's planner makes with the sharding types and kernel cut to those NeuroShard places, its row-wise and
         data-parallel tables NeuroShard's (`storage.planned_constraints`), is compared instead."""
         N = cluster.num_devices
-        full = torchrec_full_plan(self.topology, self.batch_size, self.constraints, self.storage_reservation, module,
-                                  sharders)
+        full = call.result()  # started beside the search (`TorchRecCall`)
         if full is None:
             return None, ("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables within the same "
                           "memory; the plans are compared without it"), None
