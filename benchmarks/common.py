@@ -4,7 +4,8 @@
   preset's devices; `check_sets` refuses a name that is not one, `scaled_table_list` writes one scaled;
 - `speed_probe_ms`: how fast this machine is right now, taken before and after a long measurement;
 - `resolved_pairs`: of the pairs of plans a measurement tells apart, how many a prediction orders the same way;
-- `measure_task_plans`: each task's plans measured interleaved on the engine, each distinct plan once.
+- `measure_task_plans`: each task's plans measured interleaved on the engine, each distinct plan once;
+- `finished_run_plans`: the dataset, test tasks and measured plans of a finished pipeline run.
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import torch
 
 from neuroshard.core.artifacts import write_json
 from neuroshard.core.costs import check_max_mem_gb
-from neuroshard.core.errors import UserError, check_int
+from neuroshard.core.errors import PlanError, UserError, check_int
+from neuroshard.core.file_names import DATASET_DIR, RESULTS_DIR, TASKS_DIR, eval_results_path, tasks_path
 from neuroshard.core.intervals import paired_interval
 from neuroshard.hardware.engine import measure_plans, plan_device_tables
+from neuroshard.sharding.plan import Placement
 from neuroshard.sharding.search import plan_key
 
 SETS_DIR = Path(__file__).resolve().parent / "real_tables"
@@ -119,3 +122,38 @@ def measure_task_plans(settings, tasks, plans_of, num_devices: int, rounds: int,
         got = measure_plans(settings, items, num_devices, rounds, on_result=lambda *_: bar.update(),
                             group_of=lambda key: key[0])
     return {k: (plan, got[key]) for k, (key, plan) in kinds.items()}
+
+
+def finished_run_plans(work: Path, ndevices: int):
+    """(dataset, test tasks, [(task index, alg, Placement)] of the plans step 6 measured within memory, in the CSV's
+    order) of a finished pipeline run in `work`. A run that is not there, or whose results do not read (a damaged
+    row, a plan that is not one of its task), is one line naming the file and the fix."""
+    import pandas as pd
+
+    from neuroshard.data.dataset import DLRMDataset
+    from neuroshard.data.tasks import load_tasks
+
+    csv = eval_results_path(work / RESULTS_DIR, ndevices)
+    if not csv.exists():
+        raise UserError(f"no {csv}: run the pipeline in {work} first (make reproduce)")
+    again = f"run step 6 again in {work} (make reproduce)"
+    try:
+        rows = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    except Exception as e:  # pandas' parser errors have no common base
+        raise UserError(f"{csv} is not a readable CSV ({type(e).__name__}: {str(e)[:120]}); {again}") from None
+    missing = [c for c in ("task", "alg", "oom", "plan") if c not in rows.columns]
+    if missing:
+        raise UserError(f"{csv} has no column {missing[0]!r}: not step 6's results; {again}")
+    ds = DLRMDataset.load(work / DATASET_DIR)
+    tasks = load_tasks(tasks_path(work / TASKS_DIR, "test"), ds)
+    plans = []
+    for i, r in enumerate(rows.itertuples()):
+        try:
+            if r.oom not in ("True", "False") or not 0 <= int(r.task) < len(tasks):
+                raise ValueError(f"task {r.task!r}, oom {r.oom!r}")
+            if r.oom == "False":
+                task = tasks[int(r.task)]
+                plans.append((int(r.task), r.alg, Placement.from_dict(json.loads(r.plan), task.dims, ndevices)))
+        except (ValueError, PlanError) as e:
+            raise UserError(f"{csv} row {i + 1} does not read ({type(e).__name__}: {str(e)[:120]}); {again}") from None
+    return ds, tasks, plans

@@ -19,7 +19,6 @@ python benchmarks/eval_warmup.py --work_dir WORK [--tasks 8] [--algs neuroshard,
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -34,14 +33,12 @@ from neuroshard.core.artifacts import check_output_file, write_results  # noqa: 
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, flag  # noqa: E402
 from neuroshard.core.errors import UserError, check_int  # noqa: E402
-from neuroshard.core.file_names import DATASET_DIR, RESULTS_DIR, TASKS_DIR, eval_results_path, tasks_path  # noqa: E402
+from neuroshard.core.file_names import RESULTS_DIR, eval_results_path  # noqa: E402
 from neuroshard.core.intervals import paired_interval  # noqa: E402
 from neuroshard.data.dataset import DLRMDataset  # noqa: E402
-from neuroshard.data.tasks import load_tasks  # noqa: E402
 from neuroshard.hardware.backends import resolve_hardware  # noqa: E402
 from neuroshard.hardware.engine import EngineSettings, measure_plans, plan_device_tables  # noqa: E402
-from neuroshard.sharding.plan import Placement  # noqa: E402
-from common import check_engine_flags  # noqa: E402
+from common import check_engine_flags, finished_run_plans  # noqa: E402
 
 QUICK = PRESETS["quick"]
 
@@ -83,23 +80,12 @@ class EvalWarmupConfig:
 
 def run_plans(work: Path, ndevices: int, algs, count: int) -> tuple[dict, DLRMDataset]:
     """{(task, alg): engine item} of the run's measured plans of `algs` for its first `count` test tasks."""
-    import pandas as pd
-
-    ds = DLRMDataset.load(work / DATASET_DIR)
-    tasks = load_tasks(tasks_path(work / TASKS_DIR, "test"), ds)
-    csv = eval_results_path(work / RESULTS_DIR, ndevices)
-    if not csv.exists():
-        raise UserError(f"no {csv}: run the pipeline in {work} first (make reproduce)")
-    rows = pd.read_csv(csv, comment="#")
-    items = {}
-    for r in rows.itertuples():
-        if r.alg in algs and r.task < count and not r.oom:
-            task = tasks[r.task]
-            plan = Placement.from_dict(json.loads(r.plan), task.dims, ndevices)
-            items[(int(r.task), r.alg)] = plan_device_tables(task, plan)
+    ds, tasks, plans = finished_run_plans(work, ndevices)
+    items = {(t, alg): plan_device_tables(tasks[t], plan) for t, alg, plan in plans if alg in algs and t < count}
     missing = [a for a in algs if not any(k[1] == a for k in items)]
     if missing:
-        raise UserError(f"{csv} has no plan of {', '.join(missing)} in its first {count} tasks; name others in --algs")
+        raise UserError(f"{eval_results_path(work / RESULTS_DIR, ndevices)} has no plan of {', '.join(missing)} in its "
+                        f"first {count} tasks; name others in --algs")
     return items, ds
 
 

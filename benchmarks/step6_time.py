@@ -10,7 +10,6 @@ python benchmarks/step6_time.py --work_dir WORK [--plans 12]
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, flag  # noqa: E402
-from neuroshard.core.errors import UserError, check_int  # noqa: E402
-from neuroshard.core.file_names import DATASET_DIR, RESULTS_DIR, TASKS_DIR, eval_results_path, tasks_path  # noqa: E402
+from neuroshard.core.errors import check_int  # noqa: E402
+from common import finished_run_plans  # noqa: E402
 
 QUICK = PRESETS["quick"]
 
@@ -45,32 +44,23 @@ class Step6TimeConfig:
 
 
 def main(argv=None) -> None:
-    import pandas as pd
     import torch
 
-    from neuroshard.data.dataset import DLRMDataset
-    from neuroshard.data.tasks import load_tasks
     from neuroshard.hardware.backends import make_fused, resolve_hardware
     from neuroshard.hardware.compute_bench import ComputeBenchmark
     from neuroshard.hardware.timing import CacheFlusher
 
     C = Step6TimeConfig
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
-    work = Path(a.work_dir)
-    csv = eval_results_path(work / RESULTS_DIR, a.ndevices)
-    if not csv.exists():
-        raise UserError(f"no {csv}: run the pipeline in {work} first (make reproduce)")
+    ds, tasks, plans = finished_run_plans(Path(a.work_dir), a.ndevices)
     torch.set_num_threads(1)
-    ds = DLRMDataset.load(work / DATASET_DIR)
-    tasks = load_tasks(tasks_path(work / TASKS_DIR, "test"), ds)
     hw = resolve_hardware("cpu", "auto")
     bench, flush = ComputeBenchmark(ds, hw, ds.check_batch(None)), CacheFlusher(hw.device)
-    rows = pd.read_csv(csv, comment="#")
     parts = {"build": 0.0, "inputs": 0.0, "iterations": 0.0, "flushes": 0.0}
     shards = 0
-    for r in list(rows[~rows.oom].itertuples())[:a.plans]:
-        task = tasks[r.task]
-        for dev in json.loads(r.plan)["devices"]:
+    for t, _, plan in plans[:a.plans]:
+        task = tasks[t]
+        for dev in plan.to_dict()["devices"]:
             if not dev:
                 continue
             tables, dims = [int(task.table_ids[t]) for t, _, _ in dev], [int(d) for _, _, d in dev]
@@ -89,7 +79,7 @@ def main(argv=None) -> None:
                 parts[key] += dt
             shards += 1
     total = sum(parts.values())
-    print(f"{shards} device shards of {min(a.plans, len(rows))} plans ({a.warmup} warm-ups, {a.iters} timed "
+    print(f"{shards} device shards of {min(a.plans, len(plans))} plans ({a.warmup} warm-ups, {a.iters} timed "
           f"iterations): " + ", ".join(f"{k} {v / shards * 1e3:.1f} ms ({v / total:.0%})" for k, v in parts.items()))
 
 
