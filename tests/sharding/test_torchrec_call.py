@@ -136,3 +136,21 @@ def test_close_and_ctrl_c_leave_no_child(models, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         planner.plan(module, sharders)
     assert len(started) == 1 and started[0] is not None and gone(started[0])
+
+
+def test_a_caller_that_reaps_its_children_itself_still_gets_the_plan():
+    """With SIGCHLD ignored, the kernel reaps the child and waitpid has none to wait for."""
+    import signal
+
+    module, topology, constraints, sharders = cases(1)[0]
+    args = call_args(module, topology, constraints, sharders)
+    before = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        call = incumbent.TorchRecCall(args, 4, background=True)
+        theirs = call.result()
+        stopped = incumbent.TorchRecCall(args, 4, background=True)
+        stopped.close()
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+    assert call.ran_in_background
+    assert incumbent.parameter_specs(theirs) == incumbent.parameter_specs(incumbent.torchrec_full_plan(*args))

@@ -185,16 +185,14 @@ class TorchRecCall:
         return self._plan
 
     def _collect(self):
-        """The child's plan, or `_UNREAD` where it sent none that reads."""
+        """The child's plan, or `_UNREAD` where it sent none that reads (it sends its reply whole, then exits)."""
         from torchrec.distributed.types import ShardingPlan
 
-        with os.fdopen(self._fd, "rb") as f:
-            self._fd, data = None, f.read()
-        _, status = os.waitpid(self._pid, 0)
-        self._pid = None
+        fd, self._fd = self._fd, None  # closed here even where the read is interrupted
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        self._reap()
         try:
-            if os.waitstatus_to_exitcode(status) != 0:
-                return _UNREAD
             plan = json.loads(data)["plan"]
             if plan is None:
                 return None
@@ -211,11 +209,19 @@ class TorchRecCall:
                 os.kill(self._pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            os.waitpid(self._pid, 0)
-            self._pid = None
+            self._reap()
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def _reap(self) -> None:
+        """Wait for the child's exit; where this process does not reap its children itself (SIGCHLD ignored, or a
+        handler of the caller's that reaps them), there is none to wait for."""
+        pid, self._pid = self._pid, None
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 _UNREAD = object()
