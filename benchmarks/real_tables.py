@@ -7,7 +7,9 @@
 The cost is the user's (`--cost step`, shard_tables' default: the search minimises the step TorchRec runs and
 `--measure`'s emulated engine measures it, per sharding group the input distribution and both all-to-alls);
 `--cost paper` plans and measures the paper's three terms. In TorchRec's own training step the user's plans are
-measured by benchmarks/torchrec_step.py.
+measured by benchmarks/torchrec_step.py. The candidates are the `--alg` algorithms' plans, whole tables and column
+shards (the paper's space); the same sets planned over every TorchRec sharding type (row-wise, data-parallel, ...),
+`NeuroShardPlanner` against TorchRec's planner, in both engines: benchmarks/all_types_step.py.
 
 For each cited table set in benchmarks/real_tables/ (26 Criteo features, or Taobao's 19; see the files' `source`),
 scaled to this machine (rows x `row_scale` of the set, tables of <= 100 rows kept as they are):
