@@ -143,26 +143,23 @@ class TorchRecCall:
     def _start(self) -> None:
         r, w = os.pipe()
         try:
-            gc.freeze()  # the parent's objects out of the child's collections: they would copy every page they touch
             with warnings.catch_warnings():  # Python >= 3.12 warns of forking a threaded process; the child runs
                 warnings.simplefilter("ignore", DeprecationWarning)  # only TorchRec's planner, on one thread
                 pid = os.fork()
         except OSError:
-            gc.unfreeze()
             os.close(r)
             os.close(w)
             return
         if pid == 0:
             self._child(r, w)
-        gc.unfreeze()
         os.close(w)
         self._pid, self._fd = pid, r
 
     def _child(self, r: int, w: int) -> None:
         code = 1
         try:
+            gc.disable()  # its collections would copy every shared page they touch; what it leaves is freed at exit
             os.close(r)
-            gc.disable()  # a short life: what it leaves is freed at its exit
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which kills this process
             _die_with_parent()
             import torch
