@@ -125,8 +125,8 @@ def measure_task_plans(settings, tasks, plans_of, num_devices: int, rounds: int,
 
 
 def finished_run_plans(work: Path, ndevices: int):
-    """(dataset, test tasks, [(task index, alg, Placement)] of the plans step 6 measured within memory, in the CSV's
-    order) of a finished pipeline run in `work`. A run that is not there, or whose results do not read (a damaged
+    """(dataset, test tasks, [(task index, alg, Placement, its devices as the CSV lists them)] of the plans step 6
+    measured within memory, in the CSV's order) of a finished pipeline run in `work`. A run that is not there, or whose results do not read (a damaged
     row, a plan that is not one of its task), is one line naming the file and the fix."""
     import pandas as pd
 
@@ -152,8 +152,8 @@ def finished_run_plans(work: Path, ndevices: int):
             if r.oom not in ("True", "False") or not 0 <= int(r.task) < len(tasks):
                 raise ValueError(f"task {r.task!r}, oom {r.oom!r}")
             if r.oom == "False":
-                task = tasks[int(r.task)]
-                plans.append((int(r.task), r.alg, Placement.from_dict(json.loads(r.plan), task.dims, ndevices)))
-        except (ValueError, PlanError) as e:
+                task, plan = tasks[int(r.task)], json.loads(r.plan)
+                plans.append((int(r.task), r.alg, Placement.from_dict(plan, task.dims, ndevices), plan["devices"]))
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError, PlanError) as e:
             raise UserError(f"{csv} row {i + 1} does not read ({type(e).__name__}: {str(e)[:120]}); {again}") from None
     return ds, tasks, plans

@@ -81,7 +81,7 @@ class EvalWarmupConfig:
 def run_plans(work: Path, ndevices: int, algs, count: int) -> tuple[dict, DLRMDataset]:
     """{(task, alg): engine item} of the run's measured plans of `algs` for its first `count` test tasks."""
     ds, tasks, plans = finished_run_plans(work, ndevices)
-    items = {(t, alg): plan_device_tables(tasks[t], plan) for t, alg, plan in plans if alg in algs and t < count}
+    items = {(t, alg): plan_device_tables(tasks[t], plan) for t, alg, plan, _ in plans if alg in algs and t < count}
     missing = [a for a in algs if not any(k[1] == a for k in items)]
     if missing:
         raise UserError(f"{eval_results_path(work / RESULTS_DIR, ndevices)} has no plan of {', '.join(missing)} in its "

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from neuroshard.core.cli import config_from_args, run_main, step_parser  # noqa: E402
 from neuroshard.core.config import PRESETS, flag  # noqa: E402
-from neuroshard.core.errors import check_int  # noqa: E402
+from neuroshard.core.errors import UserError, check_int  # noqa: E402
 from common import finished_run_plans  # noqa: E402
 
 QUICK = PRESETS["quick"]
@@ -58,9 +58,11 @@ def main(argv=None) -> None:
     bench, flush = ComputeBenchmark(ds, hw, ds.check_batch(None)), CacheFlusher(hw.device)
     parts = {"build": 0.0, "inputs": 0.0, "iterations": 0.0, "flushes": 0.0}
     shards = 0
-    for t, _, plan in plans[:a.plans]:
+    if not plans:
+        raise UserError(f"{a.work_dir}'s step 6 measured no plan within memory: nothing to time")
+    for t, _, _, devices in plans[:a.plans]:
         task = tasks[t]
-        for dev in plan.to_dict()["devices"]:
+        for dev in devices:  # as step 6 built them
             if not dev:
                 continue
             tables, dims = [int(task.table_ids[t]) for t, _, _ in dev], [int(d) for _, _, d in dev]

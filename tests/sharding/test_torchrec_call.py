@@ -138,19 +138,47 @@ def test_close_and_ctrl_c_leave_no_child(models, monkeypatch):
     assert len(started) == 1 and started[0] is not None and gone(started[0])
 
 
-def test_a_caller_that_reaps_its_children_itself_still_gets_the_plan():
-    """With SIGCHLD ignored, the kernel reaps the child and waitpid has none to wait for."""
+def test_a_caller_that_reaps_its_children_itself_gets_the_call_here_and_a_forced_fork_still_works():
+    """With SIGCHLD ignored, the kernel reaps children as they end, and a pid could be reused before it is
+    signalled: no fork then. Forced, waitpid has none to wait for and the plan still comes back."""
     import signal
 
     module, topology, constraints, sharders = cases(1)[0]
     args = call_args(module, topology, constraints, sharders)
+    assert incumbent.background_ok()  # this machine forks (2 CPUs)
     before = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
-        call = incumbent.TorchRecCall(args, 4, background=True)
-        theirs = call.result()
+        assert not incumbent.background_ok()
+        here = incumbent.TorchRecCall(args, 4)
+        assert here._pid is None
+        forced = incumbent.TorchRecCall(args, 4, background=True)
+        theirs = forced.result()
         stopped = incumbent.TorchRecCall(args, 4, background=True)
         stopped.close()
     finally:
         signal.signal(signal.SIGCHLD, before)
-    assert call.ran_in_background
-    assert incumbent.parameter_specs(theirs) == incumbent.parameter_specs(incumbent.torchrec_full_plan(*args))
+    assert forced.ran_in_background and not here.ran_in_background
+    assert incumbent.parameter_specs(theirs) == incumbent.parameter_specs(here.result())
+
+
+def test_a_child_stuck_on_a_lock_is_stopped_and_the_call_made_here(monkeypatch):
+    """A child that stops computing (here: waiting on an event no one sets, as on a lock another thread held at the
+    fork) is killed after STALL_S without CPU progress, and the plan is made in this process."""
+    import threading
+
+    module, topology, constraints, sharders = cases(1)[0]
+    args = call_args(module, topology, constraints, sharders)
+    real, parent = incumbent.torchrec_full_plan, os.getpid()
+
+    def stuck_in_the_child(*a):
+        if os.getpid() != parent:
+            threading.Event().wait()
+        return real(*a)
+
+    monkeypatch.setattr(incumbent, "torchrec_full_plan", stuck_in_the_child)
+    monkeypatch.setattr(incumbent.TorchRecCall, "STALL_S", 1.0)
+    call = incumbent.TorchRecCall(args, 4, background=True)
+    pid = call._pid
+    theirs = call.result()
+    assert not call.ran_in_background and gone(pid)
+    assert incumbent.parameter_specs(theirs) == incumbent.parameter_specs(real(*args))

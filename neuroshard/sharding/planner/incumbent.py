@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import time
 import warnings
 
 from ...core.errors import PlanError, UserError
@@ -129,8 +130,12 @@ class TorchRecCall:
     forked process where that is safe (`background_ok`), so that it runs on a second CPU while NeuroShard searches;
     `result()` waits for it. The child sends the plan back as `parameter_specs` JSON (no pickle) and exits; it dies
     with this process and is killed by `close()` (a Ctrl-C, an error in the search). Where anything goes wrong there
-    (no fork, a child that fails or dies, a reply that does not read), `result()` makes the call in this process, so
-    the plan is the same either way and an error TorchRec raises is raised here with its own traceback."""
+    (no fork, a child that fails or dies, a reply that does not read, a child that stops using CPU for `STALL_S`
+    before it has replied: stuck on a lock another thread held at the fork), `result()` makes the call in this
+    process, so the plan is the same either way and an error TorchRec raises is raised here with its own traceback."""
+
+    STALL_S = 10.0  # seconds without CPU progress after which the child is taken for stuck (TorchRec's planner
+                    # computes all along: it neither sleeps nor waits)
 
     def __init__(self, args: tuple, world: int, background: bool | None = None):
         self._args, self._world = args, world
@@ -141,27 +146,36 @@ class TorchRecCall:
             self._start()
 
     def _start(self) -> None:
+        parent = os.getpid()
         r, w = os.pipe()
+        # no Ctrl-C between the fork and the bookkeeping: the child would run the caller's code on, or go untracked
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            with warnings.catch_warnings():  # Python >= 3.12 warns of forking a threaded process; the child runs
-                warnings.simplefilter("ignore", DeprecationWarning)  # only TorchRec's planner, on one thread
-                pid = os.fork()
-        except OSError:
-            os.close(r)
+            try:
+                with warnings.catch_warnings():  # Python >= 3.12 warns of forking a threaded process; the child runs
+                    warnings.simplefilter("ignore", DeprecationWarning)  # only TorchRec's planner, on one thread
+                    pid = os.fork()
+            except OSError:
+                os.close(r)
+                os.close(w)
+                return
+            if pid == 0:
+                self._child(r, w, parent, blocked)
             os.close(w)
-            return
-        if pid == 0:
-            self._child(r, w)
-        os.close(w)
-        self._pid, self._fd = pid, r
+            self._pid, self._fd = pid, r
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
-    def _child(self, r: int, w: int) -> None:
+    def _child(self, r: int, w: int, parent: int, blocked) -> None:
         code = 1
         try:
             gc.disable()  # its collections would copy every shared page they touch; what it leaves is freed at exit
-            os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which kills this process
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            os.close(r)
             _die_with_parent()
+            if os.getppid() != parent:  # the parent ended before the line above
+                return
             import torch
 
             torch.set_num_threads(1)  # no OpenMP pool is inherited across a fork
@@ -182,29 +196,53 @@ class TorchRecCall:
         return self._plan
 
     def _collect(self):
-        """The child's plan, or `_UNREAD` where it sent none that reads (it sends its reply whole, then exits)."""
+        """The child's plan, or `_UNREAD` where it sent none that reads (it sends its reply whole, then exits) or
+        stopped computing before it replied."""
         from torchrec.distributed.types import ShardingPlan
 
-        fd, self._fd = self._fd, None  # closed here even where the read is interrupted
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
+        data = self._read()
+        if data is None:  # stuck: stopped, and the call is made here
+            self.close()
+            return _UNREAD
         self._reap()
         try:
             plan = json.loads(data)["plan"]
             if plan is None:
                 return None
             plan = ShardingPlan({path: from_parameter_specs(spec, self._world) for path, spec in plan.items()})
-        except (ValueError, KeyError, TypeError, AttributeError, UserError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, UserError):
             return _UNREAD
         self.ran_in_background = True
         return plan
 
+    def _read(self) -> bytes | None:
+        """The child's reply, read to its end; None where the child used no CPU for `STALL_S` before it ended."""
+        import select
+
+        chunks, cpu, still = [], _cpu_ticks(self._pid), time.monotonic()
+        while True:
+            ready, _, _ = select.select([self._fd], [], [], 1.0)
+            if ready:
+                chunk = os.read(self._fd, 1 << 20)
+                if not chunk:
+                    fd, self._fd = self._fd, None
+                    os.close(fd)
+                    return b"".join(chunks)
+                chunks.append(chunk)
+                still = time.monotonic()
+                continue
+            now = _cpu_ticks(self._pid)
+            if now is None or now != cpu:  # gone (its end of the pipe closes next) or computing
+                cpu, still = now, time.monotonic()
+            elif time.monotonic() - still > self.STALL_S:
+                return None
+
     def close(self) -> None:
-        """Stop the child where it still runs (the search failed or was interrupted)."""
+        """Stop the child where it still runs (the search failed or was interrupted, or the child is stuck)."""
         if self._pid is not None:
             try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
+                os.kill(self._pid, signal.SIGKILL)  # not yet reaped (`background_ok`: this process reaps its
+            except ProcessLookupError:              # children), so the pid is still the child's
                 pass
             self._reap()
         if self._fd is not None:
@@ -212,24 +250,34 @@ class TorchRecCall:
             os.close(fd)
 
     def _reap(self) -> None:
-        """Wait for the child's exit; where this process does not reap its children itself (SIGCHLD ignored, or a
-        handler of the caller's that reaps them), there is none to wait for."""
-        pid, self._pid = self._pid, None
+        """Wait for the child's exit (none to wait for where a handler installed since the fork reaped it)."""
         try:
-            os.waitpid(pid, 0)
+            os.waitpid(self._pid, 0)
         except ChildProcessError:
             pass
+        self._pid = None
 
 
 _UNREAD = object()
 
 
+def _cpu_ticks(pid: int) -> int | None:
+    """The process's user + system CPU time in clock ticks (/proc), or None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def background_ok() -> bool:
     """Whether TorchRec's call may run in a forked process beside the search: Linux, a second CPU for this process,
-    and no CUDA context (which a forked child cannot use)."""
+    no CUDA context (which a forked child cannot use), and SIGCHLD left to its default (this process reaps its own
+    children: no other code reaps the child and frees its pid for reuse while it may still be signalled)."""
     if sys.platform != "linux" or not hasattr(os, "fork"):
         return False
-    if len(os.sched_getaffinity(0)) < 2:
+    if len(os.sched_getaffinity(0)) < 2 or signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL:
         return False
     import torch
 

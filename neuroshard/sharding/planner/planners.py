@@ -183,9 +183,11 @@ class NeuroShardPlanner:
         that predicted it, and no plan is handed out. Where no plan of NeuroShard's fits (or a table allows only
         types it does not place), TorchRec's planner's plan (every sharding type and kernel allowed) is handed out
         unchanged, or, where it has none either, the one line that says why NeuroShard's does not fit."""
-        call = TorchRecCall((self.topology, self.batch_size, self.constraints, self.storage_reservation, module,
-                             sharders), self.cluster.num_devices) if self.compare else None
+        call = None
         try:  # TorchRec's call runs beside all of this where it can (`TorchRecCall`)
+            if self.compare:
+                call = TorchRecCall((self.topology, self.batch_size, self.constraints, self.storage_reservation,
+                                     module, sharders), self.cluster.num_devices)
             found = self.enumerator.enumerate(module, sharders)
             cluster = Cluster(self.cluster.num_devices, reserved_budget(
                 self.storage_reservation, self.topology, self.batch_size, module, sharders, self.constraints,
@@ -364,9 +366,9 @@ class NeuroShardPlanner:
 
         # the heuristics' plans made, rated and counted while TorchRec's call may still run (`TorchRecCall`)
         heuristics = baseline_plans(found.task, cluster, self.simulator, self.search, batch, torchrec=False)
-        for _, p in heuristics:
+        for _, p in heuristics:  # as `against_baselines` takes them: rated, then counted where they may be candidates
             rate(found.task, p)
-            if fits_memory(found.task, p, cluster):
+            if not any(p.shards[i].table in found.no_split for i in p.splits) and fits_memory(found.task, p, cluster):
                 fits(p)
         theirs, missing, elsewhere = self._torchrec_compared(found, given, module, sharders, cluster, call)
         try:
