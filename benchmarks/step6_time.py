@@ -53,13 +53,13 @@ def main(argv=None) -> None:
     C = Step6TimeConfig
     a = config_from_args(C, step_parser(C, __doc__, raw_doc=True).parse_args(argv)).check()
     ds, tasks, plans = finished_run_plans(Path(a.work_dir), a.ndevices)
+    if not plans:
+        raise UserError(f"{a.work_dir}'s step 6 measured no plan within memory: nothing to time")
     torch.set_num_threads(1)
     hw = resolve_hardware("cpu", "auto")
     bench, flush = ComputeBenchmark(ds, hw, ds.check_batch(None)), CacheFlusher(hw.device)
     parts = {"build": 0.0, "inputs": 0.0, "iterations": 0.0, "flushes": 0.0}
     shards = 0
-    if not plans:
-        raise UserError(f"{a.work_dir}'s step 6 measured no plan within memory: nothing to time")
     for t, _, _, devices in plans[:a.plans]:
         task = tasks[t]
         for dev in devices:  # as step 6 built them

@@ -131,6 +131,14 @@ def best_simulated(candidates: list[Candidate], min_gain: float = 0.0) -> Candid
     return best
 
 
+def admissible(task, plan: Placement, cluster: Cluster, no_split: frozenset[int] = frozenset(),
+               fits: Callable[[Placement], bool] | None = None) -> bool:
+    """Whether `plan` may be a candidate (`against_baselines`): it splits no table in `no_split`, is within each
+    rank's memory, and passes `fits` (checked last, being the dearest)."""
+    return (not any(plan.shards[i].table in no_split for i in plan.splits) and fits_memory(task, plan, cluster)
+            and (fits is None or fits(plan)))
+
+
 def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan: Placement | None, seed: int = 0,
                       no_split: frozenset[int] = frozenset(), min_gain: float = 0.0,
                       rate: RatePlan | None = None, torchrec_plan: Placement | None | bool = True,
@@ -146,8 +154,7 @@ def against_baselines(task, cluster: Cluster, sim, search, batch_size: int, plan
         {INCUMBENT: torchrec_plan} if isinstance(torchrec_plan, Placement) else {})
     cands = [c for c in candidate_plans(task, cluster, sim, search, batch_size, 0, seed, extra=extra, rate=rate,
                                         torchrec=torchrec_plan is True, baselines=baselines)
-             if not any(c.plan.shards[i].table in no_split for i in c.plan.splits) and fits_memory(task, c.plan, cluster)
-             and (fits is None or fits(c.plan))]
+             if admissible(task, c.plan, cluster, no_split, fits)]
     if not cands:
         raise PlanError("no candidate plan within memory")
     return best_simulated(cands, min_gain), sorted(cands, key=lambda c: (c.simulated_ms is None, c.simulated_ms or 0.0))

@@ -140,7 +140,7 @@ class TorchRecCall:
     def __init__(self, args: tuple, world: int, background: bool | None = None):
         self._args, self._world = args, world
         self._pid = self._fd = None
-        self._plan, self._done = None, False
+        self._plan = _UNREAD  # until `result()`
         self.ran_in_background = False
         if background_ok() if background is None else background:
             self._start()
@@ -189,10 +189,9 @@ class TorchRecCall:
 
     def result(self):
         """TorchRec's `ShardingPlan`, or None where it finds none within memory."""
-        if not self._done:
+        if self._plan is _UNREAD:
             plan = self._collect() if self._pid is not None else _UNREAD
             self._plan = torchrec_full_plan(*self._args) if plan is _UNREAD else plan
-            self._done = True
         return self._plan
 
     def _collect(self):

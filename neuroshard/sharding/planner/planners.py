@@ -70,7 +70,7 @@ from ...core.config import MIN_GAIN, USER_COST, SearchParams, check_min_gain
 from ...core.errors import PlanError, UserError
 from ...core.optional_deps import require_torchrec
 from ...core.costs import ImplausibleCost
-from ..candidates import INCUMBENT, against_baselines, baseline_plans, handout_verdict
+from ..candidates import INCUMBENT, admissible, against_baselines, baseline_plans, handout_verdict
 from ..plan import Placement, check_complete, fits_memory
 from ...core.costs import Cluster
 from ..search import fitting_thresholds, plan_key
@@ -368,8 +368,7 @@ class NeuroShardPlanner:
         heuristics = baseline_plans(found.task, cluster, self.simulator, self.search, batch, torchrec=False)
         for _, p in heuristics:  # as `against_baselines` takes them: rated, then counted where they may be candidates
             rate(found.task, p)
-            if not any(p.shards[i].table in found.no_split for i in p.splits) and fits_memory(found.task, p, cluster):
-                fits(p)
+            admissible(found.task, p, cluster, found.no_split, fits)
         theirs, missing, elsewhere = self._torchrec_compared(found, given, module, sharders, cluster, call)
         try:
             best, ranked = against_baselines(found.task, cluster, self.simulator, self.search, batch, plan,
