@@ -1,5 +1,5 @@
-"""Planning speed: `NeuroShardPlanner.plan` against TorchRec's `EmbeddingShardingPlanner.plan`, paired and
-interleaved, NeuroShardPlanner twice: its search alone (`cost="paper", compare=False`: `neuroshard`) and as a user
+"""Planning speed: `NeuroShardPlanner` against TorchRec's `EmbeddingShardingPlanner`, constructor and `plan`, paired
+and interleaved, NeuroShardPlanner twice: its search alone (`cost="paper", compare=False`: `neuroshard`) and as a user
 calls it, with its defaults (the step cost, TorchRec's storage reservation, TorchRec's own plan and the heuristics'
 compared: `neuroshard_as_called`), on TorchRec modules of 10, 30 and 60 tables on 4 and 8 ranks and of the DLRM dataset's 856
 tables on 16 ranks; then the bare search (`neuroshard_search`) on the pipeline's tasks. Run by hand:
@@ -9,8 +9,9 @@ tables on 16 ranks; then the bare search (`neuroshard_search`) on the pipeline's
 Small modules: dims 16-128, rows 1k-40k, pooling factors 1-30, 0.5 GB of DDR
 per rank, batch 512 per rank, CPU topology. The 856-table module: the synthetic DLRM generator's rows
 (x `--row_scale_856`) and pooling factors (the published dataset's statistics), dims 16-128, 4 GB of DDR
-per rank. Both planners see the same module and `ParameterConstraints` (pooling factors) and plan once
-per round, in alternating order; the paired ratio is NeuroShard / TorchRec per round, with the geometric
+per rank. Both planners see the same module and `ParameterConstraints` (pooling factors); each round builds
+each planner anew and times its constructor and one `plan`, in alternating order (a user's call: a planner planning
+again reuses its enumerator's estimates); the paired ratio is NeuroShard / TorchRec per round, with the geometric
 mean and a 95% bootstrap interval (`experiments.paired.paired`). Cost models: `--models_dir`'s for N ranks
 when present, else the real network shapes with random weights (the planning time depends on the shapes,
 not the weights; the output says which). Writes `<out_dir>/search_speed.csv` (one row per planner and
@@ -118,9 +119,9 @@ def module_tables(T: int, rng, cfg: SearchSpeedConfig) -> list[tuple[str, int, i
     return [(f"t{i}", int(rows[i]), int(dims[i]), float(pooling[i])) for i in range(T)]
 
 
-def planners(tables, n: int, models: Path):
-    """NeuroShardPlanner and EmbeddingShardingPlanner for the same module, topology and constraints."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+def module_and_inputs(tables, n: int):
+    """The TorchRec module of `tables` (meta device), its `ParameterConstraints` (pooling factors) and topology."""
+    from torchrec.distributed.planner import ParameterConstraints, Topology
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -129,16 +130,26 @@ def planners(tables, n: int, models: Path):
                                  device=torch.device("meta"))
     constraints = {t: ParameterConstraints(pooling_factors=[pf]) for t, _, _, pf in tables}
     topology = Topology(world_size=n, compute_device="cpu", ddr_cap=int((4 if len(tables) == LARGE[0] else 0.5) * 2**30))
-    # the search alone, on the paper's cost: by default the planner also runs TorchRec's planner and the
-    # heuristics to compare their plans, which would add TorchRec's planning time to NeuroShard's
-    ours = NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False,
-                             cost="paper", compare=False)
-    as_called = NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False)
-    theirs = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints, debug=False)
-    return ebc, {"neuroshard": ours, "neuroshard_as_called": as_called, "torchrec": theirs}
+    return ebc, constraints, topology
+
+
+def new_planner(name: str, topology, constraints: dict, models: Path):
+    """A new planner `name` (PLANNERS) for this topology and these constraints, as a user constructs it."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    if name == "torchrec":
+        return EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints, debug=False)
+    if name == "neuroshard":  # the search alone, on the paper's cost: by default the planner also runs TorchRec's
+        # planner and the heuristics to compare their plans, which would add TorchRec's planning time to NeuroShard's
+        return NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False,
+                                 cost="paper", compare=False)
+    return NeuroShardPlanner(topology, batch_size=512, constraints=constraints, models_dir=models, debug=False)
 
 
 def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
+    """Each round builds each planner anew and times its constructor and `plan`, as a user's call runs: one planner
+    planning the same module again is not what is timed (TorchRec's enumerator keeps its estimates between the
+    calls of one planner, which makes its later calls about 20-30% faster here)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     sharders = [EmbeddingBagCollectionSharder()]
@@ -147,17 +158,16 @@ def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
     for T, n in cases:
         sim, kind = simulator(n, Path(cfg.models_dir))
         models = Path(cfg.models_dir) if kind == "trained" else save_models(sim, out / "search_speed_models" / str(n), n)
-        built.append((T, n, kind, *planners(module_tables(T, rng, cfg), n, models)))
+        built.append((T, n, kind, models, *module_and_inputs(module_tables(T, rng, cfg), n)))
     rounds = max(reps_of(T) for T, _ in cases)
     with tqdm(total=sum(len(PLANNERS) * reps_of(T) for T, _ in cases), desc="plan (interleaved)") as bar:
         for rep in range(rounds):
-            for T, n, kind, ebc, planned in built:
+            for T, n, kind, models, ebc, constraints, topology in built:
                 if rep >= reps_of(T):
                     continue
-                order = list(planned.items())[:: 1 if rep % 2 == 0 else -1]
-                for name, planner in order:
+                for name in PLANNERS[:: 1 if rep % 2 == 0 else -1]:
                     t0 = time.perf_counter()
-                    planner.plan(ebc, sharders)
+                    new_planner(name, topology, constraints, models).plan(ebc, sharders)
                     rows.append({"planner": name, "tables": T, "ranks": n, "round": rep, "models": kind,
                                  "seconds": time.perf_counter() - t0})
                     bar.update(1)
