@@ -63,6 +63,13 @@ class PlanFileSharder:
                             f"({len(pinned)} such table(s), as NeuroShardPlanner plans them); --alg plan: places "
                             "whole tables and column shards only; run this plan in TorchRec's own step "
                             "(neuroshard.sharding.torchrec_export.load_torchrec_plan, then DistributedModelParallel)")
+        grouped = [t for t in self.spec["tables"] if t.get("sharding_type") == "table_column_wise"]
+        if grouped:  # read as column slices they would be priced and measured in the column-wise group: refused
+            raise UserError(f"{path}: table {grouped[0]['name']!r} is table_column_wise ({len(grouped)} such "
+                            "table(s)); --alg plan: prices and measures column shards as column_wise, whose "
+                            "collectives are not table_column_wise's; run this plan in TorchRec's own step "
+                            "(neuroshard.sharding.torchrec_export.load_torchrec_plan, then DistributedModelParallel) "
+                            "or plan these tables with --sharding_types")
 
     def __call__(self, task: ShardingTask, cluster: Cluster) -> Placement:
         tables, world = self.spec["tables"], int(self.spec["world_size"])

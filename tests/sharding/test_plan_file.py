@@ -185,8 +185,32 @@ def test_a_plan_with_row_wise_or_data_parallel_tables_is_refused_not_misread(tab
     line = (f"{tmp_path}/rw.json: table 'user_id' is row_wise (2 such table(s), as NeuroShardPlanner plans them); "
             "--alg plan: places whole tables and column shards only; run this plan in TorchRec's own step "
             "(neuroshard.sharding.torchrec_export.load_torchrec_plan, then DistributedModelParallel)")
+    _refused_in_one_line(capsys, path, tmp_path / "rw.json", line)
+
+
+def _refused_in_one_line(capsys, tables_csv, plan_file, line: str) -> None:
+    """`PlanFileSharder` and `shard_tables --alg plan:` refuse `plan_file` with exactly `line`, writing nothing."""
     with pytest.raises(UserError, match="^" + re.escape(line) + "$"):
-        PlanFileSharder(tmp_path / "rw.json")
-    refused(capsys, "tools/shard_tables.py", "--tables", path, "--alg", f"plan:{tmp_path / 'rw.json'}",
-            "--ndevices", 2, "--out", tmp_path / "plan.json", untouched=[tmp_path], quiet=False,
+        PlanFileSharder(plan_file)
+    refused(capsys, "tools/shard_tables.py", "--tables", tables_csv, "--alg", f"plan:{plan_file}",
+            "--ndevices", 2, "--out", plan_file.parent / "plan.json", untouched=[plan_file.parent], quiet=False,
             match=re.escape(f"error: {line}"))
+
+
+def test_a_plan_with_table_column_wise_tables_is_refused_not_mispriced(tables, tmp_path, capsys):
+    """A table_column_wise table's column slices read back as a task's column shards would be priced and measured in
+    the column-wise group, whose collectives are not its own: `--alg plan:` refuses it in one line and writes
+    nothing; the same plan with the type column_wise is taken."""
+    path, tl = tables
+    spec = plan_spec(tl.names, tl.rows, tl.task.dims, Placement(2, apply_splits(tl.task.dims, [1]), [0, 1, 0, 1, 0, 1, 0]))
+    assert [len(t["shards"]) for t in spec["tables"]][1] == 2  # item_id in two column shards
+    (tmp_path / "cw.json").write_text(json.dumps(spec))
+    check_complete(tl.task, PlanFileSharder(tmp_path / "cw.json")(tl.task, Cluster(2, 1.0)))
+    spec["tables"][1]["sharding_type"] = "table_column_wise"
+    (tmp_path / "twcw.json").write_text(json.dumps(spec))
+    assert read_plan_file(tmp_path / "twcw.json")["tables"][1]["sharding_type"] == "table_column_wise"  # valid
+    line = (f"{tmp_path}/twcw.json: table 'item_id' is table_column_wise (1 such table(s)); --alg plan: prices and "
+            "measures column shards as column_wise, whose collectives are not table_column_wise's; run this plan in "
+            "TorchRec's own step (neuroshard.sharding.torchrec_export.load_torchrec_plan, then "
+            "DistributedModelParallel) or plan these tables with --sharding_types")
+    _refused_in_one_line(capsys, path, tmp_path / "twcw.json", line)
