@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -152,6 +153,11 @@ def time_pairs(cases, reps_of, out: Path, cfg) -> list[dict]:
     calls of one planner, which makes its later calls about 20-30% faster here)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
+    # TorchRec's planner warns of its default storage reservation (the default of both planners here) at every
+    # construction, in every forked call too: said once here instead
+    print("note: both planners use TorchRec's default storage reservation (HeuristicalStorageReservation, 15%), "
+          "whose FutureWarning is left out")
+    warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     sharders = [EmbeddingBagCollectionSharder()]
     rows, rng = [], np.random.default_rng(cfg.seed)
     built = []
