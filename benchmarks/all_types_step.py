@@ -3,6 +3,7 @@
     python benchmarks/all_types_step.py [--set criteo_kaggle] [--ddr_mb 35] [--rounds 12] [--models_dir models]
                                         [--ids_order popular_first --give_ids] [--without_row_wise_by_cost]
                                         [--sharding_types data_parallel,table_wise,table_row_wise]
+                                        [--swap_replicas]
 
 The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
 EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
@@ -21,6 +22,8 @@ plan's sharding types, NeuroShard's over TorchRec's step time (paired over round
 interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
 calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`). `--without_row_wise_by_cost` adds
 a third plan to the same rounds: NeuroShard's with only the tables memory or constraints put row-wise.
+`--swap_replicas` adds two (`swapped_replicas`): NeuroShard's plan with the tables TorchRec replicates replicated
+too, and TorchRec's with those tables table-wise on NeuroShard's ranks, so each pair differs in the replicas alone.
 
 Skewed row access (`--ids_order popular_first`): the synthesised ids (each table's reuse histogram, the published
 DLRM one) renumbered as a frequency-ordered vocabulary numbers them, so a row-wise table's first block takes most
@@ -70,6 +73,9 @@ class AllTypesStepConfig:
     without_row_wise_by_cost: bool = flag(False, "also plan NeuroShard with row_wise_by_cost=False (only the tables "
                                                  "memory or constraints put row-wise) and measure that plan too, "
                                                  "in the same rounds")
+    swap_replicas: bool = flag(False, "also measure, in the same rounds, NeuroShard's plan with TorchRec's "
+                                      "data-parallel tables replicated too and TorchRec's with those tables table-wise "
+                                      "where NeuroShard put them: what the replicas alone are worth")
     sharding_types: tuple[str, ...] = flag((), "the sharding types every table's constraints allow, for both planners "
                                                "(e.g. data_parallel,table_wise,table_row_wise); empty: all",
                                            parse="str_list")
@@ -136,6 +142,32 @@ def kinds_text(spec: dict) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
+def swapped_replicas(ours: dict, theirs: dict) -> tuple[dict, dict]:
+    """(NeuroShard's export spec with the tables TorchRec's spec replicates made data_parallel, TorchRec's spec with
+    those tables table_wise on the rank NeuroShard put each whole table): plans that differ from the planners' own in
+    the replicas alone. A replicated table NeuroShard split is refused in one line."""
+    import copy
+
+    replicated = {t["name"] for t in theirs["tables"] if t["sharding_type"] == "data_parallel"}
+    world = int(ours["world_size"])
+    mine = {t["name"]: t for t in ours["tables"]}
+    if any(mine[n]["sharding_type"] != "table_wise" for n in replicated):
+        raise UserError("--swap_replicas: NeuroShard does not hold every table TorchRec replicates whole; "
+                        "leave --swap_replicas out for these tables")
+
+    def replica(t: dict) -> dict:
+        return {**copy.deepcopy(t), "sharding_type": "data_parallel",
+                "shards": [{"col_offset": 0, "width": int(t["dim"]), "rank": r} for r in range(world)]}
+
+    def table_wise(t: dict) -> dict:
+        rank = int(mine[t["name"]]["shards"][0]["rank"])
+        return {**t, "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [rank],
+                "shards": [{"offsets": [0, 0], "sizes": [int(t["rows"]), int(t["dim"])], "placement": f"rank:{rank}/cpu"}]}
+
+    return ({**ours, "tables": [replica(t) if t["name"] in replicated else t for t in ours["tables"]]},
+            {**theirs, "tables": [table_wise(t) if t["name"] in replicated else t for t in theirs["tables"]]})
+
+
 def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     from neuroshard.data.table_list import load_table_list
     from neuroshard.hardware.backends import resolve_hardware
@@ -159,6 +191,8 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         if a.without_row_wise_by_cost:
             memory_only = plans(tl, a, batch // a.ndevices, planner_ids, row_wise_by_cost=False)[0].last_result
             specs.append(memory_only.specs[""])
+        if a.swap_replicas:
+            specs += list(swapped_replicas(spec, theirs))
         measured = measure_specs(ds.path, resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter, specs,
                                  a.ndevices, a.rounds, a.measure_engine, tl.task.pooling_factors)
     mine, torchrec = measured[:2]
@@ -192,6 +226,13 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
                    memory_only_ratio=vs_torchrec.estimate, memory_only_lo=vs_torchrec.lo,
                    memory_only_hi=vs_torchrec.hi)
         rounds["neuroshard_memory_only"] = other.tolist()
+    if a.swap_replicas:
+        ours_replicated, theirs_table_wise = measured[-2:]
+        for key, x, base in (("ours_replicated", ours_replicated, mine), ("theirs_table_wise", theirs_table_wise, torchrec)):
+            r = paired_interval(x, base)
+            row.update({f"{key}_ms": float(np.median(x)), f"{key}_ratio": r.estimate, f"{key}_lo": r.lo,
+                        f"{key}_hi": r.hi})
+            rounds[key] = x.tolist()
     return row, rounds
 
 
@@ -220,7 +261,14 @@ def main(argv=None) -> None:
                f"- NeuroShard with row_wise_by_cost=False: {row['memory_only_types']}; median step "
                f"{row['memory_only_ms']:.1f} ms; NeuroShard / it: {row['by_cost_ratio']:.3f} [{row['by_cost_lo']:.3f}, "
                f"{row['by_cost_hi']:.3f}]; it / TorchRec: {row['memory_only_ratio']:.3f} [{row['memory_only_lo']:.3f}, "
-               f"{row['memory_only_hi']:.3f}]\n"))
+               f"{row['memory_only_hi']:.3f}]\n")
+            + ("" if "ours_replicated_ratio" not in row else
+               f"- NeuroShard's plan with TorchRec's replicas: median step {row['ours_replicated_ms']:.1f} ms; / "
+               f"NeuroShard's: {row['ours_replicated_ratio']:.3f} [{row['ours_replicated_lo']:.3f}, "
+               f"{row['ours_replicated_hi']:.3f}]\n"
+               f"- TorchRec's plan with those tables table-wise on NeuroShard's ranks: median step "
+               f"{row['theirs_table_wise_ms']:.1f} ms; / TorchRec's: {row['theirs_table_wise_ratio']:.3f} "
+               f"[{row['theirs_table_wise_lo']:.3f}, {row['theirs_table_wise_hi']:.3f}]\n"))
     print(text)
     write_results(Path(a.out).with_suffix(".csv"), [row], markdown=text, record={"row": row, "round_ms": round_ms},
                   **a.__dict__)
