@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import refused
+from conftest import load_script, refused
 
 
 @pytest.mark.parametrize("script,args,line", [
@@ -139,3 +139,33 @@ def test_the_source_digest_follows_the_code(tmp_path):
 def test_all_types_step_refuses_bad_flags_before_any_work(capsys, tmp_path, argv, line):
     refused(capsys, "benchmarks/all_types_step.py", *argv, "--out", tmp_path / "r.md", untouched=[tmp_path],
             match=f"error: {line}")
+
+
+def test_swapped_replicas_differ_from_each_plan_in_the_replicas_alone():
+    """`all_types_step.py --swap_replicas`: NeuroShard's export spec gets TorchRec's replicated tables replicated (a
+    whole shard on every rank), TorchRec's spec gets them table-wise on NeuroShard's rank; every other entry is left as
+    it was; a replicated table NeuroShard split is one line."""
+    from neuroshard.core.errors import UserError
+
+    swapped_replicas = load_script("benchmarks/all_types_step.py").swapped_replicas
+    ours = {"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "a", "rows": 10, "dim": 8, "sharding_type": "table_wise", "shards": [{"col_offset": 0, "width": 8, "rank": 1}]},
+        {"name": "b", "rows": 50, "dim": 16, "sharding_type": "table_wise", "shards": [{"col_offset": 0, "width": 16, "rank": 0}]}]}
+    theirs = {"torchrec": True, "tables": [
+        {"name": "a", "rows": 10, "dim": 8, "sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1],
+         "shards": []},
+        {"name": "b", "rows": 50, "dim": 16, "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [1],
+         "shards": [{"offsets": [0, 0], "sizes": [50, 16], "placement": "rank:1/cpu"}]}]}
+    mine, their = swapped_replicas(ours, theirs)
+    assert mine["tables"][0] == {**ours["tables"][0], "sharding_type": "data_parallel",
+                                 "shards": [{"col_offset": 0, "width": 8, "rank": 0}, {"col_offset": 0, "width": 8, "rank": 1}]}
+    assert their["tables"][0] == {"name": "a", "rows": 10, "dim": 8, "sharding_type": "table_wise",
+                                  "compute_kernel": "fused", "ranks": [1],
+                                  "shards": [{"offsets": [0, 0], "sizes": [10, 8], "placement": "rank:1/cpu"}]}
+    assert (mine["tables"][1], their["tables"][1]) == (ours["tables"][1], theirs["tables"][1])
+    assert ours["tables"][0]["sharding_type"] == "table_wise"  # the planners' own specs untouched
+    ours["tables"][0].update(sharding_type="column_wise", shards=[{"col_offset": 0, "width": 4, "rank": 0},
+                                                                  {"col_offset": 4, "width": 4, "rank": 1}])
+    with pytest.raises(UserError, match="^--swap_replicas: NeuroShard does not hold every table TorchRec replicates "
+                                        "whole; leave --swap_replicas out for these tables$"):
+        swapped_replicas(ours, theirs)
