@@ -145,9 +145,8 @@ def kinds_text(spec: dict) -> str:
 def swapped_replicas(ours: dict, theirs: dict) -> tuple[dict, dict]:
     """(NeuroShard's export spec with the tables TorchRec's spec replicates made data_parallel, TorchRec's spec with
     those tables table_wise on the rank NeuroShard put each whole table): plans that differ from the planners' own in
-    the replicas alone. A replicated table NeuroShard split is refused in one line."""
-    import copy
-
+    the replicas alone. A replicated table NeuroShard split is refused in one line. The specs given are not changed
+    (each entry changed is a new dict; its shards are new lists)."""
     replicated = {t["name"] for t in theirs["tables"] if t["sharding_type"] == "data_parallel"}
     world = int(ours["world_size"])
     mine = {t["name"]: t for t in ours["tables"]}
@@ -156,7 +155,7 @@ def swapped_replicas(ours: dict, theirs: dict) -> tuple[dict, dict]:
                         "leave --swap_replicas out for these tables")
 
     def replica(t: dict) -> dict:
-        return {**copy.deepcopy(t), "sharding_type": "data_parallel",
+        return {**t, "sharding_type": "data_parallel",
                 "shards": [{"col_offset": 0, "width": int(t["dim"]), "rank": r} for r in range(world)]}
 
     def table_wise(t: dict) -> dict:
