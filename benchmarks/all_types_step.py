@@ -18,8 +18,10 @@ type the sharder offers; `--sharding_types`: those alone, for every table). Both
 `--measure_engine emulated`: as the step cost prices them on emulated independent devices, the engine the cost
 models were trained on, `hardware/engine.py`) in `--rounds` interleaved rounds on gloo ranks; printed and written to `--out` (.md; the .csv row, with its
 .meta.json, and the .json record with every round's step times, beside it): each
-plan's sharding types, NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95%
-interval) and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
+plan's sharding types, NeuroShardPlanner's comparison (each candidate's rated step, the plan handed out and why),
+NeuroShard's over TorchRec's step time (paired over rounds, geometric mean, Student-t 95% interval; where
+NeuroShardPlanner hands out TorchRec's own plan, `dmp_step.same_plan`, that plan is measured once and the ratio is 1)
+and NeuroShard's predicted step against its measured one (`--calibration`: planned and predicted with a
 calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`). `--without_row_wise_by_cost` adds
 a third plan to the same rounds: NeuroShard's with only the tables memory or constraints put row-wise.
 `--swap_replicas` adds two (`swapped_replicas`): NeuroShard's plan with the tables TorchRec replicates replicated
@@ -170,6 +172,7 @@ def swapped_replicas(ours: dict, theirs: dict) -> tuple[dict, dict]:
 def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     from neuroshard.data.table_list import load_table_list
     from neuroshard.hardware.backends import resolve_hardware
+    from neuroshard.hardware.dmp_step import same_plan
     from neuroshard.planning.all_types import measure_specs
     from neuroshard.planning.user_data import user_tables_dataset
     from neuroshard.sharding.simulator import Simulator
@@ -183,10 +186,12 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         planner_ids = {n: ds.table_bags(t, batch)[0] for t, n in enumerate(tl.names)} if a.give_ids else None
         planner, theirs = plans(tl, a, batch // a.ndevices, planner_ids)
         ours = planner.last_result
-        if ours.plan is None:
-            raise UserError("NeuroShardPlanner handed out TorchRec's plan unchanged (none of its own fits); raise --ddr_mb")
         spec = ours.specs[""]
-        specs = [spec, theirs]
+        same = same_plan(spec, theirs, a.ndevices)
+        if same and (a.swap_replicas or a.without_row_wise_by_cost):
+            raise UserError("NeuroShardPlanner handed out TorchRec's own plan: there is nothing to swap or take out; "
+                            "leave --swap_replicas and --without_row_wise_by_cost out for these tables")
+        specs = [spec] if same else [spec, theirs]  # one plan is measured once: the ratio is 1 by construction
         if a.without_row_wise_by_cost:
             memory_only = plans(tl, a, batch // a.ndevices, planner_ids, row_wise_by_cost=False)[0].last_result
             specs.append(memory_only.specs[""])
@@ -194,25 +199,30 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
             specs += list(swapped_replicas(spec, theirs))
         measured = measure_specs(ds.path, resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter, specs,
                                  a.ndevices, a.rounds, a.measure_engine, tl.task.pooling_factors)
+    if same:
+        measured = measured[:1] * 2
     mine, torchrec = measured[:2]
     ratio = paired_interval(mine, torchrec)
-    predicted = float(ours.cost.cost_ms)
     planner_sim = planner.simulator  # the same plan priced with the all-to-all models for the collectives too
+    priced = ours.plan is not None  # else TorchRec's plan unchanged (none of NeuroShard's fits): not priced
+    predicted = float(ours.cost.cost_ms) if priced else None
     a2a_priced = float(planner_sim.with_collectives(None).plan_cost(ours.task, ours.plan).cost_ms) \
-        if planner_sim.coll is not None else None
+        if priced and planner_sim.coll is not None else None
     # with a calibration that refitted the collectives' costs: the plan priced with the pre-trained ones instead
     pre_priced = float(planner_sim.with_collectives(sim.coll).plan_cost(ours.task, ours.plan).cost_ms) \
-        if a.calibration and planner_sim.coll is not None and sim.coll is not None \
+        if priced and a.calibration and planner_sim.coll is not None and sim.coll is not None \
         and planner_sim.coll.to_json() != sim.coll.to_json() else None
-    if a.measure_engine == "emulated":  # the engine measures the step cost itself, not the step a fit was made to
+    if priced and a.measure_engine == "emulated":  # the engine measures the step cost itself, not a fit's step
         predicted = float(planner_sim.with_step_fit(None).plan_cost(ours.task, ours.plan).cost_ms)
     row = {"set": a.set, "engine": a.measure_engine, "sharding_types": ",".join(a.sharding_types) or "all",
            "ids_order": a.ids_order,
            "give_ids": a.give_ids, "ndevices": a.ndevices, "ddr_mb": a.ddr_mb, "batch": batch, "rounds": a.rounds,
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
-           "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
-           "predicted_ms": predicted, "predicted_over_measured": predicted / float(np.median(mine)),
+           "comparison": next((n for n in ours.notes if "plan handed out" in n), ""),
+           "same_plan": same, "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
+           "predicted_ms": predicted,
+           "predicted_over_measured": None if predicted is None else predicted / float(np.median(mine)),
            "collectives_priced": planner_sim.coll is not None,
            "a2a_priced_over_measured": None if a2a_priced is None else a2a_priced / float(np.median(mine)),
            "pretrained_collectives_over_measured": None if pre_priced is None else pre_priced / float(np.median(mine))}
@@ -247,9 +257,13 @@ def main(argv=None) -> None:
             f"{row['rounds']} interleaved rounds\n\n"
             f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
             f"- TorchRec: {row['torchrec_types']}; median step {row['torchrec_ms']:.1f} ms\n"
-            f"- NeuroShard / TorchRec: {row['ratio']:.3f} [{row['ratio_lo']:.3f}, {row['ratio_hi']:.3f}] (paired, 95%)\n"
-            f"- NeuroShard's predicted step ({'calibrated' if a.calibration else 'uncalibrated'}) / measured: "
-            f"{row['predicted_over_measured']:.2f}"
+            + ("- NeuroShard / TorchRec: 1 (NeuroShardPlanner handed out TorchRec's own plan; measured once)\n"
+               if row["same_plan"] else f"- NeuroShard / TorchRec: {row['ratio']:.3f} [{row['ratio_lo']:.3f}, "
+               f"{row['ratio_hi']:.3f}] (paired, 95%)\n")
+            + (f"- NeuroShardPlanner's comparison: {row['comparison'].removeprefix('note: ')}\n" if row["comparison"] else "")
+            + f"- NeuroShard's predicted step ({'calibrated' if a.calibration else 'uncalibrated'}) / measured: "
+            + ("not priced (none of NeuroShard's plans fits)" if row["predicted_over_measured"] is None else
+               f"{row['predicted_over_measured']:.2f}")
             + ("" if row["a2a_priced_over_measured"] is None else
                f" (the row-wise and data-parallel collectives priced by the all-to-all models instead: "
                f"{row['a2a_priced_over_measured']:.2f})")

@@ -110,7 +110,6 @@ class DMPStep(Step):
         from torchrec.distributed.model_parallel import DistributedModelParallel
         from torchrec.distributed.types import ShardingEnv, ShardingPlan as TorchRecShardingPlan
 
-        from ..sharding.planner.incumbent import from_parameter_specs
         from ..sharding.planner.sharders import RowWiseSharder
 
         quiet_torchrec_logs()
@@ -121,9 +120,9 @@ class DMPStep(Step):
             module = make_ebc({"kind": SPEC_KIND, "world_size": self.world, "tables": [
                 {"name": t["name"], "rows": t["rows"], "dim": t["dim"],
                  "shards": [{"col_offset": 0, "width": t["dim"], "rank": 0}]} for t in spec["tables"]]}, "meta")
-            plan = TorchRecShardingPlan({"": from_parameter_specs(spec, self.world)})
         else:
-            module, plan = make_ebc(spec, "meta"), to_torchrec_plan(spec, device_type=device.type, compute_kernel="fused")
+            module = make_ebc(spec, "meta")
+        plan = TorchRecShardingPlan({"": module_plan(spec, self.world, device.type)})
         dmp = DistributedModelParallel(module=module, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                        plan=plan, device=device, sharders=[sharder])
         return dmp, self._inputs(spec, item.table_ids).to(device)
@@ -144,6 +143,30 @@ class DMPStep(Step):
         s = self.settings
         step_ms = median_ms(lambda: self._step(dmp, kjt), s.hw.device, s.warmup, s.iters)
         return gather_floats([step_ms, 0.0, 0.0], s.hw.device)
+
+
+def module_plan(spec: dict, world: int, device_type: str):
+    """The `EmbeddingModuleShardingPlan` `DMPStep` runs a spec as: a TorchRec planner's plan (`parameter_specs`) as
+    it is, an export spec on TorchRec's fused kernel (data-parallel tables on its dense one)."""
+    from ..sharding.planner.incumbent import from_parameter_specs
+
+    if spec.get("torchrec"):
+        return from_parameter_specs(spec, world)
+    return to_torchrec_plan(spec, device_type=device_type, compute_kernel="fused").plan[""]
+
+
+def same_plan(a: dict, b: dict, world: int, device_type: str = "cpu") -> bool:
+    """Whether two specs (`TorchRecItem.spec_json`'s kinds) are one plan as `DMPStep` runs them: per table the same
+    sharding type, compute kernel, ranks and shards (offsets, sizes, placement)."""
+    def runs(spec: dict) -> dict:
+        out = {}
+        for name, p in module_plan(spec, world, device_type).items():
+            shards = None if p.sharding_spec is None else sorted(
+                (tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement)) for s in p.sharding_spec.shards)
+            out[name] = (p.sharding_type, p.compute_kernel, tuple(p.ranks or ()), shards)
+        return out
+
+    return runs(a) == runs(b)
 
 
 def dmp_reference_plans(reference: dict, task, num_devices: int) -> list:

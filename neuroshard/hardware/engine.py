@@ -22,7 +22,8 @@ after its delay d_r = (compute_r + bw_r) - min_r(...), as in training. An item i
 without a process group: a shard, compute only), a `StepPlan` (a plan as the step cost prices it: a row block
 computes the ids that fall in its rows, a data-parallel replica its rank's local batch; after the compute, per
 sharding group present TorchRec's input distribution of the group's ids and the backward (all-to-all; a row-wise
-group's all-gather; the replicas' gradient all-reduce), then the forwards (all-to-all; a row-wise group's
+group's all-gather; the replicas' gradient all-reduce asynchronous beside the other backwards, as DDP runs it),
+then the forwards (all-to-all; a row-wise group's
 reduce-scatter), the first after each rank's delay) or a `Layout` (an all-to-all alone, with given delays). With
 `mp_keep` both all-to-alls are DCT-MP's compressed ones (`comm_bench.make_all_to_all`). Another step (e.g. a
 framework's own training step of the plan) plugs in by subclassing `Step`.
@@ -33,6 +34,7 @@ is the geometric mean of its round costs, with a Student-t 95% interval of it ov
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -297,38 +299,52 @@ class EmulatedStep(Step):
     def _step(self, item: StepPlan, compute: float) -> list[list[float]]:
         """The step cost's collectives (module docstring), per sharding group present in `GROUPS` order: the input
         distribution (TorchRec's KJTAllToAll of the ids the group's shards read; none for replicas) and the
-        backward (the all-to-all of the gradients; a row-wise group's all-gather; the replicas' gradient
-        all-reduce); then the forwards (the pooled all-to-all; a row-wise group's reduce-scatter of its partial
+        backward (the all-to-all of the gradients; a row-wise group's all-gather); the replicas' gradient all-reduce
+        runs asynchronously beside the other groups' backwards, timed with them as DDP runs it; then the forwards (the pooled all-to-all; a row-wise group's reduce-scatter of its partial
         sums; none for replicas), the first group's after each rank's delay, the others' together. Parts:
         [compute, the forwards, the input distributions + backwards], as the simulated step cost's."""
         s, rank, device = self.settings, self.rank, self.settings.hw.device
         N = len(item.devices)
-        forwards, before = [], 0.0
+        forwards, backwards, before, all_reduce = [], [], 0.0, None
         for g in range(len(GROUPS)):
             dims, pooling = item.group(g)
             if not any(dims):  # a group absent from the plan runs no collectives
                 continue
             if g == REPLICA_GROUP:
                 floats = max(item.gradient_floats())  # every rank holds a replica of each data-parallel table
-                before += timed_collective(Collectives(1, s.batch_size, N, device, gradient_floats=floats).all_reduce,
-                                           device, 0.0, s.warmup, s.iters)
+                all_reduce = Collectives(1, s.batch_size, N, device, gradient_floats=floats).ar
                 continue
             if ALL_TO_ALL[g]:
                 before += timed_collective(InputDist(pooling, s.batch_size, rank, device).run, device, 0.0, s.warmup,
                                            s.iters)
             if g in ROW_GROUPS:  # every rank holds a block of each of the group's tables: one width on all ranks
                 coll = Collectives(max(dims), s.batch_size, N, device)
-                before += timed_collective(coll.all_gather, device, 0.0, s.warmup, s.iters)
+                backwards.append(coll.all_gather)
                 forwards.append(coll.reduce_scatter)
             else:
                 a2a = make_all_to_all(dims, s.batch_size, rank, device, s.mp_keep)
-                before += timed_collective(a2a.backward, device, 0.0, s.warmup, s.iters)
+                backwards.append(a2a.backward)
                 forwards.append(a2a.forward)
+        if all_reduce is None:
+            before += sum(timed_collective(backward, device, 0.0, s.warmup, s.iters) for backward in backwards)
+        else:  # DDP's all-reduce of the replicas' gradients, started as the backward starts, beside the others
+            before += timed_collective(functools.partial(_beside_all_reduce, all_reduce, backwards), device, 0.0,
+                                       s.warmup, s.iters)
         ready = np.array([c[0] for c in gather_floats([compute + before], device)])
         delay = float(ready[rank] - ready.min())
         fw = sum(timed_collective(forward, device, delay if i == 0 else 0.0, s.warmup, s.iters)
                  for i, forward in enumerate(forwards))
         return gather_floats([compute, fw, before], device)
+
+
+def _beside_all_reduce(gradients, backwards: list) -> None:
+    """An asynchronous all-reduce of `gradients` while `backwards` run one after another, then its wait."""
+    import torch.distributed as dist
+
+    work = dist.all_reduce(gradients, async_op=True)
+    for backward in backwards:
+        backward()
+    work.wait()
 
 
 class EmulatedStepCost(EmulatedStep):

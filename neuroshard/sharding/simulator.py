@@ -29,7 +29,9 @@ lookups (ids spread evenly over the rows) at the global batch; its input distrib
 table `NeuroShardPlanner` replicates) is a fourth group: its replica r on rank r does rank r's share of the
 lookups (the local batch's), reads its own ids and keeps its output (no input distribution, no forward
 all-to-all), and its gradient is all-reduced (its width: the floats a ring sends per rank, over the batch,
-`comm_widths`). A table whose constraints allow `table_column_wise` and not `column_wise` runs its column shards in
+`comm_widths`). DDP runs that all-reduce during the backward (`DistributedModelParallel` wraps the replicas in
+it), beside the other groups' backward collectives: a rank's backward collectives cost the larger of the
+all-reduce and the sum of the others, not their sum. A table whose constraints allow `table_column_wise` and not `column_wise` runs its column shards in
 a fifth group, TorchRec's table-column-wise sharding: on one host the column-wise group's collectives over its own
 shards (input distribution, backward and forward all-to-all), priced as that group's. A table whose constraints
 allow `grid_shard` and no other row type is a sixth group: on one host TorchRec's grid sharding holds on rank r its
@@ -303,7 +305,12 @@ class Simulator:
                 if g < G:
                     bw[:, g] = self.coll.predict_np(name, dims[:, g])
         inp = (self.inp or self.bw).predict_np(input_sums.reshape(-1, N)).reshape(P, G, N)
-        before = np.where(present, bw + np.where(a2a, inp, 0.0), 0.0).sum(axis=1)     # [P, N]
+        backward = np.where(present, bw, 0.0)                                        # [P, G, N]
+        backward_ms = backward.sum(axis=1)                                           # [P, N]
+        if REPLICA_GROUP < G:  # the replicas' all-reduce runs beside the other groups' backward collectives
+            others = backward_ms - backward[:, REPLICA_GROUP]
+            backward_ms = np.maximum(others, backward[:, REPLICA_GROUP])
+        before = np.where(present & a2a, inp, 0.0).sum(axis=1) + backward_ms          # [P, N]
         ready = compute + before
         delays = ready - ready.min(axis=1, keepdims=True)
         # the first all-to-all group present waits for the last-ready rank; the groups after it start together

@@ -1,5 +1,7 @@
 """Rank functions for the engine-step tests on real gloo ranks (importable by spawned ranks)."""
 
+import functools
+
 
 def dmp_builds(rank, world, emit, dataset_dir, items, batch, rounds, every_values):
     """The engine's own rounds (`rounds_rank`, as `--measure` runs them) of a `DMPStep` that counts its real builds
@@ -55,13 +57,19 @@ def emulated_step_collectives(rank, world, emit, items, compute_ms, batch):
         a2a.dims = list(dims)
         return a2a
 
-    def timed(fn, device, delay_ms, warmup, iters):
+    def described(fn):
         obj = fn.__self__
         if isinstance(obj, SpyCollectives):
-            calls.append((fn.__name__, obj.floats if fn.__name__ == "all_reduce" else obj.width))
+            return fn.__name__, obj.width
+        return ("input", obj.pooling) if isinstance(obj, SpyInput) else \
+            ({"forward": "fw", "backward": "bw"}[fn.__name__], obj.dims)
+
+    def timed(fn, device, delay_ms, warmup, iters):
+        if isinstance(fn, functools.partial):  # the replicas' all-reduce beside the other groups' backwards
+            gradients, backwards = fn.args
+            calls.append(("all_reduce beside", gradients.numel(), [described(b) for b in backwards]))
         else:
-            calls.append(("input", obj.pooling) if isinstance(obj, SpyInput)
-                         else ({"forward": "fw", "backward": "bw"}[fn.__name__], obj.dims))
+            calls.append(described(fn))
         ms = real_timed(fn, device, delay_ms, warmup, iters)
         calls.append(("delay", delay_ms, ms))
         return ms

@@ -557,23 +557,51 @@ def test_a_spec_gives_the_same_step_item_as_a_torchrec_plan_of_it():
     assert item.gradient_floats() == [640, 640]
 
 
+def test_same_plan_compares_specs_as_the_torchrec_step_runs_them():
+    """`dmp_step.same_plan`: an export spec and TorchRec's own plan of it (`incumbent.parameter_specs`) are one plan;
+    a table on another rank, another sharding type or another kernel is not."""
+    pytest.importorskip("torchrec")
+    from neuroshard.hardware.dmp_step import same_plan
+    from neuroshard.sharding.planner.incumbent import parameter_specs
+    from neuroshard.sharding.torchrec_export import SPEC_KIND, check_spec, to_torchrec_plan
+
+    def spec_of(c_rank: int, a_type: str = "data_parallel") -> dict:
+        a = {"name": "a", "rows": 40, "dim": 16, "sharding_type": a_type,
+             "shards": [{"col_offset": 0, "width": 16, "rank": r} for r in (0, 1)]} if a_type == "data_parallel" else \
+            {"name": "a", "rows": 40, "dim": 16, "sharding_type": a_type,
+             "shards": [{"col_offset": 0, "width": 16, "rank": r, "row_offset": 20 * r, "rows": 20} for r in (0, 1)]}
+        return check_spec({"kind": SPEC_KIND, "world_size": 2, "tables": [
+            a, {"name": "c", "rows": 10, "dim": 8, "shards": [{"col_offset": 0, "width": 8, "rank": c_rank}]}]})
+
+    def theirs(spec: dict, kernel: str = "fused") -> dict:
+        return parameter_specs(to_torchrec_plan(spec, device_type="cpu", compute_kernel=kernel),
+                               {("", t["name"]): (t["rows"], t["dim"]) for t in spec["tables"]})[""]
+
+    spec = spec_of(1)
+    assert same_plan(spec, theirs(spec), 2) and same_plan(theirs(spec), spec, 2) and same_plan(spec, spec, 2)
+    assert not same_plan(spec, theirs(spec_of(0)), 2)                   # table c on rank 0, not 1
+    assert not same_plan(spec, theirs(spec_of(1, "row_wise")), 2)       # table a row-wise, not replicated
+    assert not same_plan(spec, theirs(spec, kernel="dense"), 2)         # table c on the dense kernel
+
+
 def test_a_step_plan_runs_each_sharding_groups_collectives_as_the_step_cost_prices_them(gloo_steps):
     """`EmulatedStep._step` on two gloo ranks with the real collectives (TorchRec's KJTAllToAll, the pooled
     all-to-alls), spied on in order: after the compute, per sharding group present the input distribution of the
-    ids its shards read and its backward all-to-all; then the forward all-to-alls, the first after this rank's
+    ids its shards read, then each group's backward all-to-all; then the forward all-to-alls, the first after this rank's
     delay (its compute + inputs + backwards, gathered, less the earliest rank's) and the others at once. Parts:
     [compute, the forwards, the inputs + backwards], every rank's on every rank. `STEP_SPLIT` has both all-to-all
     groups, `STEP_WHOLE` the table-wise one alone; `STEP_ROWS` a table-wise, a row-wise (its all-gather backward and
     reduce-scatter forward, on the group's width) and a data-parallel group (the all-reduce of its replicas'
-    gradients, rows x dim floats, and nothing else), and `STEP_ROWS_ONLY` the last two, the reduce-scatter then
+    gradients, rows x dim floats, and nothing else, started before the other groups' backwards and timed with
+    them, as DDP runs it beside them), and `STEP_ROWS_ONLY` the last two, the reduce-scatter then
     first to wait."""
     got, compute = gloo_steps["emulated"], STEP_COMPUTE_MS
-    order = ([("input", [[3.0], [20.0]]), ("bw", [16, 8]), ("input", [[1.0], [1.0]]), ("bw", [8, 8]),
+    order = ([("input", [[3.0], [20.0]]), ("input", [[1.0], [1.0]]), ("bw", [16, 8]), ("bw", [8, 8]),
               ("fw", [16, 8]), ("fw", [8, 8])],
              [("input", [[1.0, 3.0], [20.0]]), ("bw", [32, 8]), ("fw", [32, 8])],
-             [("input", [[3.0], []]), ("bw", [16, 0]), ("input", [[2.0], [1.0]]), ("all_gather", 8),
-              ("all_reduce", 120), ("fw", [16, 0]), ("reduce_scatter", 8)],
-             [("input", [[2.0], [1.0]]), ("all_gather", 8), ("all_reduce", 120), ("reduce_scatter", 8)])
+             [("input", [[3.0], []]), ("input", [[2.0], [1.0]]),
+              ("all_reduce beside", 120, [("bw", [16, 0]), ("all_gather", 8)]), ("fw", [16, 0]), ("reduce_scatter", 8)],
+             [("input", [[2.0], [1.0]]), ("all_reduce beside", 120, [("all_gather", 8)]), ("reduce_scatter", 8)])
     assert [len(got[rank]) for rank in (0, 1)] == [len(order)] * 2
     for rank in (0, 1):
         for i, ((parts, calls), want) in enumerate(zip(got[rank], order)):
