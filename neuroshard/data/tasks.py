@@ -109,6 +109,13 @@ class ShardingTask:
             group = np.where(np.asarray(self.replica)[tables] >= 0, 3, group)
         return group
 
+    def shard_replicas(self, tables) -> np.ndarray:
+        """Per shard (its table index), the rank of its replica (a data-parallel table's), or -1 for any other."""
+        tables = np.asarray(tables, np.int64)
+        if self.replica is None:
+            return np.full(len(tables), -1, np.int64)
+        return np.asarray(self.replica, np.int64)[tables]
+
     def pinned_ranks(self, tables) -> np.ndarray:
         """Per shard (its table index), the rank it must go to (a row block's or a replica's), or -1 where the search
         chooses."""

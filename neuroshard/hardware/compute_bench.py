@@ -36,7 +36,8 @@ class ComputeBenchmark:
         self.flusher = CacheFlusher(self.hw.device) if self.flush else None
 
     def inputs(self, table_ids, views=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Table-major indices and offsets (T*B + 1) of the given dataset tables (each in its `view`, if given)."""
+        """Table-major indices and offsets (T*B + 1; replicas: T*B/world + 1) of the given dataset tables (each in
+        its `view`, if given)."""
         ids, offs, base = [], [torch.zeros(1, dtype=torch.int64)], 0
         for k, t in enumerate(table_ids):
             i, o = self.dataset.table_bags(int(t), self.batch_size)
@@ -50,12 +51,17 @@ class ComputeBenchmark:
     def measure(self, table_ids, dims, views=None) -> float:
         """Median ms of forward + backward of one fused operator holding these tables (a table may
         appear several times: its column shards, each at its own dim, read the table's ids). `views`: per table
-        None (the whole table at the global batch) or a `ShardView` (a row block, or a replica's local batch)."""
+        None (the whole table at the global batch) or a `ShardView` (a row block, or a replica at its rank's local
+        batch: an operator of replicas alone, as TorchRec runs a data-parallel group's lookups)."""
+        local = [v is not None and v.replica >= 0 for v in (views or [None] * len(table_ids))]
+        if any(local) and not all(local):
+            raise ValueError("one operator runs at one batch: measure replicas (their local batch) apart")
         rows = [view_rows(int(r), None if views is None else views[k])
                 for k, r in enumerate(self.dataset.rows[np.asarray(table_ids, dtype=np.int64)])]
         op = make_fused([(r, int(d)) for r, d in zip(rows, dims)], self.hw)
-        prepared = op.prepare(*self.inputs(table_ids, views))
-        grad = torch.ones(self.batch_size, int(np.sum(dims)), device=self.hw.device)
+        ids, offsets = self.inputs(table_ids, views)
+        prepared = op.prepare(ids, offsets)
+        grad = torch.ones((offsets.numel() - 1) // len(table_ids), int(np.sum(dims)), device=self.hw.device)
         return median_ms(lambda: op.train_step(prepared, grad), self.hw.device, self.warmup_iter, self.num_iter,
                          self.flusher)
 
@@ -64,7 +70,7 @@ class ComputeBenchmark:
 class ShardView:
     """The part of a table a row-wise or data-parallel shard computes: rows `row_lo` to `row_lo + rows` (its row
     block: the ids in it, renumbered from 0; `rows` 0: every row), and with `replica` >= 0 only the samples of that
-    rank's local batch (the global batch's `replica`-th of `world` equal slices; the others' bags empty)."""
+    rank's local batch (the global batch's `replica`-th of `world` equal slices: B / world bags)."""
 
     row_lo: int = 0
     rows: int = 0
@@ -81,7 +87,7 @@ def view_rows(rows: int, view: ShardView | None) -> int:
 
 def view_bags(ids: torch.Tensor, offsets: torch.Tensor, rows: int, view: ShardView) -> tuple[torch.Tensor,
                                                                                              torch.Tensor]:
-    """A table's bags (ids, offsets of B + 1) as `view` sees them (`ShardView`)."""
+    """A table's bags (ids, offsets of B + 1; a replica's: of B / world + 1) as `view` sees them (`ShardView`)."""
     lengths = torch.diff(offsets)
     B = lengths.numel()
     sample = torch.repeat_interleave(torch.arange(B), lengths)
@@ -90,10 +96,12 @@ def view_bags(ids: torch.Tensor, offsets: torch.Tensor, rows: int, view: ShardVi
         lo = min(rows, view.row_lo)
         keep &= (ids >= lo) & (ids < lo + view.rows)
         ids = ids - lo
+    first, B_out = 0, B
     if view.replica >= 0:
-        bn = B // view.world
-        keep &= (sample >= view.replica * bn) & (sample < (view.replica + 1) * bn)
-    counts = torch.bincount(sample[keep], minlength=B)
+        B_out = B // view.world
+        first = view.replica * B_out
+        keep &= (sample >= first) & (sample < first + B_out)
+    counts = torch.bincount(sample[keep] - first, minlength=B_out)
     return ids[keep].contiguous(), torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
 
 

@@ -20,7 +20,8 @@ then the backward all-to-all with all ranks together, then the forward all-to-al
 after its delay d_r = (compute_r + bw_r) - min_r(...), as in training. An item is a plan (per device, the
 (dataset table, dim) of each shard; a column twin reads its parent table's ids at its own dim; on one rank
 without a process group: a shard, compute only), a `StepPlan` (a plan as the step cost prices it: a row block
-computes the ids that fall in its rows, a data-parallel replica its rank's local batch; after the compute, per
+computes the ids that fall in its rows, a data-parallel replica its rank's local batch, in an operator of the
+replicas alone; after the compute, per
 sharding group present TorchRec's input distribution of the group's ids and the backward (all-to-all; a row-wise
 group's all-gather; the replicas' gradient all-reduce asynchronous beside the other backwards, as DDP runs it),
 then the forwards (all-to-all; a row-wise group's
@@ -260,13 +261,19 @@ class EmulatedStep(Step):
 
     def _compute(self, mine, views=None) -> float:
         """This rank's compute ms of its (table, dim) shards (each in its `ShardView`, if given), one rank at a
-        time (0 for none)."""
+        time (0 for none). Replicas run in an operator of their own at the rank's local batch, as TorchRec runs a
+        data-parallel group's lookups, the rest in one operator at the global batch: the sum of the two."""
         import torch.distributed as dist
 
         compute = 0.0
+        views = views or [None] * len(mine)
         for r in range(self.world):
-            if r == self.rank and mine:
-                compute = self.bench.measure([t for t, _ in mine], [d for _, d in mine], views)
+            if r == self.rank:
+                for replicas in (False, True):
+                    part = [k for k, v in enumerate(views) if (v is not None and v.replica >= 0) == replicas]
+                    if part:
+                        compute += self.bench.measure([mine[k][0] for k in part], [mine[k][1] for k in part],
+                                                      [views[k] for k in part])
             if _grouped():
                 dist.barrier()
         return compute

@@ -47,13 +47,15 @@ def member_costs(sim: Simulator, st: ShardTable, p: Placements) -> np.ndarray:
     P, L = p.items.shape
     at = (np.repeat(np.arange(P), L), p.devices.ravel())
     count = np.zeros(p.compute.shape, np.int64)
-    np.add.at(count, at, 1)
+    in_set = st.in_set[p.items.ravel()]  # replicas compute apart (`Simulator.replica_compute_ms`)
+    np.add.at(count, at, in_set)
     out = np.empty((len(members), P))
     for k, m in enumerate(members):
         emb = st.member_emb(k, m)
         sums = np.zeros((*count.shape, emb.shape[1]))
-        np.add.at(sums, at, emb[p.items.ravel()])
-        out[k] = simulated_costs(m, st, replace(p, compute=m.set_cost(sums, count)))
+        np.add.at(sums, at, emb[p.items.ravel()] * in_set[:, None])
+        compute = m.set_cost(sums, count) + st.replica_ms_of(m, emb)
+        out[k] = simulated_costs(m, st, replace(p, compute=compute))
     return out
 
 

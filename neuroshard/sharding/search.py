@@ -64,8 +64,16 @@ class ShardTable:
         self.group = task.shard_groups(tables, dims)  # the shard's sharding group (`simulator.GROUPS`)
         self.pinned = task.pinned_ranks(tables)     # the rank a row block or replica must go to; -1: the search chooses
         self.any_pinned = bool((self.pinned >= 0).any())
+        self.replica = task.shard_replicas(tables)  # replicas compute apart (`Simulator.replica_compute_ms`)
+        self.in_set = (self.replica < 0).astype(np.int64)  # 1: the shard is in its rank's operator
+        self._whole = dims == np.asarray(task.dims)[tables]  # a replica is never split: its whole-table row
+        self.replica_ms = self.replica_ms_of(sim, self.emb)
         self.input_words = input_words(task.pooling_factors[tables])
         self._member_emb: dict[int, np.ndarray] = {}
+
+    def replica_ms_of(self, sim: Simulator, emb: np.ndarray) -> float:
+        """What the replicas add to each rank's compute, from `sim`'s embeddings of these shards."""
+        return sim.replica_compute_ms(emb[self._whole], self.replica[self._whole])
 
     def member_emb(self, k: int, member: Simulator) -> np.ndarray:
         """Ensemble member k's embeddings of these shards (`sharding/risk.py`), computed once."""
@@ -165,15 +173,15 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
         dev = np.where(c == c.min(axis=1, keepdims=True), mem, np.inf).argmin(axis=1)
         cell = np.arange(len(live)) * N + dev                              # (row, device) in the flat views
         flat_emb = emb_sum.reshape(-1, D)
-        flat_emb[cell] = flat_emb[cell] + st.emb[it]
+        flat_emb[cell] = flat_emb[cell] + st.emb[it] * st.in_set[it][:, None]
         mem.reshape(-1)[cell] += sz
         dsum.reshape(-1)[cell] += dm
-        count.reshape(-1)[cell] += 1
+        count.reshape(-1)[cell] += st.in_set[it]
         cost.reshape(-1)[cell] = sim.set_cost(flat_emb[cell], count.reshape(-1)[cell])
         assign[live, pos] = dev
     total = np.full(R, np.inf)
     if len(live):
-        placed = Placements(item[exp_of], assign[live], cost, dsum)
+        placed = Placements(item[exp_of], assign[live], cost + st.replica_ms, dsum)
         total[live] = rate(st, placed) if rate is not None else simulated_costs(sim, st, placed)
     total = total.reshape(E, G)
     best_g = total.argmin(axis=1)  # first threshold among equals

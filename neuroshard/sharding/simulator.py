@@ -26,8 +26,10 @@ block r on rank r, priced by the compute model as a table of the block's rows an
 lookups (ids spread evenly over the rows) at the global batch; its input distribution is the bucketized ids
 (per sample 2 x the block's lookups + 2 words); its output is a reduce-scatter of every rank's partial sums
 (B x dim each) and its backward the all-gather of the gradients. A data-parallel table (a small
-table `NeuroShardPlanner` replicates) is a fourth group: its replica r on rank r does rank r's share of the
-lookups (the local batch's), reads its own ids and keeps its output (no input distribution, no forward
+table `NeuroShardPlanner` replicates) is a fourth group: its replica r on rank r computes rank r's local batch,
+in an operator of the rank's replicas alone (TorchRec runs the group's lookups apart), priced as the compute model's
+set of every replicated table at the global batch over the ranks (`replica_compute_ms`, the same on every rank) and
+added to the rank's other compute; it reads its own ids and keeps its output (no input distribution, no forward
 all-to-all), and its gradient is all-reduced (its width: the floats a ring sends per rank, over the batch,
 `comm_widths`). DDP runs that all-reduce during the backward (`DistributedModelParallel` wraps the replicas in
 it), beside the other groups' backward collectives: a rank's backward collectives cost the larger of the
@@ -280,6 +282,16 @@ class Simulator:
         """Compute cost of device sets from embedding sums [..., 32] and table counts [...]."""
         return np.where(count > 0, round_ms(self.compute.head(emb_sum)), 0.0)
 
+    def replica_compute_ms(self, emb: np.ndarray, replica: np.ndarray) -> float:
+        """The compute a rank's data-parallel replicas add (module docstring), from the shards' embeddings [S, D]
+        and their replica ranks [S] (-1: not a replica): every replicated table's set at the global batch, over the
+        ranks; 0 without replicas."""
+        mine = np.asarray(replica) == 0  # every replicated table has its replica 0 on rank 0
+        if not mine.any():
+            return 0.0
+        whole = self.set_cost(np.asarray(emb)[mine].sum(axis=0)[None], np.array([int(mine.sum())]))[0]
+        return float(round_ms(whole / self.num_devices))
+
     def total_cost(self, compute: np.ndarray, dim_sums: np.ndarray):
         """Batched plan costs from per-device compute [P, N] and dim sums [P, N]."""
         dim_sums = np.asarray(dim_sums, np.float64)
@@ -358,10 +370,12 @@ class Simulator:
                                           [s.dim for s in plan.shards]))
         sums = np.zeros((plan.num_devices, emb.shape[1]))
         count = np.zeros(plan.num_devices, dtype=np.int64)
-        for i, d in enumerate(plan.device_of):  # placement order, as the search accumulates
-            sums[d] = sums[d] + emb[i]
-            count[d] += 1
-        compute = self.set_cost(sums, count)[None]
+        replica = task.shard_replicas([s.table for s in plan.shards])
+        for i, d in enumerate(plan.device_of):  # placement order, as the search accumulates; replicas apart
+            if replica[i] < 0:
+                sums[d] = sums[d] + emb[i]
+                count[d] += 1
+        compute = (self.set_cost(sums, count) + self.replica_compute_ms(emb, replica))[None]
         if self.cost == "step":
             dims, words = plan_group_sums(task, plan, self.compute.meta.get("batch_size"))
             _, fw, bw = self.step_total_cost(compute, dims[None], words[None])

@@ -60,8 +60,9 @@ def test_compute_benchmark_times_the_shard_it_is_given(bench_dataset):
 
 def test_a_row_block_reads_the_ids_in_its_rows_and_a_replica_its_local_batch(bench_dataset):
     """A `ShardView` of a table (the emulated engine's row blocks and data-parallel replicas): a row block's bags
-    hold exactly the table's ids in its rows, renumbered from 0, sample by sample; a replica's only the samples of
-    its rank's slice of the batch; the operator of a block has the block's rows, and it measures."""
+    hold exactly the table's ids in its rows, renumbered from 0, sample by sample; a replica's are the samples of
+    its rank's slice of the batch alone (B / world bags); the operator of a block has the block's rows, an operator of
+    replicas runs at the local batch, and either measures; replicas and other shards in one operator are refused."""
     from neuroshard.hardware.compute_bench import view_rows
 
     bench = ComputeBenchmark(bench_dataset, HW, 256, warmup_iter=1, num_iter=2)
@@ -76,12 +77,15 @@ def test_a_row_block_reads_the_ids_in_its_rows_and_a_replica_its_local_batch(ben
         assert 0 < got.numel() < ids.numel() and int(got.max()) < view_rows(20000, ShardView(lo, rows))
     assert view_rows(20000, ShardView(19000, 4000)) == 1000 and view_rows(20000, None) == 20000
     assert view_rows(20000, ShardView(20000, 4000)) == 1  # a block of no rows: an operator of one row, no ids
-    got, off = bench.inputs([12], [ShardView(replica=1, world=4)])
-    lengths = torch.diff(off)
-    assert (lengths[:64] == 0).all() and (lengths[128:] == 0).all() and (lengths[64:128] == 60).all()
-    assert torch.equal(got, ids[offsets[64]:offsets[128]])
-    ms = bench.measure([12, 0, 12], [16, 8, 16], [ShardView(0, 5000), None, ShardView(replica=0, world=4)])
-    assert np.isfinite(ms) and ms > 0
+    got, off = bench.inputs([12], [ShardView(replica=1, world=4)])  # the local batch: samples 64-127 alone
+    assert off.shape == (65,) and (torch.diff(off) == 60).all() and torch.equal(got, ids[offsets[64]:offsets[128]])
+    got, off = bench.inputs([12, 3], [ShardView(replica=3, world=4)] * 2)
+    assert off.shape == (129,) and int(off[64]) == int(offsets[256] - offsets[192])
+    ms = bench.measure([12, 0, 12], [16, 8, 16], [ShardView(0, 5000), None, ShardView(0, 5000)])
+    local = bench.measure([12, 0], [16, 8], [ShardView(replica=0, world=4)] * 2)  # an operator at batch 64
+    assert np.isfinite(ms) and ms > 0 and np.isfinite(local) and local > 0
+    with pytest.raises(ValueError, match="one operator runs at one batch"):  # replicas with other shards
+        bench.measure([12, 0], [16, 8], [ShardView(replica=0, world=4), None])
 
 
 @pytest.mark.skipif(not fbgemm_works("cpu"), reason="fbgemm-gpu-cpu not installed")

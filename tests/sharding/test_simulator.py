@@ -187,6 +187,35 @@ def _rw_dp_task(with_table_wise: bool):
     return task, Placement(2, apply_splits(task.dims, []), list(dev))
 
 
+def test_replicas_compute_apart_at_the_local_batch_in_the_plan_cost_and_the_search():
+    """A rank's replicas are an operator of their own at its local batch: each rank's compute is the set cost of its
+    other shards plus the set of every replicated table at the global batch over the ranks (`replica_compute_ms`),
+    not the replicas in the rank's set; the search rates its plans as `plan_cost` does."""
+    from neuroshard.core.config import SearchParams
+    from neuroshard.data.features import with_dim
+    from neuroshard.sharding.search import neuroshard_top_plans
+
+    sim = _sim(2).with_cost("step")
+    for table_wise in (True, False):
+        task, plan = _rw_dp_task(table_wise)
+        emb = sim.compute.embed(with_dim(task.data_features, task.dims))
+        rep = task.shard_replicas(np.arange(task.num_tables))
+        want = []
+        for d in range(2):
+            mine = [i for i, dev in enumerate(plan.device_of) if dev == d and rep[i] < 0]
+            want.append(sim.set_cost(emb[mine].sum(axis=0)[None], np.array([len(mine)]))[0])
+        replicas = sim.set_cost(emb[rep == 0].sum(axis=0)[None], np.array([1]))[0] / 2
+        assert sim.replica_compute_ms(emb, rep) == pytest.approx(replicas, abs=1e-6) and replicas > 0
+        assert sim.plan_cost(task, plan).compute_ms == pytest.approx(np.array(want) + replicas, abs=1e-6)
+        in_set = np.array(want)  # the replicas in the rank's own set instead: another cost
+        both = [sim.set_cost(emb[[i for i, dev in enumerate(plan.device_of) if dev == d]].sum(axis=0)[None],
+                             np.array([1]))[0] for d in range(2)]
+        assert np.abs(np.array(both) - (in_set + replicas)).max() > 1e-3
+        for cost, found in neuroshard_top_plans(sim, task, Cluster(2, 1.0), 3, SearchParams(max_splits=2)):
+            assert cost == pytest.approx(sim.plan_cost(task, found).cost_ms, abs=1e-6)
+    assert sim.replica_compute_ms(emb, np.full(len(emb), -1)) == 0.0
+
+
 def test_step_cost_prices_row_wise_and_data_parallel_collectives_by_their_own_costs():
     from neuroshard.models.collective_models import CollectiveCost, CollectiveModels
     from neuroshard.sharding.simulator import comm_widths

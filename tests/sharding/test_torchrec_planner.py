@@ -704,23 +704,26 @@ def test_replicas_are_dropped_before_the_search_gives_up(models):
     """A replica of a small table costs memory on every rank. At 112,000 bytes a rank the search finds no plan with
     the replicas the data-parallel rule picks ("geo", "tags"), however many tables go row-wise; without them it
     does, and that plan is handed out (not TorchRec's). At 120,000 the replicas fit, and the search runs with and
-    without them and keeps the plan rated cheaper: here without (each replica group's all-reduce is a collective of
-    its own), rated below the plan that keeps them (their constraints allowing only data_parallel)."""
+    without them and keeps the plan rated cheaper: the one it hands out is rated as the cheaper of the plan that
+    keeps them (their constraints allowing only data_parallel) and the one without (allowing every other type), and
+    replicates them exactly where that one does."""
     kinds = {n: w.SHARDED + ["data_parallel"] for n, *_ in ALL}
     tight = planner(models, 112_000, kinds=kinds, debug=False)
     tight.plan(w.TwoTowerModel(), sharders())
     res = tight.last_result
     assert res.plan is not None and not any("handed out TorchRec" in n for n in res.notes), res.notes
     assert not any(k.startswith("data_parallel") for k in res.sharding_types), res.sharding_types
-    rated = {}
-    for forced in (False, True):
-        roomy = planner(models, 120_000, kinds={**kinds, **({"geo": ["data_parallel"], "tags": ["data_parallel"]}
-                                                            if forced else {})}, debug=False, compare=False)
+    rated, replicated = {}, {}
+    for case, forced in (("rule", {}), ("with", {"geo": ["data_parallel"], "tags": ["data_parallel"]}),
+                         ("without", {"geo": w.SHARDED, "tags": w.SHARDED})):
+        roomy = planner(models, 120_000, kinds={**kinds, **forced}, debug=False, compare=False)
         roomy.plan(w.TwoTowerModel(), sharders())
         kinds_of = dict(zip([t.name for t in roomy.last_result.tables], roomy.last_result.sharding_types))
-        assert (kinds_of["geo"] == kinds_of["tags"] == "data_parallel") == forced, kinds_of
-        rated[forced] = roomy.last_result.cost.cost_ms
-    assert rated[False] < rated[True], rated
+        replicated[case] = kinds_of["geo"] == kinds_of["tags"] == "data_parallel"
+        rated[case] = roomy.last_result.cost.cost_ms
+    assert replicated["with"] and not replicated["without"] and rated["with"] != rated["without"], rated
+    cheaper = "with" if rated["with"] < rated["without"] else "without"
+    assert rated["rule"] == pytest.approx(rated[cheaper]) and replicated["rule"] == replicated[cheaper], (rated, replicated)
 
 
 def test_more_tables_go_row_wise_where_the_step_is_rated_cheaper(models, tmp_path):

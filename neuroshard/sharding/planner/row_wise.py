@@ -15,7 +15,8 @@ estimator counts a row-wise shard. The step cost prices the blocks as TorchRec's
 
 A small table runs data-parallel (`data_parallel_tables`, under the step cost) when its gradient all-reduce moves
 fewer floats per rank than its pooled output's all-to-all: a replica pinned to every rank (`ShardingTask.replica`)
-doing that rank's share of the lookups (its local batch's), its storage as TorchRec counts a replica.
+doing that rank's local batch (its features are its table's; the step cost prices the replicas' operator,
+`Simulator.replica_compute_ms`), its storage as TorchRec counts a replica.
 
 TorchRec's `EmbeddingBagCollectionSharder` offers `row_wise` on CUDA only; `sharders.RowWiseSharder` offers it on
 CPU too (and runs in `DistributedModelParallel` on gloo ranks). A table whose row type is `grid_shard` or
@@ -133,7 +134,7 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
     n_rows = np.asarray(block_rows, np.float64)
     features = task.data_features[origin_a].copy()
     is_block, pinned = block_a >= 0, (block_a >= 0) | (replica_a >= 0)
-    share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), np.where(replica_a >= 0, 1.0 / world, 1.0))
+    share = np.where(is_block, n_rows / np.maximum(task.rows[origin_a], 1), 1.0)  # a replica: its table's features
     ids, shares = {}, {}
     for i, (e, t) in enumerate(zip(tables, origin)):  # where the caller gave a table's ids: each block's share, histogram
         table_ids = (found.ids or {}).get(t)
@@ -149,7 +150,7 @@ def with_row_blocks(found: Enumeration, row_wise: list[int], world: int, memory_
         shares.setdefault(t, []).append(share[i])
         features[i, 2:] = ids_reuse_histogram(inside)
     features[is_block, 0] = np.maximum(MIN_ROWS, n_rows[is_block])
-    features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups, the replica's local batch's
+    features[:, 1] = features[:, 1] * share  # the block's share of the table's lookups
     storage = task.storage
     if storage is not None:
         gb = storage.gb[origin_a].copy()
