@@ -188,7 +188,7 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         ours = planner.last_result
         spec = ours.specs[""]
         same = same_plan(spec, theirs, a.ndevices)
-        if same and (a.swap_replicas or a.without_row_wise_by_cost):
+        if (same or ours.plan is None) and (a.swap_replicas or a.without_row_wise_by_cost):
             raise UserError("NeuroShardPlanner handed out TorchRec's own plan: there is nothing to swap or take out; "
                             "leave --swap_replicas and --without_row_wise_by_cost out for these tables")
         specs = [spec] if same else [spec, theirs]  # one plan is measured once: the ratio is 1 by construction

@@ -358,12 +358,14 @@ def test_a_table_column_wise_only_table_goes_in_its_own_group_on_one_host(models
 
 def test_a_data_parallel_only_table_is_replicated(models):
     """A table whose constraints allow only data_parallel is replicated whatever its size (TorchRec would place it
-    so), under the paper's cost too."""
+    so), under the paper's cost too; the statistics show it in one row, on every rank, at its table's pooling."""
     for cost in ("step", "paper"):
-        plan = planner(models, kinds={"user": ["data_parallel"]}, debug=False, cost=cost).plan(w.TwoTowerModel(),
-                                                                                               sharders())
+        p = planner(models, kinds={"user": ["data_parallel"]}, debug=False, cost=cost)
+        plan = p.plan(w.TwoTowerModel(), sharders())
         assert plan.plan["top"]["user"].sharding_type == "data_parallel", cost
         assert plan.plan["top"]["item"].sharding_type in ("table_wise", "column_wise"), cost
+        stats = p.stats.format(p.last_result)
+        assert re.search(r"# top\.user +400 x 64 +20 +data_parallel +all@0 1 ", stats), stats
 
 
 def test_a_row_wise_only_table_needs_a_sharder_offering_it(models):

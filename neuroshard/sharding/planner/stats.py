@@ -50,7 +50,10 @@ class NeuroShardStats(Stats):
                     row = shown[name[t]] = [name[t], [0, int(task.dims[t])], 0.0, result.sharding_types[t], []]
                     tbody.append(row)
                 row[1][0] = row[1][0] + int(task.rows[t]) if table.row_block >= 0 else int(task.rows[t])
-                row[2] += float(task.pooling_factors[t])  # the blocks' or replicas' shares add up to the table's
+                if table.row_block >= 0:  # the blocks' shares add up to the table's; each replica has the table's
+                    row[2] += float(task.pooling_factors[t])
+                else:
+                    row[2] = float(task.pooling_factors[t])
                 row[4].append(f"rows {int(task.rows[t])}@{pieces[0][2]}" if table.row_block >= 0 else
                               f"{pieces[0][2]}")
                 continue
