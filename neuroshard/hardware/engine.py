@@ -307,8 +307,9 @@ class EmulatedStep(Step):
         """The step cost's collectives (module docstring), per sharding group present in `GROUPS` order: the input
         distribution (TorchRec's KJTAllToAll of the ids the group's shards read; none for replicas) and the
         backward (the all-to-all of the gradients; a row-wise group's all-gather); the replicas' gradient all-reduce
-        runs asynchronously beside the other groups' backwards, timed with them as DDP runs it; then the forwards (the pooled all-to-all; a row-wise group's reduce-scatter of its partial
-        sums; none for replicas), the first group's after each rank's delay, the others' together. Parts:
+        runs asynchronously beside the other groups' backwards, timed with them as DDP runs it; then the forwards
+        (the pooled all-to-all; a row-wise group's reduce-scatter of its partial sums; none for replicas), the first
+        group's after each rank's delay, the others' together. Parts:
         [compute, the forwards, the input distributions + backwards], as the simulated step cost's."""
         s, rank, device = self.settings, self.rank, self.settings.hw.device
         N = len(item.devices)

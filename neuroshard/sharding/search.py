@@ -66,6 +66,7 @@ class ShardTable:
         self.any_pinned = bool((self.pinned >= 0).any())
         self.replica = task.shard_replicas(tables)  # replicas compute apart (`Simulator.replica_compute_ms`)
         self.in_set = (self.replica < 0).astype(np.int64)  # 1: the shard is in its rank's operator
+        self.set_emb = self.emb * self.in_set[:, None]       # what a shard adds to its rank's set (0 for a replica)
         self._whole = dims == np.asarray(task.dims)[tables]  # a replica is never split: its whole-table row
         self.replica_ms = self.replica_ms_of(sim, self.emb)
         self.input_words = input_words(task.pooling_factors[tables])
@@ -173,7 +174,7 @@ def grid_search_batch(sim: Simulator, st: ShardTable, states: list[list[tuple[in
         dev = np.where(c == c.min(axis=1, keepdims=True), mem, np.inf).argmin(axis=1)
         cell = np.arange(len(live)) * N + dev                              # (row, device) in the flat views
         flat_emb = emb_sum.reshape(-1, D)
-        flat_emb[cell] = flat_emb[cell] + st.emb[it] * st.in_set[it][:, None]
+        flat_emb[cell] = flat_emb[cell] + st.set_emb[it]
         mem.reshape(-1)[cell] += sz
         dsum.reshape(-1)[cell] += dm
         count.reshape(-1)[cell] += st.in_set[it]
