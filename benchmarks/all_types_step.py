@@ -3,7 +3,7 @@
     python benchmarks/all_types_step.py [--set criteo_kaggle] [--ddr_mb 35] [--rounds 12] [--models_dir models]
                                         [--ids_order popular_first --give_ids] [--without_row_wise_by_cost]
                                         [--sharding_types data_parallel,table_wise,table_row_wise]
-                                        [--swap_replicas]
+                                        [--swap_replicas] [--measure_first]
 
 The cited set of benchmarks/real_tables/ (rows scaled as benchmarks/real_tables.py scales them), one
 EmbeddingBagCollection with one feature per table, each table's pooling factor and `min_partition` = its dim as
@@ -26,6 +26,9 @@ calibration of the set's tables, `shard_tables --calibrate K --calibrate_dmp`). 
 a third plan to the same rounds: NeuroShard's with only the tables memory or constraints put row-wise.
 `--swap_replicas` adds two (`swapped_replicas`): NeuroShard's plan with the tables TorchRec replicates replicated
 too, and TorchRec's with those tables table-wise on NeuroShard's ranks, so each pair differs in the replicas alone.
+`--measure_first` reports the plan `tools/shard_tables.py --sharding_types ... --measure` writes: NeuroShard's and
+TorchRec's measured first in rounds of their own (`all_types.MEASURE_ROUNDS`), the faster kept
+(`all_types.measured_faster`), then it and TorchRec's measured in the `--rounds` reported, held out.
 
 Skewed row access (`--ids_order popular_first`): the synthesised ids (each table's reuse histogram, the published
 DLRM one) renumbered as a frequency-ordered vocabulary numbers them, so a row-wise table's first block takes most
@@ -81,6 +84,10 @@ class AllTypesStepConfig:
     sharding_types: tuple[str, ...] = flag((), "the sharding types every table's constraints allow, for both planners "
                                                "(e.g. data_parallel,table_wise,table_row_wise); empty: all",
                                            parse="str_list")
+    measure_first: bool = flag(False, "first measure NeuroShard's plan and TorchRec's in all_types.MEASURE_ROUNDS "
+                                      "interleaved rounds and keep the faster as NeuroShard's, as tools/shard_tables.py "
+                                      "--sharding_types ... --measure writes it (`measured_faster`); the --rounds "
+                                      "reported are then held out")
     measure_engine: str = flag("torchrec", "torchrec (TorchRec training steps, DistributedModelParallel) or "
                                            "emulated (the step cost's parts on emulated independent devices: the "
                                            "engine the cost models were trained on)", choices=("torchrec", "emulated"))
@@ -95,6 +102,9 @@ class AllTypesStepConfig:
             from neuroshard.planning.all_types import check_sharding_types
 
             check_sharding_types(self.sharding_types)
+        if self.measure_first and (self.swap_replicas or self.without_row_wise_by_cost):
+            raise UserError("--measure_first measures the plan shard_tables --measure writes against TorchRec's alone; "
+                            "leave --swap_replicas and --without_row_wise_by_cost out with it")
         check_int("--ndevices", self.ndevices, 2, 16)
         check_float("--ddr_mb", self.ddr_mb, 0.0, 1e7, lo_open=True)
         check_int("--rounds", self.rounds, 2, 1000)
@@ -169,6 +179,23 @@ def swapped_replicas(ours: dict, theirs: dict) -> tuple[dict, dict]:
             {**theirs, "tables": [table_wise(t) if t["name"] in replicated else t for t in theirs["tables"]]})
 
 
+def measured_choice(a: AllTypesStepConfig, ds_path, batch: int, spec: dict, theirs: dict, pooling
+                    ) -> tuple[dict, bool, str]:
+    """--measure_first: (the plan kept, whether it is TorchRec's, the line saying why) after NeuroShard's plan and
+    TorchRec's are measured in `MEASURE_ROUNDS` interleaved rounds of their own and the faster is kept, as
+    `shard_tables --measure` keeps it (`all_types.measured_faster`)."""
+    from neuroshard.hardware.backends import resolve_hardware
+    from neuroshard.planning.all_types import MEASURE_ROUNDS, measure_specs, measured_faster
+
+    mine, torchrec = measure_specs(ds_path, resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
+                                   [spec, theirs], a.ndevices, MEASURE_ROUNDS, a.measure_engine, pooling)
+    r = paired_interval(mine, torchrec)
+    faster, line = measured_faster(theirs, {"ratio": r.estimate, "ratio_lo": r.lo, "ratio_hi": r.hi,
+                                            "rounds": MEASURE_ROUNDS, "same_plan": False}, a.ndevices, "cpu",
+                                   {t["name"]: t["name"] for t in theirs["tables"]})
+    return (spec, False, line) if faster is None else (faster, True, line)
+
+
 def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     from neuroshard.data.table_list import load_table_list
     from neuroshard.hardware.backends import resolve_hardware
@@ -191,6 +218,9 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
         if (same or ours.plan is None) and (a.swap_replicas or a.without_row_wise_by_cost):
             raise UserError("NeuroShardPlanner handed out TorchRec's own plan: there is nothing to swap or take out; "
                             "leave --swap_replicas and --without_row_wise_by_cost out for these tables")
+        chosen = None  # with --measure_first: the line saying which plan measured faster in the choosing rounds
+        if a.measure_first and not same:
+            spec, same, chosen = measured_choice(a, ds.path, batch, spec, theirs, tl.task.pooling_factors)
         specs = [spec] if same else [spec, theirs]  # one plan is measured once: the ratio is 1 by construction
         if a.without_row_wise_by_cost:
             memory_only = plans(tl, a, batch // a.ndevices, planner_ids, row_wise_by_cost=False)[0].last_result
@@ -204,7 +234,8 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
     mine, torchrec = measured[:2]
     ratio = paired_interval(mine, torchrec)
     planner_sim = planner.simulator  # the same plan priced with the all-to-all models for the collectives too
-    priced = ours.plan is not None  # else TorchRec's plan unchanged (none of NeuroShard's fits): not priced
+    # else TorchRec's plan unchanged (none of NeuroShard's fits, or it measured faster first): not priced
+    priced = ours.plan is not None and not (chosen and same)
     predicted = float(ours.cost.cost_ms) if priced else None
     a2a_priced = float(planner_sim.with_collectives(None).plan_cost(ours.task, ours.plan).cost_ms) \
         if priced and planner_sim.coll is not None else None
@@ -220,7 +251,7 @@ def run(a: AllTypesStepConfig) -> tuple[dict, dict]:
            "neuroshard_types": kinds_text(spec), "torchrec_types": kinds_text(theirs),
            "neuroshard_ms": float(np.median(mine)), "torchrec_ms": float(np.median(torchrec)),
            "comparison": next((n for n in ours.notes if "plan handed out" in n), ""),
-           "same_plan": same, "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
+           "measure_first": chosen, "same_plan": same, "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
            "predicted_ms": predicted,
            "predicted_over_measured": None if predicted is None else predicted / float(np.median(mine)),
            "collectives_priced": planner_sim.coll is not None,
@@ -257,12 +288,15 @@ def main(argv=None) -> None:
             f"{row['rounds']} interleaved rounds\n\n"
             f"- NeuroShard: {row['neuroshard_types']}; median step {row['neuroshard_ms']:.1f} ms\n"
             f"- TorchRec: {row['torchrec_types']}; median step {row['torchrec_ms']:.1f} ms\n"
-            + ("- NeuroShard / TorchRec: 1 (NeuroShardPlanner handed out TorchRec's own plan; measured once)\n"
+            + (f"- chosen by measuring first: {row['measure_first'].split('--measure: ', 1)[-1]}\n" if row["measure_first"] else "")
+            + ("- NeuroShard / TorchRec: 1 (TorchRec's own plan " + ("kept, as it measured faster first"
+               if row["measure_first"] else "handed out by NeuroShardPlanner") + "; measured once)\n"
                if row["same_plan"] else f"- NeuroShard / TorchRec: {row['ratio']:.3f} [{row['ratio_lo']:.3f}, "
                f"{row['ratio_hi']:.3f}] (paired, 95%)\n")
             + (f"- NeuroShardPlanner's comparison: {row['comparison'].removeprefix('note: ')}\n" if row["comparison"] else "")
             + f"- NeuroShard's predicted step ({'calibrated' if a.calibration else 'uncalibrated'}) / measured: "
-            + ("not priced (none of NeuroShard's plans fits)" if row["predicted_over_measured"] is None else
+            + (("not priced (TorchRec's plan, kept by measuring)" if row["measure_first"] and row["same_plan"] else
+                "not priced (none of NeuroShard's plans fits)") if row["predicted_over_measured"] is None else
                f"{row['predicted_over_measured']:.2f}")
             + ("" if row["a2a_priced_over_measured"] is None else
                f" (the row-wise and data-parallel collectives priced by the all-to-all models instead: "

@@ -13,8 +13,9 @@ predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--me
 measured on these ranks (`MEASURE_ROUNDS` interleaved rounds): as the step cost prices them on emulated independent
 devices (the default engine: a row block computes the ids in its rows, a replica its rank's local batch, then each
 sharding group's collectives, `hardware.engine`), or with `--measure_engine torchrec` as TorchRec training steps; and
-plan.json records both and their paired ratio; the plan written stays the one the planner handed out (a line warns
-where TorchRec's measured faster). Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
+plan.json records both and their paired ratio; the plan written is the one that measured faster: TorchRec's where
+their paired ratio is above 1 (as the TW/CW path writes the measured best), where plan.json can hold it as it ran
+(`measured_faster`), else the planner's. Where NeuroShard finds no plan of its own, the run is refused in one line. `--alg plan:FILE` does not take such a plan
 (a task places whole tables and column shards only); `load_torchrec_plan` does. With `--ids` the planner gets each
 table's ids of a batch (`planner_ids`): its reuse histogram and its row blocks' shares of the lookups are measured
 from them. The reuse statistics of a table list (bin_0..bin_16) are not used: without ids, `NeuroShardPlanner` takes
@@ -34,7 +35,7 @@ from ..core.tables import format_table
 from ..data.table_list import TableList
 from ..sharding.plan_file import PLAN_KIND
 from ..sharding.simulator import Simulator
-from ..sharding.torchrec_export import module_names, to_torchrec_plan, write_torchrec_plan
+from ..sharding.torchrec_export import module_names, spec_of_torchrec, to_torchrec_plan, write_torchrec_plan
 from .plan_report import predicted_record
 
 MEASURE_ROUNDS = 8  # interleaved rounds of the plan handed out and TorchRec's with --measure
@@ -115,6 +116,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
 
     from ..sharding.planner import NeuroShardPlanner
     from ..sharding.planner.incumbent import torchrec_full_plan
+    from ..hardware.dmp_step import same_plan
     from ..sharding.planner.sharders import RowWiseSharder
     from ..sharding.planner.storage import default_reservation
 
@@ -146,27 +148,32 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     for note in res.notes:
         if note != printed:
             print(note)
-    print(f"\nper table ({res.chosen}'s plan, handed out by NeuroShardPlanner; sharding types allowed: "
-          f"{', '.join(kinds)})")
-    print("\n".join(format_table(["table", "rows", "dim", "sharding type", "ranks"],
-                                 [[t["name"], t["rows"], t["dim"], t.get("sharding_type", "table_wise"),
-                                   ",".join(str(s["rank"]) for s in t["shards"])] for t in spec["tables"]],
-                                 style="text", align="lrrll")))
+    print_spec(f"\nper table ({res.chosen}'s plan, handed out by NeuroShardPlanner; sharding types allowed: "
+               f"{', '.join(kinds)})", spec)
     if res.cost is not None:
         print(f"predicted step {res.cost.cost_ms:.3f} ms at batch {batch}")
-    measured = None
+    measured, faster, alg, chosen, cost, notes = None, None, "neuroshard", res.chosen, res.cost, list(res.notes)
     if cfg.measure:
         with quiet_planner_logs():
             theirs = torchrec_full_plan(topology, planner.batch_size, constraints, default_reservation(), module,
                                         sharders)
-        measured = measure_against_torchrec(cfg, tl, spec, theirs, batch, legal) if theirs is not None else None
         if theirs is None:
             print("note: TorchRec's EmbeddingShardingPlanner finds no plan of these tables with these types: nothing "
                   "to measure against")
-    record = {"kind": PLAN_KIND, "alg": "neuroshard", "chosen": res.chosen, "cost": cfg.cost,
+        else:
+            theirs_spec = torchrec_spec(theirs, legal, tl.rows, tl.task.dims)
+            same = same_plan(spec, theirs_spec, cluster.num_devices, device)
+            measured = measure_against_torchrec(cfg, tl, spec, theirs_spec, batch, same)
+            faster, line = measured_faster(theirs_spec, measured, cluster.num_devices, device, user_name)
+            print(line, file=sys.stderr if faster is None and measured["ratio"] > 1 else sys.stdout)
+            notes.append(line)
+    if faster is not None:  # TorchRec's plan, as the user's own call makes it, measured faster: it is written
+        spec, alg, chosen, cost = faster, "torchrec", "torchrec", None
+        print_spec("\nwritten plan: TorchRec's (measured faster); per table", spec)
+    record = {"kind": PLAN_KIND, "alg": alg, "chosen": chosen, "cost": cfg.cost,
               "sharding_types": kinds, "ndevices": cluster.num_devices, "max_mem_gb": cfg.max_mem,
               "tables": [{**t, "pooling_factor": float(p)} for t, p in zip(spec["tables"], tl.task.pooling_factors)],
-              "predicted": predicted_record(res.cost, batch), "notes": res.notes,
+              "predicted": predicted_record(cost, batch), "notes": notes,
               "provenance": provenance(source=tl.source, models=[str(p) for p in model_paths], seed=cfg.seed,
                                        search=cfg.search.__dict__)}
     if measured is not None:
@@ -175,15 +182,49 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
     write_json(cfg.out, record)
     print(f"\nplan written to {cfg.out}")
     if cfg.torchrec_plan:
-        write_torchrec_plan(cfg.torchrec_plan, spec, alg="neuroshard", source=tl.source)
+        write_torchrec_plan(cfg.torchrec_plan, spec, alg=alg, source=tl.source)
         print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
               "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
-    return {"spec": spec, "result": res, "cost": res.cost, "measured": measured}
+    return {"spec": spec, "result": res, "cost": cost, "measured": measured}
+
+
+def print_spec(title: str, spec: dict) -> None:
+    """A spec's tables, one line each (sharding type and ranks), under `title`."""
+    print(title)
+    print("\n".join(format_table(["table", "rows", "dim", "sharding type", "ranks"],
+                                 [[t["name"], t["rows"], t["dim"], t.get("sharding_type", "table_wise"),
+                                   ",".join(str(s["rank"]) for s in t["shards"])] for t in spec["tables"]],
+                                 style="text", align="lrrll")))
+
+
+def measured_faster(theirs_spec: dict, measured: dict, world: int, device_type: str, user_name: dict
+                    ) -> tuple[dict | None, str]:
+    """(TorchRec's plan as plan.json holds it, in the list's names, where it measured faster than the plan handed
+    out: their paired ratio above 1, else None; the line that says which plan is written and why). TorchRec's plan
+    is written only where the spec runs it as it was measured (`same_plan`: the same types, kernels and shards);
+    otherwise the plan handed out stays."""
+    from ..hardware.dmp_step import same_plan
+
+    ratio = (f"handed out / TorchRec's {measured['ratio']:.3f} [{measured['ratio_lo']:.3f}, "
+             f"{measured['ratio_hi']:.3f}] in {measured['rounds']} rounds")
+    if measured["same_plan"]:
+        return None, "note: --measure: the plan handed out is TorchRec's own, written as it is"
+    if measured["ratio"] <= 1:
+        return None, f"note: --measure: the plan handed out is written ({ratio}: it measured no slower)"
+    converted = spec_of_torchrec(theirs_spec["tables"], world)
+    if converted is None or not same_plan(converted, theirs_spec, world, device_type):
+        what = "grid_shard blocks" if converted is None else "kernels other than fused (dense for replicas)"
+        return None, (f"warning: --measure: TorchRec's plan measured faster ({ratio}), but it holds {what}, which "
+                      "plan.json cannot; the plan handed out is written (use TorchRec's EmbeddingShardingPlanner "
+                      "with the same constraints for its plan)")
+    spec = {**converted, "tables": [{**t, "name": user_name[t["name"]], "module_name": t["name"]}
+                                    for t in converted["tables"]]}
+    return spec, f"note: --measure: TorchRec's plan is written, as it measured faster ({ratio})"
 
 
 def torchrec_spec(theirs, names: list[str], rows, dims) -> dict:
-    """TorchRec's `ShardingPlan` of a table list's module (`table_list_module`, tables named `names`) as the export
-    spec, its tables in the list's order."""
+    """TorchRec's `ShardingPlan` of a table list's module (`table_list_module`, tables named `names`) as
+    `planner.incumbent.parameter_specs` holds it (rows and dims included), its tables in the list's order."""
     from ..sharding.planner.incumbent import parameter_specs
 
     spec = parameter_specs(theirs, {("", n): (int(r), int(d)) for n, r, d in zip(names, rows, dims)})[""]
@@ -219,11 +260,12 @@ def measure_specs(ds_path, hw, batch: int, warmup_iter: int, num_iter: int, spec
     return [np.asarray(m.round_ms, np.float64) for m in got]
 
 
-def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs, batch: int,
-                             legal: list[str]) -> dict:
-    """The plan handed out (`spec`) and TorchRec's (`theirs`, its `ShardingPlan`) measured by `--measure_engine`
+def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, theirs_spec: dict,
+                             batch: int, same: bool = False) -> dict:
+    """The plan handed out (`spec`) and TorchRec's (`theirs_spec`, `torchrec_spec`) measured by `--measure_engine`
     (`measure_specs`) on these ranks in `MEASURE_ROUNDS` interleaved rounds, on the tables' ids (`--ids`, else synthesised from each
-    table's rows, pooling factor and reuse histogram): each plan's median step and their paired ratio."""
+    table's rows, pooling factor and reuse histogram): each plan's median step and their paired ratio. Where they are
+    one plan (`same`), it is measured once and the ratio is 1."""
     import tempfile
     from pathlib import Path
 
@@ -233,25 +275,25 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
     from ..hardware.backends import resolve_hardware
     from .user_data import user_tables_dataset
 
-    theirs_spec = torchrec_spec(theirs, legal, tl.rows, tl.task.dims)
     ours = {**spec, "tables": [{**t, "name": t["module_name"]} for t in spec["tables"]]}  # named as the module's
     hw = resolve_hardware(cfg.hardware.device, cfg.hardware.backend, cfg.hardware.gpu_ids)
     how = ("TorchRec training steps (DistributedModelParallel)" if cfg.measure_engine == "torchrec" else
            "the step cost prices them, on emulated independent devices (each rank's compute alone, then the "
            "collectives)")
-    print(f"\nmeasuring the plan handed out and TorchRec's as {how} on {cfg.ndevices} ranks, {MEASURE_ROUNDS} "
-          "interleaved rounds")
+    what = ("the plan handed out, TorchRec's own (measured once)," if same else
+            "the plan handed out and TorchRec's")
+    print(f"\nmeasuring {what} as {how} on {cfg.ndevices} ranks, {MEASURE_ROUNDS} "
+          f"{'rounds' if same else 'interleaved rounds'}")
     with tempfile.TemporaryDirectory() as tmp:
         ds = user_tables_dataset(tl, batch, cfg.seed, Path(tmp), cfg.ids)
-        mine, torchrec = measure_specs(ds.path, hw, batch, cfg.warmup_iter, cfg.num_iter, [ours, theirs_spec],
-                                       cfg.ndevices, MEASURE_ROUNDS, cfg.measure_engine, tl.task.pooling_factors)
+        got = measure_specs(ds.path, hw, batch, cfg.warmup_iter, cfg.num_iter, [ours] if same else [ours, theirs_spec],
+                            cfg.ndevices, MEASURE_ROUNDS, cfg.measure_engine, tl.task.pooling_factors)
+    mine, torchrec = (got[0], got[0]) if same else got
     ratio = paired_interval(mine, torchrec)
-    print(f"measured step: the plan handed out {np.median(mine):.2f} ms, TorchRec's {np.median(torchrec):.2f} ms; "
+    print(f"measured step: {np.median(mine):.2f} ms (one plan)" if same else
+          f"measured step: the plan handed out {np.median(mine):.2f} ms, TorchRec's {np.median(torchrec):.2f} ms; "
           f"handed out / TorchRec's {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
-    if ratio.lo > 1:
-        print("warning: TorchRec's plan measured faster here; plan.json holds the plan handed out (use TorchRec's "
-              "EmbeddingShardingPlanner with the same constraints for its plan)", file=sys.stderr)
     return {"engine": cfg.measure_engine, "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
             "torchrec_ms": torchrec.tolist(), "torchrec_types": sorted({t["sharding_type"]
                                                                        for t in theirs_spec["tables"]}),
-            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi}
+            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi, "same_plan": same}

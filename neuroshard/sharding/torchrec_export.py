@@ -68,6 +68,31 @@ def _whole(where: str, key: str, v, lo: int, hi: int) -> int:
     return v
 
 
+def spec_of_torchrec(tables: list[dict], world: int) -> dict | None:
+    """The export spec of a TorchRec planner's plan of one module (`planner.incumbent.parameter_specs` tables, with
+    rows and dim) on `world` ranks: table-wise, column-wise and table-column-wise shards as column shards, row-wise and
+    table-row-wise row blocks, data-parallel replicas on every rank; None where it holds a type the spec cannot
+    (`grid_shard`'s blocks). Kernels are not carried: `DMPStep` runs a spec on the fused kernel (replicas on the
+    dense one), so a caller that needs the same plan checks it (`hardware.dmp_step.same_plan`)."""
+    out = []
+    for t in tables:
+        kind, dim = t["sharding_type"], int(t["dim"])
+        ranks = [int(s["placement"].split(":")[1].split("/")[0]) for s in t["shards"]]
+        if kind == "data_parallel":
+            shards = [{"col_offset": 0, "width": dim, "rank": r} for r in range(world)]
+        elif kind in ("row_wise", "table_row_wise"):
+            shards = sorted(({"col_offset": 0, "width": dim, "rank": r, "row_offset": int(s["offsets"][0]),
+                              "rows": int(s["sizes"][0])} for s, r in zip(t["shards"], ranks)),
+                            key=lambda x: x["rank"])
+        elif kind in ("table_wise", "column_wise", "table_column_wise"):
+            shards = sorted(({"col_offset": int(s["offsets"][1]), "width": int(s["sizes"][1]), "rank": r}
+                             for s, r in zip(t["shards"], ranks)), key=lambda x: x["col_offset"])
+        else:
+            return None
+        out.append({"name": t["name"], "rows": int(t["rows"]), "dim": dim, "shards": shards, "sharding_type": kind})
+    return {"kind": SPEC_KIND, "world_size": int(world), "tables": out}
+
+
 def check_spec(spec: dict, where: str = "plan") -> dict:
     """Every entry well-formed and every table's columns covered exactly once by shards on ranks
     0..world_size-1, in widths TorchRec can cut (multiples of the narrowest); adds `module_name`s."""

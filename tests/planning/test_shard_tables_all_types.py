@@ -104,23 +104,69 @@ def test_bad_sharding_types_flags_are_one_line_before_any_work(tmp_path, capsys,
     refused(capsys, SCRIPT, *args, untouched=[tmp_path], match="error: " + (line if ".*" in line else re.escape(line)))
 
 
+# with room for every table on one rank, NeuroShard's plan (table-wise) is not TorchRec's (its own placement)
+OTHER_PLAN = ("--sharding_types", "data_parallel,table_wise,row_wise", "--max_mem", 0.01)
+
+
 @pytest.mark.parametrize("engine", ["torchrec", "emulated"])
-def test_measure_runs_both_plans_in_either_engine(tmp_path, capsys, engine):
-    """--measure: NeuroShard's plan (row-wise and replicated tables) and TorchRec's are measured on 2 gloo ranks in
-    interleaved rounds, as DistributedModelParallel steps (--measure_engine torchrec) or as the step cost prices them
-    on emulated devices (the default); plan.json records both."""
+def test_measure_runs_both_plans_in_either_engine_and_writes_the_faster(tmp_path, capsys, engine):
+    """--measure: NeuroShard's plan and TorchRec's are measured on 2 gloo ranks in interleaved rounds, as
+    DistributedModelParallel steps (--measure_engine torchrec) or as the step cost prices them on emulated devices
+    (the default); plan.json records both and holds the one that measured faster."""
     from neuroshard.planning.all_types import MEASURE_ROUNDS
 
-    proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", TYPES, "--measure", "--measure_engine",
-                                           engine, "--warmup_iter", 1, "--num_iter", 2))
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, *OTHER_PLAN, "--measure", "--measure_engine", engine,
+                                           "--warmup_iter", 1, "--num_iter", 2))
     assert proc.returncode == 0, proc.stderr
     rec = json.loads((tmp_path / "plan.json").read_text())
     m = rec["measured"]
-    assert m["engine"] == engine and m["rounds"] == MEASURE_ROUNDS
+    assert m["engine"] == engine and m["rounds"] == MEASURE_ROUNDS and not m["same_plan"]
     assert len(m["neuroshard_ms"]) == len(m["torchrec_ms"]) == MEASURE_ROUNDS
+    assert m["neuroshard_ms"] != m["torchrec_ms"]
     assert min(m["neuroshard_ms"] + m["torchrec_ms"]) > 0 and m["ratio_lo"] <= m["ratio"] <= m["ratio_hi"]
-    assert "row_wise" in {t["sharding_type"] for t in rec["tables"]}
     assert "measured step: the plan handed out" in proc.stdout
+    assert rec["alg"] == ("torchrec" if m["ratio"] > 1 else "neuroshard"), (rec["alg"], m["ratio"])
+    assert any(n.startswith("note: --measure: ") for n in rec["notes"])
+
+
+def test_measure_writes_torchrecs_plan_where_it_measured_faster(tmp_path, capsys, monkeypatch):
+    """Where TorchRec's plan measures faster (here its measured steps are kept and the handed-out plan's doubled),
+    plan.json and the TorchRec plan file hold TorchRec's plan, as DistributedModelParallel runs it, with no
+    predicted cost, and the run says why."""
+    from neuroshard.hardware.dmp_step import same_plan
+    from neuroshard.planning import all_types
+
+    real, seen = all_types.measure_specs, []
+
+    def theirs_faster(*args, **kwargs):
+        seen.append(args[5])
+        mine, theirs = real(*args, **kwargs)
+        return [mine * 2.0, theirs]
+
+    monkeypatch.setattr(all_types, "measure_specs", theirs_faster)
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, *OTHER_PLAN, "--measure", "--warmup_iter", 1, "--num_iter", 2,
+                                           "--torchrec_plan", tmp_path / "tr.json"))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    assert rec["alg"] == rec["chosen"] == "torchrec" and rec["predicted"] is None and rec["measured"]["ratio"] > 1
+    [(ours, theirs)] = seen
+    written = read_plan_file(tmp_path / "plan.json")
+    assert same_plan(written, theirs, 2) and not same_plan(written, ours, 2)
+    assert same_plan(read_torchrec_plan(tmp_path / "tr.json"), theirs, 2)
+    assert [t["name"] for t in written["tables"]] == ["user.id", "item", "cat", "geo"]
+    assert "note: --measure: TorchRec's plan is written, as it measured faster" in proc.stdout
+    assert "written plan: TorchRec's (measured faster)" in proc.stdout
+    assert any("TorchRec's plan is written" in n for n in rec["notes"])
+
+
+def test_measure_measures_torchrecs_own_plan_once(tmp_path, capsys):
+    """Where the plan handed out is TorchRec's own (here every table row-wise), --measure measures it once: ratio 1."""
+    proc = run_here(capsys, SCRIPT, *_args(tmp_path, "--sharding_types", TYPES, "--measure", "--warmup_iter", 1,
+                                           "--num_iter", 2))
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((tmp_path / "plan.json").read_text())["measured"]
+    assert m["same_plan"] and m["neuroshard_ms"] == m["torchrec_ms"] and m["ratio"] == m["ratio_lo"] == 1.0
+    assert "(one plan)" in proc.stdout and "TorchRec's own, written as it is" in proc.stdout
 
 
 def test_ids_reach_the_planner(tmp_path, capsys):

@@ -201,3 +201,40 @@ def test_a_grid_shard_entry_is_torchrecs_on_one_host_only():
     with pytest.raises(UserError, match=r"^table 'g' is planned grid_shard over all 2 ranks, but local_size=1 "
                                         r"makes several hosts; plan it for this topology$"):
         to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused", local_size=1)
+
+
+def test_a_torchrec_plan_of_every_type_the_spec_holds_reads_back_as_the_same_plan():
+    """`spec_of_torchrec`: a TorchRec plan's `parameter_specs` tables (table-wise, column-wise, table-column-wise,
+    row-wise, table-row-wise, data-parallel) become an export spec that runs as the same plan in
+    DistributedModelParallel (`same_plan`); a grid_shard table is not one the spec can hold (None), and a plan on
+    another kernel is told apart by `same_plan`."""
+    import copy
+
+    from neuroshard.hardware.dmp_step import same_plan
+    from neuroshard.sharding.planner.incumbent import parameter_specs
+    from neuroshard.sharding.torchrec_export import check_spec, spec_of_torchrec
+
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 2, "tables": [
+        {"name": "tw", "rows": 30, "dim": 8, "sharding_type": "table_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 1}]},
+        {"name": "cw", "rows": 20, "dim": 16, "sharding_type": "column_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 1}, {"col_offset": 8, "width": 8, "rank": 0}]},
+        {"name": "twcw", "rows": 20, "dim": 16, "sharding_type": "table_column_wise",
+         "shards": [{"col_offset": 0, "width": 8, "rank": 0}, {"col_offset": 8, "width": 8, "rank": 1}]},
+        *({"name": kind, "rows": 11, "dim": 8, "sharding_type": kind,
+           "shards": [{"col_offset": 0, "width": 8, "rank": 0, "row_offset": 0, "rows": 6},
+                      {"col_offset": 0, "width": 8, "rank": 1, "row_offset": 6, "rows": 5}]}
+          for kind in ("row_wise", "table_row_wise")),
+        {"name": "dp", "rows": 10, "dim": 4, "sharding_type": "data_parallel",
+         "shards": [{"col_offset": 0, "width": 4, "rank": 0}, {"col_offset": 0, "width": 4, "rank": 1}]}]}
+    plan = to_torchrec_plan(copy.deepcopy(spec), device_type="cpu", compute_kernel="fused")
+    shapes = {("", t["name"]): (t["rows"], t["dim"]) for t in spec["tables"]}
+    theirs = parameter_specs(plan, shapes)[""]
+    back = spec_of_torchrec(theirs["tables"], 2)
+    assert same_plan(back, theirs, 2)
+    assert [t["shards"] for t in check_spec(copy.deepcopy(back))["tables"]] == [t["shards"] for t in spec["tables"]]
+    # the same shards on TorchRec's dense kernel are another plan
+    dense = {**theirs, "tables": [{**t, "compute_kernel": "dense"} for t in theirs["tables"]]}
+    assert not same_plan(spec_of_torchrec(dense["tables"], 2), dense, 2)
+    grid = {**theirs, "tables": [{**theirs["tables"][0], "sharding_type": "grid_shard"}]}
+    assert spec_of_torchrec(grid["tables"], 2) is None

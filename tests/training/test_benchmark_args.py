@@ -135,6 +135,9 @@ def test_the_source_digest_follows_the_code(tmp_path):
                                           "popular_first"),
     (["--set", "criteo"], "--set: unknown table set 'criteo'; choose from .*"),
     (["--ddr_mb", "nan"], "--ddr_mb must be a finite number > 0 and <= 1e\\+07, got nan"),
+    (["--measure_first", "--swap_replicas"], "--measure_first measures the plan shard_tables --measure writes against "
+                                             "TorchRec's alone; leave --swap_replicas and --without_row_wise_by_cost "
+                                             "out with it"),
 ])
 def test_all_types_step_refuses_bad_flags_before_any_work(capsys, tmp_path, argv, line):
     refused(capsys, "benchmarks/all_types_step.py", *argv, "--out", tmp_path / "r.md", untouched=[tmp_path],
