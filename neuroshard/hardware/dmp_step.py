@@ -113,7 +113,7 @@ class DMPStep(Step):
         from ..sharding.planner.sharders import RowWiseSharder
 
         quiet_torchrec_logs()
-        spec = json.loads(item.spec_json)
+        spec, table_ids = empty_blocks_first(json.loads(item.spec_json), item.table_ids)
         device = torch.device(self.settings.hw.device)
         sharder = RowWiseSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LEARNING_RATE})
         if spec.get("torchrec"):  # a TorchRec planner's plan as `incumbent.parameter_specs` holds it
@@ -125,7 +125,7 @@ class DMPStep(Step):
         plan = TorchRecShardingPlan({"": module_plan(spec, self.world, device.type)})
         dmp = DistributedModelParallel(module=module, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                        plan=plan, device=device, sharders=[sharder])
-        return dmp, self._inputs(spec, item.table_ids).to(device)
+        return dmp, self._inputs(spec, table_ids).to(device)
 
     def _step(self, dmp, kjt) -> None:
         out = dmp(kjt)
@@ -143,6 +143,23 @@ class DMPStep(Step):
         s = self.settings
         step_ms = median_ms(lambda: self._step(dmp, kjt), s.hw.device, s.warmup, s.iters)
         return gather_floats([step_ms, 0.0, 0.0], s.hw.device)
+
+
+def empty_blocks_first(spec: dict, table_ids) -> tuple[dict, tuple]:
+    """The spec with its tables that leave some rank a row block of no rows (a row-wise table of few rows, as
+    TorchRec's row-wise cut leaves one: 6 rows on 4 ranks are blocks of 2, 2, 2 and 0) moved to the front, keeping
+    the order otherwise, and the dataset table ids in the same order. FBGEMM's CPU backward
+    (`split_embedding_backward_exact_cpu_kernel`) reads past a fused kernel's table sizes when its last table holds
+    no rows and then fails at random ("... more than 2B rows"); TorchRec fuses a rank's shards of one sharding type
+    in module order, so with those tables first no rank's fused kernel ends in one while it holds a table with
+    rows. The plan is the same; only the order of the module's tables, and so of the lookups inside a kernel,
+    changes."""
+    def empty(t: dict) -> bool:
+        return any(int(s["sizes"][0] if "sizes" in s else s.get("rows", 1)) == 0 for s in t["shards"])
+
+    order = sorted(range(len(spec["tables"])), key=lambda i: not empty(spec["tables"][i]))
+    return ({**spec, "tables": [spec["tables"][i] for i in order]},
+            tuple(int(table_ids[i]) for i in order))
 
 
 def module_plan(spec: dict, world: int, device_type: str):
