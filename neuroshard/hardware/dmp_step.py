@@ -32,7 +32,7 @@ from ..core.intervals import paired_interval
 from ..core.optional_deps import require_torchrec
 from ..data.dataset import DLRMDataset
 from ..sharding.plan import Placement
-from ..sharding.torchrec_export import SPEC_KIND, make_ebc, to_torchrec_plan
+from ..sharding.torchrec_export import SPEC_KIND, empty_row_block_tables, make_ebc, to_torchrec_plan
 from .comm_bench import gather_floats
 from .engine import EngineSettings, Step, round_cost
 from .launch import quiet_torchrec_logs
@@ -154,10 +154,8 @@ def empty_blocks_first(spec: dict, table_ids) -> tuple[dict, tuple]:
     in module order, so with those tables first no rank's fused kernel ends in one while it holds a table with
     rows. The plan is the same; only the order of the module's tables, and so of the lookups inside a kernel,
     changes."""
-    def empty(t: dict) -> bool:
-        return any(int(s["sizes"][0] if "sizes" in s else s.get("rows", 1)) == 0 for s in t["shards"])
-
-    order = sorted(range(len(spec["tables"])), key=lambda i: not empty(spec["tables"][i]))
+    empty = set(empty_row_block_tables(spec))
+    order = sorted(range(len(spec["tables"])), key=lambda i: spec["tables"][i]["name"] not in empty)
     return ({**spec, "tables": [spec["tables"][i] for i in order]},
             tuple(int(table_ids[i]) for i in order))
 

@@ -244,3 +244,19 @@ def test_a_row_block_of_no_rows_trains_in_distributed_model_parallel(tmp_path):
     assert [t["name"] for t in moved["tables"]] == ["tiny", "big"] and ids == (1, 0)
     [steps] = measure_specs(ds.path, resolve_hardware("cpu", "auto"), 64, 1, 20, [spec], 2, 3, "torchrec", [2.0, 1.0])
     assert len(steps) == 3 and min(steps) > 0
+
+
+def test_the_planner_names_tables_that_leave_a_rank_an_empty_row_block(tmp_path, capsys):
+    """On CPU ranks the notes name a handed-out row-wise table of fewer rows than ranks to fill (here 1 row on 2
+    ranks), and say to list it first: FBGEMM's CPU backward fails at random where it ends a rank's fused kernel."""
+    models = save_hand_models(tmp_path / "models", 2, {"batch_size": 64})
+    (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\nbig,100,8,2\ntiny,1,8,1\n")
+    proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.01, "--out",
+                    tmp_path / "plan.json", "--compute_model", models / "compute.pt", "--fw_comm_model",
+                    models / "comm_2_fw.pt", "--bw_comm_model", models / "comm_2_bw.pt", "--sharding_types", "row_wise")
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads((tmp_path / "plan.json").read_text())
+    tiny = next(t for t in rec["tables"] if t["name"] == "tiny")
+    assert [s["rows"] for s in tiny["shards"]] == [1, 0]
+    [note] = [n for n in rec["notes"] if "row block of no rows" in n]
+    assert note.startswith("note: tiny leave(s) a rank") and "list these tables first" in note

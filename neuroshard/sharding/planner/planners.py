@@ -75,7 +75,7 @@ from ..plan import Placement, check_complete, fits_memory
 from ...core.costs import Cluster
 from ..search import fitting_thresholds, plan_key
 from ..simulator import GROUPS, Simulator
-from ..torchrec_export import plan_spec, to_torchrec_plan
+from ..torchrec_export import empty_row_block_tables, plan_spec, to_torchrec_plan
 from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text,
                           torchrec_fix)
 from .incumbent import (TorchRecCall, from_parameter_specs, full_plan_elsewhere, parameter_specs, placement_of,
@@ -221,8 +221,10 @@ class NeuroShardPlanner:
             raise UserError(e.line(*self._models_words())) from None
         kinds = sharding_types(found, plan)
         meta = self.simulator.compute.meta
-        return PlannerResult(found.tables, found.task, plan, cost, kinds, module_specs(found, plan, kinds), search_s,
-                             self._notes(found, compared.notes if compared else (), widened, cluster), cluster,
+        specs = module_specs(found, plan, kinds)
+        return PlannerResult(found.tables, found.task, plan, cost, kinds, specs, search_s,
+                             self._notes(found, compared.notes if compared else (), widened, cluster)
+                             + self._empty_block_note(specs), cluster,
                              self.memory_kind, self.model_batch, meta.get("device_name") or meta.get("device") or "?",
                              incumbent=compared.incumbent if compared else None,
                              chosen=compared.chosen if compared else "neuroshard",
@@ -322,7 +324,8 @@ class NeuroShardPlanner:
                 f"are not in its search): {why}")
         meta = self.simulator.compute.meta
         return PlannerResult(found.tables, found.task, None, None, [kinds[(t.module_path, t.name)] for t in found.tables],
-                             specs, 0.0, found.notes + [self._memory_note(cluster), note], cluster, self.memory_kind,
+                             specs, 0.0, found.notes + [self._memory_note(cluster), note] + self._empty_block_note(specs),
+                             cluster, self.memory_kind,
                              self.model_batch, meta.get("device_name") or meta.get("device") or "?",
                              chosen="torchrec")
 
@@ -447,6 +450,15 @@ class NeuroShardPlanner:
             notes.append(f"note: the cost models were measured on {device}, this topology is {self.device_type}: "
                          "predicted ms are for the models' hardware")
         return notes + ([widened] if widened else [])
+
+    def _empty_block_note(self, specs: dict[str, dict]) -> list[str]:
+        """On a CPU topology, a line naming the handed-out plan's tables that leave a rank an empty row block."""
+        names = [n for spec in specs.values() for n in empty_row_block_tables(spec)]
+        if self.device_type != "cpu" or not names:
+            return []
+        return [f"note: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''} leave(s) a rank a row block of no "
+                "rows (fewer rows than TorchRec's row-wise cut fills); FBGEMM's CPU backward fails at random when such "
+                "a table is the last of a rank's fused kernel: list these tables first in the EmbeddingBagCollection"]
 
     def _memory_note(self, cluster: Cluster) -> str:
         return (f"note: memory as TorchRec's storage estimator counts it (weights, optimizer state, input and output "
