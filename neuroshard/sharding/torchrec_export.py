@@ -308,9 +308,17 @@ def spec_from_json(obj, where: str) -> dict:
     return {k: spec[k] for k in ("kind", "world_size", "tables")}
 
 
-def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda"):
-    """The TorchRec `ShardingPlan` of a `--torchrec_plan` file (`read_torchrec_plan`, then `to_torchrec_plan`)."""
+def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda",
+                       compute_kernel: str | None = "fused"):
+    """The TorchRec `ShardingPlan` of a `--torchrec_plan` file (`read_torchrec_plan`, then `to_torchrec_plan`).
+    `compute_kernel`: every sharded table's kernel; "fused" (the optimizer's update fused into the backward), as
+    `NeuroShardPlanner` hands plans out and as `shard_tables --measure` and the benchmarks measure them (replicated
+    tables stay on TorchRec's dense kernel); None takes what TorchRec's sharding helpers pick for a table's shape
+    alone, its dense kernel."""
     if device_type not in ("cpu", "cuda"):
         raise UserError(f"load_torchrec_plan: device_type must be 'cpu' or 'cuda' (the ranks' devices), got "
                         f"{device_type!r}"[:200])
-    return to_torchrec_plan(read_torchrec_plan(path), module_path, device_type)
+    if compute_kernel not in (None, "fused", "dense"):
+        raise UserError(f"load_torchrec_plan: compute_kernel must be 'fused', 'dense' or None, got "
+                        f"{compute_kernel!r}"[:200])
+    return to_torchrec_plan(read_torchrec_plan(path), module_path, device_type, compute_kernel)

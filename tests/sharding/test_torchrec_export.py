@@ -50,7 +50,15 @@ def test_plan_covers_every_column_once_on_the_right_ranks():
 
 def test_plan_file_round_trip_and_bad_files(tmp_path):
     write_torchrec_plan(tmp_path / "p.json", _spec())
-    assert set(load_torchrec_plan(tmp_path / "p.json").plan[""]) == {"a", "b", "c"}
+    plan = load_torchrec_plan(tmp_path / "p.json").plan[""]
+    assert set(plan) == {"a", "b", "c"}
+    # the kernel the plans are handed out and measured on, unless the caller names another
+    assert {p.compute_kernel for p in plan.values()} == {"fused"}
+    assert {p.compute_kernel for p in load_torchrec_plan(tmp_path / "p.json", compute_kernel=None).plan[""].values()
+            } == {"dense"}
+    with pytest.raises(UserError, match="load_torchrec_plan: compute_kernel must be 'fused', 'dense' or None, got "
+                                        "'fused_uvm'"):
+        load_torchrec_plan(tmp_path / "p.json", compute_kernel="fused_uvm")
     bad = json.loads((tmp_path / "p.json").read_text())
     bad["tables"][0]["shards"][0]["rank"] = 5
     (tmp_path / "bad.json").write_text(json.dumps(bad))
