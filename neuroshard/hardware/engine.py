@@ -47,6 +47,7 @@ from ..core.errors import UserError
 from ..core.intervals import geo_mean, paired_interval
 from ..data.dataset import DLRMDataset
 from ..sharding.simulator import ALL_TO_ALL, GROUPS, REPLICA_GROUP, ROW_GROUPS
+from ..sharding.torchrec_export import placement_rank
 from .backends import Hardware
 from .comm_bench import (Collectives, InputDist, gather_floats, make_all_to_all, timed_collective,
                          torchrec_available)
@@ -167,8 +168,7 @@ def spec_step_item(spec: dict, world: int, table_ids, pooling, lookup_share: Cal
         kind = t.get("sharding_type") or ("table_wise" if len(t["shards"]) == 1 else "column_wise")
         g, table, p = GROUPS.index(kind), int(table_ids[i]), float(pooling[i])
         if spec.get("torchrec"):  # shards of [rows, columns] at [row, column] offsets, on "rank:R/device"
-            placed = [(int(s["placement"].split(":")[1].split("/")[0]), *s["offsets"], *s["sizes"])
-                      for s in t["shards"]]
+            placed = [(placement_rank(s["placement"]), *s["offsets"], *s["sizes"]) for s in t["shards"]]
             if kind == "data_parallel":
                 placed = [(r, 0, 0, t["rows"], t["dim"]) for r in t["ranks"]]
         else:  # col_offset, width, rank (and a row block's row_offset, rows)

@@ -51,11 +51,10 @@ def member_costs(sim: Simulator, st: ShardTable, p: Placements) -> np.ndarray:
     np.add.at(count, at, in_set)
     out = np.empty((len(members), P))
     for k, m in enumerate(members):
-        emb = st.member_emb(k, m)
-        sums = np.zeros((*count.shape, emb.shape[1]))
-        np.add.at(sums, at, emb[p.items.ravel()] * in_set[:, None])
-        compute = m.set_cost(sums, count) + st.replica_ms_of(m, emb)
-        out[k] = simulated_costs(m, st, replace(p, compute=compute))
+        set_emb, replica_ms = st.member_set(k, m)
+        sums = np.zeros((*count.shape, set_emb.shape[1]))
+        np.add.at(sums, at, set_emb[p.items.ravel()])
+        out[k] = simulated_costs(m, st, replace(p, compute=m.set_cost(sums, count) + replica_ms))
     return out
 
 

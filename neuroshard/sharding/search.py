@@ -70,17 +70,18 @@ class ShardTable:
         self._whole = dims == np.asarray(task.dims)[tables]  # a replica is never split: its whole-table row
         self.replica_ms = self.replica_ms_of(sim, self.emb)
         self.input_words = input_words(task.pooling_factors[tables])
-        self._member_emb: dict[int, np.ndarray] = {}
+        self._member_set: dict[int, tuple[np.ndarray, float]] = {}
 
     def replica_ms_of(self, sim: Simulator, emb: np.ndarray) -> float:
         """What the replicas add to each rank's compute, from `sim`'s embeddings of these shards."""
         return sim.replica_compute_ms(emb[self._whole], self.replica[self._whole])
 
-    def member_emb(self, k: int, member: Simulator) -> np.ndarray:
-        """Ensemble member k's embeddings of these shards (`sharding/risk.py`), computed once."""
-        if k not in self._member_emb:
-            self._member_emb[k] = member.compute.embed(self.features)
-        return self._member_emb[k]
+    def member_set(self, k: int, member: Simulator) -> tuple[np.ndarray, float]:
+        """Ensemble member k's `set_emb` and `replica_ms` of these shards (`sharding/risk.py`), computed once."""
+        if k not in self._member_set:
+            emb = member.compute.embed(self.features)
+            self._member_set[k] = (emb * self.in_set[:, None], self.replica_ms_of(member, emb))
+        return self._member_set[k]
 
 
 @dataclass

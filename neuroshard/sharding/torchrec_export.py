@@ -77,6 +77,11 @@ def empty_row_block_tables(spec: dict) -> list[str]:
             if any(int(s["sizes"][0] if "sizes" in s else s.get("rows", 1)) == 0 for s in t["shards"])]
 
 
+def placement_rank(placement: str) -> int:
+    """The rank of a TorchRec shard placement as `planner.incumbent.parameter_specs` writes it ("rank:R/device")."""
+    return int(placement.split(":")[1].split("/")[0])
+
+
 def spec_of_torchrec(tables: list[dict], world: int) -> dict | None:
     """The export spec of a TorchRec planner's plan of one module (`planner.incumbent.parameter_specs` tables, with
     rows and dim) on `world` ranks: table-wise, column-wise and table-column-wise shards as column shards, row-wise and
@@ -86,7 +91,7 @@ def spec_of_torchrec(tables: list[dict], world: int) -> dict | None:
     out = []
     for t in tables:
         kind, dim = t["sharding_type"], int(t["dim"])
-        ranks = [int(s["placement"].split(":")[1].split("/")[0]) for s in t["shards"]]
+        ranks = [placement_rank(s["placement"]) for s in t["shards"]]
         if kind == "data_parallel":
             shards = [{"col_offset": 0, "width": dim, "rank": r} for r in range(world)]
         elif kind in ("row_wise", "table_row_wise"):
