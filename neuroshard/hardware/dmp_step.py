@@ -32,7 +32,7 @@ from ..core.intervals import paired_interval
 from ..core.optional_deps import require_torchrec
 from ..data.dataset import DLRMDataset
 from ..sharding.plan import Placement
-from ..sharding.torchrec_export import SPEC_KIND, empty_row_block_tables, make_ebc, to_torchrec_plan
+from ..sharding.torchrec_export import SPEC_KIND, empty_kernels, empty_row_blocks, make_ebc, to_torchrec_plan
 from .comm_bench import gather_floats
 from .engine import EngineSettings, Step, round_cost
 from .launch import quiet_torchrec_logs
@@ -67,6 +67,12 @@ class DMPStep(Step):
     @classmethod
     def check_available(cls, num_devices: int) -> None:
         require_torchrec()  # one line when TorchRec is missing
+
+    @classmethod
+    def check_items(cls, items: list, settings: EngineSettings) -> None:
+        if settings.hw.device == "cpu":
+            for item in items:
+                check_cpu_kernels(json.loads(item.spec_json))
 
     @classmethod
     def item(cls, task, plan, spec: dict) -> TorchRecItem:
@@ -147,17 +153,28 @@ class DMPStep(Step):
 
 def empty_blocks_first(spec: dict, table_ids) -> tuple[dict, tuple]:
     """The spec with its tables that leave some rank a row block of no rows (a row-wise table of few rows, as
-    TorchRec's row-wise cut leaves one: 6 rows on 4 ranks are blocks of 2, 2, 2 and 0) moved to the front, keeping
-    the order otherwise, and the dataset table ids in the same order. FBGEMM's CPU backward
-    (`split_embedding_backward_exact_cpu_kernel`) reads past a fused kernel's table sizes when its last table holds
-    no rows and then fails at random ("... more than 2B rows"); TorchRec fuses a rank's shards of one sharding type
-    in module order, so with those tables first no rank's fused kernel ends in one while it holds a table with
-    rows. The plan is the same; only the order of the module's tables, and so of the lookups inside a kernel,
-    changes."""
-    empty = set(empty_row_block_tables(spec))
-    order = sorted(range(len(spec["tables"])), key=lambda i: spec["tables"][i]["name"] not in empty)
+    TorchRec's row-wise cut leaves one: 6 rows on 4 ranks are blocks of 2, 2, 2 and 0) moved to the front, those
+    that leave the most ranks one first, keeping the order otherwise, and the dataset table ids in the same order.
+    FBGEMM's CPU backward (`split_embedding_backward_exact_cpu_kernel`) reads past a fused kernel's table sizes when
+    its last table holds no rows and then fails at random ("... more than 2B rows"). TorchRec fuses a rank's shards
+    of one sharding type in module order, and its cut leaves the empty blocks on the last ranks, so a table empty on
+    a rank leaves every rank after it one too: in this order each rank's kernel holds the tables empty there first.
+    A kernel of only empty blocks cannot be helped by order (`torchrec_export.empty_kernels`). The plan is the same;
+    only the order of the module's tables, and so of the lookups inside a kernel, changes."""
+    empty = empty_row_blocks(spec)
+    order = sorted(range(len(spec["tables"])), key=lambda i: -empty.get(spec["tables"][i]["name"], 0))
     return ({**spec, "tables": [spec["tables"][i] for i in order]},
             tuple(int(table_ids[i]) for i in order))
+
+
+def check_cpu_kernels(spec: dict) -> None:
+    """One line where a rank would hold a fused kernel of no rows, which FBGEMM's CPU operator cannot run."""
+    bad = empty_kernels(spec)
+    if bad:
+        rank, names = next(iter(bad.items()))
+        raise UserError(f"this plan leaves rank {rank} only row blocks of no rows of {', '.join(names[:5])} (fewer rows "
+                        "than ranks), which FBGEMM's CPU operator cannot train; place these tables table_wise or "
+                        "data_parallel")
 
 
 def module_plan(spec: dict, world: int, device_type: str):

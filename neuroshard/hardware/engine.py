@@ -213,6 +213,11 @@ class Step:
         """One line before any work when what this step needs is missing (nothing by default)."""
 
     @classmethod
+    def check_items(cls, items: list, settings: "EngineSettings") -> None:
+        """One line, before the ranks start, for an item this step cannot run on `settings`' device (nothing by
+        default)."""
+
+    @classmethod
     def item(cls, task, plan, spec: dict):
         """The item measuring `plan` (a `Placement` of `task`'s tables)."""
         raise NotImplementedError
@@ -516,6 +521,8 @@ def run(job: Job, world: int, on_round: Callable[[int, int, np.ndarray], None], 
     no group); `on_round(group, round, costs)` gets each round as rank 0 emits it."""
     if not any(job.groups):
         return
+    (job.settings.step or EmulatedStep).check_items([i for g in job.groups for i in g] + list(job.reference or ()),
+                                                    job.settings)
     group_device = job.settings.hw.device if world > 1 or any(isinstance(i, Layout) for g in job.groups for i in g) \
         else None
     run_processes(rounds_rank, world, (job,), lambda msg: on_round(*msg), group_device=group_device,

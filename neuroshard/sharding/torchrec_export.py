@@ -68,13 +68,37 @@ def _whole(where: str, key: str, v, lo: int, hi: int) -> int:
     return v
 
 
-def empty_row_block_tables(spec: dict) -> list[str]:
-    """The names of a spec's tables that leave some rank a row block of no rows (row-wise tables of few rows: TorchRec
-    cuts 6 rows on 4 ranks into blocks of 2, 2, 2 and 0), in an export spec (row blocks' `rows`) or a TorchRec plan's
-    `planner.incumbent.parameter_specs` spec (shards' `sizes`). FBGEMM's CPU backward fails at random where such a
-    table is the last of a rank's fused kernel (`hardware.dmp_step.empty_blocks_first`)."""
-    return [t["name"] for t in spec["tables"]
-            if any(int(s["sizes"][0] if "sizes" in s else s.get("rows", 1)) == 0 for s in t["shards"])]
+def _shard_rows_rank(shard: dict) -> tuple[int, int]:
+    """(rows, rank) of a shard of an export spec (row blocks' `rows`, else whole tables) or of a TorchRec plan's
+    `planner.incumbent.parameter_specs` spec (`sizes`, `placement`)."""
+    if "sizes" in shard:
+        return int(shard["sizes"][0]), placement_rank(shard["placement"])
+    return int(shard.get("rows", 1)), int(shard["rank"])
+
+
+def empty_row_blocks(spec: dict) -> dict[str, int]:
+    """Per table of a spec that leaves some rank a row block of no rows (row-wise tables of few rows: TorchRec cuts 6
+    rows on 4 ranks into blocks of 2, 2, 2 and 0), how many ranks it leaves one, in the spec's order. FBGEMM's CPU
+    backward fails at random where such a block is the last table of a rank's fused kernel
+    (`hardware.dmp_step.empty_blocks_first`)."""
+    counts = {t["name"]: sum(_shard_rows_rank(s)[0] == 0 for s in t["shards"]) for t in spec["tables"]}
+    return {name: n for name, n in counts.items() if n}
+
+
+def empty_kernels(spec: dict) -> dict[int, list[str]]:
+    """The ranks whose shards of one sharding type are all row blocks of no rows, with those tables: TorchRec fuses
+    them into one kernel of no rows, which FBGEMM's CPU operator cannot run ("weights[0] must be a GPU or MTIA
+    tensor"), in whatever order."""
+    held: dict[tuple, list] = {}
+    for t in spec["tables"]:
+        for s in t["shards"]:
+            rows, rank = _shard_rows_rank(s)
+            held.setdefault((t.get("sharding_type"), rank), []).append((t["name"], rows))
+    out: dict[int, list[str]] = {}
+    for (_, rank), tables in sorted(held.items(), key=lambda kv: kv[0][1]):
+        if all(rows == 0 for _, rows in tables):
+            out.setdefault(rank, []).extend(name for name, _ in tables)
+    return out
 
 
 def placement_rank(placement: str) -> int:

@@ -219,6 +219,11 @@ def test_the_plan_is_named_as_handed_out_and_a_table_too_large_for_a_device_goes
                                          r"even split into column shards of 4; raise --max_mem or shrink the table")
 
 
+def _row_wise(name: str, rows: int, blocks, dim: int = 8) -> dict:
+    return {"name": name, "rows": rows, "dim": dim, "sharding_type": "row_wise", "shards": [
+        {"col_offset": 0, "width": dim, "rank": r, "row_offset": o, "rows": n} for r, (o, n) in enumerate(blocks)]}
+
+
 def test_a_row_block_of_no_rows_trains_in_distributed_model_parallel(tmp_path):
     """A row-wise table of fewer rows than ranks leaves a rank an empty row block (TorchRec's cut of 1 row on 2
     ranks: blocks of 1 and 0 rows); with it last in the module, FBGEMM's CPU backward reads past its fused kernel's
@@ -233,17 +238,53 @@ def test_a_row_block_of_no_rows_trains_in_distributed_model_parallel(tmp_path):
     (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\nbig,100,8,2\ntiny,1,8,1\n")
     tl = load_table_list(tmp_path / "t.csv", 1e6)
     ds = user_tables_dataset(tl, 64, 0, tmp_path, None)
-
-    def row_wise(name: str, rows: int, blocks) -> dict:
-        return {"name": name, "rows": rows, "dim": 8, "sharding_type": "row_wise", "shards": [
-            {"col_offset": 0, "width": 8, "rank": r, "row_offset": o, "rows": n} for r, (o, n) in enumerate(blocks)]}
-
     spec = {"kind": "neuroshard.torchrec_plan", "world_size": 2,
-            "tables": [row_wise("big", 100, [(0, 50), (50, 50)]), row_wise("tiny", 1, [(0, 1), (1, 0)])]}
+            "tables": [_row_wise("big", 100, [(0, 50), (50, 50)]), _row_wise("tiny", 1, [(0, 1), (1, 0)])]}
     moved, ids = empty_blocks_first(spec, [0, 1])
     assert [t["name"] for t in moved["tables"]] == ["tiny", "big"] and ids == (1, 0)
     [steps] = measure_specs(ds.path, resolve_hardware("cpu", "auto"), 64, 1, 20, [spec], 2, 3, "torchrec", [2.0, 1.0])
     assert len(steps) == 3 and min(steps) > 0
+
+
+def test_tables_that_leave_more_ranks_an_empty_block_go_first_and_a_kernel_of_none_is_refused(tmp_path):
+    """TorchRec's cut leaves empty row blocks on the last ranks (6 rows on 4 ranks: 2, 2, 2, 0; 1 row: 1, 0, 0, 0).
+    `empty_blocks_first` puts the table empty on more ranks first, so on every rank the tables empty there precede
+    those with rows, in either spec form (export spec, TorchRec's `parameter_specs`). Where a rank holds only empty
+    blocks of a sharding type, FBGEMM's CPU operator cannot run its kernel in any order: the TorchRec step refuses
+    the plan in one line before any rank starts, naming the rank and tables, and runs it on CUDA ranks."""
+    from neuroshard.data.table_list import load_table_list
+    from neuroshard.core.errors import UserError
+    from neuroshard.hardware.backends import Hardware, resolve_hardware
+    from neuroshard.hardware.dmp_step import DMPStep, TorchRecItem, empty_blocks_first
+    from neuroshard.hardware.engine import EngineSettings
+    from neuroshard.planning.all_types import measure_specs
+    from neuroshard.planning.user_data import user_tables_dataset
+    from neuroshard.sharding.torchrec_export import empty_kernels, empty_row_blocks
+
+    six, one = _row_wise("six", 6, [(0, 2), (2, 2), (4, 2), (6, 0)]), _row_wise("one", 1, [(0, 1), (1, 0), (1, 0), (1, 0)])
+    big = _row_wise("big", 100, [(0, 25), (25, 25), (50, 25), (75, 25)])
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 4, "tables": [big, six, one]}
+    assert empty_row_blocks(spec) == {"six": 1, "one": 3} and empty_kernels(spec) == {}
+    moved, ids = empty_blocks_first(spec, [0, 1, 2])
+    assert [t["name"] for t in moved["tables"]] == ["one", "six", "big"] and ids == (2, 1, 0)
+    for rank in range(4):  # on each rank the blocks of no rows come before every block with rows
+        rows = [t["shards"][rank]["rows"] for t in moved["tables"]]
+        assert rows == sorted(rows, key=bool), (rank, rows)
+    torchrec_form = {"torchrec": True, "tables": [  # the same two small tables as TorchRec's planner writes them
+        {"name": t["name"], "rows": t["rows"], "dim": 8, "sharding_type": "row_wise", "shards": [
+            {"offsets": [s["row_offset"], 0], "sizes": [s["rows"], 8], "placement": f"rank:{s['rank']}/cpu"}
+            for s in t["shards"]]} for t in (six, one)]}
+    assert empty_row_blocks(torchrec_form) == {"six": 1, "one": 3}
+    assert empty_kernels(torchrec_form) == {3: ["six", "one"]}
+
+    small = {"kind": "neuroshard.torchrec_plan", "world_size": 4, "tables": [six, one]}
+    (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\nsix,6,8,1\none,1,8,1\n")
+    ds = user_tables_dataset(load_table_list(tmp_path / "t.csv", 1e6), 64, 0, tmp_path, None)
+    with pytest.raises(UserError, match=r"^this plan leaves rank 3 only row blocks of no rows of six, one \(fewer "
+                                        r"rows than ranks\), .* place these tables table_wise or data_parallel$"):
+        measure_specs(ds.path, resolve_hardware("cpu", "auto"), 64, 1, 2, [small], 4, 1, "torchrec", [1.0, 1.0])
+    cuda = EngineSettings(str(ds.path), Hardware("cuda", "fbgemm"), 64, 1, 2, step=DMPStep)
+    DMPStep.check_items([TorchRecItem.of(small, [0, 1])], cuda)  # FBGEMM's CUDA operator runs it: no refusal
 
 
 def test_the_planner_names_tables_that_leave_a_rank_an_empty_row_block(tmp_path, capsys):
@@ -260,3 +301,11 @@ def test_the_planner_names_tables_that_leave_a_rank_an_empty_row_block(tmp_path,
     assert [s["rows"] for s in tiny["shards"]] == [1, 0]
     [note] = [n for n in rec["notes"] if "row block of no rows" in n]
     assert note.startswith("note: tiny leave(s) a rank") and "list these tables first" in note
+    assert not [n for n in rec["notes"] if "holds only row blocks" in n]  # rank 1 holds big's rows too
+    (tmp_path / "t.csv").write_text("name,rows,dim,pooling_factor\ntiny,1,8,1\nsmall,1,8,2\n")
+    proc = run_here(capsys, SCRIPT, "--tables", tmp_path / "t.csv", "--ndevices", 2, "--max_mem", 0.01, "--out",
+                    tmp_path / "plan.json", "--compute_model", models / "compute.pt", "--fw_comm_model",
+                    models / "comm_2_fw.pt", "--bw_comm_model", models / "comm_2_bw.pt", "--sharding_types", "row_wise")
+    assert proc.returncode == 0, proc.stderr
+    [note] = [n for n in json.loads((tmp_path / "plan.json").read_text())["notes"] if "holds only row blocks" in n]
+    assert note.startswith("note: rank 1 holds only row blocks of no rows of tiny, small") and "table_wise" in note

@@ -75,7 +75,7 @@ from ..plan import Placement, check_complete, fits_memory
 from ...core.costs import Cluster
 from ..search import fitting_thresholds, plan_key
 from ..simulator import GROUPS, Simulator
-from ..torchrec_export import empty_row_block_tables, plan_spec, to_torchrec_plan
+from ..torchrec_export import empty_kernels, empty_row_blocks, plan_spec, to_torchrec_plan
 from .enumerators import (PASSED_TO_PLAN, EmbeddingBagEnumerator, NoRoom, check_fits, find_ebcs, size_text,
                           torchrec_fix)
 from .incumbent import (TorchRecCall, from_parameter_specs, full_plan_elsewhere, parameter_specs, placement_of,
@@ -452,13 +452,21 @@ class NeuroShardPlanner:
         return notes + ([widened] if widened else [])
 
     def _empty_block_note(self, specs: dict[str, dict]) -> list[str]:
-        """On a CPU topology, a line naming the handed-out plan's tables that leave a rank an empty row block."""
-        names = [n for spec in specs.values() for n in empty_row_block_tables(spec)]
-        if self.device_type != "cpu" or not names:
+        """On a CPU topology, a line naming the handed-out plan's tables that leave a rank an empty row block, and
+        one naming a rank where they are all its blocks of a sharding type (`torchrec_export.empty_kernels`)."""
+        if self.device_type != "cpu":
             return []
-        return [f"note: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''} leave(s) a rank a row block of no "
-                "rows (fewer rows than TorchRec's row-wise cut fills); FBGEMM's CPU backward fails at random when such "
-                "a table is the last of a rank's fused kernel: list these tables first in the EmbeddingBagCollection"]
+        names = [n for spec in specs.values() for n in empty_row_blocks(spec)]
+        notes = [f"note: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''} leave(s) a rank a row block of no "
+                 "rows (fewer rows than TorchRec's row-wise cut fills); FBGEMM's CPU backward fails at random when such "
+                 "a table is the last of a rank's fused kernel: list these tables first in the EmbeddingBagCollection, "
+                 "those with the fewest rows first"] if names else []
+        for spec in specs.values():
+            for rank, empty in list(empty_kernels(spec).items())[:1]:
+                notes.append(f"note: rank {rank} holds only row blocks of no rows of {', '.join(empty[:5])}, a fused "
+                             "kernel FBGEMM's CPU operator cannot run; constrain these tables to table_wise or "
+                             "data_parallel to train on CPU")
+        return notes
 
     def _memory_note(self, cluster: Cluster) -> str:
         return (f"note: memory as TorchRec's storage estimator counts it (weights, optimizer state, input and output "
