@@ -178,7 +178,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
                                        search=cfg.search.__dict__)}
     if measured is not None:
         record["measured"] = measured
-    to_torchrec_plan(spec)  # TorchRec must accept it before a file is written
+    to_torchrec_plan(spec, device_type="cpu")  # TorchRec must accept it before a file is written
     write_json(cfg.out, record)
     print(f"\nplan written to {cfg.out}")
     if cfg.torchrec_plan:

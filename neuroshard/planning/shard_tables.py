@@ -267,11 +267,13 @@ def plan_record(cfg: ShardTablesConfig, inputs: PlanInputs, sim: Simulator | Non
 
 
 def write_outputs(cfg: ShardTablesConfig, record: dict, spec: dict, tl: TableList) -> None:
-    """Step 5: plan.json, and the TorchRec plan once TorchRec accepts it."""
+    """Step 5: plan.json, and the TorchRec plan, both once TorchRec accepts it (its devices as a plan file leaves
+    them: `load_torchrec_plan` places them)."""
+    if cfg.torchrec_plan:
+        to_torchrec_plan(spec, device_type="cpu")  # before either file is written
     write_json(cfg.out, record)
     print(f"\nplan written to {cfg.out}")
     if cfg.torchrec_plan:
-        to_torchrec_plan(spec)  # TorchRec must accept it before the file is written
         write_torchrec_plan(cfg.torchrec_plan, spec, alg=cfg.alg, source=tl.source)
         print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
               "neuroshard.sharding.torchrec_export.load_torchrec_plan)")

@@ -34,16 +34,19 @@ ROW_KINDS = ("row_wise", "table_row_wise", "grid_shard")  # entries of row block
 ONE_HOST_KINDS = ("table_row_wise", "table_column_wise", "grid_shard")  # exported for a topology of one host only
 PINNED_KINDS = ROW_KINDS + ("data_parallel",)  # entries whose shards sit on every rank, one each (NeuroShardPlanner's)
 MAX_WORLD_SIZE = 1024        # like --ndevices
+MAX_CUDA_PER_HOST = 128      # torch keeps a device's index in 8 signed bits
 
 
 def module_names(names: list[str]) -> list[str]:
-    """Names TorchRec can take for the tables: a module name cannot hold a dot or be empty, so each dot
-    becomes "_" (and a clash gets a suffix "_2", "_3", ...); every other name is kept as it is."""
-    out, used = [], set()
+    """Names TorchRec can take for the tables: a module name cannot hold a dot, be empty or be an attribute a
+    module already has ("training", "forward", ...), so each dot becomes "_", an empty name "table", and a clash
+    with another table or an attribute gets a suffix "_2", "_3", ...; every other name is kept as it is."""
+    taken = set(dir(torch.nn.ModuleDict()))
+    given, out, used = set(names), [], set()
     for name in names:
         base = name.replace(".", "_") or "table"
         legal, k = base, 1
-        while legal in used or (legal != name and legal in names):
+        while legal in used or legal in taken or (legal != name and legal in given):
             k += 1
             legal = f"{base}_{k}"
         used.add(legal)
@@ -60,6 +63,20 @@ def plan_spec(names: list[str], rows, dims, plan: Placement) -> dict:
         tables.append({"name": name, "module_name": module_name, "rows": int(rows[t]), "dim": int(dims[t]),
                        "shards": [{"col_offset": c, "width": w, "rank": r} for c, w, r in shards]})
     return {"kind": SPEC_KIND, "world_size": int(plan.num_devices), "tables": tables}
+
+
+SPEC_KEYS = ("kind", "world_size", "tables", "provenance")
+TABLE_KEYS = ("name", "module_name", "rows", "dim", "sharding_type", "shards")
+SHARD_KEYS = ("col_offset", "width", "rank")
+ROW_KEYS = ("row_offset", "rows")  # a row block's, besides SHARD_KEYS
+
+
+def _known_keys(where: str, entry: dict, keys: tuple, what: str) -> None:
+    """One line for a key a plan entry does not have (a misspelt `sharding_type` would read as table-wise)."""
+    unknown = [k for k in entry if k not in keys]
+    if unknown:
+        raise UserError(f"{where}: unknown key {str(unknown[0])!r} ({what} holds {', '.join(keys)}); rewrite it with "
+                        "tools/shard_tables.py --torchrec_plan"[:300])
 
 
 def _whole(where: str, key: str, v, lo: int, hi: int) -> int:
@@ -138,6 +155,7 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
         raise UserError(f"{where} is not a neuroshard TorchRec plan; write one with tools/shard_tables.py "
                         "--torchrec_plan FILE")
     world = _whole(where, "world_size", spec.get("world_size"), 1, MAX_WORLD_SIZE)
+    _known_keys(where, spec, SPEC_KEYS, "a plan")
     tables = spec["tables"]
     if not 1 <= len(tables) <= MAX_TABLES:
         raise UserError(f"{where}: a plan needs 1 to {MAX_TABLES:,} tables, got {len(tables):,}")
@@ -154,6 +172,11 @@ def check_spec(spec: dict, where: str = "plan") -> dict:
             raise UserError(f"{at}: duplicate table name {name!r} (also table {seen[name]}); names must be unique")
         seen[name] = i
         at = f"{where} table {i} ({name!r})"
+        _known_keys(at, t, TABLE_KEYS, "a table")
+        shard_keys = SHARD_KEYS + (ROW_KEYS if t.get("sharding_type") in ROW_KINDS else ())
+        for s in t.get("shards") if isinstance(t.get("shards"), list) else ():
+            if isinstance(s, dict):
+                _known_keys(at, s, shard_keys, f"a {t.get('sharding_type') or 'table_wise or column_wise'} shard")
         _whole(at, "rows", t.get("rows"), 1, MAX_ROWS)
         dim = _whole(at, "dim", t.get("dim"), 1, MAX_DIM)
         shards = t.get("shards")
@@ -286,6 +309,13 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
 
     check_spec(spec)
     world = spec["world_size"]
+    host = world if local_size is None else local_size
+    if isinstance(host, bool) or not isinstance(host, int) or not 1 <= host <= world:
+        raise UserError(f"local_size {local_size!r} must be a whole number of ranks per host, 1..{world} (the plan's "
+                        "world size)"[:200])
+    if device_type == "cuda" and host > MAX_CUDA_PER_HOST:
+        raise UserError(f"{host} ranks on one host would be CUDA devices 0..{host - 1}, past torch's device index "
+                        f"{MAX_CUDA_PER_HOST - 1}; pass local_size (a Topology's local_world_size), the GPUs per host")
     per_param = {}
     for t in spec["tables"]:
         if t.get("sharding_type") in ONE_HOST_KINDS and local_size not in (None, world):
@@ -314,7 +344,7 @@ def to_torchrec_plan(spec: dict, module_path: str = "", device_type: str = "cuda
     module_plan = EmbeddingModuleShardingPlan()
     for t in spec["tables"]:
         shape_only = torch.empty((t["rows"], t["dim"]), device="meta")
-        module_plan[t["module_name"]] = per_param[t["module_name"]](shape_only, local_size or world, world,
+        module_plan[t["module_name"]] = per_param[t["module_name"]](shape_only, host, world,
                                                                     device_type, sharder)
     return TorchRecShardingPlan({module_path: module_plan})
 
@@ -338,16 +368,20 @@ def spec_from_json(obj, where: str) -> dict:
 
 
 def load_torchrec_plan(path: str | Path, module_path: str = "", device_type: str = "cuda",
-                       compute_kernel: str | None = "fused"):
+                       compute_kernel: str | None = "fused", local_size: int | None = None):
     """The TorchRec `ShardingPlan` of a `--torchrec_plan` file (`read_torchrec_plan`, then `to_torchrec_plan`).
     `compute_kernel`: every sharded table's kernel; "fused" (the optimizer's update fused into the backward), as
     `NeuroShardPlanner` hands plans out and as `shard_tables --measure` and the benchmarks measure them (replicated
     tables stay on TorchRec's dense kernel); None takes what TorchRec's sharding helpers pick for a table's shape
-    alone, its dense kernel."""
+    alone, its dense kernel. `local_size`: the ranks per host (rank r's device `cuda:r % local_size`); default all
+    ranks on one host."""
     if device_type not in ("cpu", "cuda"):
         raise UserError(f"load_torchrec_plan: device_type must be 'cpu' or 'cuda' (the ranks' devices), got "
                         f"{device_type!r}"[:200])
     if compute_kernel not in (None, "fused", "dense"):
         raise UserError(f"load_torchrec_plan: compute_kernel must be 'fused', 'dense' or None, got "
                         f"{compute_kernel!r}"[:200])
-    return to_torchrec_plan(read_torchrec_plan(path), module_path, device_type, compute_kernel)
+    if not isinstance(module_path, str):
+        raise UserError(f"load_torchrec_plan: module_path must be a string (the module's path in your model, '' for "
+                        f"the model itself), got {module_path!r}"[:200])
+    return to_torchrec_plan(read_torchrec_plan(path), module_path, device_type, compute_kernel, local_size)

@@ -59,6 +59,10 @@ def test_plan_file_round_trip_and_bad_files(tmp_path):
     with pytest.raises(UserError, match="load_torchrec_plan: compute_kernel must be 'fused', 'dense' or None, got "
                                         "'fused_uvm'"):
         load_torchrec_plan(tmp_path / "p.json", compute_kernel="fused_uvm")
+    with pytest.raises(UserError, match="load_torchrec_plan: module_path must be a string"):
+        load_torchrec_plan(tmp_path / "p.json", module_path=None)
+    assert {str(m.placement) for p in load_torchrec_plan(tmp_path / "p.json", local_size=1).plan[""].values()
+            for m in p.sharding_spec.shards} == {"rank:0/cuda:0", "rank:1/cuda:0"}  # two hosts of one GPU
     bad = json.loads((tmp_path / "p.json").read_text())
     bad["tables"][0]["shards"][0]["rank"] = 5
     (tmp_path / "bad.json").write_text(json.dumps(bad))
@@ -68,6 +72,52 @@ def test_plan_file_round_trip_and_bad_files(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(UserError, match="not covered exactly once"):
         load_torchrec_plan(tmp_path / "bad.json")
+
+
+def test_a_key_a_plan_entry_does_not_have_is_refused_where_it_would_change_the_plan(tmp_path):
+    """A misspelt sharding_type would read as table-wise, a row block's keys on a table-wise shard, a shard's
+    placement or a plan-wide kernel would be dropped: each is refused in one line naming the key and where it is."""
+    write_torchrec_plan(tmp_path / "p.json", _spec())
+    good = json.loads((tmp_path / "p.json").read_text())
+    for change, match in [(lambda p: p["tables"][1].update(sharding_typ="row_wise"), r"table 1 \('b'\): unknown key "
+                           r"'sharding_typ' \(a table holds name, module_name, rows, dim, sharding_type, shards\)"),
+                          (lambda p: p["tables"][1]["shards"][0].update(row_offset=10, rows=5),
+                           r"table 1 \('b'\): unknown key 'row_offset' \(a table_wise or column_wise shard holds "
+                           r"col_offset, width, rank\)"),
+                          (lambda p: p["tables"][0]["shards"][0].update(placement="rank:1/cuda:1"),
+                           "unknown key 'placement'"),
+                          (lambda p: p.update(compute_kernel="dense"), r"bad\.json: unknown key 'compute_kernel' \(a plan "
+                           "holds kind, world_size, tables, provenance\)")]:
+        bad = json.loads(json.dumps(good))
+        change(bad)
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(UserError, match=match):
+            load_torchrec_plan(tmp_path / "bad.json")
+
+
+def test_torchrec_device_indices_stay_within_a_host():
+    """Rank r's device is cuda:(r % local_size), and torch keeps a device index in 8 signed bits: a plan of more
+    than 128 ranks on one CUDA host is refused in one line (it wrapped to cuda:-56 or the wrong GPU), placed per
+    host with `local_size`, and on CPU ranks it needs none. A table named like a module attribute ("training")
+    gets a module name TorchRec can add."""
+    from neuroshard.sharding.torchrec_export import module_names
+
+    spec = {"kind": "neuroshard.torchrec_plan", "world_size": 300, "tables": [
+        {"name": "training", "rows": 10, "dim": 8, "shards": [{"col_offset": 0, "width": 8, "rank": 299}]}]}
+
+    def placements(plan):
+        return [str(m.placement) for ps in plan.plan[""].values() for m in ps.sharding_spec.shards]
+
+    with pytest.raises(UserError, match=r"^300 ranks on one host would be CUDA devices 0..299, past torch's device "
+                                        r"index 127; pass local_size"):
+        to_torchrec_plan(spec)
+    assert placements(to_torchrec_plan(spec, local_size=8)) == ["rank:299/cuda:3"]
+    assert placements(to_torchrec_plan(spec, device_type="cpu")) == ["rank:299/cpu"]
+    assert list(to_torchrec_plan(spec, device_type="cpu").plan[""]) == ["training_2"]
+    for bad in (0, 301, True, 8.0):
+        with pytest.raises(UserError, match=r"local_size .* must be a whole number of ranks per host, 1..300"):
+            to_torchrec_plan(spec, local_size=bad)
+    assert module_names(["training", "forward", "a.b", "a_b", ""]) == ["training_2", "forward_2", "a_b_2", "a_b", "table"]
 
 
 def test_a_plan_file_with_a_key_given_twice_is_refused(tmp_path):
