@@ -28,7 +28,8 @@ a third plan to the same rounds: NeuroShard's with only the tables memory or con
 too, and TorchRec's with those tables table-wise on NeuroShard's ranks, so each pair differs in the replicas alone.
 `--measure_first` reports the plan `tools/shard_tables.py --sharding_types ... --measure` writes: NeuroShard's and
 TorchRec's measured first in rounds of their own (`all_types.MEASURE_ROUNDS`), the faster kept
-(`all_types.measured_faster`), then it and TorchRec's measured in the `--rounds` reported, held out.
+(`all_types.measured_faster`), then it and TorchRec's measured in the `--rounds` reported, held out (where
+TorchRec's is kept, one plan measured once: the ratio is 1).
 
 Skewed row access (`--ids_order popular_first`): the synthesised ids (each table's reuse histogram, the published
 DLRM one) renumbered as a frequency-ordered vocabulary numbers them, so a row-wise table's first block takes most
@@ -87,7 +88,7 @@ class AllTypesStepConfig:
     measure_first: bool = flag(False, "first measure NeuroShard's plan and TorchRec's in all_types.MEASURE_ROUNDS "
                                       "interleaved rounds and keep the faster as NeuroShard's, as tools/shard_tables.py "
                                       "--sharding_types ... --measure writes it (`measured_faster`); the --rounds "
-                                      "reported are then held out")
+                                      "reported are then held out (TorchRec's kept: one plan, ratio 1)")
     measure_engine: str = flag("torchrec", "torchrec (TorchRec training steps, DistributedModelParallel) or "
                                            "emulated (the step cost's parts on emulated independent devices: the "
                                            "engine the cost models were trained on)", choices=("torchrec", "emulated"))
@@ -185,13 +186,11 @@ def measured_choice(a: AllTypesStepConfig, ds_path, batch: int, spec: dict, thei
     TorchRec's are measured in `MEASURE_ROUNDS` interleaved rounds of their own and the faster is kept, as
     `shard_tables --measure` keeps it (`all_types.measured_faster`)."""
     from neuroshard.hardware.backends import resolve_hardware
-    from neuroshard.planning.all_types import MEASURE_ROUNDS, measure_specs, measured_faster
+    from neuroshard.planning.all_types import MEASURE_ROUNDS, measure_specs, measured_faster, paired_record
 
     mine, torchrec = measure_specs(ds_path, resolve_hardware("cpu", "auto"), batch, a.warmup_iter, a.num_iter,
                                    [spec, theirs], a.ndevices, MEASURE_ROUNDS, a.measure_engine, pooling)
-    r = paired_interval(mine, torchrec)
-    faster, line = measured_faster(theirs, {"ratio": r.estimate, "ratio_lo": r.lo, "ratio_hi": r.hi,
-                                            "rounds": MEASURE_ROUNDS, "same_plan": False}, a.ndevices, "cpu",
+    faster, line = measured_faster(theirs, paired_record(mine, torchrec, False), a.ndevices, "cpu",
                                    {t["name"]: t["name"] for t in theirs["tables"]})
     return (spec, False, line) if faster is None else (faster, True, line)
 

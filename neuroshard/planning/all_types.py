@@ -10,7 +10,8 @@ plan TorchRec's `EmbeddingShardingPlanner` makes with the same types (`NeuroShar
 
 plan.json holds the plan as the TorchRec export spec (row offsets of row-wise blocks included), the planner's
 predicted step cost and its notes; `--torchrec_plan` writes the spec. With `--measure` the plan and TorchRec's are
-measured on these ranks (`MEASURE_ROUNDS` interleaved rounds): as the step cost prices them on emulated independent
+measured on these ranks (`MEASURE_ROUNDS` interleaved rounds; where the plan handed out is TorchRec's own, it
+once): as the step cost prices them on emulated independent
 devices (the default engine: a row block computes the ids in its rows, a replica its rank's local batch, then each
 sharding group's collectives, `hardware.engine`), or with `--measure_engine torchrec` as TorchRec training steps; and
 plan.json records both and their paired ratio; the plan written is the one that measured faster: TorchRec's where
@@ -209,7 +210,7 @@ def measured_faster(theirs_spec: dict, measured: dict, world: int, device_type: 
              f"{measured['ratio_hi']:.3f}] in {measured['rounds']} rounds")
     if measured["same_plan"]:
         return None, "note: --measure: the plan handed out is TorchRec's own, written as it is"
-    if measured["ratio"] <= 1:
+    if not measured["ratio"] > 1:  # no slower, or no ratio at all (NaN)
         return None, f"note: --measure: the plan handed out is written ({ratio}: it measured no slower)"
     converted = spec_of_torchrec(theirs_spec["tables"], world)
     if converted is None or not same_plan(converted, theirs_spec, world, device_type):
@@ -271,7 +272,6 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
 
     import numpy as np
 
-    from ..core.intervals import paired_interval
     from ..hardware.backends import resolve_hardware
     from .user_data import user_tables_dataset
 
@@ -289,11 +289,19 @@ def measure_against_torchrec(cfg: ShardTablesConfig, tl: TableList, spec: dict, 
         got = measure_specs(ds.path, hw, batch, cfg.warmup_iter, cfg.num_iter, [ours] if same else [ours, theirs_spec],
                             cfg.ndevices, MEASURE_ROUNDS, cfg.measure_engine, tl.task.pooling_factors)
     mine, torchrec = (got[0], got[0]) if same else got
-    ratio = paired_interval(mine, torchrec)
+    record = paired_record(mine, torchrec, same)
     print(f"measured step: {np.median(mine):.2f} ms (one plan)" if same else
           f"measured step: the plan handed out {np.median(mine):.2f} ms, TorchRec's {np.median(torchrec):.2f} ms; "
-          f"handed out / TorchRec's {ratio.estimate:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (paired, 95%)")
-    return {"engine": cfg.measure_engine, "rounds": MEASURE_ROUNDS, "neuroshard_ms": mine.tolist(),
-            "torchrec_ms": torchrec.tolist(), "torchrec_types": sorted({t["sharding_type"]
-                                                                       for t in theirs_spec["tables"]}),
-            "ratio": ratio.estimate, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi, "same_plan": same}
+          f"handed out / TorchRec's {record['ratio']:.3f} [{record['ratio_lo']:.3f}, {record['ratio_hi']:.3f}] "
+          "(paired, 95%)")
+    return {"engine": cfg.measure_engine, "neuroshard_ms": mine.tolist(), "torchrec_ms": torchrec.tolist(),
+            "torchrec_types": sorted({t["sharding_type"] for t in theirs_spec["tables"]}), **record}
+
+
+def paired_record(mine, torchrec, same: bool) -> dict:
+    """What `measured_faster` reads of the handed-out plan's and TorchRec's steps, measured in the same rounds: the
+    paired ratio (handed out / TorchRec's) and its 95% interval, the rounds, and whether they are one plan."""
+    from ..core.intervals import paired_interval
+
+    r = paired_interval(mine, torchrec)
+    return {"rounds": len(mine), "ratio": r.estimate, "ratio_lo": r.lo, "ratio_hi": r.hi, "same_plan": same}

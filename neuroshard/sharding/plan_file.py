@@ -19,7 +19,7 @@ from ..core.errors import PlanError, UserError
 from ..core.costs import Cluster
 from ..data.tasks import ShardingTask
 from .plan import Placement, plan_from_slices
-from .torchrec_export import PINNED_KINDS, SPEC_KIND, spec_from_json  # pinned: kinds a task cannot place
+from .torchrec_export import MAX_WORLD_SIZE, PINNED_KINDS, SPEC_KIND, spec_from_json  # pinned: kinds a task cannot place
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
@@ -39,6 +39,10 @@ def read_plan_file(path: str | Path) -> dict:
     obj = read_json(path, "plan file", "plan file",
                     "pass a plan.json or a --torchrec_plan file (tools/shard_tables.py --out or --torchrec_plan)")
     is_record = isinstance(obj, dict) and obj.get("kind") == PLAN_KIND
+    devices = obj.get("ndevices") if is_record else 1
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_WORLD_SIZE:
+        raise UserError(f"{path}: ndevices {devices!r} outside 1..{MAX_WORLD_SIZE} (a whole number: the devices the "
+                        "plan is for); rewrite it with tools/shard_tables.py --out"[:300])
     return spec_from_json(_record_spec(obj) if is_record else obj, str(path))
 
 

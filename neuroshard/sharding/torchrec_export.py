@@ -19,6 +19,7 @@ file is checked (`check_spec`) before TorchRec sees it, so a bad file gets one l
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -119,8 +120,12 @@ def empty_kernels(spec: dict) -> dict[int, list[str]]:
 
 
 def placement_rank(placement: str) -> int:
-    """The rank of a TorchRec shard placement as `planner.incumbent.parameter_specs` writes it ("rank:R/device")."""
-    return int(placement.split(":")[1].split("/")[0])
+    """The rank of a TorchRec shard placement as `planner.incumbent.parameter_specs` writes it ("rank:R/cpu" or
+    "rank:R/cuda:D"); ValueError for any other text."""
+    placed = re.fullmatch(r"rank:(\d{1,9})/(cpu|cuda:\d{1,9})", placement) if isinstance(placement, str) else None
+    if placed is None:
+        raise ValueError(f"not a shard placement: {placement!r}"[:200])
+    return int(placed.group(1))
 
 
 def spec_of_torchrec(tables: list[dict], world: int) -> dict | None:

@@ -135,7 +135,9 @@ def test_dotted_names_plan_end_to_end(tmp_path):
     assert set(plan) == {"user_id_2", "item_id", "user_id"}
 
 
-@pytest.mark.parametrize("change,fragment", [({"ndevices": "2"}, "world_size '2' outside"),
+@pytest.mark.parametrize("change,fragment", [({"ndevices": "2"}, "ndevices '2' outside 1..1024"),
+                                             ({"ndevices": None}, "ndevices None outside 1..1024"),
+                                             ({"tables__0__sharding_typ": "row_wise"}, "unknown key 'sharding_typ'"),
                                              ({"tables__0__name": "a\nb"}, "name must be one line"),
                                              ({"tables__0__shards__0__rank": 9}, "rank 9 outside 0..1")])
 def test_alg_plan_file_gets_the_same_checks(tmp_path, change, fragment):

@@ -3,6 +3,7 @@ plan.json and the TorchRec plan carry row-wise blocks and replicas; bad flags ar
 import json
 import re
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torchrec")
@@ -127,6 +128,29 @@ def test_measure_runs_both_plans_in_either_engine_and_writes_the_faster(tmp_path
     assert "measured step: the plan handed out" in proc.stdout
     assert rec["alg"] == ("torchrec" if m["ratio"] > 1 else "neuroshard"), (rec["alg"], m["ratio"])
     assert any(n.startswith("note: --measure: ") for n in rec["notes"])
+
+
+def test_a_ratio_that_is_not_above_one_keeps_the_plan_handed_out_and_placements_are_checked():
+    """`measured_faster` writes TorchRec's plan only where the paired ratio is above 1: a NaN ratio (no finite pair
+    of rounds) keeps the plan handed out. `placement_rank` reads "rank:R/device" and refuses any other text."""
+    from neuroshard.planning.all_types import measured_faster, paired_record
+    from neuroshard.sharding.torchrec_export import placement_rank
+
+    theirs = {"torchrec": True, "tables": [{"name": "a", "rows": 8, "dim": 4, "sharding_type": "table_wise",
+                                            "compute_kernel": "fused", "ranks": [1], "shards": [
+                                                {"offsets": [0, 0], "sizes": [8, 4], "placement": "rank:1/cpu"}]}]}
+    for mine, torchrec, kept in [([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], False), ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], True),
+                                 ([np.nan] * 3, [1.0] * 3, True)]:
+        record = paired_record(np.array(mine), np.array(torchrec), False)
+        assert record["rounds"] == 3 and set(record) == {"rounds", "ratio", "ratio_lo", "ratio_hi", "same_plan"}
+        spec, line = measured_faster(theirs, record, 2, "cpu", {"a": "a"})
+        assert (spec is None) == kept, line
+        if not kept:
+            assert spec["tables"][0]["shards"] == [{"col_offset": 0, "width": 4, "rank": 1}]
+    assert placement_rank("rank:3/cuda:1") == 3 and placement_rank("rank:0/cpu") == 0
+    for bad in ("garbage", "rank:-1/cpu", "rank:1/cuda", 5, None, "rank:1/cpu:0"):
+        with pytest.raises(ValueError, match="not a shard placement"):
+            placement_rank(bad)
 
 
 def test_measure_writes_torchrecs_plan_where_it_measured_faster(tmp_path, capsys, monkeypatch):

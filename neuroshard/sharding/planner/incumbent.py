@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -18,6 +17,7 @@ import warnings
 from ...core.errors import PlanError, UserError
 from ..plan import Placement, plan_from_slices
 from ..torchrec_baseline import sharding_slices
+from ..torchrec_export import placement_rank
 from .types import COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, ROW_WISE_KINDS, TABLE_WISE, Enumeration
 
 
@@ -348,10 +348,7 @@ def from_parameter_specs(spec: dict, world: int):
                 raise ValueError(t["name"])
             shards = []
             for s in t["shards"]:
-                placed = re.fullmatch(r"rank:(\d+)/(cpu|cuda:\d+)", s["placement"])
-                if placed is None:
-                    raise ValueError(s["placement"])
-                rank(int(placed.group(1)))
+                rank(placement_rank(s["placement"]))
                 shards.append(ShardMetadata(shard_offsets=whole(s["offsets"], 0), shard_sizes=whole(s["sizes"], 0),
                                             placement=s["placement"]))
             out[t["name"]] = ParameterSharding(
