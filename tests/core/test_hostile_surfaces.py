@@ -66,6 +66,12 @@ def test_check_input_file_names_an_unreadable_file(tmp_path):
         check_input_file(p, "--tables file")
 
 
+@pytest.mark.parametrize("path", [None, 5, ["a.json"]])
+def test_check_input_file_names_what_is_not_a_path(path):
+    with pytest.raises(UserError, match=r"^plan file: expected a path, got \w+; "):
+        check_input_file(path, "plan file")
+
+
 # ----------------------------------------------------------------------------- older, unchecksummed logs
 
 def _legacy_log(path, n=5):

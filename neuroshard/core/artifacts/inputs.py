@@ -19,7 +19,10 @@ READ_FIX = "run the step that writes it, or pass the right path"
 
 def check_input_file(path: str | os.PathLike, what: str, fix: str = READ_FIX) -> Path:
     """`path` as a regular file to read, else one `UserError` that says what is there instead: nothing, a folder,
-    a FIFO, a device (reading /dev/zero or a FIFO never ends), or a file this user cannot read. `fix` ends it."""
+    a FIFO, a device (reading /dev/zero or a FIFO never ends), or a file this user cannot read; a `path` that is no
+    path at all (None, a number) too. `fix` ends it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UserError(f"{what}: expected a path, got {type(path).__name__}; {fix}")
     path = Path(path)
     try:
         st = path.stat()
