@@ -40,8 +40,8 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     except UserError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt as e:
-        print(interrupted, file=sys.stderr)
+    except KeyboardInterrupt as e:  # one raised with a message (`plan_file.write_plan_outputs`) says what it knows
+        print(e.args[0] if e.args and isinstance(e.args[0], str) else interrupted, file=sys.stderr)
         sys.exit(143 if isinstance(e, Terminated) else 130)
     sys.exit(code or 0)
 

@@ -355,10 +355,17 @@ def _context():
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([*_PRELOAD, *(m for m in _PRELOAD_IF_LOADED if m in sys.modules)])
+    # the server starts with SIGINT ignored, as workers run: a Ctrl-C to the terminal's process group during its
+    # imports (seconds) printed a KeyboardInterrupt traceback from it; the parent's own handler is back at once
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         forkserver.ensure_running()
     except OSError:  # its socket cannot be made (a $TMPDIR too long for a socket path): spawn each one instead
         return mp.get_context("spawn")
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     return ctx
 
 

@@ -28,15 +28,15 @@ import logging
 import sys
 from contextlib import contextmanager
 
-from ..core.artifacts import provenance, write_json
+from ..core.artifacts import provenance
 from ..core.config import ShardTablesConfig
 from ..core.costs import Cluster
 from ..core.errors import UserError
 from ..core.tables import format_table
 from ..data.table_list import TableList
-from ..sharding.plan_file import PLAN_KIND
+from ..sharding.plan_file import PLAN_KIND, write_plan_outputs
 from ..sharding.simulator import Simulator
-from ..sharding.torchrec_export import module_names, spec_of_torchrec, to_torchrec_plan, write_torchrec_plan
+from ..sharding.torchrec_export import module_names, spec_of_torchrec
 from .plan_report import predicted_record
 
 MEASURE_ROUNDS = 8  # interleaved rounds of the plan handed out and TorchRec's with --measure
@@ -179,13 +179,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
                                        search=cfg.search.__dict__)}
     if measured is not None:
         record["measured"] = measured
-    to_torchrec_plan(spec, device_type="cpu")  # TorchRec must accept it before a file is written
-    write_json(cfg.out, record)
-    print(f"\nplan written to {cfg.out}")
-    if cfg.torchrec_plan:
-        write_torchrec_plan(cfg.torchrec_plan, spec, alg=alg, source=tl.source)
-        print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
-              "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
+    write_plan_outputs(cfg.out, record, cfg.torchrec_plan, spec, alg=alg, source=tl.source)
     return {"spec": spec, "result": res, "cost": cost, "measured": measured}
 
 

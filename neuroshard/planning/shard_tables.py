@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.artifacts import OutputLock, check_outputs, provenance, read_json, write_json
+from ..core.artifacts import OutputLock, check_outputs, provenance, read_json
 from ..core.config import MIN_GAIN, ShardTablesConfig
 from ..core.errors import UserError
 from ..core.tables import format_table
@@ -29,11 +29,11 @@ from ..hardware.backends import resolve_hardware
 from ..hardware.launch import rank_gpus
 from ..sharding.candidates import against_baselines, handout_verdict
 from ..sharding.plan import Placement
-from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX
+from ..sharding.plan_file import PLAN_KIND, PREFIX as PLAN_PREFIX, write_plan_outputs
 from ..sharding.registry import expand_algs, make_sharder, shard_task
 from ..sharding.search import plan_key
 from ..sharding.simulator import Simulator
-from ..sharding.torchrec_export import SPEC_KIND, plan_spec, to_torchrec_plan, write_torchrec_plan
+from ..sharding.torchrec_export import SPEC_KIND, plan_spec
 from .all_types import check_sharding_types, plan_all_types, row_wise_allowed
 from .calibrated_models import calibrated_simulator, models_words
 from .calibration_file import CALIBRATION_SUFFIX, calibration_path
@@ -267,16 +267,8 @@ def plan_record(cfg: ShardTablesConfig, inputs: PlanInputs, sim: Simulator | Non
 
 
 def write_outputs(cfg: ShardTablesConfig, record: dict, spec: dict, tl: TableList) -> None:
-    """Step 5: plan.json, and the TorchRec plan, both once TorchRec accepts it (its devices as a plan file leaves
-    them: `load_torchrec_plan` places them)."""
-    if cfg.torchrec_plan:
-        to_torchrec_plan(spec, device_type="cpu")  # before either file is written
-    write_json(cfg.out, record)
-    print(f"\nplan written to {cfg.out}")
-    if cfg.torchrec_plan:
-        write_torchrec_plan(cfg.torchrec_plan, spec, alg=cfg.alg, source=tl.source)
-        print(f"TorchRec plan written to {cfg.torchrec_plan} (load it with "
-              "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
+    """Step 5: plan.json, and the TorchRec plan (`write_plan_outputs`)."""
+    write_plan_outputs(cfg.out, record, cfg.torchrec_plan, spec, alg=cfg.alg, source=tl.source)
 
 
 def no_plan_line(alg: str, plan, tl: TableList, cluster: Cluster) -> str:

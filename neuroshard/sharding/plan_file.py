@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.artifacts import read_json
+from ..core.artifacts import deferred_interrupts, read_json, write_json
 from ..core.errors import PlanError, UserError
 from ..core.costs import Cluster
 from ..data.tasks import ShardingTask
 from .plan import Placement, plan_from_slices
-from .torchrec_export import MAX_WORLD_SIZE, PINNED_KINDS, SPEC_KIND, spec_from_json  # pinned: kinds a task cannot place
+from .torchrec_export import (MAX_WORLD_SIZE, PINNED_KINDS, SPEC_KIND,  # pinned: kinds a task cannot place
+                              spec_from_json, to_torchrec_plan, write_torchrec_plan)
 
 PLAN_KIND = "neuroshard.plan"
 PREFIX = "plan:"
@@ -31,6 +32,29 @@ def plan_record(spec: dict, pooling_factors, **fields) -> dict:
     `fields` of these names only fixes where they stand). `read_plan_file` reads the spec back."""
     tables = [{**t, "pooling_factor": float(pf)} for t, pf in zip(spec["tables"], pooling_factors)]
     return {"kind": PLAN_KIND, **fields, "ndevices": spec["world_size"], "tables": tables}
+
+
+def write_plan_outputs(out: str | Path, record: dict, torchrec_plan: str | Path | None, spec: dict,
+                       **made_with) -> None:
+    """plan.json (`record`) and, where asked, the TorchRec plan file of `spec` (`made_with`: its provenance), once
+    TorchRec accepts the spec (its devices as a plan file leaves them: `load_torchrec_plan` places them). Both are
+    written as one step: a Ctrl-C or SIGTERM meanwhile waits until both are whole and then says they are, so a
+    plan.json never stands beside a TorchRec file of another run, or without its own."""
+    if torchrec_plan:
+        to_torchrec_plan(spec, device_type="cpu")  # before either file is written
+    written = [str(out)] + ([str(torchrec_plan)] if torchrec_plan else [])
+    try:
+        with deferred_interrupts():
+            write_json(out, record)
+            if torchrec_plan:
+                write_torchrec_plan(torchrec_plan, spec, **made_with)
+    except KeyboardInterrupt as e:  # delivered once both are written
+        e.args = (f"interrupted: {' and '.join(written)} written in full first",)
+        raise
+    print(f"\nplan written to {out}")
+    if torchrec_plan:
+        print(f"TorchRec plan written to {torchrec_plan} (load it with "
+              "neuroshard.sharding.torchrec_export.load_torchrec_plan)")
 
 
 def read_plan_file(path: str | Path) -> dict:

@@ -106,6 +106,24 @@ def test_sigterm_while_workers_start_stops_them_without_a_traceback():
     assert not any(_alive(p) for p in pids), "workers outlived their parent"
 
 
+def test_the_worker_server_starts_with_ctrl_c_ignored():
+    """The forkserver imports torch (and TorchRec) for seconds after it starts, in the terminal's process group: it
+    starts with SIGINT ignored, as the workers run (a Ctrl-C then printed its KeyboardInterrupt traceback beside the
+    script's one line), and the parent's own Ctrl-C handler is back at once."""
+    code = """
+import multiprocessing.forkserver as forkserver, signal
+from neuroshard.hardware.launch import _context
+_context()
+ignored = int(next(l for l in open(f"/proc/{forkserver._forkserver._forkserver_pid}/status") if l.startswith("SigIgn")).split()[1], 16)
+print(bool(ignored & (1 << (signal.SIGINT - 1))), signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads a process's signal mask from /proc")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.split() == ["True", "True"], proc.stderr
+
+
 def test_each_run_gets_the_environment_and_folder_of_its_parent_at_that_moment(tmp_path, monkeypatch):
     """Processes fork from a server started with the first run; a variable set and a folder entered after it
     started still reach the next run's processes, as they would reach spawned ones."""

@@ -154,3 +154,37 @@ def test_alg_plan_file_gets_the_same_checks(tmp_path, change, fragment):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(UserError, match=re.escape(fragment)):
         read_plan_file(tmp_path / "plan.json")
+
+
+def test_a_ctrl_c_while_the_plan_files_are_written_waits_until_both_are_whole(tmp_path, monkeypatch, capsys):
+    """plan.json and the TorchRec plan are written as one step (`write_plan_outputs`): a Ctrl-C that arrives
+    between them is delivered once both are written, and the script's line says so (it said "nothing was
+    written" and left plan.json without its TorchRec file, or beside an older one)."""
+    import os
+    import signal
+
+    from neuroshard.core.cli import run_main
+    from neuroshard.sharding import plan_file
+    from neuroshard.sharding.torchrec_export import read_torchrec_plan
+
+    real = plan_file.write_json
+
+    def write_then_ctrl_c(path, obj, *args):
+        out = real(path, obj, *args)
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(plan_file, "write_json", write_then_ctrl_c)
+    (tmp_path / "tr.json").write_text("an older run's file")
+    record = plan_file.plan_record(GOOD, [1.0] * len(GOOD["tables"]), alg="dim_greedy")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(lambda argv: plan_file.write_plan_outputs(tmp_path / "plan.json", record, tmp_path / "tr.json",
+                                                               GOOD, alg="dim_greedy"))
+    finally:
+        signal.signal(signal.SIGTERM, before)  # run_main installs its own handler
+    assert e.value.code == 130
+    assert capsys.readouterr().err == (f"interrupted: {tmp_path / 'plan.json'} and {tmp_path / 'tr.json'} written "
+                                       "in full first\n")
+    assert plan_file.read_plan_file(tmp_path / "plan.json")["tables"] == read_torchrec_plan(tmp_path / "tr.json")["tables"]
