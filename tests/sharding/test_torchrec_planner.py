@@ -396,8 +396,8 @@ def test_modules_the_planner_cannot_take(models):
         p.plan(model, sharders() + [EmbeddingCollectionSharder()])
     with pytest.raises(UserError, match="sharders must be a list"):
         p.plan(model, "EmbeddingBagCollectionSharder")
-    with pytest.raises(UserError, match="dim must be a multiple of 4.*got 6"):
-        p.plan(w.ebc([("odd", 10, 6, 1.0)]), sharders())
+    with pytest.raises(UserError, match="its dim 6 is not a multiple of 4 between 4 and 4096"):  # compare=True
+        planner(models, compare=False).plan(w.ebc([("odd", 10, 6, 1.0)]), sharders())  # hands out TorchRec's
 
 
 @pytest.mark.parametrize("pooling, fragment", [
@@ -761,3 +761,65 @@ def test_more_tables_go_row_wise_where_the_step_is_rated_cheaper(models, tmp_pat
     assert "row_wise" not in pl.last_result.sharding_types, pl.last_result.sharding_types
     with pytest.raises(UserError, match="^NeuroShardPlanner: row_wise_by_cost= must be True or False, got 'yes'"):
         planner(cheap, row_wise_by_cost="yes")
+
+
+def test_tables_the_cost_models_cannot_price_get_torchrecs_plan_not_a_refusal(models):
+    """Where a table's constraints leave out the fused kernel (only UVM kernels, or only dense, sharded) or its
+    dim is not a multiple of 4 in 4..4096, the search cannot price it: TorchRec's planner's plan is handed out
+    unchanged (it was refused in one line where TorchRec plans). `compute_kernels=[]` constrains nothing, as in
+    TorchRec; dense allowed with data_parallel keeps the table replicated by the search."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+
+    from neuroshard import NeuroShardPlanner
+
+    def both(tables, constraints, device="cuda"):
+        topology = Topology(world_size=2, compute_device=device,
+                            **({"hbm_cap": 10**6} if device == "cuda" else {"ddr_cap": 10**6}))
+        ours = NeuroShardPlanner(topology, constraints=constraints, models_dir=models,
+                                 storage_reservation=w.no_reservation())
+        mine = ours.plan(w.ebc(tables), sharders()).plan[""]
+        theirs = EmbeddingShardingPlanner(topology=topology, batch_size=ours.batch_size, constraints=constraints,
+                                          storage_reservation=w.no_reservation()).plan(w.ebc(tables), sharders())
+        kinds = {n: (ps.sharding_type, ps.compute_kernel, ps.ranks) for n, ps in mine.items()}
+        return kinds, {n: (ps.sharding_type, ps.compute_kernel, ps.ranks) for n, ps in theirs.plan[""].items()}, \
+            ours.last_result
+
+    tables = [("a", 400, 16, 2.0), ("b", 100, 32, 1.0)]
+    for kernels in (["fused_uvm_caching"], ["fused_uvm"]):
+        mine, theirs, res = both(tables, {"a": ParameterConstraints(pooling_factors=[2.0], compute_kernels=kernels)})
+        assert mine == theirs and mine["a"][1] in kernels and res.chosen == "torchrec"
+        assert any("exclude 'fused'" in n for n in res.notes), res.notes
+    mine, theirs, res = both(tables, {"a": ParameterConstraints(pooling_factors=[2.0], compute_kernels=[])})
+    assert mine["a"][1] == "fused" and res.chosen != "torchrec"
+    mine, _, res = both(tables, {"a": ParameterConstraints(pooling_factors=[2.0], compute_kernels=["dense"])}, "cpu")
+    assert mine["a"][:2] == ("data_parallel", "dense") and res.chosen != "torchrec"
+    mine, theirs, res = both([("a", 400, 6, 2.0), ("b", 100, 32, 1.0)], {})
+    assert mine == theirs and res.chosen == "torchrec"
+    assert any("its dim 6 is not a multiple of 4 between 4 and 4096" in n for n in res.notes), res.notes
+
+
+def test_more_inputs_the_planner_refuses_in_one_line_or_takes(models):
+    """A NaN memory cap, ids on the meta device, models_dir=None without the three model files and a bad
+    num_poolings are one line naming them; a constraints key that names no table (an int here) is only warned
+    about, as a misspelt name is."""
+    import torch
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+
+    from neuroshard import NeuroShardPlanner
+
+    def make(topology=None, **kw):
+        return NeuroShardPlanner(topology or Topology(world_size=2, compute_device="cuda", hbm_cap=10**6),
+                                 models_dir=kw.pop("models_dir", models), storage_reservation=w.no_reservation(), **kw)
+
+    with pytest.raises(UserError, match=r"the topology gives rank 0 nan bytes of HBM; pass Topology\(\.\.\., hbm_cap"):
+        make(Topology(world_size=2, compute_device="cuda", hbm_cap=float("nan")))
+    with pytest.raises(UserError, match=r"ids\['a'\]: a tensor on the meta device holds no ids"):
+        make(ids={"a": torch.zeros(4, dtype=torch.long, device="meta")})
+    with pytest.raises(UserError, match="models_dir=None needs compute_model, fw_comm_model and bw_comm_model"):
+        make(models_dir=None)
+    bad = {"user": ParameterConstraints(pooling_factors=[2.0], num_poolings=[float("nan")])}
+    with pytest.raises(UserError, match=r"num_poolings must be finite numbers >= 0, one per pooling factor \(1\), "
+                                        r"got \[nan\]"):
+        make(constraints=bad).plan(w.ebc(w.TOP), sharders())
+    plan = make(constraints={1: ParameterConstraints(pooling_factors=[2.0])}).plan(w.ebc(w.TOP), sharders())
+    assert set(plan.plan[""]) == {n for n, *_ in w.TOP}

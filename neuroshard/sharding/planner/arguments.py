@@ -4,6 +4,8 @@ models loaded (`Simulator.from_files`) or the simulator given taken, the batch s
 planner cannot take is one `UserError` that names it as a caller sets it."""
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass
 
@@ -42,7 +44,12 @@ def topology_ranks(topology) -> Ranks:
         raise UserError(f"NeuroShardPlanner plans for cpu or cuda ranks, got Topology(compute_device={device_type!r}); "
                         "plan it with EmbeddingShardingPlanner")
     memory_kind = "DDR" if device_type == "cpu" else "HBM"
-    caps = [int(d.storage.ddr if memory_kind == "DDR" else d.storage.hbm) for d in topology.devices]
+    raw = [d.storage.ddr if memory_kind == "DDR" else d.storage.hbm for d in topology.devices]
+    bad = next((r for r, cap in enumerate(raw) if not math.isfinite(cap)), None)
+    if bad is not None:
+        raise UserError(f"the topology gives rank {bad} {raw[bad]} bytes of {memory_kind}; pass Topology(..., "
+                        f"{memory_kind.lower()}_cap=BYTES), a finite number")
+    caps = [int(cap) for cap in raw]
     if min(caps) <= 0:
         raise UserError(f"the topology gives rank {int(np.argmin(caps))} no {memory_kind} for embedding "
                         f"tables; pass Topology(..., {memory_kind.lower()}_cap=BYTES)")
@@ -86,6 +93,8 @@ def checked_ids(ids) -> dict[str, np.ndarray]:
         if not isinstance(name, str):
             raise UserError(f"{where}: keys must be table names (str), got {type(name).__name__}")
         if hasattr(value, "detach"):
+            if getattr(value, "is_meta", False):
+                raise UserError(f"{where}: a tensor on the meta device holds no ids; pass the ids themselves")
             value = value.detach().cpu().numpy()
         if not isinstance(value, np.ndarray):
             raise UserError(f"{where}: pass a 1-D torch tensor or numpy array of ids, got {type(value).__name__}")
@@ -128,7 +137,10 @@ class ModelArguments:
             if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value).strip()):
                 raise UserError(f"NeuroShardPlanner: {name} must be a file path (str or pathlib.Path), got "
                                 f"{type(value).__name__} {str(value)[:40]!r}")
-        compute, fw, bw = cost_model_paths(self.models_dir, world)
+        if self.models_dir is None and None in (self.compute_model, self.fw_comm_model, self.bw_comm_model):
+            raise UserError("NeuroShardPlanner: models_dir=None needs compute_model, fw_comm_model and bw_comm_model "
+                            "(the model files); pass them, or the folder that holds them as models_dir")
+        compute, fw, bw = cost_model_paths(self.models_dir or ".", world)
         return CostModelFiles(str(self.compute_model or compute), str(self.fw_comm_model or fw),
                               str(self.bw_comm_model or bw), self.input_comm_model)
 

@@ -35,7 +35,7 @@ from torch import nn
 from ...core.errors import UserError
 from ...core.costs import Cluster
 from ...data.features import can_split, ids_reuse_histogram, table_size_gb
-from ...data.table_list import BIN_COLUMNS, parse_table_rows
+from ...data.table_list import BIN_COLUMNS, MAX_DIM, parse_table_rows
 from .storage import StorageCounter, planned_constraints
 from ..simulator import own_group
 from .types import (COLUMN_WISE, COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, ROW_WISE_KINDS,
@@ -91,7 +91,7 @@ class EmbeddingBagEnumerator(Enumerator):
         where = PlannedTable(path, name, False, False).where
         c = self.constraints.get(name)
         wanted = getattr(c, "sharding_types", None)
-        kernels = getattr(c, "compute_kernels", None)
+        kernels = getattr(c, "compute_kernels", None) or None  # [] constrains nothing, as in TorchRec
         offered = set(sharder.sharding_types(self.device_type))
         data_parallel = DATA_PARALLEL in set(wanted or [DATA_PARALLEL]) and DATA_PARALLEL in offered and (
             kernels is None or DENSE in kernels)
@@ -113,25 +113,34 @@ class EmbeddingBagEnumerator(Enumerator):
                         f"{', '.join(sorted(set(PLACED) & set(wanted or PLACED)))} on {self.device_type}; pass "
                         "torchrec's EmbeddingBagCollectionSharder() (or neuroshard.sharding.planner.sharders."
                         "RowWiseSharder() for row_wise on cpu)")
-        if allowed and kernels is not None and FUSED not in kernels:
-            raise UserError(f"{where}: compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's cost "
-                            f"models measure; allow {FUSED!r} or plan the model with EmbeddingShardingPlanner")
+        rows, dim = (int(x) for x in param.shape)
+        if allowed and kernels is not None and FUSED not in kernels:  # sharded, only on a kernel not priced
+            allowed = set()
+            if not data_parallel and not unplaced:
+                unplaced = (f"{where}: its compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's "
+                            f"cost models measure; allow {FUSED!r}")
+        priced_dim = dim if dim % 4 == 0 and 4 <= dim <= MAX_DIM else min(max(4, -(-dim // 4) * 4), MAX_DIM)
+        if priced_dim != dim and not unplaced:  # the cost models' widths: TorchRec's plan may still be handed out
+            unplaced = (f"{where}: its dim {dim} is not a multiple of 4 between 4 and {MAX_DIM}, the widths "
+                        "NeuroShard's cost models price")
         refuse_unplanned_fields(c, where, self.device_type, self.batch_size)
         pooling = DEFAULT_POOLING_FACTOR
         if c is not None:
             factors, counts = getattr(c, "pooling_factors", None), getattr(c, "num_poolings", None)
             try:
-                counts = [1.0] * len(factors) if counts is None else [float(x) for x in counts]
-                factors = [float(x) for x in factors]
+                factors = [_number(x) for x in factors]
+                counts = [1.0] * len(factors) if counts is None else [_number(x) for x in counts]
             except (TypeError, ValueError):
-                raise UserError(f"{where}: pooling_factors (and num_poolings) must be lists of numbers, got "
-                                f"{factors!r}") from None
-            if not factors or len(counts) != len(factors) or not all(math.isfinite(x) and x >= 0
-                                                                     for x in factors + counts):
+                raise UserError(f"{where}: pooling_factors and num_poolings must be lists of numbers, got "
+                                f"pooling_factors={getattr(c, 'pooling_factors', None)!r}, num_poolings="
+                                f"{getattr(c, 'num_poolings', None)!r}"[:300]) from None
+            if not factors or not all(math.isfinite(x) and x >= 0 for x in factors):
                 raise UserError(f"{where}: pooling_factors must be finite numbers >= 0 (mean lookups per sample, one per "
-                                f"feature; num_poolings the same length), got {factors!r}")
+                                f"feature), got {factors!r}"[:300])
+            if len(counts) != len(factors) or not all(math.isfinite(x) and x >= 0 for x in counts):
+                raise UserError(f"{where}: num_poolings must be finite numbers >= 0, one per pooling factor "
+                                f"({len(factors)}), got {counts!r}"[:300])
             pooling = sum(f * n for f, n in zip(factors, counts))
-        rows, dim = (int(x) for x in param.shape)
         measured = {}
         if name in self.ids:
             ids = self.ids[name]
@@ -147,7 +156,7 @@ class EmbeddingBagEnumerator(Enumerator):
                              row_wise_type=next((k for k in ROW_WISE_KINDS if k in allowed), ROW_WISE),
                              column_wise_type=TABLE_COLUMN_WISE if columns and COLUMN_WISE not in allowed
                              else COLUMN_WISE)
-        return table, {"name": table.qualified_name, "rows": rows, "dim": dim, "pooling_factor": pooling,
+        return table, {"name": table.qualified_name, "rows": rows, "dim": priced_dim, "pooling_factor": pooling,
                        **measured}, c is None
 
 
@@ -295,8 +304,15 @@ def size_text(gb: float) -> str:
     return f"{gb:.3f} GB" if gb >= 0.1 else f"{round(gb * 2**30):,} bytes"
 
 
-def _names(x: list[str]) -> str:
-    return ", ".join(x[:5]) + (", ..." if len(x) > 5 else "")
+def _number(x) -> float:
+    """A constraint's number as a float; a bool or a string is not one (TypeError)."""
+    if isinstance(x, (bool, str, bytes)):
+        raise TypeError(x)
+    return float(x)
+
+
+def _names(x: list) -> str:
+    return ", ".join(str(n) for n in x[:5]) + (", ..." if len(x) > 5 else "")
 
 
 def _notes(defaulted: list[str], unpriced: list[str], unknown: list[str], unseen_ids: bool = True) -> list[str]:
