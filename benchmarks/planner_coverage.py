@@ -43,12 +43,17 @@ class PlannerCoverageConfig:
                                     "row_wise (neuroshard's RowWiseSharder: row_wise on cpu too), for both planners")
     constrained_share: float = flag(0.0, "the chance that a table's constraints allow a random subset of TorchRec's "
                                          "sharding types (0: all types, every table)")
+    kernel_share: float = flag(0.0, "the chance that a table's constraints allow a random subset of TorchRec's compute "
+                                    "kernels for the device (0: all kernels, every table)")
+    odd_dim_share: float = flag(0.0, "the chance that a table's dim is 2 more than drawn (not a multiple of 4)")
     out: str = flag("results/planner_coverage.csv", "one row per case; .md and .json beside it")
 
     def check(self) -> "PlannerCoverageConfig":
         check_int("--cases", self.cases, 1, 100_000)
         check_int("--seed", self.seed, 0, 2**32 - 1)
         check_float("--constrained_share", self.constrained_share, 0.0, 1.0)
+        check_float("--kernel_share", self.kernel_share, 0.0, 1.0)
+        check_float("--odd_dim_share", self.odd_dim_share, 0.0, 1.0)
         if self.sharder not in SHARDERS:
             raise UserError(f"--sharder must be one of {', '.join(SHARDERS)}, got {self.sharder!r}")
         if not str(self.out).strip() or Path(self.out).parent.is_file():
@@ -79,13 +84,16 @@ def main(argv=None) -> None:
     for i in tqdm(range(cfg.cases), desc="cases"):
         world, device = cfg.ranks[i % len(cfg.ranks)], ("cuda", "cpu")[i % 2]
         case = random_case(rng, world, device, row_wise_sharder=cfg.sharder == "row_wise",
-                           constrained_share=cfg.constrained_share)
+                           constrained_share=cfg.constrained_share, kernel_share=cfg.kernel_share,
+                           odd_dim_share=cfg.odd_dim_share)
         result = check_case(case, cfg.models_dir)
         rows.append({"case": i, "ranks": world, "device": device, "tables": len(case.tables),
                      "cap_bytes": case.cap_bytes, "batch_size": case.batch_size, "optimizer": case.optimizer or "",
                      "sharding_types": ";".join(f"{n}={'+'.join(k)}" for n, k in (case.sharding_types or {}).items()),
+                     "compute_kernels": ";".join(f"{n}={'+'.join(k)}" for n, k in (case.compute_kernels or {}).items()),
+                     "dims": ";".join(str(d) for _, _, d, _ in case.tables),
                      "outcome": result.outcome, "used_share": result.used_share, "violation": result.violation or "",
-                     "own_plan_types": "+".join(result.detail.get("types", []))})
+                     "own_plan_types": "+".join(result.detail.get("types", [])) if result.outcome == "own" else ""})
     counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
     own = [r["used_share"] for r in rows if r["outcome"] == "own"]
     own_types = {k: sum(k in r["own_plan_types"].split("+") for r in rows) for k in SHARDING_TYPES}

@@ -32,8 +32,9 @@ def kinds(plan) -> dict[str, tuple[str, str]]:
 
 def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
     """14 random cases (`coverage.random_case`: cpu and cuda, 2 and 4 ranks, optimizers in backward), 4 on cpu
-    with RowWiseSharder and 6 more whose tables' constraints allow random sharding types: no violation, and cases
-    where the budget binds were drawn."""
+    with RowWiseSharder, 6 more whose tables' constraints allow random sharding types and 6 with random compute
+    kernels and dims: no violation (a refusal where TorchRec plans, a plan over the budget or outside the
+    constraints), and cases where the budget binds were drawn."""
     from neuroshard.sharding.planner.coverage import check_case, random_case
 
     rng = np.random.default_rng(7)
@@ -46,6 +47,12 @@ def test_no_plan_over_memory_and_no_refusal_where_torchrec_plans(models):
     assert {k for c in typed for kinds in c.sharding_types.values() for k in kinds} >= {"table_column_wise",
                                                                                           "grid_shard"}
     row_wise += [check_case(c, models[2]) for c in typed]
+    # and tables whose constraints allow random compute kernels (UVM ones on cuda), some of dims the models do not
+    # price: TorchRec's plan where the search cannot price a table, never a refusal where TorchRec plans
+    kernels = [random_case(rng, 2, ("cuda", "cpu")[i % 2], kernel_share=0.7, odd_dim_share=0.3) for i in range(6)]
+    assert any("fused" not in k for c in kernels for k in c.compute_kernels.values())
+    assert any(d % 4 for c in kernels for _, _, d, _ in c.tables)
+    row_wise += [check_case(c, models[2]) for c in kernels]
     assert [r.violation for r in results + row_wise if r.violation] == []
     own = [r for r in results if r.outcome == "own"]
     assert len(own) >= 5 and sum(r.used_share > 0.8 for r in own) >= 2, [(r.outcome, r.used_share) for r in results]
