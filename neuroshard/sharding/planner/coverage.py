@@ -67,22 +67,24 @@ def random_case(rng: np.random.Generator, world: int, device: str, max_tables: i
     cap = int(stored / world * rng.uniform(0.3, 3.0) + 1_000_000)  # around what TorchRec's count needs
     case = CoverageCase(tables, world, device, cap, int(rng.choice([16, 32, 64])), optimizer, row_wise_sharder)
     if constrained_share > 0:
-        case.sharding_types = {}
-        for name, *_ in tables:
-            if rng.random() < constrained_share:
-                picked = rng.random(len(SHARDING_TYPES)) < 0.4
-                picked[int(rng.integers(len(SHARDING_TYPES)))] = True
-                case.sharding_types[name] = [k for k, p in zip(SHARDING_TYPES, picked) if p]
+        case.sharding_types = _random_subsets(rng, tables, constrained_share, SHARDING_TYPES, 0.4)
     if kernel_share > 0:
-        offered, case.compute_kernels = KERNELS[device], {}
-        for name, *_ in tables:
-            if rng.random() < kernel_share:
-                picked = rng.random(len(offered)) < 0.5
-                picked[int(rng.integers(len(offered)))] = True
-                case.compute_kernels[name] = [k for k, p in zip(offered, picked) if p]
+        case.compute_kernels = _random_subsets(rng, tables, kernel_share, KERNELS[device], 0.5)
     if odd_dim_share > 0:
         case.tables = [(n, r, d + 2 if rng.random() < odd_dim_share else d, pf) for n, r, d, pf in tables]
     return case
+
+
+def _random_subsets(rng: np.random.Generator, tables, share: float, choices: tuple, each: float) -> dict:
+    """{table name: a random non-empty subset of `choices`} for each table with chance `share` (each choice in it
+    with chance `each`, one drawn to be sure)."""
+    out = {}
+    for name, *_ in tables:
+        if rng.random() < share:
+            picked = rng.random(len(choices)) < each
+            picked[int(rng.integers(len(choices)))] = True
+            out[name] = [k for k, p in zip(choices, picked) if p]
+    return out
 
 
 def build(case: CoverageCase):
