@@ -54,6 +54,11 @@ class TableList:
     source: str
 
 
+def priced_dim(dim) -> bool:
+    """Whether the cost models price a table of this dim: a multiple of 4 from 4 to `MAX_DIM`."""
+    return dim % 4 == 0 and 4 <= dim <= MAX_DIM
+
+
 def _rows_from_file(path: Path) -> list[tuple[str, dict]]:
     """(where, row dict) per table of a CSV or JSON table list."""
     if path.suffix.lower() == ".json":
@@ -149,7 +154,7 @@ def parse_table_rows(rows: list[tuple[str, dict]], max_mem_gb: float | None, sou
         if n_rows < 1 or not n_rows.is_integer() or n_rows > MAX_ROWS:
             raise UserError(f"{where}: rows must be a whole number from 1 to {MAX_ROWS:,} (a table any device can "
                             f"hold), got {r.get('rows')!r}")
-        if not dim.is_integer() or dim < 4 or dim % 4 or dim > MAX_DIM:
+        if not dim.is_integer() or not priced_dim(dim):
             raise UserError(f"{where}: dim must be a multiple of 4 between 4 and {MAX_DIM}, got {r.get('dim')!r}")
         if pf < 0 or pf > MAX_POOLING:
             raise UserError(f"{where}: pooling_factor must be from 0 to {MAX_POOLING:g} (mean lookups per sample), "

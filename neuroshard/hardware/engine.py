@@ -521,10 +521,9 @@ def run(job: Job, world: int, on_round: Callable[[int, int, np.ndarray], None], 
     no group); `on_round(group, round, costs)` gets each round as rank 0 emits it."""
     if not any(job.groups):
         return
-    (job.settings.step or EmulatedStep).check_items([i for g in job.groups for i in g] + list(job.reference or ()),
-                                                    job.settings)
-    group_device = job.settings.hw.device if world > 1 or any(isinstance(i, Layout) for g in job.groups for i in g) \
-        else None
+    items = [i for g in job.groups for i in g]
+    (job.settings.step or EmulatedStep).check_items(items + list(job.reference or ()), job.settings)
+    group_device = job.settings.hw.device if world > 1 or any(isinstance(i, Layout) for i in items) else None
     run_processes(rounds_rank, world, (job,), lambda msg: on_round(*msg), group_device=group_device,
                   gpu_ids=gpu_ids, what="rank" if group_device else "worker")
 

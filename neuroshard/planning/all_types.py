@@ -179,7 +179,7 @@ def plan_all_types(cfg: ShardTablesConfig, cluster: Cluster, tl: TableList, sim:
                                        search=cfg.search.__dict__)}
     if measured is not None:
         record["measured"] = measured
-    write_plan_outputs(cfg.out, record, cfg.torchrec_plan, spec, alg=alg, source=tl.source)
+    write_plan_outputs(cfg.out, record, cfg.torchrec_plan, spec, check_torchrec=True, alg=alg, source=tl.source)
     return {"spec": spec, "result": res, "cost": cost, "measured": measured}
 
 

@@ -35,12 +35,13 @@ def plan_record(spec: dict, pooling_factors, **fields) -> dict:
 
 
 def write_plan_outputs(out: str | Path, record: dict, torchrec_plan: str | Path | None, spec: dict,
-                       **made_with) -> None:
+                       check_torchrec: bool = False, **made_with) -> None:
     """plan.json (`record`) and, where asked, the TorchRec plan file of `spec` (`made_with`: its provenance), once
-    TorchRec accepts the spec (its devices as a plan file leaves them: `load_torchrec_plan` places them). Both are
+    TorchRec accepts the spec (its devices as a plan file leaves them: `load_torchrec_plan` places them), checked
+    where a TorchRec file is asked for or `check_torchrec` (a plan.json of row blocks and replicas). Both are
     written as one step: a Ctrl-C or SIGTERM meanwhile waits until both are whole and then says they are, so a
     plan.json never stands beside a TorchRec file of another run, or without its own."""
-    if torchrec_plan:
+    if torchrec_plan or check_torchrec:
         to_torchrec_plan(spec, device_type="cpu")  # before either file is written
     written = [str(out)] + ([str(torchrec_plan)] if torchrec_plan else [])
     try:
@@ -63,10 +64,11 @@ def read_plan_file(path: str | Path) -> dict:
     obj = read_json(path, "plan file", "plan file",
                     "pass a plan.json or a --torchrec_plan file (tools/shard_tables.py --out or --torchrec_plan)")
     is_record = isinstance(obj, dict) and obj.get("kind") == PLAN_KIND
-    devices = obj.get("ndevices") if is_record else 1
-    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_WORLD_SIZE:
-        raise UserError(f"{path}: ndevices {devices!r} outside 1..{MAX_WORLD_SIZE} (a whole number: the devices the "
-                        "plan is for); rewrite it with tools/shard_tables.py --out"[:300])
+    if is_record:
+        devices = obj.get("ndevices")
+        if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_WORLD_SIZE:
+            raise UserError(f"{path}: ndevices {devices!r} outside 1..{MAX_WORLD_SIZE} (a whole number: the devices "
+                            "the plan is for); rewrite it with tools/shard_tables.py --out"[:300])
     return spec_from_json(_record_spec(obj) if is_record else obj, str(path))
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from ...core.errors import UserError
 from ...core.costs import Cluster
 from ...data.features import can_split, ids_reuse_histogram, table_size_gb
-from ...data.table_list import BIN_COLUMNS, MAX_DIM, parse_table_rows
+from ...data.table_list import BIN_COLUMNS, MAX_DIM, parse_table_rows, priced_dim
 from .storage import StorageCounter, planned_constraints
 from ..simulator import own_group
 from .types import (COLUMN_WISE, COLUMN_WISE_KINDS, DATA_PARALLEL, DENSE, FUSED, GRID_SHARD, ROW_WISE, ROW_WISE_KINDS,
@@ -119,8 +119,9 @@ class EmbeddingBagEnumerator(Enumerator):
             if not data_parallel and not unplaced:
                 unplaced = (f"{where}: its compute_kernels {list(kernels)} exclude {FUSED!r}, the kernel NeuroShard's "
                             f"cost models measure; allow {FUSED!r}")
-        priced_dim = dim if dim % 4 == 0 and 4 <= dim <= MAX_DIM else min(max(4, -(-dim // 4) * 4), MAX_DIM)
-        if priced_dim != dim and not unplaced:  # the cost models' widths: TorchRec's plan may still be handed out
+        # the table list takes priced dims only; such a table is never placed by the search, so the nearest one stands in
+        row_dim = dim if priced_dim(dim) else min(max(4, -(-dim // 4) * 4), MAX_DIM)
+        if row_dim != dim and not unplaced:  # the cost models' widths: TorchRec's plan may still be handed out
             unplaced = (f"{where}: its dim {dim} is not a multiple of 4 between 4 and {MAX_DIM}, the widths "
                         "NeuroShard's cost models price")
         refuse_unplanned_fields(c, where, self.device_type, self.batch_size)
@@ -156,7 +157,7 @@ class EmbeddingBagEnumerator(Enumerator):
                              row_wise_type=next((k for k in ROW_WISE_KINDS if k in allowed), ROW_WISE),
                              column_wise_type=TABLE_COLUMN_WISE if columns and COLUMN_WISE not in allowed
                              else COLUMN_WISE)
-        return table, {"name": table.qualified_name, "rows": rows, "dim": priced_dim, "pooling_factor": pooling,
+        return table, {"name": table.qualified_name, "rows": rows, "dim": row_dim, "pooling_factor": pooling,
                        **measured}, c is None
 
 
